@@ -1,0 +1,1 @@
+"""Alembic migrations of the vjob state store (a package so that it installs with vjob)."""

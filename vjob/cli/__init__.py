@@ -1,0 +1,94 @@
+"""The `vjob` command: one argparse tree, one subcommand module per capability.
+
+Why a registry of modules: each capability (priority, simulator, images, planner, RMS
+adapters, best-effort wrapper) owns its subcommands in its own package, and this module only
+knows their names. Exit codes are uniform: 0 success, 2 bad usage or configuration, 1 a
+runtime failure; an error is one line on stderr, with the traceback only under --debug.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+from vjob import __version__, log
+from vjob import config as vconfig
+from vjob.errors import UsageError, VjobError
+
+# Modules exposing `register(subparsers)`; each adds its subcommands with set_defaults(func=...).
+COMMAND_MODULES: tuple[str, ...] = (
+    "vjob.cli.db",
+    "vjob.cli.config_cmd",
+    "vjob.cli.status",
+    "vjob.cli.agent",
+    "ubis_priority.cli",
+    "simulator.cli",
+    "provisioning.cli",
+    "preemption.cli",
+    "plugins.cli",
+    "saline_bew.cli",
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises UsageError instead of printing usage and exiting by itself."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="vjob", description="Virtualized jobs: checkpoint and resume instead of kill.")
+    parser.add_argument("--version", action="version", version=f"vjob {__version__}")
+    parser.add_argument(
+        "--config", metavar="FILE", help="configuration file (default $VJOB_CONFIG, /etc/vjob/vjob.toml)"
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def load_config(args: argparse.Namespace) -> vconfig.Config:
+    """The configuration named by --config / $VJOB_CONFIG, with logging set up from it."""
+    cfg = vconfig.load(args.config)
+    log.configure("debug" if args.debug else cfg.logging.level, cfg.logging.format)
+    return cfg
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        func: Any = getattr(args, "func", None)
+        if func is None:
+            parser.print_help(sys.stderr)
+            return 2
+        result = func(args)
+        return int(result or 0)
+    except VjobError as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"vjob: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("vjob: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:  # noqa: BLE001 - the CLI's last line of defence: one line, exit 1
+        if debug:
+            traceback.print_exc()
+        print(f"vjob: error: {type(exc).__name__}: {exc} (run with --debug for the traceback)", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

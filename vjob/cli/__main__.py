@@ -1,0 +1,5 @@
+import sys
+
+from vjob.cli import main
+
+sys.exit(main())

@@ -1,0 +1,75 @@
+"""`vjob config check FILE | show`: validate a configuration, print the effective one."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from vjob import config as vconfig
+from vjob.cli import load_config
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("config", help="check a configuration file, show the effective configuration")
+    csub = p.add_subparsers(dest="config_command", metavar="ACTION", required=True)
+    chk = csub.add_parser("check", help="validate FILE; exit 2 naming the bad key and value")
+    chk.add_argument("file")
+    chk.set_defaults(func=_check)
+    show = csub.add_parser("show", help="print the effective configuration (secrets masked)")
+    show.add_argument("--format", choices=("json", "toml"), default="toml")
+    show.set_defaults(func=_show)
+
+
+def _check(args: argparse.Namespace) -> int:
+    vconfig.load(args.file)
+    print(f"{args.file}: ok")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    data = vconfig.masked(load_config(args))
+    if args.format == "json":
+        print(json.dumps(data, indent=2, sort_keys=True))
+    else:
+        print(_to_toml(data))
+    return 0
+
+
+def _to_toml(data: dict[str, Any], prefix: str = "") -> str:
+    """A small TOML writer for the effective configuration (stdlib has only a reader)."""
+    scalars, tables, arrays = [], [], []
+    for key, value in data.items():
+        if isinstance(value, dict):
+            tables.append((key, value))
+        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            arrays.append((key, value))
+        else:
+            scalars.append(f"{key} = {_toml_value(value)}")
+    out = []
+    if scalars:
+        if prefix:
+            out.append(f"[{prefix}]")
+        out.extend(scalars)
+        out.append("")
+    for key, value in tables:
+        out.append(_to_toml(value, f"{prefix}.{key}" if prefix else key))
+    for key, items in arrays:
+        name = f"{prefix}.{key}" if prefix else key
+        for item in items:
+            out.append(f"[[{name}]]")
+            out.extend(f"{k} = {_toml_value(v)}" for k, v in item.items())
+            out.append("")
+    return "\n".join(line for line in out if line is not None).rstrip() + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if value is None:
+        return '""  # unset'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return json.dumps(str(value))

@@ -1,0 +1,343 @@
+"""The domain model: jobs, nodes, VMs, and the ClusterView that policies receive.
+
+Why plain frozen dataclasses: a ClusterView is one consistent snapshot of the cluster at one
+instant, handed to pure policy functions by both the live agent and the simulator. Immutability
+means a policy cannot change what another policy sees, and the simulator can keep old views.
+
+Times are POSIX seconds (float) everywhere in the model, so the simulator (which starts at 0)
+and the live agent (which uses the wall clock) share the same arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Any
+
+from vjob.errors import InputError, TransitionError
+
+
+class JobClass(StrEnum):
+    """How the RMS classes a job; decides whether it may preempt or be preempted."""
+
+    BATCH = "batch"
+    INTERACTIVE = "interactive"
+    BESTEFFORT = "besteffort"
+
+
+class JobState(StrEnum):
+    """The job's state as its RMS reports it, reduced to what vjob policies need."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUSPENDED = "suspended"
+    HELD = "held"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED)
+
+
+class NodeState(StrEnum):
+    """A node's availability as the RMS reports it."""
+
+    IDLE = "idle"
+    ALLOCATED = "allocated"
+    MIXED = "mixed"
+    DOWN = "down"
+    DRAINED = "drained"
+
+    @property
+    def usable(self) -> bool:
+        return self in (NodeState.IDLE, NodeState.ALLOCATED, NodeState.MIXED)
+
+
+class VJobState(StrEnum):
+    """The vjob life cycle of the Entropy paper (section 2.2)."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    SLEEPING = "sleeping"
+    TERMINATED = "terminated"
+
+
+class VMState(StrEnum):
+    """A single VM's state; a vjob's state is the common state of its VMs."""
+
+    DEFINED = "defined"
+    RUNNING = "running"
+    SAVED = "saved"
+    STOPPED = "stopped"
+
+
+class Action(StrEnum):
+    """The actions that move a vjob (or one of its VMs) through the life cycle."""
+
+    RUN = "run"
+    STOP = "stop"
+    SUSPEND = "suspend"
+    RESUME = "resume"
+    MIGRATE = "migrate"
+
+
+# Entropy Figure 2: run takes a waiting vjob to running, suspend/resume toggle running and
+# sleeping, stop ends a running vjob, and migrate moves a VM without changing the state.
+TRANSITIONS: Mapping[tuple[VJobState, Action], VJobState] = MappingProxyType(
+    {
+        (VJobState.WAITING, Action.RUN): VJobState.RUNNING,
+        (VJobState.RUNNING, Action.SUSPEND): VJobState.SLEEPING,
+        (VJobState.SLEEPING, Action.RESUME): VJobState.RUNNING,
+        (VJobState.RUNNING, Action.STOP): VJobState.TERMINATED,
+        (VJobState.RUNNING, Action.MIGRATE): VJobState.RUNNING,
+    }
+)
+
+
+def transition(state: VJobState, action: Action) -> VJobState:
+    """The state a vjob reaches by `action`, or TransitionError when the paper forbids it."""
+    try:
+        return TRANSITIONS[(state, action)]
+    except KeyError:
+        allowed = sorted(a.value for (s, a) in TRANSITIONS if s == state)
+        raise TransitionError(
+            f"cannot {action.value} a vjob in state {state.value}; "
+            f"allowed from {state.value}: {', '.join(allowed) or 'nothing'}"
+        ) from None
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A job as vjob tracks it: what the RMS says plus vjob's own history of it."""
+
+    id: str
+    user: str
+    job_class: JobClass = JobClass.BATCH
+    rms: str = "sim"
+    account: str = ""
+    nodes: int = 1
+    cores: int = 1
+    memory_mb: int = 1024
+    os_image: str = ""
+    submit_time: float = 0.0
+    start_time: float | None = None
+    end_time: float | None = None
+    walltime: float | None = None
+    state: JobState = JobState.PENDING
+    vjob_state: VJobState = VJobState.WAITING
+    allocated_nodes: tuple[str, ...] = ()
+    preempt_count: int = 0
+    preempted_seconds: float = 0.0
+    preempted_since: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            raise InputError("job.id: must not be empty")
+        if self.nodes < 1:
+            raise InputError(f"job {self.id}: nodes = {self.nodes}: must be >= 1")
+        if self.cores < 1:
+            raise InputError(f"job {self.id}: cores = {self.cores}: must be >= 1")
+        if self.memory_mb < 0:
+            raise InputError(f"job {self.id}: memory_mb = {self.memory_mb}: must be >= 0")
+        if self.preempt_count < 0 or self.preempted_seconds < 0:
+            raise InputError(f"job {self.id}: preemption counters must be >= 0")
+
+    @property
+    def interactive(self) -> bool:
+        return self.job_class is JobClass.INTERACTIVE
+
+    def queue_time(self, now: float) -> float:
+        """Seconds spent waiting so far (0 once it has started)."""
+        if self.state is JobState.PENDING or self.state is JobState.HELD:
+            return max(0.0, now - self.submit_time)
+        return 0.0
+
+    def apply(self, action: Action) -> Job:
+        """The same job after `action`, refused when the life cycle forbids it."""
+        return replace(self, vjob_state=transition(self.vjob_state, action))
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A compute node; `os_image` is UBIS's VM_os, the image its VMs currently run."""
+
+    name: str
+    cpus: int
+    memory_mb: int
+    site: str = "default"
+    os_image: str = ""
+    state: NodeState = NodeState.IDLE
+    features: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise InputError("node.name: must not be empty")
+        if self.cpus < 1:
+            raise InputError(f"node {self.name}: cpus = {self.cpus}: must be >= 1")
+        if self.memory_mb < 1:
+            raise InputError(f"node {self.name}: memory_mb = {self.memory_mb}: must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class VM:
+    """One virtual machine of a vjob; `node` is None while it is not placed anywhere."""
+
+    name: str
+    job_id: str
+    image: str
+    vcpus: int = 1
+    memory_mb: int = 512
+    node: str | None = None
+    state: VMState = VMState.DEFINED
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise InputError("vm.name: must not be empty")
+        if self.vcpus < 1:
+            raise InputError(f"vm {self.name}: vcpus = {self.vcpus}: must be >= 1")
+        if self.memory_mb < 1:
+            raise InputError(f"vm {self.name}: memory_mb = {self.memory_mb}: must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """Everything a policy may look at, observed at one instant `now`.
+
+    `usage` is each user's decayed usage in node-seconds and `targets` each user's target
+    share (0..1); both come from the state store (or the simulator's own bookkeeping).
+    """
+
+    now: float
+    jobs: tuple[Job, ...] = ()
+    nodes: tuple[Node, ...] = ()
+    vms: tuple[VM, ...] = ()
+    images: tuple[str, ...] = ()
+    usage: Mapping[str, float] = field(default_factory=dict)
+    targets: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.now):
+            raise InputError(f"clusterview.now = {self.now}: must be a finite number")
+        _unique("job", (j.id for j in self.jobs))
+        _unique("node", (n.name for n in self.nodes))
+        _unique("vm", (v.name for v in self.vms))
+        # Freeze the mappings so that no policy can change what the next one sees.
+        object.__setattr__(self, "usage", MappingProxyType(dict(self.usage)))
+        object.__setattr__(self, "targets", MappingProxyType(dict(self.targets)))
+
+    @property
+    def pending(self) -> tuple[Job, ...]:
+        return tuple(j for j in self.jobs if j.state in (JobState.PENDING, JobState.HELD))
+
+    @property
+    def running(self) -> tuple[Job, ...]:
+        return tuple(j for j in self.jobs if j.state is JobState.RUNNING)
+
+    def job(self, job_id: str) -> Job:
+        for j in self.jobs:
+            if j.id == job_id:
+                return j
+        raise KeyError(job_id)
+
+    def busy_nodes(self) -> frozenset[str]:
+        return frozenset(n for j in self.running for n in j.allocated_nodes)
+
+    def free_nodes(self) -> tuple[Node, ...]:
+        busy = self.busy_nodes()
+        return tuple(n for n in self.nodes if n.state.usable and n.name not in busy)
+
+    # -- JSON ---------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict; the format is documented in docs/clusterview.md."""
+        return {
+            "now": self.now,
+            "nodes": [to_plain(n) for n in self.nodes],
+            "jobs": [to_plain(j) for j in self.jobs],
+            "vms": [to_plain(v) for v in self.vms],
+            "images": list(self.images),
+            "usage": dict(self.usage),
+            "targets": dict(self.targets),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, source: str = "clusterview") -> ClusterView:
+        """Build a view from `to_dict` output; errors name the entry and the field."""
+        if not isinstance(data, Mapping):
+            raise InputError(f"{source}: expected a JSON object at the top level")
+        unknown = set(data) - {"now", "nodes", "jobs", "vms", "images", "usage", "targets"}
+        if unknown:
+            raise InputError(f"{source}: unknown top-level key(s): {', '.join(sorted(unknown))}")
+        if "now" not in data:
+            raise InputError(f"{source}: missing key 'now' (POSIX seconds of the observation)")
+        return cls(
+            now=_number(data["now"], f"{source}.now"),
+            nodes=tuple(_build(Node, d, f"{source}.nodes[{i}]") for i, d in enumerate(data.get("nodes", []))),
+            jobs=tuple(_build(Job, d, f"{source}.jobs[{i}]") for i, d in enumerate(data.get("jobs", []))),
+            vms=tuple(_build(VM, d, f"{source}.vms[{i}]") for i, d in enumerate(data.get("vms", []))),
+            images=tuple(str(x) for x in data.get("images", [])),
+            usage={str(k): _number(v, f"{source}.usage.{k}") for k, v in data.get("usage", {}).items()},
+            targets={str(k): _number(v, f"{source}.targets.{k}") for k, v in data.get("targets", {}).items()},
+        )
+
+
+def _unique(kind: str, names: Iterable[str]) -> None:
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise InputError(f"duplicate {kind} id {name!r} in the cluster view")
+        seen.add(name)
+
+
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InputError(f"{where} = {value!r}: must be a number")
+    return float(value)
+
+
+def to_plain(obj: Any) -> dict[str, Any]:
+    """A JSON-ready dict of a model dataclass (enums as their values, tuples as lists)."""
+    out: dict[str, Any] = {}
+    for name in obj.__dataclass_fields__:
+        value = getattr(obj, name)
+        if isinstance(value, tuple):
+            value = list(value)
+        out[name] = value.value if isinstance(value, StrEnum) else value
+    return out
+
+
+def _enum_fields(kind: type[Any]) -> dict[str, type[StrEnum]]:
+    if kind is Node:
+        return {"state": NodeState}
+    if kind is VM:
+        return {"state": VMState}
+    return {"job_class": JobClass, "state": JobState, "vjob_state": VJobState}
+
+
+def _build(kind: type[Any], data: Any, where: str) -> Any:
+    """Construct a Job/Node/VM from a dict, naming the entry and field on any error."""
+    if not isinstance(data, Mapping):
+        raise InputError(f"{where}: expected an object, got {type(data).__name__}")
+    unknown = set(data) - set(kind.__dataclass_fields__)
+    if unknown:
+        raise InputError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+    enums = _enum_fields(kind)
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in enums:
+            try:
+                value = enums[key](value)
+            except ValueError:
+                allowed = ", ".join(e.value for e in enums[key])
+                raise InputError(f"{where}.{key} = {value!r}: must be one of {allowed}") from None
+        elif isinstance(value, list):
+            value = tuple(value)
+        kwargs[key] = value
+    try:
+        return kind(**kwargs)
+    except TypeError as exc:
+        raise InputError(f"{where}: {exc}") from None

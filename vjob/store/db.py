@@ -1,0 +1,186 @@
+"""Opening the state store, checking its schema, and running Alembic migrations.
+
+Why a schema check on every open: an agent writing to a database at an older schema corrupts
+it quietly, and one at a newer schema (after a rollback of the code) breaks it. Both must be
+a clear error telling the operator what to run, before anything is written.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config as AlembicConfig
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+import migrations
+from vjob.errors import ConfigError, SchemaOutdatedError, SchemaTooNewError, StoreError
+
+
+def now() -> float:
+    """The store's clock: POSIX seconds."""
+    return time.time()
+
+
+def _alembic_config(url: str) -> AlembicConfig:
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(Path(migrations.__file__).parent))
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
+
+
+def head_revision() -> str:
+    """The newest schema revision this code knows."""
+    head = ScriptDirectory.from_config(_alembic_config("sqlite://")).get_current_head()
+    assert head is not None, "migrations/versions holds no revision"
+    return head
+
+
+def _safe_url(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url
+
+
+def make_engine(url: str, *, connect_timeout_s: float = 5.0, busy_timeout_s: float = 30.0) -> Engine:
+    """An engine for `url`; SQLite gets WAL, a busy timeout and enforced foreign keys."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise ConfigError(f"database.url = {url!r}: not a valid SQLAlchemy URL") from None
+    kwargs: dict[str, Any] = {"future": True}
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        # isolation_level=None lets us issue BEGIN IMMEDIATE ourselves (see begin()).
+        kwargs["connect_args"] = {"timeout": busy_timeout_s, "isolation_level": None}
+    elif parsed.get_backend_name() == "postgresql":
+        if parsed.drivername == "postgresql":
+            parsed = parsed.set(drivername="postgresql+psycopg")
+        kwargs["connect_args"] = {"connect_timeout": max(1, int(connect_timeout_s))}
+        kwargs["pool_pre_ping"] = True
+    try:
+        engine = create_engine(parsed, **kwargs)
+    except (NoSuchModuleError, ImportError) as exc:
+        raise ConfigError(f"database.url = {_safe_url(url)!r}: unsupported database driver ({exc})") from None
+    if parsed.get_backend_name() == "sqlite":
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _sqlite_begin(conn: Any) -> None:
+            # Take the write lock at the start: read-modify-write under concurrency is then
+            # serialised instead of failing with "database is locked" at commit time.
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+class Store:
+    """The state store: an engine, a session factory and the schema guard."""
+
+    def __init__(self, url: str, *, connect_timeout_s: float = 5.0, busy_timeout_s: float = 30.0) -> None:
+        self.url = url
+        self.engine = make_engine(url, connect_timeout_s=connect_timeout_s, busy_timeout_s=busy_timeout_s)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @classmethod
+    def from_config(cls, config: Any) -> Store:
+        return cls(
+            config.database_url,
+            connect_timeout_s=config.database.connect_timeout_s,
+            busy_timeout_s=config.database.busy_timeout_s,
+        )
+
+    @property
+    def safe_url(self) -> str:
+        return _safe_url(self.url)
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    # -- schema ---------------------------------------------------------------------------
+    def current_revision(self) -> str | None:
+        """The revision the database is at (None when empty); raises StoreError if unreachable."""
+        try:
+            with self.engine.connect() as conn:
+                return MigrationContext.configure(conn).get_current_revision()
+        except (OperationalError, DBAPIError) as exc:
+            raise StoreError(f"database {self.safe_url} is unreachable: {_first_line(exc)}") from None
+
+    def check(self) -> str:
+        """Refuse a database that is not exactly at the code's head revision."""
+        current = self.current_revision()
+        head = head_revision()
+        if current == head:
+            return current
+        script = ScriptDirectory.from_config(_alembic_config(self.url))
+        if current is None:
+            raise SchemaOutdatedError(f"database {self.safe_url} has no vjob schema: run 'vjob db upgrade'")
+        known = {rev.revision for rev in script.walk_revisions()}
+        if current not in known:
+            raise SchemaTooNewError(
+                f"database {self.safe_url} is at schema {current}, newer than this vjob knows "
+                f"(head {head}): upgrade vjob, or downgrade the database with the newer vjob"
+            )
+        raise SchemaOutdatedError(
+            f"database {self.safe_url} is at schema {current}, older than {head}: run 'vjob db upgrade'"
+        )
+
+    def upgrade(self, revision: str = "head") -> None:
+        self.current_revision()  # reachability, with the clear error
+        command.upgrade(_alembic_config(self.url), revision)
+
+    def downgrade(self, revision: str = "base") -> None:
+        self.current_revision()
+        command.downgrade(_alembic_config(self.url), revision)
+
+    # -- sessions -------------------------------------------------------------------------
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """A transaction: committed when the block ends, rolled back on any exception."""
+        try:
+            with self._sessions.begin() as session:
+                yield session
+        except OperationalError as exc:
+            raise StoreError(f"database {self.safe_url}: {_first_line(exc)}") from None
+
+    def ping(self) -> None:
+        try:
+            with self.engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+        except (OperationalError, DBAPIError) as exc:
+            raise StoreError(f"database {self.safe_url} is unreachable: {_first_line(exc)}") from None
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def open_store(config: Any, *, check: bool = True) -> Store:
+    """The store of `config`, schema-checked unless `check` is False (db commands)."""
+    store = Store.from_config(config)
+    if check:
+        store.check()
+    return store
+
+
+def _first_line(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None) or exc
+    return str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
