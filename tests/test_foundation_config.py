@@ -23,7 +23,13 @@ def test_defaults_need_no_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     assert cfg.database_url == f"sqlite:///{tmp_path / 'vjob.sqlite'}"
     w = cfg.priority.weights
     assert (w.usage, w.queue_time, w.os_available, w.preempt_count, w.preempt_time, w.free_nodes, w.interactive) == (
-        0.07, 0.13, 0.10, 0.10, 0.16, 0.20, 0.24,
+        0.07,
+        0.13,
+        0.10,
+        0.10,
+        0.16,
+        0.20,
+        0.24,
     )
 
 

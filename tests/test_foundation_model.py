@@ -9,6 +9,7 @@ import pytest
 from vjob.errors import InputError, TransitionError
 from vjob.model import (
     TRANSITIONS,
+    VM,
     Action,
     ClusterView,
     Job,
@@ -16,7 +17,6 @@ from vjob.model import (
     JobState,
     Node,
     VJobState,
-    VM,
     transition,
 )
 

@@ -17,8 +17,17 @@ from vjob.store.db import Store, head_revision
 from vjob.store.schema import Base
 
 TABLES = {
-    "jobs", "vms", "snapshots", "os_images", "node_images", "usage", "targets",
-    "subnets", "vm_ids", "switches", "actions",
+    "jobs",
+    "vms",
+    "snapshots",
+    "os_images",
+    "node_images",
+    "usage",
+    "targets",
+    "subnets",
+    "vm_ids",
+    "switches",
+    "actions",
 }
 
 
@@ -110,7 +119,7 @@ def _allocate(url: str, worker: int, count: int, out: mp.Queue) -> None:
     out.put(got)
 
 
-def _run(target, args_list) -> None:  # noqa: ANN001
+def _run(target, args_list) -> None:
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=target, args=args) for args in args_list]
     for p in procs:

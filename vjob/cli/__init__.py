@@ -19,19 +19,23 @@ from vjob import __version__, log
 from vjob import config as vconfig
 from vjob.errors import UsageError, VjobError
 
-# Modules exposing `register(subparsers)`; each adds its subcommands with set_defaults(func=...).
-COMMAND_MODULES: tuple[str, ...] = (
-    "vjob.cli.db",
-    "vjob.cli.config_cmd",
-    "vjob.cli.status",
-    "vjob.cli.agent",
-    "ubis_priority.cli",
-    "simulator.cli",
-    "provisioning.cli",
-    "preemption.cli",
-    "plugins.cli",
-    "saline_bew.cli",
-)
+# Top-level command -> (module whose `register(sub)` adds it, one-line help). Only the module of
+# the command being run is imported, so `vjob db upgrade` works even when an optional
+# capability's dependencies (OR-Tools, libvirt) cannot be imported on this host.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "db": ("vjob.cli.db", "state store schema: upgrade, downgrade, current, check"),
+    "config": ("vjob.cli.config_cmd", "check a configuration file, show the effective configuration"),
+    "status": ("vjob.cli.status", "vjobs, VMs and recent preemptions"),
+    "agent": ("vjob.cli.agent", "run the vjob agent next to an RMS"),
+    "prio": ("ubis_priority.cli", "UBIS priorities of pending jobs, per term (like sprio)"),
+    "simulate": ("simulator.cli", "replay a workload trace under a scheduling policy"),
+    "trace": ("simulator.cli", "generate and inspect workload traces"),
+    "image": ("provisioning.cli", "OS image catalogue and distribution"),
+    "vm": ("provisioning.cli", "inspect and operate job VMs (debugging)"),
+    "plan": ("preemption.cli", "plan a cluster-wide context switch"),
+    "rms": ("plugins.cli", "RMS adapter tools"),
+    "besteffort": ("saline_bew.cli", "Saline best-effort jobs on OAR"),
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -41,7 +45,7 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     parser = _Parser(prog="vjob", description="Virtualized jobs: checkpoint and resume instead of kill.")
     parser.add_argument("--version", action="version", version=f"vjob {__version__}")
     parser.add_argument(
@@ -49,9 +53,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+    wanted = _requested_command(argv)
+    every = list(dict.fromkeys(m for m, _ in COMMANDS.values()))
+    modules = [COMMANDS[wanted][0]] if wanted in COMMANDS else every
+    for name, (module, help_text) in COMMANDS.items():
+        if module not in modules:
+            sub.add_parser(name, help=help_text)  # listed in --help; its options load when it runs
+    for module in modules:
+        importlib.import_module(module).register(sub)
     return parser
+
+
+def _requested_command(argv: Sequence[str]) -> str | None:
+    """The first word of argv that names a command (skipping global options and their values)."""
+    skip = False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word == "--config":
+            skip = True
+        elif not word.startswith("-"):
+            return word
+    return None
 
 
 def load_config(args: argparse.Namespace) -> vconfig.Config:
@@ -65,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     try:
-        parser = build_parser()
+        parser = build_parser(argv)
         args = parser.parse_args(argv)
         func: Any = getattr(args, "func", None)
         if func is None:

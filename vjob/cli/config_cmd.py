@@ -44,6 +44,8 @@ def _to_toml(data: dict[str, Any], prefix: str = "") -> str:
             tables.append((key, value))
         elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
             arrays.append((key, value))
+        elif value is None:
+            scalars.append(f"# {key} is unset")
         else:
             scalars.append(f"{key} = {_toml_value(value)}")
     out = []
@@ -64,8 +66,6 @@ def _to_toml(data: dict[str, Any], prefix: str = "") -> str:
 
 
 def _toml_value(value: Any) -> str:
-    if value is None:
-        return '""  # unset'
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
