@@ -26,7 +26,7 @@ def register(sub: Any) -> None:
     rsub = p.add_subparsers(dest="rms_command", metavar="ACTION", required=True)
     parse = rsub.add_parser("parse", help="print, as JSON, the jobs or nodes an adapter reads from a recorded output")
     parse.add_argument("--rms", required=True, choices=sorted(RMS_PACKAGES))
-    parse.add_argument("--kind", required=True, choices=("jobs", "nodes"))
+    parse.add_argument("--kind", required=True, choices=("jobs", "nodes", "partitions"))
     parse.add_argument("file", help="recorded command output ('-' for standard input)")
     parse.set_defaults(func=_parse)
 

@@ -1,9 +1,235 @@
-"""Subcommands of this package (registered by vjob.cli)."""
+"""`vjob image …` (the OS image catalogue and its distribution) and `vjob vm …` (debugging VMs).
+
+Why `vm` commands for operators: when a context switch fails half-way, an operator must see
+where each VM is and move it by hand with the same idempotent operations the agent uses.
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
+import time
+from pathlib import Path
 from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from provisioning.distribution import Plan, Transfer, routing_tables
+from provisioning.driver import Driver
+from provisioning.images import Catalogue
+from vjob.cli import load_config
+from vjob.config import Config
+from vjob.errors import InputError, VjobError
+from vjob.store.db import open_store
 
 
 def register(sub: Any) -> None:
-    """Add this package's subcommands to `sub` (none yet)."""
+    img = sub.add_parser("image", help="OS image catalogue: add, list, remove, verify, distribute")
+    isub = img.add_subparsers(dest="image_command", metavar="ACTION", required=True)
+    add = isub.add_parser("add", help="copy an image file into the catalogue")
+    add.add_argument("name")
+    add.add_argument("--file", required=True, type=Path, help="qcow2 or raw disk image")
+    add.add_argument("--version", default="1")
+    add.set_defaults(func=_image_add)
+    lst = isub.add_parser("list", help="images, sizes, checksums and the nodes holding them")
+    lst.add_argument("--json", action="store_true")
+    lst.set_defaults(func=_image_list)
+    rm = isub.add_parser("remove", help="forget an image and delete the catalogue's file")
+    rm.add_argument("name")
+    rm.add_argument("--version")
+    rm.set_defaults(func=_image_remove)
+    ver = isub.add_parser("verify", help="recompute checksums; exit 1 on any mismatch")
+    ver.add_argument("name", nargs="?")
+    ver.set_defaults(func=_image_verify)
+    dist = isub.add_parser("distribute", help="send an image down the binary tree to nodes")
+    dist.add_argument("name")
+    dist.add_argument("--version")
+    dist.add_argument("--nodes", required=True, help="comma-separated target nodes")
+    dist.add_argument("--dry-run", action="store_true", help="print the transfer plan by round, copy nothing")
+    dist.add_argument("--json", action="store_true")
+    dist.set_defaults(func=_image_distribute)
+
+    vm = sub.add_parser("vm", help="VMs on the nodes: list, save, restore, migrate, destroy (debugging)")
+    vsub = vm.add_subparsers(dest="vm_command", metavar="ACTION", required=True)
+    vl = vsub.add_parser("list", help="domains on each configured node")
+    vl.add_argument("--node", action="append", help="only this node (repeatable)")
+    vl.add_argument("--json", action="store_true")
+    vl.set_defaults(func=_vm_list)
+    vs = vsub.add_parser("save", help="suspend a VM to disk (memory state in the snapshot dir)")
+    vs.add_argument("vm")
+    vs.add_argument("--node", required=True)
+    vs.set_defaults(func=_vm_save)
+    vr = vsub.add_parser("restore", help="resume a saved VM, on its node or on another one")
+    vr.add_argument("vm")
+    vr.add_argument("--node", required=True, help="node to resume on")
+    vr.add_argument("--from", dest="from_node", help="node holding the saved state (default: --node)")
+    vr.set_defaults(func=_vm_restore)
+    vmg = vsub.add_parser("migrate", help="live-migrate a running VM")
+    vmg.add_argument("vm")
+    vmg.add_argument("--from", dest="from_node", required=True)
+    vmg.add_argument("--to", dest="to_node", required=True)
+    vmg.set_defaults(func=_vm_migrate)
+    vd = vsub.add_parser("destroy", help="power off and delete a VM, its overlay and saved state")
+    vd.add_argument("vm")
+    vd.add_argument("--node", required=True)
+    vd.set_defaults(func=_vm_destroy)
+
+
+# -- image ------------------------------------------------------------------------------------
+def _catalogue(args: argparse.Namespace) -> Catalogue:
+    cfg = load_config(args)
+    return Catalogue(open_store(cfg), cfg.provisioning, data_dir=cfg.data_path)
+
+
+def _image_add(args: argparse.Namespace) -> int:
+    info = _catalogue(args).add(args.name, args.file, version=args.version)
+    print(f"image {info.name} version {info.version}: {info.format}, {info.size_bytes} bytes, sha256 {info.sha256}")
+    return 0
+
+
+def _image_list(args: argparse.Namespace) -> int:
+    images = _catalogue(args).list()
+    if args.json:
+        print(json.dumps([vars(i) for i in images], indent=1))
+        return 0
+    table = Table("NAME", "VERSION", "FORMAT", "SIZE", "SHA256", "NODES (received from)")
+    for i in images:
+        holders = ", ".join(f"{n}" + (f" ({src})" if src else "") for n, src in i.holders.items())
+        table.add_row(i.name, i.version, i.format, _size(i.size_bytes), i.sha256[:16], holders)
+    Console().print(table)
+    return 0
+
+
+def _image_remove(args: argparse.Namespace) -> int:
+    for info in _catalogue(args).remove(args.name, version=args.version):
+        print(f"removed image {info.name} version {info.version} ({info.path})")
+    return 0
+
+
+def _image_verify(args: argparse.Namespace) -> int:
+    problems = _catalogue(args).verify(args.name)
+    for p in problems:
+        print(p)
+    if problems:
+        raise VjobError(f"{len(problems)} image problem(s)")
+    print("all image checksums match")
+    return 0
+
+
+def _image_distribute(args: argparse.Namespace) -> int:
+    cat = _catalogue(args)
+    nodes = [n.strip() for n in args.nodes.split(",") if n.strip()]
+    if not nodes:
+        raise InputError(f"--nodes {args.nodes!r}: give at least one node name")
+    if args.dry_run:
+        plan = cat.plan(args.name, nodes, version=args.version)
+        _print_plan(plan, args.json)
+        return 0
+    console = Console(stderr=True)
+    with console.status(f"distributing {args.name}") as status:
+
+        def progress(t: Transfer) -> None:
+            status.update(f"round {t.round}: {t.source} -> {t.target} done")
+
+        started = time.monotonic()
+        plan = cat.distribute(args.name, nodes, version=args.version, on_transfer=progress)
+    _print_plan(plan, args.json)
+    info = cat.get(args.name, args.version)
+    tables = routing_tables(plan.tree, info.holders)
+    if not args.json:
+        for node, table in sorted(tables.items()):
+            print(f"routing table of {node}: " + ", ".join(f"{h} via {nxt}" for h, nxt in sorted(table.items())))
+        print(f"{len(plan.transfers)} copies in {plan.rounds} round(s), {time.monotonic() - started:.2f} s")
+    return 0
+
+
+def _print_plan(plan: Plan, as_json: bool) -> None:
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "image": plan.image,
+                    "tree": list(plan.tree.nodes),
+                    "already": list(plan.already),
+                    "rounds": [
+                        [{"source": t.source, "target": t.target, "route": list(t.route)} for t in ts]
+                        for _r, ts in sorted(plan.by_round().items())
+                    ],
+                },
+                indent=1,
+            )
+        )
+        return
+    print(f"image {plan.image}, tree in heap order: {' '.join(plan.tree.nodes)}")
+    if plan.already:
+        print(f"already there: {', '.join(plan.already)}")
+    for rnd, transfers in sorted(plan.by_round().items()):
+        for t in transfers:
+            print(f"round {rnd}: {t.source} -> {t.target}   via {' > '.join(t.route)}")
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n} B"
+
+
+# -- vm ---------------------------------------------------------------------------------------
+def _driver(args: argparse.Namespace) -> tuple[Config, Driver]:
+    cfg = load_config(args)
+    return cfg, Driver(cfg.provisioning, data_dir=cfg.data_path, store=open_store(cfg))
+
+
+def _vm_list(args: argparse.Namespace) -> int:
+    cfg, drv = _driver(args)
+    nodes = args.node or sorted(cfg.provisioning.nodes) or ["localhost"]
+    rows = []
+    with drv:
+        for node in nodes:
+            try:
+                rows.extend(drv.list_vms(node))
+            except VjobError as exc:
+                print(f"vjob: warning: {exc}")
+    if args.json:
+        print(json.dumps([{**vars(r), "state": r.state.value} for r in rows], indent=1))
+        return 0
+    table = Table("NODE", "VM", "STATE", "MEMORY", "VCPUS", "PERSISTENT")
+    for r in rows:
+        table.add_row(
+            r.node, r.name, r.state.value, f"{r.memory_mib} MiB", str(r.vcpus), "yes" if r.persistent else "no"
+        )
+    Console().print(table)
+    return 0
+
+
+def _vm_save(args: argparse.Namespace) -> int:
+    _cfg, drv = _driver(args)
+    with drv:
+        snap = drv.save(args.vm, args.node)
+    print(
+        f"VM {args.vm} saved on {args.node}: {snap.memory_path} ({_size(snap.size_bytes)}, sha256 {snap.sha256[:16]})"
+    )
+    return 0
+
+
+def _vm_restore(args: argparse.Namespace) -> int:
+    _cfg, drv = _driver(args)
+    with drv:
+        drv.restore(args.vm, args.node, from_node=args.from_node)
+    print(f"VM {args.vm} running on {args.node}")
+    return 0
+
+
+def _vm_migrate(args: argparse.Namespace) -> int:
+    _cfg, drv = _driver(args)
+    with drv:
+        drv.migrate(args.vm, args.from_node, args.to_node)
+    print(f"VM {args.vm} migrated {args.from_node} -> {args.to_node}")
+    return 0
+
+
+def _vm_destroy(args: argparse.Namespace) -> int:
+    _cfg, drv = _driver(args)
+    with drv:
+        drv.delete(args.vm, args.node)
+    print(f"VM {args.vm} destroyed on {args.node}")
+    return 0

@@ -11,6 +11,9 @@ from vjob.store.db import Store
 
 pytest_plugins = [
     "tests.services.postgres",
+    "tests.services.oar",
+    "tests.services.libvirt",
+    "tests.services.slurm",
 ]
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"

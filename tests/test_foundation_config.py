@@ -80,3 +80,17 @@ def test_secrets_are_masked() -> None:
     shown = vconfig.masked(cfg)
     assert "hunter2" not in str(shown)
     assert shown["database"]["url"].startswith("postgresql://vjob:***@")
+
+
+def test_configuration_reference_is_up_to_date() -> None:
+    page = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
+    assert page.read_text() == vconfig.reference(), "run: vjob config reference > docs/configuration.md"
+
+
+def test_every_key_is_documented() -> None:
+    undocumented = [
+        line.split("|")[1].strip()
+        for line in vconfig.reference().splitlines()
+        if line.startswith("| `") and line.rstrip().endswith("|  |")
+    ]
+    assert undocumented == []

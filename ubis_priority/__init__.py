@@ -1,4 +1,69 @@
 """UBIS priority engine: the seven-term priority equation (normalised, weighted, explainable
 per factor), user usage and targets, the interactive cap, and the mapping to RMS integer
 priorities.
+
+Why two entry points: the live agent holds a ClusterView, the simulator holds columns of
+numbers for tens of thousands of queued jobs. Both run the same kernel.
+
+ClusterView level (live agent, `vjob prio`)::
+
+    from ubis_priority import compute
+    prios = compute(view, cfg.priority)        # view: vjob.model.ClusterView
+    prios.jobs          # tuple[Job, ...]: view.pending (pending + held), in the view's order
+    prios.values        # np.ndarray float64, same order, each in 0..prios.terms.max_priority
+    prios.as_dict()     # {job_id: priority}
+    prios.ranked()      # indices, highest priority first (ties: earlier submit, then id)
+    prios.explain(id)   # Explanation: raw → normalised → weighted per term
+    prios.terms         # TermArrays: raw/normalised/weighted (7, n), priority (n), capped (n)
+
+Array level (simulator: build the columns yourself, no Job objects)::
+
+    from ubis_priority import JobArrays, ClusterArrays, compute_arrays
+    jobs = JobArrays(
+        submit_time=float64[n], nodes=int64[n] (>= 1),
+        os_index=int64[n] (index into free_by_os; -1 = any image),
+        preempt_count=int64[n], preempted_s=float64[n] (Pt incl. an open preemption),
+        interactive=bool[n], share_index=int64[n] (into target/usage),
+        user_index=int64[n] (into user_interactive_held),
+    )
+    cluster = ClusterArrays(
+        now=float, total_nodes=int (usable nodes), free_nodes=int,
+        free_by_os=int64[k] (free nodes running image k),
+        target=float64[e] (target share 0..1 per entity),
+        usage=float64[e] (usage share 0..1 per entity: decayed node-s / everybody's),
+        interactive_held=int (nodes held by running interactive jobs),
+        user_interactive_held=int64[u],
+    )
+    terms = compute_arrays(jobs, cluster, cfg.priority)   # -> TermArrays; terms.priority
+
+Helpers: `interactive_allowed(view, job, cfg)` (the cap check, for the scheduler that is
+about to start an interactive job), `slurm_site_factor` / `pbs_priority` (integer mapping),
+`target_shares` / `usage_shares`, and `ubis_priority.usage` (decayed node-seconds kept in the
+state store: `charge`, `load_usage`, `load_targets`, `sync_targets`, `with_history`).
 """
+
+from ubis_priority.integers import pbs_priority, slurm_site_factor
+from ubis_priority.interactive import interactive_allowed
+from ubis_priority.kernel import ClusterArrays, JobArrays, TermArrays, compute_arrays
+from ubis_priority.shares import target_shares, usage_shares
+from ubis_priority.terms import SCALES, TERMS
+from ubis_priority.view import Explanation, Priorities, TermExplanation, arrays_from_view, compute
+
+__all__ = [
+    "SCALES",
+    "TERMS",
+    "ClusterArrays",
+    "Explanation",
+    "JobArrays",
+    "Priorities",
+    "TermArrays",
+    "TermExplanation",
+    "arrays_from_view",
+    "compute",
+    "compute_arrays",
+    "interactive_allowed",
+    "pbs_priority",
+    "slurm_site_factor",
+    "target_shares",
+    "usage_shares",
+]

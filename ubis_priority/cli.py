@@ -1,9 +1,182 @@
-"""Subcommands of this package (registered by vjob.cli)."""
+"""`vjob prio`: the UBIS priority of every pending job, like `sprio`, with per-term explanations.
+
+Why sources as a table of loaders: the priorities do not care where the ClusterView comes
+from. `--from FILE` reads a saved view (docs/clusterview.md); a live RMS source plugs in by
+adding an option to the `source` group and a loader `(value, config) -> ClusterView` to
+VIEW_SOURCES under the option's dest — nothing else here changes.
+"""
 
 from __future__ import annotations
 
+import argparse
+import csv
+import io
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+from ubis_priority.integers import pbs_priority, slurm_site_factor
+from ubis_priority.terms import TERMS
+from ubis_priority.view import Explanation, Priorities, compute
+from vjob.config import Config
+from vjob.errors import InputError
+from vjob.model import ClusterView
+
+COLUMNS: dict[str, str] = {
+    "usage": "USAGE",
+    "queue_time": "QTIME",
+    "os_available": "OS",
+    "preempt_count": "PN",
+    "preempt_time": "PT",
+    "free_nodes": "FREE",
+    "interactive": "INTER",
+}
+"""Table headers of the weighted terms, sprio-style."""
+
+
+def view_from_file(value: str, _config: Config) -> ClusterView:
+    """A ClusterView saved as JSON (`-` reads standard input)."""
+    if value == "-":
+        text, source = sys.stdin.read(), "<stdin>"
+    else:
+        path = Path(value)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise InputError(f"{path}: cannot read the snapshot: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise InputError(f"{path}: not UTF-8 text (expected a ClusterView JSON file)") from None
+        source = str(path)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{source}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    return ClusterView.from_dict(data, source=source)
+
+
+def view_from_rms(value: str, config: Config) -> ClusterView:
+    """The live view of an RMS, as the agent observes it (vjob.agent.live_view)."""
+    from vjob.agent import live_view
+
+    return live_view(value, config)
+
+
+VIEW_SOURCES: dict[str, Callable[[str, Config], ClusterView]] = {"snapshot": view_from_file, "rms": view_from_rms}
+"""Option dest → loader; exactly one source option is given on the command line."""
 
 
 def register(sub: Any) -> None:
-    """Add this package's subcommands to `sub` (none yet)."""
+    p = sub.add_parser(
+        "prio",
+        help="show the UBIS priority of pending jobs (like sprio)",
+        description="UBIS priorities of the pending jobs, each weighted term shown; see docs/priority.md.",
+    )
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--from", dest="snapshot", metavar="SNAPSHOT.json", help="a saved ClusterView ('-': stdin)")
+    source.add_argument("--rms", choices=("slurm", "pbs", "oar"), help="the live jobs of this RMS")
+    p.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    p.add_argument("--explain", metavar="JOBID", help="show raw → normalised → weighted for every term of one job")
+    p.set_defaults(func=_prio)
+
+
+def load_view(args: argparse.Namespace, config: Config) -> ClusterView:
+    for dest, loader in VIEW_SOURCES.items():
+        value = getattr(args, dest, None)
+        if value is not None:
+            return loader(value, config)
+    raise InputError("vjob prio: give a source of jobs (--from SNAPSHOT.json)")
+
+
+def _prio(args: argparse.Namespace) -> int:
+    from vjob.cli import load_config
+
+    config = load_config(args)
+    view = load_view(args, config)
+    prios = compute(view, config.priority)
+    if args.explain is not None:
+        try:
+            explanation = prios.explain(args.explain)
+        except KeyError:
+            known = "it is not in the view" if args.explain not in {j.id for j in view.jobs} else "it is not pending"
+            raise InputError(f"--explain {args.explain}: no priority for this job: {known}") from None
+        sys.stdout.write(render_explanation(explanation, args.format))
+        return 0
+    sys.stdout.write(render(prios, args.format, site_factor_max=config.slurm.site_factor_max))
+    return 0
+
+
+def rows(prios: Priorities, *, site_factor_max: int) -> list[dict[str, Any]]:
+    """One dict per pending job, highest priority first."""
+    t = prios.terms
+    site = slurm_site_factor(t.priority, t.max_priority, site_factor_max)
+    pbs = pbs_priority(t.priority, t.max_priority)
+    out = []
+    for i in prios.ranked():
+        job = prios.jobs[i]
+        row: dict[str, Any] = {
+            "job": job.id,
+            "user": job.user,
+            "class": job.job_class.value,
+            "priority": float(t.priority[i]),
+            "site_factor": int(site[i]),
+            "pbs": int(pbs[i]),
+        }
+        row.update({name: float(t.weighted[k, i]) for k, name in enumerate(TERMS)})
+        out.append(row)
+    return out
+
+
+def render(prios: Priorities, fmt: str, *, site_factor_max: int) -> str:
+    data = rows(prios, site_factor_max=site_factor_max)
+    if fmt == "json":
+        return json.dumps({"max_priority": prios.terms.max_priority, "jobs": data}, indent=2) + "\n"
+    if fmt == "csv":
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=["job", "user", "class", "priority", "site_factor", "pbs", *TERMS])
+        writer.writeheader()
+        writer.writerows(data)
+        return buf.getvalue()
+    header = ["JOBID", "USER", "PRIORITY", "SITE", "PBS", *COLUMNS.values()]
+    lines = [header]
+    for r in data:
+        lines.append(
+            [
+                r["job"],
+                r["user"],
+                f"{r['priority']:.4f}",
+                str(r["site_factor"]),
+                str(r["pbs"]),
+                *(f"{r[name]:.4f}" for name in TERMS),
+            ]
+        )
+    return _columns(lines) + (f"({len(data)} pending jobs; priorities in 0..{prios.terms.max_priority:g})\n")
+
+
+def render_explanation(e: Explanation, fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(e.to_dict(), indent=2) + "\n"
+    if fmt == "csv":
+        buf = io.StringIO()
+        writer = csv.writer(buf)
+        writer.writerow(["term", "raw", "normalised", "weight", "weighted", "scale", "note"])
+        for t in e.terms:
+            writer.writerow([t.term, t.raw, t.normalised, t.weight, t.weighted, t.scale, t.note])
+        return buf.getvalue()
+    lines = [["TERM", "RAW", "NORMALISED", "WEIGHT", "WEIGHTED", "SCALE"]]
+    for t in e.terms:
+        scale = t.scale + (f"  [{t.note}]" if t.note else "")
+        lines.append([t.term, f"{t.raw:g}", f"{t.normalised:.4f}", f"{t.weight:g}", f"{t.weighted:.4f}", scale])
+    head = f"job {e.job_id} (user {e.user}): priority {e.priority:.4f} of at most {e.max_priority:g}\n"
+    return head + _columns(lines)
+
+
+def _columns(lines: list[list[str]]) -> str:
+    """Left-aligned columns, two spaces apart, no trailing blanks."""
+    widths = [max(len(line[c]) for line in lines) for c in range(len(lines[0]))]
+    out = []
+    for line in lines:
+        cells = [cell.ljust(width) for cell, width in zip(line, widths, strict=True)]
+        out.append("  ".join(cells).rstrip() + "\n")
+    return "".join(out)

@@ -36,31 +36,42 @@ def default_data_dir() -> Path:
 class Section(BaseModel):
     """Base of every section: unknown keys are errors, values are validated on assignment."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
 
 
 class DatabaseConfig(Section):
     url: str = ""
     """Any SQLAlchemy URL; empty means SQLite at <data_dir>/vjob.sqlite."""
     connect_timeout_s: float = Field(5.0, gt=0, le=300)
+    """How long to wait for a database server before reporting it unreachable."""
     busy_timeout_s: float = Field(30.0, gt=0, le=600)
+    """SQLite: how long a writer waits for another process's write lock."""
 
 
 class LoggingConfig(Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
+    """The least severe level that is logged."""
     format: Literal["auto", "console", "json"] = "auto"
+    """auto: readable on a terminal, one JSON object per line otherwise."""
 
 
 class PriorityWeights(Section):
     """The UBIS weights w1..w7 (paper defaults), named after the term they scale."""
 
     usage: float = Field(0.07, ge=0)
+    """w1, scales Target−Usage: a user below their share goes first."""
     queue_time: float = Field(0.13, ge=0)
+    """w2, scales the time in queue."""
     os_available: float = Field(0.10, ge=0)
+    """w3, scales N_availableOS − N_reqOS: nodes already running the job's OS."""
     preempt_count: float = Field(0.10, ge=0)
+    """w4, scales Pn, how often the job was preempted."""
     preempt_time: float = Field(0.16, ge=0)
+    """w5, scales Pt, how long the job has been preempted in total."""
     free_nodes: float = Field(0.20, ge=0)
+    """w6, scales N_free − (N_reqOS − N_availableOS): can it start now."""
     interactive: float = Field(0.24, ge=0)
+    """w7, scales I: 1 for an interactive job under the interactive cap."""
 
 
 class PriorityConfig(Section):
@@ -68,14 +79,19 @@ class PriorityConfig(Section):
     max_queue_time_s: float = Field(7 * 24 * 3600.0, gt=0)
     """Queue time at which the queue-time term saturates at 1 (like Slurm's PriorityMaxAge)."""
     max_preempt_count: int = Field(5, ge=1)
+    """Preemption count (Pn) at which the preempt-count term saturates at 1."""
     max_preempt_time_s: float = Field(24 * 3600.0, gt=0)
+    """Total preempted time (Pt) at which the preempt-time term saturates at 1."""
     usage_half_life_s: float = Field(7 * 24 * 3600.0, gt=0)
+    """Half-life of the exponential decay of recorded usage (node-seconds)."""
     interactive_cap: float = Field(0.15, ge=0, le=1)
     """Largest share of the nodes interactive jobs may hold before their I term drops to 0."""
     interactive_user_cap: float | None = Field(None, ge=0, le=1)
+    """Optional share of the nodes one user's interactive jobs may hold."""
     targets: dict[str, float] = {}
     """Target share per user (0..1); users not listed share what is left equally."""
     account_targets: dict[str, float] = {}
+    """Target share per account (0..1)."""
 
     @field_validator("targets", "account_targets")
     @classmethod
@@ -90,38 +106,88 @@ class PriorityConfig(Section):
 
 class AgentConfig(Section):
     interval_s: float = Field(10.0, gt=0, le=3600)
+    """Seconds between two observe-decide-act rounds (a new interactive job wakes it at once)."""
     rms: Literal["slurm", "pbs", "oar", "sim"] = "slurm"
+    """The resource manager `vjob agent` and `vjob status` use when not given --rms."""
     metrics_port: int = Field(0, ge=0, le=65535)
     """Prometheus metrics port; 0 disables the exporter."""
     command_timeout_s: float = Field(30.0, gt=0, le=600)
+    """Timeout of one RMS command (squeue, qstat, oarstat...)."""
+    checkpoint_timeout_s: float = Field(120.0, gt=0, le=3600)
+    """How long a switch waits for the victims' pilots to save their VMs before withdrawing."""
+    cleanup_after_s: float = Field(3600.0, ge=0)
+    """A vjob the RMS no longer knows (cancelled, timed out) keeps its saved VM this long, then
+    the agent deletes it (its memory state and disk overlay hold user data)."""
+    pilot_dir: str = ""
+    """Where pilots and the agent exchange state and checkpoint requests (one directory per
+    job); empty means <data_dir>/pilots. Must be shared by the agent and the compute nodes."""
 
 
 class ProvisioningConfig(Section):
     image_dir: str = ""
-    """Where the OS image catalogue keeps base images; empty means <data_dir>/images."""
+    """Where the OS image catalogue keeps base images; empty means <data_dir>/images. `{node}`
+    is replaced by the node name (one directory per node when nodes share a filesystem)."""
+    head_node: str = "head"
+    """The node holding the catalogue: the root of the image distribution tree."""
     snapshot_dir: str = ""
-    """Where VM memory states and overlays go; empty means <data_dir>/snapshots (mode 0700)."""
+    """VM memory states and snapshot copies of overlays; empty means <data_dir>/snapshots (mode
+    0700). `{node}` is replaced by the node name."""
     nodes: dict[str, str] = {}
     """libvirt URI per node name, e.g. {n1 = "qemu:///system"}."""
     default_uri: str = "qemu:///system"
+    """libvirt URI of a node not listed in `nodes`."""
     copy_method: Literal["local", "rsync", "scp"] = "local"
+    """How images and snapshots travel between nodes."""
     operation_timeout_s: float = Field(300.0, gt=0)
+    """Timeout of one VM operation (save, restore, migrate)."""
+    vm_dir: str = ""
+    """Per-VM disk overlays and console logs; empty means <data_dir>/vms. `{node}` is replaced
+    by the node name (one directory per node when nodes share a filesystem)."""
+    hosts: dict[str, str] = {}
+    """ssh host per node for rsync/scp copies; a node not listed is reached by its name."""
+    migrate_uris: dict[str, str] = {}
+    """QEMU migration URI per destination node (e.g. tcp://10.0.0.2:49152); default: libvirt's."""
+    domain_type: Literal["qemu", "kvm"] = "qemu"
+    """libvirt domain type on qemu:// nodes; "qemu" (TCG) where KVM is unavailable."""
+    qemu_user: str = "libvirt-qemu"
+    """The user QEMU runs as; VM overlays are owned by it (mode 0600) and never relabelled."""
 
 
 class PlannerConfig(Section):
     optimizer: Literal["cpsat", "ffd"] = "cpsat"
+    """cpsat: OR-Tools CP-SAT minimises the plan cost; ffd: first-fit decreasing baseline."""
     time_limit_s: float = Field(10.0, gt=0, le=3600)
+    """CP-SAT stops here and returns the best plan found (FFD's when it found none)."""
 
 
 class SlurmConfig(Section):
     bin_dir: str = ""
     """Directory of the Slurm commands; empty means search PATH."""
     site_factor_max: int = Field(1_000_000, ge=1)
+    """The site factor a priority of 1.0 maps to (Slurm's PriorityWeightSite scale)."""
+    conf: str = ""
+    """slurm.conf the commands use (passed as SLURM_CONF); empty means Slurm's own default."""
+    image_list: str = ""
+    """The OS image list job_submit.lua reads (vjob-images.list next to slurm.conf); empty: none."""
 
 
 class PbsConfig(Section):
     dialect: Literal["torque", "openpbs"] = "openpbs"
+    """Which PBS the agent talks to: Torque (qstat -x XML) or OpenPBS / PBS Pro (-F json)."""
     bin_dir: str = ""
+    """Directory of qstat, pbsnodes, qalter, ...; empty means search PATH."""
+    torque_format: Literal["xml", "text"] = "xml"
+    """Torque only: read `qstat -x`/`pbsnodes -x` (xml) or, for servers without XML, the text forms."""
+    interactive_queues: list[str] = ["interactive"]
+    """Queues whose jobs are interactive even without `qsub -I`."""
+    besteffort_queues: list[str] = []
+    """Queues whose jobs are best-effort (preempted first, never preempting)."""
+    os_property_prefix: str = "os_"
+    """A node property `os_centos7` means the node runs image centos7 (UBIS's VM_os)."""
+    os_images: list[str] = []
+    """OS images the submit filter and hook accept; empty accepts any well-formed name."""
+    filter_budget_s: float = Field(2.0, gt=0, le=60)
+    """The submit filter passes the script through unchanged when it needs longer than this."""
 
 
 class SiteConfig(Section):
@@ -130,15 +196,23 @@ class SiteConfig(Section):
     oar_bin_dir: str = ""
     repository: str = ""
     """Directory (or host:path) of the site's snapshot repository."""
+    oar_properties: str = ""
+    """oarsub -p filter selecting this site's resources when several sites share one OAR."""
 
 
 class SalineConfig(Section):
     snapshot_period_s: float = Field(600.0, gt=0)
     checkpoint_signal: int = Field(12, ge=1, le=64)
-    checkpoint_delay_s: int = Field(60, ge=1)
+    checkpoint_delay_s: int = Field(60, ge=0)
+    """oarsub --checkpoint: OAR signals this long before a best-effort kill; 0: no signal."""
     mac_prefix: str = "52:54:00"
     network: str = "10.0.0.0/8"
     sites: list[SiteConfig] = []
+    poll_interval_s: float = Field(2.0, gt=0, le=600)
+    """How often the manager looks at OAR and at each vjob's VMs."""
+    requeue_after_s: float = Field(30.0, gt=0)
+    """A resubmitted vjob still waiting after this long moves to a site with free resources."""
+    default_walltime: str = "2:00:00"
 
     @field_validator("mac_prefix")
     @classmethod
@@ -153,6 +227,8 @@ class Config(Section):
     """The whole configuration file."""
 
     data_dir: str = ""
+    """Where vjob keeps its SQLite store, images and snapshots; empty means /var/lib/vjob as
+    root, ~/.local/share/vjob otherwise (or $VJOB_DATA_DIR)."""
     database: DatabaseConfig = DatabaseConfig()
     logging: LoggingConfig = LoggingConfig()
     priority: PriorityConfig = PriorityConfig()
@@ -245,3 +321,69 @@ def _mask(value: Any, key: str = "") -> Any:
                 scheme, rest = value.split("://", 1)
                 return f"{scheme}://***@{rest.split('@', 1)[1]}"
     return value
+
+
+def reference() -> str:
+    """The Markdown reference of every key (docs/configuration.md is this text; a test checks it)."""
+    lines = [
+        "# Configuration reference",
+        "",
+        "Generated from the configuration models by `vjob config reference`; a test keeps this page",
+        "equal to the code. The file is TOML: `/etc/vjob/vjob.toml`, or `--config FILE`, or",
+        "`$VJOB_CONFIG`. Every key is optional; unknown keys are errors.",
+        "",
+    ]
+    _reference_section(Config, "", lines)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _reference_section(model: type[BaseModel], prefix: str, lines: list[str]) -> None:
+    nested: list[tuple[str, type[BaseModel], bool]] = []
+    rows: list[str] = []
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        sub = _model_of(ann)
+        if sub is not None:
+            nested.append((name, sub, ann is not sub))
+            continue
+        default = None if field.is_required() else field.get_default(call_default_factory=True)
+        shown = "(required)" if field.is_required() else "(unset)" if default is None else f"`{_short(default)}`"
+        limits = ", ".join(
+            f"{op} {getattr(m, attr)}"
+            for m in field.metadata
+            for attr, op in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<"))
+            if getattr(m, attr, None) is not None
+        )
+        desc = " ".join((field.description or "").split())
+        rows.append(f"| `{name}` | {_type_name(ann)} | {shown} | {limits} | {desc} |")
+    if rows:
+        lines += [f"## `[{prefix}]`" if prefix else "## top level", ""]
+        doc = " ".join((model.__doc__ or "").split()) if model is not Config else ""
+        if doc and not doc.startswith("Base of") and not doc.startswith("!!!"):
+            lines += [doc, ""]
+        lines += ["| key | type | default | limits | meaning |", "|---|---|---|---|---|", *rows, ""]
+    for name, sub, is_list in nested:
+        key = f"{prefix}.{name}" if prefix else name
+        _reference_section(sub, f"[{key}]" if is_list else key, lines)
+
+
+def _model_of(ann: Any) -> type[BaseModel] | None:
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return ann
+    for arg in getattr(ann, "__args__", ()) or ():
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            return arg
+    return None
+
+
+def _type_name(ann: Any) -> str:
+    if getattr(ann, "__origin__", None) is Literal:
+        return "one of " + ", ".join(f"`{a}`" for a in ann.__args__)
+    text = getattr(ann, "__name__", None) if isinstance(ann, type) else None
+    return (text or str(ann).replace("typing.", "")).replace("|", "or")
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, str):
+        return repr(value) if value else '""'
+    return repr(value)

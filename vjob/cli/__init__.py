@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "config": ("vjob.cli.config_cmd", "check a configuration file, show the effective configuration"),
     "status": ("vjob.cli.status", "vjobs, VMs and recent preemptions"),
     "agent": ("vjob.cli.agent", "run the vjob agent next to an RMS"),
+    "run": ("vjob.cli.run", "the in-job pilot: run this job inside a VM that survives checkpoints"),
     "prio": ("ubis_priority.cli", "UBIS priorities of pending jobs, per term (like sprio)"),
     "simulate": ("simulator.cli", "replay a workload trace under a scheduling policy"),
     "trace": ("simulator.cli", "generate and inspect workload traces"),

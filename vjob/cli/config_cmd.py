@@ -19,11 +19,18 @@ def register(sub: Any) -> None:
     show = csub.add_parser("show", help="print the effective configuration (secrets masked)")
     show.add_argument("--format", choices=("json", "toml"), default="toml")
     show.set_defaults(func=_show)
+    ref = csub.add_parser("reference", help="print the Markdown reference of every key (docs/configuration.md)")
+    ref.set_defaults(func=_reference)
 
 
 def _check(args: argparse.Namespace) -> int:
     vconfig.load(args.file)
     print(f"{args.file}: ok")
+    return 0
+
+
+def _reference(args: argparse.Namespace) -> int:
+    print(vconfig.reference(), end="")
     return 0
 
 

@@ -1,9 +1,138 @@
-"""Subcommands of this package (registered by vjob.cli)."""
+"""`vjob status`: the vjobs, their VMs and the recent preemptions, from the pilots and the store.
+
+Why from those two and not from the RMS: status must answer when the RMS or the database is
+down — it is what an operator runs first. Each source that fails is reported, not fatal.
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
+import time
 from typing import Any
+
+from vjob.cli import load_config
 
 
 def register(sub: Any) -> None:
-    """Add this package's subcommands to `sub` (none yet)."""
+    p = sub.add_parser("status", help="vjobs, VMs and recent preemptions")
+    p.add_argument("--rms", choices=("slurm", "pbs", "oar"), help="only this RMS's vjobs (default: [agent] rms)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    p.add_argument("--switches", type=int, default=10, metavar="N", help="recent switches to show (default 10)")
+    p.set_defaults(func=_status)
+
+
+def collect(cfg: Any, rms: str, switches: int = 10) -> dict[str, Any]:
+    """Everything `vjob status` shows, as plain data (also used by the demo)."""
+    from vjob import agent_journal as journal
+    from vjob.agent import pilot_root
+    from vjob.errors import StoreError, VjobError
+    from vjob.pilot_files import all_dirs
+    from vjob.store import jobs as store_jobs
+    from vjob.store.db import open_store
+
+    out: dict[str, Any] = {"rms": rms, "at": time.time(), "vjobs": [], "switches": [], "errors": []}
+    records: dict[str, Any] = {}
+    store = None
+    try:
+        store = open_store(cfg)
+    except StoreError as exc:
+        out["errors"].append(f"state store: {exc}")
+    pilots = []
+    for pdir in all_dirs(pilot_root(cfg), rms):
+        try:
+            st = pdir.read_state()
+        except VjobError as exc:
+            out["errors"].append(str(exc))
+            continue
+        if st is not None:
+            pilots.append(st)
+    if store is not None:
+        try:
+            for st in pilots:
+                rec = store_jobs.get(store, rms, st.job_id)
+                if rec is not None:
+                    records[st.job_id] = rec
+            for sw in journal.recent(store, switches):
+                times = journal.action_times(store, sw.id)
+                out["switches"].append(
+                    {
+                        "id": sw.id,
+                        "state": sw.state,
+                        "reason": sw.reason,
+                        "interactive": sw.plan.get("interactive"),
+                        "actions": [
+                            {
+                                "job": a.rms_job_id,
+                                "action": a.action,
+                                "node": a.source,
+                                "state": a.state,
+                                "started_at": times[a.id][0],
+                                "finished_at": times[a.id][1],
+                                "error": times[a.id][2],
+                            }
+                            for a in sw.actions
+                        ],
+                    }
+                )
+        except StoreError as exc:
+            out["errors"].append(f"state store: {exc}")
+        finally:
+            store.close()
+    for st in pilots:
+        rec = records.get(st.job_id)
+        out["vjobs"].append(
+            {
+                "job": st.job_id,
+                "vm": st.vm,
+                "node": st.node,
+                "pilot": st.state.value,
+                "since": st.since,
+                "image": st.image,
+                "boots": st.boots,
+                "restores": st.restores,
+                "local_restores": st.local_restores,
+                "save_seconds": st.save_seconds,
+                "save_bytes": st.save_bytes,
+                "preempt_count": rec.preempt_count if rec else None,
+                "preempted_seconds": rec.preempted_seconds if rec else None,
+                "vjob_state": rec.vjob_state if rec else None,
+            }
+        )
+    return out
+
+
+def _status(args: argparse.Namespace) -> int:
+    cfg = load_config(args)
+    data = collect(cfg, args.rms or cfg.agent.rms, args.switches)
+    if args.json:
+        print(json.dumps(data, indent=2, sort_keys=True))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    vt = Table(title=f"vjobs ({data['rms']})")
+    for col in ("job", "VM", "node", "pilot", "image", "boots", "restores (local)", "last save", "Pn", "Pt (s)"):
+        vt.add_column(col)
+    for v in data["vjobs"]:
+        save = f"{v['save_seconds']:.2f} s / {v['save_bytes'] / 2**20:.0f} MiB" if v["save_bytes"] else "-"
+        vt.add_row(
+            v["job"], v["vm"], v["node"], v["pilot"], v["image"], str(v["boots"]),
+            f"{v['restores']} ({v['local_restores']})", save,
+            "-" if v["preempt_count"] is None else str(v["preempt_count"]),
+            "-" if v["preempted_seconds"] is None else f"{v['preempted_seconds']:.0f}",
+        )  # fmt: skip
+    console.print(vt)
+    st = Table(title="recent context switches")
+    for col in ("switch", "state", "interactive job", "victims", "when"):
+        st.add_column(col)
+    for sw in data["switches"]:
+        victims = ", ".join(f"{a['job']}@{a['node']}:{a['state']}" for a in sw["actions"])
+        started = [a["started_at"] for a in sw["actions"] if a["started_at"]]
+        when = time.strftime("%H:%M:%S", time.localtime(min(started))) if started else "-"
+        st.add_row(str(sw["id"]), sw["state"], str(sw["interactive"] or "-"), victims, when)
+    console.print(st)
+    for err in data["errors"]:
+        console.print(f"[yellow]warning:[/] {err}")
+    return 0

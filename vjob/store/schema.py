@@ -230,3 +230,57 @@ class ActionRecord(Base):
     error: Mapped[str] = mapped_column(Text, default="")
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class SalineJobRecord(Base):
+    """A Saline best-effort vjob: what to run, where it is now, and what it survived.
+
+    Why a row of its own: the OAR job id changes at every resubmission and the site may
+    change too, while the vjob (its key, VMs, network identity, snapshots) stays the same.
+    """
+
+    __tablename__ = "saline_jobs"
+    __table_args__ = (
+        CheckConstraint(
+            "phase IN ('submitted','running','killed','done','failed','cancelled')", name="phase"
+        ),
+    )
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    user: Mapped[str] = mapped_column(String(64))
+    image: Mapped[str] = mapped_column(String(128))
+    command_json: Mapped[str] = mapped_column(Text)
+    vm_count: Mapped[int] = mapped_column(Integer, default=1)
+    vcpus: Mapped[int] = mapped_column(Integer, default=1)
+    memory_mb: Mapped[int] = mapped_column(Integer, default=128)
+    walltime: Mapped[str] = mapped_column(String(16))
+    home_site: Mapped[str] = mapped_column(String(64))
+    site: Mapped[str] = mapped_column(String(64))
+    oar_job_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    phase: Mapped[str] = mapped_column(String(16), default="submitted")
+    hosts_json: Mapped[str] = mapped_column(Text, default="[]")
+    kills: Mapped[int] = mapped_column(Integer, default=0)
+    restarts_from_scratch: Mapped[int] = mapped_column(Integer, default=0)
+    snapshot_label: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    snapshot_site: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    snapshot_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    last_event_id: Mapped[int] = mapped_column(BigInteger, default=0)
+    error: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class SalineEventRecord(Base):
+    """The journal of a Saline vjob: every submission, deployment, snapshot, kill and cleanup."""
+
+    __tablename__ = "saline_events"
+    __table_args__ = (Index("ix_saline_events_job_key", "job_key"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_key: Mapped[str] = mapped_column(ForeignKey("saline_jobs.key", ondelete="CASCADE"))
+    at: Mapped[float] = mapped_column(Float)
+    kind: Mapped[str] = mapped_column(String(32))
+    site: Mapped[str] = mapped_column(String(64), default="")
+    oar_job_id: Mapped[str] = mapped_column(String(32), default="")
+    detail: Mapped[str] = mapped_column(Text, default="")

@@ -1,0 +1,74 @@
+"""Benchmark: one `ubis` replay of the UBIS set-up (100,000 jobs, 1,056 nodes, 20 % interactive).
+
+Prints the run's figures and, as a ratio measured in the same run, how much slower ubis is
+than fcfs-easy on the same workload (the price of priorities and preemption). The last line is
+one JSON object: {"bench": "simulate", "jobs", "nodes", "policy", "seconds", "events_per_s", ...}.
+
+    .venv/bin/python bench/simulate.py [--jobs 100000] [--nodes 1056] [--no-baseline]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+from simulator.engine import ClusterModel, simulate
+from simulator.lublin import generate
+from simulator.metrics import summary
+from simulator.setup import UbisSetup, apply
+from vjob.config import PriorityConfig
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--jobs", type=int, default=100_000, help="batch jobs from the Lublin model")
+    parser.add_argument("--nodes", type=int, default=1056)
+    parser.add_argument("--load", type=float, default=0.85, help="offered load of the batch trace")
+    parser.add_argument("--interactive-frac", type=float, default=0.2)
+    parser.add_argument("--no-baseline", action="store_true", help="skip the fcfs-easy run (no ratio)")
+    args = parser.parse_args()
+
+    t0 = time.perf_counter()
+    base = generate(args.nodes, args.jobs, seed=1, load=args.load)
+    workload = apply(base, args.nodes, UbisSetup(interactive_frac=args.interactive_frac, interactive_mean_size=100))
+    prepare_s = time.perf_counter() - t0
+    model = ClusterModel(nodes=args.nodes)
+    prio = PriorityConfig(interactive_cap=0.15)
+
+    t0 = time.perf_counter()
+    cpu0 = time.process_time()
+    result = simulate(workload, model, "ubis", prio)
+    seconds = time.perf_counter() - t0
+    cpu = time.process_time() - cpu0
+    doc = summary(result)
+    inter = int(workload.interactive.sum())
+    print(f"workload: {len(workload)} jobs ({inter} interactive) prepared in {prepare_s:.2f} s")
+    print(f"ubis: {seconds:.2f} s wall, {cpu:.2f} s CPU, {result.events} events, {result.passes} scheduling passes")
+    print(f"  utilisation {doc['utilization']:.3f}, preemptions {doc['preemptions']}")
+    print(f"  machine load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (shared)")
+    figures = {
+        "bench": "simulate",
+        "jobs": len(workload),
+        "nodes": args.nodes,
+        "policy": "ubis",
+        "seconds": round(seconds, 2),
+        "cpu_seconds": round(cpu, 2),
+        "events_per_s": round(result.events / seconds),
+        "passes": result.passes,
+        "preemptions": result.preemptions,
+        "load_average": round(os.getloadavg()[0], 1),
+    }
+    if not args.no_baseline:
+        t0 = time.perf_counter()
+        simulate(workload, model, "fcfs-easy", prio)
+        base_s = time.perf_counter() - t0
+        print(f"fcfs-easy on the same workload: {base_s:.2f} s wall")
+        figures["fcfs_easy_seconds"] = round(base_s, 2)
+        figures["ubis_over_fcfs_easy"] = round(seconds / base_s, 2)
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()

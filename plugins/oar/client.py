@@ -1,0 +1,291 @@
+"""Talking to one OAR server: through its commands, or through its REST API.
+
+Why two clients with one interface: on the OAR server (or a frontend) the commands are always
+there and need no web server; a site master elsewhere in the grid can only reach another
+site's OAR over HTTP. Both return the same `OarJob` records and raise `CommandError` naming
+the command (or URL) and the job, so the Saline manager does not care which one it holds.
+
+Identity: OAR refuses jobs from root and oar (admission rule #2), so the manager submits on
+behalf of the job's user: the CLI client runs the commands under `runuser -u USER` when it
+is root, the REST client sends `X-Remote-Ident: USER` (hyphens: Apache drops `_` headers).
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import signal
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import requests
+
+from plugins.oar.parse import OarJob, job_from_dict, parse_jobs, parse_resources, resources_from_data
+from vjob.errors import CommandError, InputError
+
+_USER = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
+_JOB_ID = re.compile(r"^[0-9]{1,12}$")
+_RESOURCE = re.compile(r"^[A-Za-z0-9_/=,:{}' .-]+$")
+_PROPERTIES = re.compile(r"^[A-Za-z0-9_=<>!' ().,-]*$")
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_JOB_ID_LINE = re.compile(r"OAR_JOB_ID=(\d+)")
+TYPES = frozenset({"besteffort", "idempotent", "timesharing", "deploy", "cosystem", "noop"})
+
+
+def check_user(user: str) -> str:
+    if not _USER.match(user):
+        raise InputError(f"user = {user!r}: not a valid login name")
+    return user
+
+
+def check_job_id(job_id: str) -> str:
+    if not _JOB_ID.match(str(job_id)):
+        raise InputError(f"OAR job id = {job_id!r}: must be a number")
+    return str(job_id)
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitRequest:
+    """What `oarsub` is asked; every field is validated so no job data reaches a shell."""
+
+    command: list[str]
+    resource: str = "/resource_id=1"
+    walltime: str = "1:00:00"
+    name: str = ""
+    types: tuple[str, ...] = ()
+    properties: str = ""
+    checkpoint_s: int = 0
+    signal: int = 0
+    directory: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            raise InputError("command: must not be empty")
+        for i, word in enumerate(self.command):
+            if not re.match(r"^[A-Za-z0-9_/.=:,+@%-]+$", word):
+                raise InputError(f"command[{i}] = {word!r}: only plain words (no spaces or shell characters)")
+        if not _RESOURCE.match(self.resource):
+            raise InputError(f"resource = {self.resource!r}: not an OAR resource request like /nodes=1/core=2")
+        if not re.match(r"^\d{1,4}(:\d{1,2}){0,2}$", self.walltime):
+            raise InputError(f"walltime = {self.walltime!r}: must be H[:MM[:SS]]")
+        if self.name and not _NAME.match(self.name):
+            raise InputError(f"name = {self.name!r}: letters, digits, '_', '.', '-' only (at most 64)")
+        for t in self.types:
+            if t not in TYPES:
+                raise InputError(f"type = {t!r}: must be one of {', '.join(sorted(TYPES))}")
+        if not _PROPERTIES.match(self.properties):
+            raise InputError(f"properties = {self.properties!r}: unexpected characters")
+        if self.checkpoint_s < 0 or not 0 <= self.signal <= 64:
+            raise InputError(f"checkpoint = {self.checkpoint_s}, signal = {self.signal}: out of range")
+
+    @property
+    def resource_spec(self) -> str:
+        return f"{self.resource},walltime={self.walltime}"
+
+    @property
+    def command_line(self) -> str:
+        # Every word was checked to be free of shell characters: joining cannot inject anything.
+        return " ".join(self.command)
+
+    def oarsub_args(self) -> list[str]:
+        args = ["-l", self.resource_spec]
+        for t in self.types:
+            args += ["-t", t]
+        if self.name:
+            args += ["-n", self.name]
+        if self.properties:
+            args += ["-p", self.properties]
+        if self.checkpoint_s:
+            args += ["--checkpoint", str(self.checkpoint_s)]
+        if self.signal:
+            args += ["--signal", str(self.signal)]
+        if self.directory:
+            args += ["-d", self.directory]
+        return [*args, self.command_line]
+
+    def api_body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"resource": self.resource_spec, "command": self.command_line}
+        if self.types:
+            body["type"] = list(self.types)
+        if self.name:
+            body["name"] = self.name
+        if self.properties:
+            body["property"] = self.properties
+        if self.checkpoint_s:
+            body["checkpoint"] = str(self.checkpoint_s)
+        if self.signal:
+            body["signal"] = str(self.signal)
+        if self.directory:
+            body["directory"] = self.directory
+        return body
+
+
+class OarClient(Protocol):
+    """What the adapter and the Saline manager need from one OAR server."""
+
+    where: str
+
+    def submit(self, request: SubmitRequest, *, user: str) -> str: ...
+
+    def job(self, job_id: str, *, user: str) -> OarJob | None: ...
+
+    def jobs(self) -> list[OarJob]: ...
+
+    def resources(self) -> list[dict[str, Any]]: ...
+
+    def delete(self, job_id: str, *, user: str) -> None: ...
+
+    def signal(self, job_id: str, signum: int, *, user: str) -> None: ...
+
+    def checkpoint(self, job_id: str, *, user: str) -> None: ...
+
+
+class OarCommands:
+    """OAR through oarsub/oarstat/oardel/oarnodes, argument lists only, each with a timeout."""
+
+    def __init__(self, bin_dir: str = "", *, timeout_s: float = 30.0) -> None:
+        self.bin_dir = bin_dir
+        self.timeout_s = timeout_s
+        self.where = f"oar commands{' in ' + bin_dir if bin_dir else ''}"
+
+    def _cmd(self, name: str) -> str:
+        return str(Path(self.bin_dir) / name) if self.bin_dir else name
+
+    def _run(self, args: list[str], *, user: str | None = None, job: str | None = None) -> str:
+        env = None
+        cwd = None
+        if user and os.geteuid() == 0 and user != "root":
+            home = pwd.getpwnam(check_user(user)).pw_dir
+            # oarsub takes the launching directory from $PWD, not getcwd() (notes/oar.md).
+            env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PWD": home, "HOME": home, "LANG": "C"}
+            cwd = home
+            args = ["runuser", "-u", user, "--", *args]
+        try:
+            proc = subprocess.run(
+                args, capture_output=True, text=True, timeout=self.timeout_s, env=env, cwd=cwd, check=False
+            )
+        except FileNotFoundError:
+            raise CommandError(args, "not found: is OAR's user package installed (oar-user)?", job=job) from None
+        except subprocess.TimeoutExpired:
+            raise CommandError(args, f"no answer after {self.timeout_s:.0f} s", job=job) from None
+        if proc.returncode != 0:
+            message = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
+            raise CommandError(args, f"exit {proc.returncode}: {message}", job=job)
+        return proc.stdout
+
+    def submit(self, request: SubmitRequest, *, user: str) -> str:
+        out = self._run([self._cmd("oarsub"), *request.oarsub_args()], user=user)
+        found = _JOB_ID_LINE.search(out)
+        if not found:
+            raise CommandError(["oarsub"], f"no OAR_JOB_ID in its output: {out.strip()[:200]!r}")
+        return found.group(1)
+
+    def job(self, job_id: str, *, user: str = "") -> OarJob | None:
+        out = self._run([self._cmd("oarstat"), "-f", "-J", "-j", check_job_id(job_id)], job=job_id)
+        found = parse_jobs(out, source=f"oarstat -f -J -j {job_id}")
+        return found[0] if found else None
+
+    def jobs(self) -> list[OarJob]:
+        return parse_jobs(self._run([self._cmd("oarstat"), "-f", "-J"]), source="oarstat -f -J")
+
+    def resources(self) -> list[dict[str, Any]]:
+        return parse_resources(self._run([self._cmd("oarnodes"), "-J"]), source="oarnodes -J")
+
+    def delete(self, job_id: str, *, user: str) -> None:
+        self._run([self._cmd("oardel"), check_job_id(job_id)], user=user, job=job_id)
+
+    def signal(self, job_id: str, signum: int, *, user: str) -> None:
+        self._run([self._cmd("oardel"), "-s", f"SIG{_signame(signum)}", check_job_id(job_id)], user=user, job=job_id)
+
+    def checkpoint(self, job_id: str, *, user: str) -> None:
+        self._run([self._cmd("oardel"), "-c", check_job_id(job_id)], user=user, job=job_id)
+
+    def hold(self, job_id: str, *, user: str = "") -> None:
+        self._run([self._cmd("oarhold"), check_job_id(job_id)], job=job_id)
+
+    def release(self, job_id: str, *, user: str = "") -> None:
+        self._run([self._cmd("oarresume"), check_job_id(job_id)], job=job_id)
+
+
+def _signame(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name.removeprefix("SIG")
+    except ValueError:
+        raise InputError(f"signal = {signum}: not a signal number") from None
+
+
+class OarRest:
+    """OAR through its REST API (oarapi), with the user's identity in X-Remote-Ident."""
+
+    def __init__(self, base_url: str, *, timeout_s: float = 30.0, session: requests.Session | None = None) -> None:
+        if not re.match(r"^https?://", base_url):
+            raise InputError(f"oar_api_url = {base_url!r}: must start with http:// or https://")
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.where = self.base_url
+        self._http = session or requests.Session()
+
+    def _call(self, method: str, path: str, *, user: str = "", job: str | None = None, body: Any = None) -> Any:
+        url = f"{self.base_url}/{path}"
+        headers = {"Accept": "application/json"}
+        if user:
+            headers["X-Remote-Ident"] = check_user(user)
+        try:
+            resp = self._http.request(method, url, headers=headers, json=body, timeout=self.timeout_s)
+        except requests.RequestException as exc:
+            raise CommandError([f"{method} {url}"], f"OAR API unreachable: {type(exc).__name__}", job=job) from None
+        if resp.status_code == 404 and method == "GET":
+            return None
+        if resp.status_code >= 400:
+            text = " ".join(resp.text.split())[:200]
+            raise CommandError([f"{method} {url}"], f"HTTP {resp.status_code}: {text}", job=job)
+        try:
+            return resp.json()
+        except ValueError:
+            raise CommandError([f"{method} {url}"], f"answer is not JSON: {resp.text[:120]!r}", job=job) from None
+
+    def version(self) -> dict[str, Any]:
+        return dict(self._call("GET", "version.json") or {})
+
+    def submit(self, request: SubmitRequest, *, user: str) -> str:
+        out = self._call("POST", "jobs.json", user=user, body=request.api_body())
+        if not isinstance(out, dict) or "id" not in out:
+            raise CommandError([f"POST {self.base_url}/jobs.json"], f"no job id in the answer: {out!r}")
+        return str(out["id"])
+
+    def job(self, job_id: str, *, user: str) -> OarJob | None:
+        out = self._call("GET", f"jobs/{check_job_id(job_id)}.json", user=user, job=job_id)
+        if not out:
+            return None
+        if isinstance(out, dict) and out.get("state") in ("Launching", "Running", "Finishing", "Suspended"):
+            # GET /jobs/ID has no hosts: they are a collection of their own.
+            found = self._call("GET", f"jobs/{job_id}/resources.json", user=user, job=job_id) or {}
+            items = [i for i in found.get("items", []) if isinstance(i, dict)]
+            out = {
+                **out,
+                "resources": items,
+                "nodes": [{"network_address": i["network_address"]} for i in items if "network_address" in i],
+            }
+            out["nodes"] = list({n["network_address"]: n for n in out["nodes"]}.values())
+        return job_from_dict(job_id, out, source=f"{self.base_url}/jobs/{job_id}")
+
+    def jobs(self) -> list[OarJob]:
+        out = self._call("GET", "jobs/details.json")
+        items = (out or {}).get("items", [])
+        return [job_from_dict(str(d.get("id")), d, source=f"{self.base_url}/jobs/details") for d in items]
+
+    def resources(self) -> list[dict[str, Any]]:
+        out = self._call("GET", "resources/full.json")
+        return resources_from_data(out or {}, source=f"{self.base_url}/resources/full")
+
+    def delete(self, job_id: str, *, user: str) -> None:
+        self._call("DELETE", f"jobs/{check_job_id(job_id)}.json", user=user, job=job_id)
+
+    def signal(self, job_id: str, signum: int, *, user: str) -> None:
+        self._call("POST", f"jobs/{check_job_id(job_id)}/signals/{int(signum)}.json", user=user, job=job_id)
+
+    def checkpoint(self, job_id: str, *, user: str) -> None:
+        self._call("POST", f"jobs/{check_job_id(job_id)}/checkpoints/new.json", user=user, job=job_id)

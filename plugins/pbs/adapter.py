@@ -1,0 +1,175 @@
+"""The agent's hands on a Torque or OpenPBS server: observe with qstat/pbsnodes, act with
+qalter/qhold/qrls/qrerun/qsig/qsub.
+
+Why through the client commands: they are the one interface both dialects keep stable, they
+authenticate as the agent's user exactly as an operator would, and their output is what the
+tests replay (PBS cannot run on the development machine; see docs/pbs.md). Every command is
+an argument list with a timeout; a job id is checked against the PBS id syntax before it
+reaches an argument list, so no job data can become an option or a shell word.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+from plugins.pbs.convert import Conventions
+from plugins.pbs.parse import parse_jobs, parse_nodes
+from vjob import log, proc
+from vjob.config import Config, PbsConfig
+from vjob.errors import CommandError, InputError
+from vjob.model import Job, Node
+
+T = TypeVar("T")
+
+PRIORITY_MIN, PRIORITY_MAX = -1024, 1023
+"""The range `qalter -p` accepts on Torque and OpenPBS."""
+
+JOB_ID = re.compile(r"[0-9]+(\[[0-9]*\])?(\.[A-Za-z0-9][A-Za-z0-9._-]*)?")
+"""`123`, `123.server.domain`, `673175[]`, `673175[19].server` — and nothing that starts with '-'."""
+
+
+def check_job_id(job_id: str) -> str:
+    """The job id, or InputError when it is not PBS id syntax (never passed on to a command)."""
+    if not isinstance(job_id, str) or not JOB_ID.fullmatch(job_id) or len(job_id) > 255:
+        raise InputError(f"job id {job_id!r}: not a PBS job id like 123 or 123.server")
+    return job_id
+
+
+def _array_parent(job_id: str) -> str:
+    """`123[4].server` → `123[].server`, the id PBS gives the array itself."""
+    return re.sub(r"\[[0-9]+\]", "[]", job_id, count=1)
+
+
+class PbsAdapter:
+    """RMSAdapter for Torque (dialect "torque") and OpenPBS / PBS Pro (dialect "openpbs")."""
+
+    name = "pbs"
+
+    def __init__(self, config: PbsConfig | None = None, *, timeout_s: float = 30.0) -> None:
+        self.config = config or PbsConfig()
+        self.timeout_s = timeout_s
+        self.conventions = Conventions(
+            interactive_queues=tuple(self.config.interactive_queues),
+            besteffort_queues=tuple(self.config.besteffort_queues),
+            os_property_prefix=self.config.os_property_prefix,
+        )
+        self._log = log.get("pbs")
+
+    # -- running a command ----------------------------------------------------------------------
+    def _program(self, name: str) -> str:
+        return str(Path(self.config.bin_dir) / name) if self.config.bin_dir else name
+
+    def _run(self, args: Sequence[str], *, job: str | None = None) -> str:
+        """stdout of the command, or CommandError naming it (and the job) for any failure."""
+        argv = [self._program(args[0]), *args[1:]]
+        stdout = proc.run(
+            argv,
+            timeout_s=self.timeout_s,
+            job=job,
+            env={**os.environ, "LC_ALL": "C"},
+            missing_hint="set [pbs] bin_dir or PATH",
+        )
+        self._log.debug("pbs command", command=argv, jobs=[job] if job else [])
+        return stdout
+
+    def _read(self, args: Sequence[str], parse: Callable[..., list[T]]) -> list[T]:
+        """Run an observing command and parse its output; garbage becomes a CommandError."""
+        text = self._run(args)
+        try:
+            return parse(text, source=" ".join(args), conventions=self.conventions)
+        except InputError as exc:
+            raise CommandError(list(args), f"printed output vjob cannot read: {exc}") from None
+
+    # -- observe ---------------------------------------------------------------------------------
+    def job_command(self) -> list[str]:
+        if self.config.dialect == "openpbs":
+            return ["qstat", "-f", "-F", "json", "-t"]
+        if self.config.torque_format == "xml":
+            return ["qstat", "-x", "-t"]
+        return ["qstat", "-f", "-t"]
+
+    def node_command(self) -> list[str]:
+        if self.config.dialect == "openpbs":
+            return ["pbsnodes", "-av", "-F", "json"]
+        return ["pbsnodes", "-x"] if self.config.torque_format == "xml" else ["pbsnodes", "-a"]
+
+    def jobs(self) -> list[Job]:
+        """Jobs that are pending, held, running or suspended (finished ones are dropped).
+
+        An array's parent record (`123[].server`) is dropped when its subjobs are listed
+        (`-t`): the subjobs are the work, and counting the parent too would count it twice.
+        """
+        listed = [j for j in self._read(self.job_command(), parse_jobs) if not j.state.finished]
+        parents_with_subjobs = {_array_parent(j.id) for j in listed if "[" in j.id and "[]" not in j.id}
+        return [j for j in listed if j.id not in parents_with_subjobs]
+
+    def nodes(self) -> list[Node]:
+        return self._read(self.node_command(), parse_nodes)
+
+    # -- act -------------------------------------------------------------------------------------
+    def set_priority(self, job_id: str, value: int) -> None:
+        """`qalter -p VALUE JOB`; the value comes from ubis_priority's PBS mapping."""
+        check_job_id(job_id)
+        if isinstance(value, bool) or not isinstance(value, int) or not PRIORITY_MIN <= value <= PRIORITY_MAX:
+            raise InputError(
+                f"job {job_id}: priority = {value!r}: must be an integer in {PRIORITY_MIN}..{PRIORITY_MAX}"
+            )
+        self._run(["qalter", "-p", str(value), job_id], job=job_id)
+
+    def hold(self, job_id: str) -> None:
+        self._run(["qhold", "-h", "u", check_job_id(job_id)], job=job_id)
+
+    def release(self, job_id: str) -> None:
+        self._run(["qrls", "-h", "u", check_job_id(job_id)], job=job_id)
+
+    def rerun(self, job_id: str) -> None:
+        self._run(["qrerun", check_job_id(job_id)], job=job_id)
+
+    def requeue_hold(self, job_id: str) -> None:
+        """Hold first, then requeue: the scheduler can never restart the job in between.
+
+        When the requeue fails (e.g. a job submitted with `-r n` is not rerunnable) the hold is
+        taken back, so the job — which keeps running, its pilot resuming the VM — is not left
+        with a hold that would strand it in the queue after some later requeue.
+        """
+        self.hold(job_id)
+        try:
+            self.rerun(job_id)
+        except CommandError as failed:
+            try:
+                self.release(job_id)
+            except CommandError as also:
+                self._log.error("hold left on a job that could not be requeued", jobs=[job_id], error=str(also))
+            raise failed from None
+
+    def suspend(self, job_id: str) -> None:
+        """`qsig -s suspend`: on OpenPBS this fires the hook's execjob_postsuspend checkpoint."""
+        self._run(["qsig", "-s", "suspend", check_job_id(job_id)], job=job_id)
+
+    def resume(self, job_id: str) -> None:
+        self._run(["qsig", "-s", "resume", check_job_id(job_id)], job=job_id)
+
+    def submit(self, script: str | os.PathLike[str], *, options: Sequence[str] = ()) -> str:
+        """`qsub [options] SCRIPT`; the new job's id, checked to be one."""
+        path = Path(script)
+        if not path.is_file():
+            raise InputError(f"job script {str(path)!r}: not a file")
+        for option in options:
+            if not isinstance(option, str) or "\n" in option or "\0" in option:
+                raise InputError(f"qsub option {option!r}: must be a single-line string")
+        argv = ["qsub", *options, str(path)]
+        out = self._run(argv).strip()
+        if not JOB_ID.fullmatch(out):
+            raise CommandError(argv, f"printed {out[:80]!r} instead of a job id")
+        return out
+
+
+def make_adapter(config: Config | PbsConfig | None = None) -> PbsAdapter:
+    """The adapter `vjob agent --rms pbs` uses, from the whole configuration or its [pbs] section."""
+    if isinstance(config, Config):
+        return PbsAdapter(config.pbs, timeout_s=config.agent.command_timeout_s)
+    return PbsAdapter(config)

@@ -1,0 +1,220 @@
+# ruff: noqa: UP006, UP022, UP031, UP035, UP045 - kept runnable on the Python 3.6 of older PBS installations
+"""OpenPBS / PBS Pro hook for vjob, run by the PBS server and MoMs with their `pbs` module.
+
+One hook script, four events (install: deploy/pbs/README.md):
+
+* queuejob (server): reads what the job asks for — `qsub -I`, the queue, `-v VJOB_CLASS=...,
+  VJOB_OS=...`, `-l aoe=...` — refuses an OS image or class the site does not offer with a
+  message qsub shows the user, and writes VJOB_CLASS / VJOB_OS into the job's Variable_List,
+  where the vjob adapter and the pilot read them.
+* runjob (server): logs the class and OS of every job PBS starts (the audit trail for the
+  agent's decisions); it never refuses a start.
+* execjob_postsuspend (MoM, after `qsig -s suspend` or PBS's own suspend-preemption): runs
+  `checkpoint_command` so a suspended vjob holds no memory on the node, and leaves a marker
+  (state_dir/<job>.saved, 0600). If the checkpoint fails the job stays suspended in memory,
+  which is what PBS would have done without vjob: the hook accepts.
+* execjob_preresume (MoM, before the resume): when the marker says the VM was saved, runs
+  `restore_command`; if that fails the hook refuses the resume with the pilot's message,
+  because resuming the job's processes without their VM would run nothing while holding the
+  nodes. A job without the marker resumes exactly as PBS would resume it.
+
+Both commands are empty (off) by default: they name the pilot's one-shot checkpoint and
+restore modes (deploy/pbs/vjob_hook.json has the documented command lines).
+
+Fail open: any error inside the hook itself (a bug, an unreadable configuration) is logged
+to the PBS log and the event is accepted, so vjob can never stop PBS from queueing or
+running jobs. The pilot runs as an argument list with a timeout below the hook's alarm.
+
+Why no `vjob` import: the hook runs inside PBS's own Python (3.6 or newer on the supported
+OpenPBS releases), where vjob is usually not installed; the pilot command line is the only
+link (`checkpoint_command` / `restore_command` in the hook configuration file).
+"""
+
+import json
+import os
+import re
+import subprocess
+from typing import Any, Dict, List, Optional, Tuple
+
+import pbs
+
+CLASSES = ("batch", "interactive", "besteffort")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
+SELECT_AOE = re.compile(r"(?:^|:)aoe=([^:+]+)")
+JOB_ID = re.compile(r"[0-9]+(\[[0-9]*\])?(\.[A-Za-z0-9][A-Za-z0-9._-]*)?")
+DEFAULTS = {
+    "os_images": [],
+    "interactive_queues": ["interactive"],
+    "besteffort_queues": [],
+    "checkpoint_command": [],
+    "restore_command": [],
+    "command_timeout_s": 240,
+    "state_dir": "/var/spool/pbs/vjob",
+}
+
+
+class Refused(Exception):
+    """The job asks for something the site does not offer; the message is for the user."""
+
+
+def settings() -> Dict[str, Any]:
+    """The hook configuration (JSON, imported with qmgr) over the defaults."""
+    merged = dict(DEFAULTS)
+    path = getattr(pbs, "hook_config_filename", None)
+    if path:
+        with open(path) as fh:
+            loaded = json.load(fh)
+        unknown = sorted(set(loaded) - set(DEFAULTS))
+        if unknown:
+            raise ValueError("unknown key(s) in the hook configuration: " + ", ".join(unknown))
+        merged.update(loaded)
+    for key in ("checkpoint_command", "restore_command"):
+        command = merged[key]
+        if not isinstance(command, list) or not all(isinstance(a, str) for a in command):
+            raise ValueError(key + " must be a list of strings (empty: off)")
+    return merged
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else str(value).strip()
+
+
+def _variables(job: Any) -> Any:
+    """The job's Variable_List (a dict-like pbs_env); created when the job has none."""
+    if job.Variable_List is None:
+        job.Variable_List = {}
+    return job.Variable_List
+
+
+def classify(job: Any, cfg: Dict[str, Any]) -> Tuple[str, str]:
+    """(class, OS image) of a job being queued, or Refused naming what is wrong."""
+    variables = _variables(job)
+    job_class = _text(variables.get("VJOB_CLASS")).lower()
+    queue = _text(job.queue)
+    if str(job.interactive).lower() in ("true", "1") or (not job_class and queue in cfg["interactive_queues"]):
+        job_class = "interactive"
+    elif not job_class:
+        job_class = "besteffort" if queue in cfg["besteffort_queues"] else "batch"
+    if job_class not in CLASSES:
+        raise Refused("VJOB_CLASS = %r: must be one of %s" % (job_class, ", ".join(CLASSES)))
+    image = _text(variables.get("VJOB_OS"))
+    if not image and job.Resource_List is not None:
+        image = _text(job.Resource_List["aoe"])
+        chunk_aoe = SELECT_AOE.search(_text(job.Resource_List["select"]))
+        if not image and chunk_aoe:
+            image = chunk_aoe.group(1)
+    if image and not NAME.fullmatch(image):
+        raise Refused("OS image %r: a name has only letters, digits and . _ + - (at most 64)" % image)
+    if image and cfg["os_images"] and image not in cfg["os_images"]:
+        raise Refused("OS image %r is not offered here; choose one of %s" % (image, ", ".join(cfg["os_images"])))
+    return job_class, image
+
+
+def queuejob(event: Any, cfg: Dict[str, Any]) -> Optional[str]:
+    """Tag the job; the refusal message for the user, or None."""
+    job = event.job
+    try:
+        job_class, image = classify(job, cfg)
+    except Refused as exc:
+        return "vjob: " + str(exc)
+    variables = _variables(job)
+    variables["VJOB_CLASS"] = job_class
+    if image:
+        variables["VJOB_OS"] = image
+    pbs.logmsg(pbs.LOG_DEBUG, "vjob: queued as %s, os %s" % (job_class, image or "(any)"))
+    return None
+
+
+def runjob(event: Any, cfg: Dict[str, Any]) -> Optional[str]:
+    job = event.job
+    variables = job.Variable_List or {}
+    pbs.logmsg(
+        pbs.LOG_DEBUG,
+        "vjob: starting %s class=%s os=%s"
+        % (_text(job.id), _text(variables.get("VJOB_CLASS")) or "untagged", _text(variables.get("VJOB_OS")) or "(any)"),
+    )
+    return None
+
+
+def pilot(command: List[str], job_id: str, timeout: float) -> Tuple[bool, str]:
+    """Run the pilot command for one job: (succeeded, what it said)."""
+    if not JOB_ID.fullmatch(job_id):
+        return False, "job id %r is not a PBS job id" % job_id
+    argv = [arg.replace("{job_id}", job_id) for arg in command]
+    try:
+        done = subprocess.run(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout
+        )
+    except subprocess.TimeoutExpired:
+        return False, "%s: no answer within %g s; killed" % (argv[0], timeout)
+    except OSError as exc:
+        return False, "%s: cannot run: %s" % (argv[0], exc.strerror)
+    said = (done.stderr or done.stdout or b"").decode("utf-8", "replace").strip().splitlines()
+    last = said[-1][:300] if said else ""
+    if done.returncode != 0:
+        return False, "%s: exit status %d: %s" % (argv[0], done.returncode, last or "(no message)")
+    return True, last
+
+
+def _marker(cfg: Dict[str, Any], job_id: str) -> str:
+    """The file that says "this job's VM was saved by the hook" (job id already validated)."""
+    return os.path.join(cfg["state_dir"], job_id + ".saved")
+
+
+def postsuspend(event: Any, cfg: Dict[str, Any]) -> Optional[str]:
+    job_id = _text(event.job.id)
+    if not cfg["checkpoint_command"]:
+        return None
+    ok, said = pilot(cfg["checkpoint_command"], job_id, float(cfg["command_timeout_s"]))
+    if not ok:
+        pbs.logmsg(pbs.LOG_WARNING, "vjob: checkpoint of %s failed, job stays suspended in memory: %s" % (job_id, said))
+        return None
+    os.makedirs(cfg["state_dir"], mode=0o700, exist_ok=True)
+    fd = os.open(_marker(cfg, job_id), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.write(fd, (said + "\n").encode("utf-8", "replace"))
+    os.close(fd)
+    pbs.logmsg(pbs.LOG_DEBUG, "vjob: checkpointed %s: %s" % (job_id, said))
+    return None
+
+
+def preresume(event: Any, cfg: Dict[str, Any]) -> Optional[str]:
+    """Restore the VM the hook saved; a job it did not save resumes as PBS would resume it."""
+    job_id = _text(event.job.id)
+    if not JOB_ID.fullmatch(job_id) or not os.path.exists(_marker(cfg, job_id)):
+        return None
+    ok, said = pilot(cfg["restore_command"], job_id, float(cfg["command_timeout_s"]))
+    if not ok:
+        return "vjob: cannot restore the VM of %s, not resuming: %s" % (job_id, said)
+    os.unlink(_marker(cfg, job_id))
+    pbs.logmsg(pbs.LOG_DEBUG, "vjob: restored %s: %s" % (job_id, said))
+    return None
+
+
+HANDLERS = {
+    "QUEUEJOB": queuejob,
+    "RUNJOB": runjob,
+    "EXECJOB_POSTSUSPEND": postsuspend,
+    "EXECJOB_PRERESUME": preresume,
+}
+
+
+def main() -> None:
+    event = pbs.event()
+    refusal = None
+    try:
+        handler = None
+        for name, function in HANDLERS.items():
+            if getattr(pbs, name, object()) == event.type:
+                handler = function
+        if handler is not None:
+            refusal = handler(event, settings())
+    except Exception as exc:  # noqa: BLE001 - fail open: a fault in vjob must never stop PBS
+        pbs.logmsg(pbs.LOG_ERROR, "vjob hook: internal error, event accepted: %s: %s" % (type(exc).__name__, exc))
+        refusal = None
+    if refusal:
+        event.reject(refusal)
+    else:
+        event.accept()
+
+
+main()

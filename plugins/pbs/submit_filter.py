@@ -1,0 +1,259 @@
+#!/usr/bin/env python3
+"""Torque SUBMITFILTER for vjob: tag each job script with its class and OS image.
+
+qsub runs the program named by SUBMITFILTER in torque.cfg with qsub's own arguments, feeds it
+the job script on stdin and submits what it prints on stdout; a non-zero exit refuses the
+job and shows the filter's stderr to the user. This filter:
+
+* reads `#VJOB class=... os=...` lines and the `#PBS -q` / `-I` / `-v VJOB_*` directives of
+  the script's header (and the same options on qsub's command line);
+* refuses a job asking for an OS image the site does not offer, or a class that does not
+  exist, saying which and what is allowed (a user's mistake: better now than at run time);
+* adds `#PBS -v VJOB_CLASS=...,VJOB_OS=...` (merged into an existing `#PBS -v` line), which
+  the vjob adapter reads back from the job's Variable_List;
+* fails open: on any internal error, an unreadable configuration, or when it needs longer
+  than its time budget, it prints the script unchanged and exits 0, so a broken filter can
+  never stop a site from submitting jobs.
+
+Why standalone (standard library only, no `vjob` import): it runs on every login node for
+every qsub, where the vjob package may not be installed and where start-up time is paid by
+every user. It reads the [pbs] section of the vjob configuration ($VJOB_CONFIG or
+/etc/vjob/vjob.toml): os_images, interactive_queues, besteffort_queues, filter_budget_s.
+Needs Python >= 3.8, and tomllib (3.11) or the tomli package to read the configuration
+(without either it passes every script through unchanged). Installation: deploy/pbs/README.md.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import BinaryIO
+
+DEFAULT_CONFIG = "/etc/vjob/vjob.toml"
+CLASSES = ("batch", "interactive", "besteffort")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
+"""An OS image name: no shell metacharacter, no option-looking name, no path."""
+HEADER_LINES = 5000
+"""Directives are only read from the header; stop looking after this many lines."""
+HEADER_BYTES = 1 << 20
+CHUNK = 1 << 16
+
+
+class Rejected(Exception):
+    """The script asks for something the site does not offer: refuse the job, say why."""
+
+
+class BudgetExceeded(Exception):
+    """The filter ran out of its time budget: pass the script through unchanged."""
+
+
+@dataclass
+class Settings:
+    os_images: tuple[str, ...] = ()
+    interactive_queues: tuple[str, ...] = ("interactive",)
+    besteffort_queues: tuple[str, ...] = ()
+    budget_s: float = 2.0
+
+
+@dataclass
+class Request:
+    """What the script and the command line ask for."""
+
+    job_class: str = ""
+    os_image: str = ""
+    interactive: bool = False
+    queue: str = ""
+    variables: dict[str, str] = field(default_factory=dict)
+
+
+def load_settings(environ: dict[str, str]) -> Settings:
+    """The [pbs] section of the vjob configuration; missing file → defaults."""
+    try:
+        import tomllib
+    except ImportError:  # Python < 3.11 on the login node: the tomli backport, else fail open
+        import tomli as tomllib
+
+    path = environ.get("VJOB_CONFIG") or DEFAULT_CONFIG
+    if not os.path.exists(path):
+        return Settings()
+    with open(path, "rb") as fh:
+        section = tomllib.load(fh).get("pbs", {})
+    budget = float(section.get("filter_budget_s", 2.0))
+    if not 0 < budget <= 60:
+        raise ValueError(f"{path}: pbs.filter_budget_s = {budget}: must be in (0, 60]")
+    return Settings(
+        os_images=tuple(str(x) for x in section.get("os_images", ())),
+        interactive_queues=tuple(str(x) for x in section.get("interactive_queues", ("interactive",))),
+        besteffort_queues=tuple(str(x) for x in section.get("besteffort_queues", ())),
+        budget_s=budget,
+    )
+
+
+def _variable_list(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in re.split(r"(?<!\\),", text):
+        if item:
+            key, _, value = item.partition("=")
+            out[key.strip()] = value
+    return out
+
+
+def _options(tokens: Sequence[str], request: Request) -> None:
+    """Read the qsub options vjob cares about from a directive or from qsub's argv."""
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        value = tokens[i + 1] if i + 1 < len(tokens) else ""
+        if token == "-I":
+            request.interactive = True
+        elif token == "-q" and value:
+            request.queue, i = value.split("@", 1)[0], i + 1
+        elif token.startswith("-q") and len(token) > 2:
+            request.queue = token[2:].split("@", 1)[0]
+        elif token == "-v" and value:
+            request.variables.update(_variable_list(value))
+            i += 1
+        i += 1
+
+
+def read_header(lines: list[str], argv: Sequence[str]) -> tuple[Request, int]:
+    """The request, and the index of the first line after the directive header."""
+    request = Request()
+    _options(argv, request)
+    end = 0
+    for index, line in enumerate(lines[:HEADER_LINES]):
+        stripped = line.strip()
+        if stripped and not stripped.startswith("#"):
+            break
+        end = index + 1
+        words = stripped.split()
+        if not words:
+            continue
+        if words[0] == "#PBS":
+            _options(words[1:], request)
+        elif words[0].upper() == "#VJOB":
+            for word in words[1:]:
+                key, eq, value = word.partition("=")
+                key = key.lower()
+                if not eq or key not in ("class", "os"):
+                    raise Rejected(f"line {index + 1}: '{word}': #VJOB takes class=NAME and os=NAME")
+                if key == "class":
+                    request.job_class = value
+                else:
+                    request.os_image = value
+    return request, end
+
+
+def decide(request: Request, settings: Settings) -> tuple[str, str]:
+    """(class, os image) to tag, or Rejected naming what is wrong and what is allowed."""
+    job_class = (request.job_class or request.variables.get("VJOB_CLASS", "")).strip().lower()
+    if request.interactive or (not job_class and request.queue in settings.interactive_queues):
+        job_class = "interactive"
+    elif not job_class:
+        job_class = "besteffort" if request.queue in settings.besteffort_queues else "batch"
+    if job_class not in CLASSES:
+        raise Rejected(f"class = {job_class!r}: must be one of {', '.join(CLASSES)}")
+    image = (request.os_image or request.variables.get("VJOB_OS", "")).strip()
+    if image and not NAME.fullmatch(image):
+        raise Rejected(f"os = {image!r}: an OS image name has only letters, digits and . _ + - (at most 64)")
+    if image and settings.os_images and image not in settings.os_images:
+        raise Rejected(f"os = {image!r}: unknown OS image; this site offers {', '.join(settings.os_images)}")
+    return job_class, image
+
+
+def tag(lines: list[str], header_end: int, job_class: str, image: str) -> list[str]:
+    """The script with the VJOB_* variables added to (or merged into) a `#PBS -v` directive."""
+    ours = {"VJOB_CLASS": job_class}
+    if image:
+        ours["VJOB_OS"] = image
+    newline = "\r\n" if lines and lines[0].endswith("\r\n") else "\n"
+    out = list(lines)
+    for index in range(header_end):
+        tokens = out[index].split()
+        if len(tokens) >= 3 and tokens[0] == "#PBS" and tokens[1] == "-v":
+            merged = {k: v for k, v in _variable_list(tokens[2]).items() if k not in ours}
+            merged.update(ours)
+            rest = " ".join(tokens[3:])
+            text = "#PBS -v " + ",".join(f"{k}={v}" for k, v in merged.items()) + (f" {rest}" if rest else "")
+            out[index] = text + newline
+            return out
+    line = "#PBS -v " + ",".join(f"{k}={v}" for k, v in ours.items()) + newline
+    at = 1 if out and out[0].startswith("#!") else 0
+    if at == 1 and not out[0].endswith("\n"):
+        out[0] += newline
+    out.insert(at, line)
+    return out
+
+
+def filter_script(data: bytes, argv: Sequence[str], settings: Settings) -> bytes:
+    """The tagged script; raises Rejected for a user's mistake."""
+    head = data[:HEADER_BYTES].decode("utf-8", errors="surrogateescape")
+    if len(data) > HEADER_BYTES:
+        head = head.rsplit("\n", 1)[0] + "\n" if "\n" in head else ""
+    parts = head.split("\n")  # only \n ends a line for the shell (not \f, \v, U+2028, ...)
+    lines = [p + "\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+    request, end = read_header(lines, argv)
+    job_class, image = decide(request, settings)
+    tagged = "".join(tag(lines[:end], end, job_class, image)).encode("utf-8", errors="surrogateescape")
+    consumed = len("".join(lines[:end]).encode("utf-8", errors="surrogateescape"))
+    return tagged + data[consumed:]
+
+
+def _on_alarm(_signum: int, _frame: FrameType | None) -> None:
+    raise BudgetExceeded
+
+
+def main(argv: Sequence[str], stdin: BinaryIO, stdout: BinaryIO, stderr: BinaryIO, environ: dict[str, str]) -> int:
+    received = bytearray()
+    try:
+        try:
+            settings = load_settings(environ)
+        except Exception as exc:  # noqa: BLE001 - fail open: a bad configuration must not stop qsub
+            stderr.write(f"vjob submit filter: configuration unreadable ({exc}); job passed unchanged\n".encode())
+            settings = None
+        signal.signal(signal.SIGALRM, _on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, settings.budget_s if settings else Settings.budget_s)
+        while chunk := _read_some(stdin):
+            received += chunk
+        if settings is None:
+            raise BudgetExceeded  # already reported: just pass the script through
+        result = filter_script(bytes(received), argv, settings)
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    except Rejected as exc:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        stderr.write(f"qsub: job rejected by vjob: {exc}\n".encode("utf-8", errors="replace"))
+        return 1
+    except BudgetExceeded:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        return _pass_through(received, stdin, stdout)
+    except Exception as exc:  # noqa: BLE001 - fail open: any bug of ours must not stop qsub
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        stderr.write(f"vjob submit filter: internal error ({type(exc).__name__}); job passed unchanged\n".encode())
+        return _pass_through(received, stdin, stdout)
+    stdout.write(result)
+    stdout.flush()
+    return 0
+
+
+def _read_some(stdin: BinaryIO) -> bytes:
+    """What is there now (at most CHUNK bytes): a budget alarm must not lose bytes already read."""
+    read1 = getattr(stdin, "read1", None)
+    return read1(CHUNK) if read1 is not None else stdin.read(CHUNK)
+
+
+def _pass_through(received: bytearray, stdin: BinaryIO, stdout: BinaryIO) -> int:
+    """Print what was read and the rest of stdin, byte for byte."""
+    stdout.write(bytes(received))
+    while chunk := _read_some(stdin):
+        stdout.write(chunk)
+    stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:], sys.stdin.buffer, sys.stdout.buffer, sys.stderr.buffer, dict(os.environ)))

@@ -1,0 +1,579 @@
+"""The one-machine development cluster: munge, slurmctld, N slurmd, libvirtd and the vjob agent.
+
+Why one module behind `deploy/devcluster`: tests, benchmarks and the demo all need the same
+cluster, brought up in about a second and torn down without touching anything this module did
+not start. Every daemon it starts leaves a pid file in the run directory; `down` stops exactly
+those pids (and munged only when `up` started it). Configuration files are generated from
+deploy/slurm/ into the run directory, so a checkout never writes under /etc.
+
+Layout of the run directory (default /var/lib/vjob/devcluster, or $VJOB_DEVCLUSTER_DIR):
+etc/ (slurm.conf, job_submit.lua, vjob-images.list, vjob.toml, env), state/, spool/<node>/,
+run/ (pid files, started.json), log/ (daemon logs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import string
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from plugins.slurm.commands import SlurmCommands
+from plugins.slurm.images import SHIPPED_IMAGES, write_image_list
+from vjob.errors import CommandError, UsageError, VjobError
+
+REPO = Path(__file__).resolve().parents[2]
+TEMPLATE = REPO / "deploy" / "slurm" / "slurm.conf.in"
+JOB_SUBMIT_LUA = Path(__file__).resolve().parent / "job_submit.lua"
+ENV_DIR = "VJOB_DEVCLUSTER_DIR"
+DEFAULT_DIR = Path("/var/lib/vjob/devcluster")
+SLURM_USER = "slurm"
+ENV_PORT = "VJOB_DEVCLUSTER_PORT"
+CTLD_PORT = 6817
+"""slurmctld's port; a second cluster on the same machine takes another (--port, $VJOB_DEVCLUSTER_PORT)."""
+PORTS = tuple(range(CTLD_PORT, CTLD_PORT + 401, 10))
+FIRST_NODE_PORT = 17001
+"""slurmd ports: node i listens on FIRST_NODE_PORT + 100 * (port - CTLD_PORT) + i - 1."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    run_dir: Path
+    nodes: int = 8
+    cpus: int = 4
+    memory_mb: int = 4096
+    agent: str = "auto"
+    """auto: start `vjob agent --rms slurm` when vjob provides it; yes: require it; no: never."""
+    libvirt: bool = True
+    port: int = field(default_factory=lambda: default_port())
+    """slurmctld's port; default $VJOB_DEVCLUSTER_PORT or 6817."""
+
+    def __post_init__(self) -> None:
+        if self.port not in PORTS:
+            raise UsageError(f"--port {self.port}: must be one of {PORTS[0]}, {PORTS[1]}, ... {PORTS[-1]} (step 10)")
+        if not 1 <= self.nodes <= 64:
+            raise UsageError(f"--nodes {self.nodes}: must be between 1 and 64")
+        if not 1 <= self.cpus <= 256:
+            raise UsageError(f"--cpus {self.cpus}: must be between 1 and 256")
+        if self.memory_mb < 256:
+            raise UsageError(f"--memory-mb {self.memory_mb}: must be at least 256 (a small QEMU guest)")
+        if self.agent not in ("auto", "yes", "no"):
+            raise UsageError(f"--agent {self.agent}: must be auto, yes or no")
+
+
+def default_run_dir() -> Path:
+    return Path(os.environ.get(ENV_DIR) or DEFAULT_DIR)
+
+
+def default_port() -> int:
+    raw = os.environ.get(ENV_PORT, "")
+    if raw and not raw.isdigit():
+        raise UsageError(f"${ENV_PORT} = {raw!r}: must be a port number")
+    return int(raw) if raw else CTLD_PORT
+
+
+class DevCluster:
+    """One development cluster, identified by its run directory."""
+
+    def __init__(self, run_dir: Path | None = None) -> None:
+        self.root = Path(run_dir or default_run_dir()).resolve()
+        self.etc = self.root / "etc"
+        self.run = self.root / "run"
+        self.log = self.root / "log"
+        self.conf = self.etc / "slurm.conf"
+        self.slurm = SlurmCommands(conf=str(self.conf), timeout_s=15)
+
+    # -- what other programs need -----------------------------------------------------------
+    @property
+    def env(self) -> dict[str, str]:
+        """Environment variables for Slurm clients and vjob commands talking to this cluster."""
+        return {"SLURM_CONF": str(self.conf), "VJOB_CONFIG": str(self.etc / "vjob.toml")}
+
+    @property
+    def image_list(self) -> Path:
+        """The plain list of OS image names job_submit.lua accepts (next to slurm.conf)."""
+        return self.etc / "vjob-images.list"
+
+    @property
+    def port(self) -> int:
+        """slurmctld's port of this cluster (as `up` recorded it)."""
+        return int(self._started().get("port", CTLD_PORT))
+
+    def node_names(self) -> list[str]:
+        started = self._started()
+        count = int(started.get("nodes", 0))
+        return [f"node{i}" for i in range(1, count + 1)]
+
+    # -- up -----------------------------------------------------------------------------------
+    def up(self, settings: Settings, progress: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
+        """Bring every component up (idempotent) and return when all are ready."""
+        t0 = time.monotonic()
+        timings: dict[str, float] = {}
+        started = self._started()
+        if started.get("nodes") and int(started["nodes"]) != settings.nodes and self._ctld_alive():
+            raise UsageError(
+                f"the cluster in {self.root} runs {started['nodes']} nodes, not {settings.nodes}: "
+                "run `deploy/devcluster down` first"
+            )
+        self._make_dirs(settings)
+        if self._start_munge(started):
+            progress("munged started")
+        timings["munge_s"] = time.monotonic() - t0
+        self._write_config(settings)
+        started["nodes"] = settings.nodes
+        started["port"] = settings.port
+        self._save_started(started)
+        if not self._ctld_alive():
+            if _port_open(settings.port):
+                raise UsageError(
+                    f"port {settings.port} is taken by another Slurm controller (another development cluster? "
+                    f"see `deploy/devcluster --dir DIR status`, or give this one --port); "
+                    f"the cluster in {self.root} cannot start"
+                )
+            clean = not any((self.root / "state").iterdir())
+            args = ["-f", str(self.conf)] + (["-c"] if clean else [])
+            self._daemon(["/usr/sbin/slurmctld", *args], "slurmctld")
+            progress("slurmctld started")
+        for node in self._nodes(settings):
+            if not _alive(_read_pid(self.run / f"slurmd-{node}.pid")):
+                self._daemon(["/usr/sbin/slurmd", "-f", str(self.conf), "-N", node], f"slurmd {node}")
+        _wait(lambda: len(self._ready_nodes()) >= settings.nodes, 60, f"{settings.nodes} Slurm nodes")
+        if not self._ctld_alive():  # the nodes answered, but through someone else's controller
+            raise VjobError(f"devcluster: slurmctld of {self.root} is not running; see {self.log}/slurmctld.log")
+        timings["slurm_s"] = time.monotonic() - t0
+        progress(f"{settings.nodes} slurm nodes ready")
+        if settings.libvirt:
+            pids = self._start_libvirt(progress)
+            started["libvirt_pids"] = sorted(set(started.get("libvirt_pids", [])) | set(pids))
+            timings["libvirt_s"] = time.monotonic() - t0
+        if settings.agent != "no":
+            started["agent"] = self._start_agent(settings.agent == "yes", progress)
+        self._save_started(started)
+        timings["total_s"] = time.monotonic() - t0
+        return {"run_dir": str(self.root), "env": self.env, "timings": timings, "status": self.status()}
+
+    def _make_dirs(self, settings: Settings) -> None:
+        for sub in ("etc", "run", "log", "state", "spool"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        for node in self._nodes(settings):
+            (self.root / "spool" / node).mkdir(exist_ok=True)
+        os.chmod(self.root, 0o755)
+        os.chmod(self.run, 0o755)
+        for sub in ("state", "log"):
+            shutil.chown(self.root / sub, SLURM_USER, SLURM_USER)
+
+    def _write_config(self, settings: Settings) -> None:
+        host = socket.gethostname().split(".")[0]
+        first_node_port = FIRST_NODE_PORT + 100 * (settings.port - CTLD_PORT)
+        text = string.Template(TEMPLATE.read_text()).substitute(
+            root=str(self.root),
+            host=host,
+            nodes=settings.nodes,
+            cpus=settings.cpus,
+            memory_mb=settings.memory_mb,
+            mem_per_cpu=settings.memory_mb // settings.cpus,
+            ctld_port=settings.port,
+            slurmd_port=settings.port + 1,
+            first_node_port=first_node_port,
+            last_node_port=first_node_port + settings.nodes - 1,
+        )
+        if _write_if_changed(self.conf, text, 0o644) and self._ctld_alive():
+            self.slurm.run("scontrol", ["reconfigure"])
+        _write_if_changed(self.etc / "job_submit.lua", JOB_SUBMIT_LUA.read_text(), 0o644)
+        if not self.image_list.exists():
+            write_image_list(self.image_list, _catalogue_images())
+        toml = (
+            "# vjob configuration of the development cluster (generated by deploy/devcluster up)\n"
+            f'data_dir = "{self.root / "vjob"}"\n\n'
+            "[agent]\n"
+            'rms = "slurm"\n'
+            "interval_s = 5.0\n\n"
+            "[slurm]\n"
+            f'conf = "{self.conf}"\n'
+            f'image_list = "{self.image_list}"\n'
+        )
+        _write_if_changed(self.etc / "vjob.toml", toml, 0o644)
+        env = "".join(f"export {k}={v}\n" for k, v in self.env.items())
+        _write_if_changed(self.etc / "env", env, 0o644)
+
+    def _start_munge(self, started: dict[str, Any]) -> bool:
+        """Start munged unless one answers already; remember that we did, so `down` stops it."""
+        if _munge_ok():
+            return False
+        run_munge = Path("/run/munge")
+        run_munge.mkdir(parents=True, exist_ok=True)
+        shutil.chown(run_munge, "munge", "munge")
+        os.chmod(run_munge, 0o755)
+        key = Path("/etc/munge/munge.key")
+        if not key.exists() or key.stat().st_size == 0:
+            _run(["mungekey", "--create", f"--keyfile={key}"])
+            shutil.chown(key, "munge", "munge")
+            os.chmod(key, 0o400)
+        pidfile = run_munge / "munged.pid"  # munged runs as munge: it cannot write into our run dir
+        pidfile.unlink(missing_ok=True)  # no munged answers, so any pid in it is stale
+        _run(["runuser", "-u", "munge", "--", "/usr/sbin/munged", "--num-threads=10", f"--pid-file={pidfile}"])
+        _wait(_munge_ok, 10, "munged")
+        _wait(lambda: _read_pid(pidfile) is not None, 10, f"munged pid file {pidfile}")
+        (self.run / "munged.pid").write_text(f"{_read_pid(pidfile)}\n")
+        started["munged"] = True
+        self._save_started(started)
+        return True
+
+    def _daemon(self, cmd: list[str], what: str) -> None:
+        """Start a daemon that forks itself into the background (it writes its own pid file)."""
+        log = self.log / "daemon-start.log"
+        with log.open("a") as out:
+            proc = subprocess.run(cmd, stdout=out, stderr=out, stdin=subprocess.DEVNULL, timeout=60, check=False)
+        if proc.returncode != 0:
+            raise VjobError(f"devcluster: {what} did not start (exit {proc.returncode}); see {log} and {self.log}")
+
+    def _start_libvirt(self, progress: Callable[[str], None]) -> list[int]:
+        """virtlogd + libvirtd through provisioning.libvirtd; returns the pids it started."""
+        from provisioning import libvirtd
+
+        daemons = libvirtd.start_system(self.log / "libvirt")
+        progress(f"libvirtd ready ({'started' if daemons.owned else 'already running'})")
+        return list(daemons.started_pids)
+
+    def _start_agent(self, required: bool, progress: Callable[[str], None]) -> str:
+        if importlib.util.find_spec("vjob.agent") is None:
+            if required:
+                raise VjobError("devcluster: --agent yes, but this checkout has no vjob.agent yet")
+            progress("agent: vjob.agent not available in this checkout, not started")
+            return "unavailable"
+        pidfile = self.run / "agent.pid"
+        if _alive(_read_pid(pidfile)) and "agent" in _cmdline(_read_pid(pidfile) or 0):
+            return "running"
+        vjob = [sys.executable, "-m", "vjob.cli", "--config", str(self.etc / "vjob.toml")]
+        env = {**os.environ, **self.env}
+        proc_db = subprocess.run(
+            [*vjob, "db", "upgrade"], capture_output=True, text=True, timeout=120, env=env, check=False
+        )
+        if proc_db.returncode != 0:
+            raise VjobError(f"devcluster: vjob db upgrade failed: {proc_db.stderr.strip()[-400:]}")
+        cmd = [*vjob, "agent", "--rms", "slurm"]
+        with (self.log / "agent.log").open("a") as out:
+            proc = subprocess.Popen(
+                cmd, stdout=out, stderr=out, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+            )
+        pidfile.write_text(f"{proc.pid}\n")
+        time.sleep(1.0)
+        if proc.poll() is not None:
+            raise VjobError(f"devcluster: the vjob agent exited at once ({proc.returncode}); see {self.log}/agent.log")
+        progress(f"agent started (pid {proc.pid})")
+        return "started"
+
+    # -- status ---------------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        """What runs now: each component and each node's Slurm state."""
+        started = self._started()
+        nodes = self.node_names()
+        slurmd = {n: _alive(_read_pid(self.run / f"slurmd-{n}.pid")) for n in nodes}
+        node_states = self._node_states() if self._ctld_alive() else {}
+        from provisioning import libvirtd
+
+        libvirt = "running" if libvirtd.reachable(libvirtd.SYSTEM_URI, timeout_s=5) else "not running"
+        if started.get("libvirt_pids"):
+            libvirt += f" (started by devcluster: pids {started['libvirt_pids']})"
+        agent_pid = _read_pid(self.run / "agent.pid")
+        return {
+            "run_dir": str(self.root),
+            "munged": _munge_ok(),
+            "slurmctld": self._ctld_alive(),
+            "slurmd": slurmd,
+            "nodes": node_states,
+            "libvirt": libvirt,
+            "agent": "running" if _alive(agent_pid) else started.get("agent", "not started"),
+            "up": bool(nodes) and self._ctld_alive() and all(slurmd.values()),
+        }
+
+    def is_up(self) -> bool:
+        return bool(self.status()["up"]) and len(self._ready_nodes()) >= len(self.node_names())
+
+    def _ctld_alive(self) -> bool:
+        if not _alive(_read_pid(self.run / "slurmctld.pid")):
+            return False
+        try:
+            self.slurm.run("scontrol", ["ping"], timeout_s=5)
+        except CommandError:
+            return False
+        return True
+
+    def _node_states(self) -> dict[str, str]:
+        try:
+            out = self.slurm.run("sinfo", ["-h", "-N", "-o", "%N %T"], timeout_s=5)
+        except CommandError:
+            return {}
+        states: dict[str, str] = {}
+        for line in out.splitlines():
+            parts = line.split()
+            if len(parts) == 2:
+                states[parts[0]] = parts[1]
+        return states
+
+    def _ready_nodes(self) -> list[str]:
+        usable = ("idle", "allocated", "mixed", "completing")
+        return [n for n, s in self._node_states().items() if s.rstrip("*~#!%$@^-") in usable and not s.endswith("*")]
+
+    # -- down -------------------------------------------------------------------------------------
+    def down(self, *, keep_state: bool = False, progress: Callable[[str], None] = lambda _m: None) -> None:
+        """Stop what `up` started, by pid; forget the jobs unless `keep_state`."""
+        started = self._started()
+        self._stop_pidfile(self.run / "agent.pid", "agent", progress, expect="agent")
+        if self._ctld_alive():
+            if not keep_state:
+                self._cancel_all_jobs()
+            try:
+                self.slurm.run("scontrol", ["shutdown"], timeout_s=15)
+            except CommandError as exc:
+                progress(f"scontrol shutdown failed ({exc}); stopping the daemons by pid")
+        for pidfile in [*sorted(self.run.glob("slurmd-*.pid")), self.run / "slurmctld.pid"]:
+            self._stop_pidfile(pidfile, pidfile.stem, progress, grace=10.0, expect="slurm")
+        if started.get("libvirt_pids"):
+            from provisioning import libvirtd
+
+            libvirtd.stop(libvirtd.Daemons(uri=libvirtd.SYSTEM_URI, started_pids=list(started["libvirt_pids"])))
+            progress(f"libvirtd stopped (pids {started['libvirt_pids']})")
+        if started.get("munged"):
+            self._stop_pidfile(self.run / "munged.pid", "munged", progress, expect="munged")
+        if not keep_state:
+            for sub in ("state", "spool"):
+                shutil.rmtree(self.root / sub, ignore_errors=True)
+        (self.run / "started.json").unlink(missing_ok=True)
+
+    def _cancel_all_jobs(self) -> None:
+        """Cancel the jobs of this cluster so that no job step outlives its slurmd."""
+        try:
+            out = self.slurm.run("squeue", ["-h", "-o", "%A"], timeout_s=10)
+        except CommandError:
+            return
+        ids = out.split()
+        if not ids:
+            return
+        try:
+            self.slurm.run("scancel", ids, timeout_s=15)
+        except CommandError:
+            return
+        _wait_quiet(lambda: not self.slurm.run("squeue", ["-h", "-t", "R,CG,S", "-o", "%A"], timeout_s=10).split(), 20)
+
+    def _stop_pidfile(
+        self, pidfile: Path, what: str, progress: Callable[[str], None], grace: float = 20.0, expect: str = ""
+    ) -> None:
+        """Stop the pid in `pidfile` if it is still the program we started (`expect` in its command)."""
+        pid = _read_pid(pidfile)
+        if pid is None:
+            return
+        if _alive(pid) and expect in _cmdline(pid):
+            _stop_pid(pid, grace)
+            progress(f"{what} stopped (pid {pid})")
+        pidfile.unlink(missing_ok=True)
+
+    # -- bookkeeping --------------------------------------------------------------------------------
+    def _started(self) -> dict[str, Any]:
+        path = self.run / "started.json"
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def _save_started(self, data: dict[str, Any]) -> None:
+        self.run.mkdir(parents=True, exist_ok=True)
+        tmp = self.run / "started.json.tmp"
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        tmp.replace(self.run / "started.json")
+
+    @staticmethod
+    def _nodes(settings: Settings) -> list[str]:
+        return [f"node{i}" for i in range(1, settings.nodes + 1)]
+
+
+# -- helpers -----------------------------------------------------------------------------------------
+def _catalogue_images() -> list[str]:
+    """The images a fresh cluster accepts; the agent keeps the list in step with the catalogue."""
+    return list(SHIPPED_IMAGES)
+
+
+def _write_if_changed(path: Path, text: str, mode: int) -> bool:
+    if path.exists() and path.read_text() == text:
+        return False
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.chmod(tmp, mode)
+    tmp.replace(path)
+    return True
+
+
+def _run(cmd: Sequence[str]) -> None:
+    proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=30, check=False)
+    if proc.returncode != 0:
+        raise CommandError(list(cmd), f"exited {proc.returncode}: {proc.stderr.strip() or proc.stdout.strip()}")
+
+
+def _munge_ok() -> bool:
+    try:
+        proc = subprocess.run(
+            ["/usr/bin/munge", "-n"], stdin=subprocess.DEVNULL, capture_output=True, timeout=5, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return proc.returncode == 0
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _alive(pid: int | None) -> bool:
+    if pid is None or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie left by a parent that does not reap is not alive
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _stop_pid(pid: int, grace: float) -> None:
+    """TERM, wait up to `grace` seconds, then KILL: only ever a pid from our own pid files."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.1)
+    if _alive(pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+
+
+def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise VjobError(f"devcluster: {what} not ready after {timeout:.0f} s")
+
+
+def _wait_quiet(predicate: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return
+        except CommandError:
+            return
+        time.sleep(0.2)
+
+
+# -- command line ---------------------------------------------------------------------------------------
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="deploy/devcluster", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dir", type=Path, default=None, help=f"run directory (default ${ENV_DIR} or {DEFAULT_DIR})")
+    sub = parser.add_subparsers(dest="action", required=True)
+    up = sub.add_parser("up", help="start everything (idempotent); returns when all is ready")
+    up.add_argument("--nodes", type=int, default=8)
+    up.add_argument(
+        "--port", type=int, default=None, help=f"slurmctld port (default ${ENV_PORT} or {CTLD_PORT}; step 10)"
+    )
+    up.add_argument("--cpus", type=int, default=4, help="CPUs per node")
+    up.add_argument("--memory-mb", type=int, default=4096, help="memory per node")
+    up.add_argument("--agent", choices=("auto", "yes", "no"), default="auto", help="start `vjob agent --rms slurm`")
+    up.add_argument("--no-libvirt", action="store_true", help="do not start virtlogd/libvirtd")
+    st = sub.add_parser("status", help="say what runs (exit 0 when the cluster is up, 1 otherwise)")
+    st.add_argument("--json", action="store_true")
+    down = sub.add_parser("down", help="stop what `up` started, by pid (idempotent)")
+    down.add_argument("--keep-state", action="store_true", help="keep Slurm's saved jobs for the next `up`")
+    sub.add_parser("env", help="print the environment (SLURM_CONF, VJOB_CONFIG) as shell exports")
+    args = parser.parse_args(argv)
+    cluster = DevCluster(args.dir)
+
+    def say(message: str) -> None:
+        print(f"devcluster: {message}", file=sys.stderr, flush=True)
+
+    try:
+        if args.action == "up":
+            if os.geteuid() != 0:
+                raise UsageError("deploy/devcluster up: must run as root (munged, slurmd and libvirtd need it)")
+            settings = Settings(
+                run_dir=cluster.root,
+                nodes=args.nodes,
+                cpus=args.cpus,
+                memory_mb=args.memory_mb,
+                agent=args.agent,
+                libvirt=not args.no_libvirt,
+                **({"port": args.port} if args.port is not None else {}),
+            )
+            result = cluster.up(settings, progress=say)
+            say(f"up in {result['timings']['total_s']:.2f} s; use: source {cluster.etc / 'env'}")
+            print(json.dumps({"devcluster": "up", "run_dir": result["run_dir"], **result["timings"]}))
+            return 0
+        if args.action == "status":
+            status = cluster.status()
+            if args.json:
+                print(json.dumps(status, indent=1))
+            else:
+                _print_status(status)
+            return 0 if status["up"] else 1
+        if args.action == "down":
+            cluster.down(keep_state=args.keep_state, progress=say)
+            say("down")
+            return 0
+        for key, value in cluster.env.items():
+            print(f"export {key}={value}")
+        return 0
+    except VjobError as exc:
+        print(f"devcluster: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+def _print_status(status: dict[str, Any]) -> None:
+    print(f"run dir    {status['run_dir']}")
+    print(f"munged     {'running' if status['munged'] else 'not running'}")
+    print(f"slurmctld  {'running' if status['slurmctld'] else 'not running'}")
+    for node, alive in status["slurmd"].items():
+        print(f"slurmd     {node:<8} {'running' if alive else 'not running':<12} {status['nodes'].get(node, '-')}")
+    print(f"libvirtd   {status['libvirt']}")
+    print(f"agent      {status['agent']}")
+    print(f"cluster    {'UP' if status['up'] else 'DOWN'}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

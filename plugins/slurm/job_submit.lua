@@ -1,0 +1,157 @@
+--[[
+vjob job_submit.lua -- tags each job with its class and OS image at submission.
+
+Install: copy this file next to slurm.conf (Slurm loads job_submit.lua from that directory),
+set JobSubmitPlugins=lua, and let vjob write vjob-images.list beside it (one image name per
+line). See docs/slurm.md.
+
+What it does, in slurmctld, under the job lock -- so it only reads one small file, cached:
+  * class: "interactive" for salloc/srun without a batch script, "batch" otherwise;
+  * OS image: from --comment=vjob:os=NAME or a "#VJOB os=NAME" line among the script's
+    leading comment lines; refused with a clear message when the name is malformed, when
+    comment and script disagree, or when the name is not in vjob-images.list;
+  * records "vjob:class=CLASS,os=NAME" in the job's admin comment (users cannot set it).
+It fails open: if anything goes wrong inside (the list unreadable, a bug), the job is accepted
+unchanged and the error is logged in slurmctld's log. A missing list accepts every valid name.
+]]
+
+local LIST_NAME = "vjob-images.list"
+local CACHE_SECONDS = 2
+local MAX_SCRIPT_LINES = 200
+local NO_VAL = 4294967294 -- Slurm's "not set" for 32-bit fields
+
+local function here()
+   local source = debug.getinfo(1, "S").source or ""
+   if source:sub(1, 1) == "@" then
+      local dir = source:sub(2):match("^(.*)/[^/]*$")
+      if dir then return dir end
+   end
+   return "/etc/slurm"
+end
+
+local LIST_PATH = here() .. "/" .. LIST_NAME
+
+-- cache = { at = os.time() of the read, names = set or nil when the file is missing }
+local cache = nil
+
+local function load_names()
+   local now = os.time()
+   if cache and now - cache.at < CACHE_SECONDS then return cache.names end
+   local f = io.open(LIST_PATH, "r")
+   local names = nil
+   if f then
+      names = {}
+      for line in f:lines() do -- raises on a read error: caught by pcall below, job accepted
+         local name = line:match("^%s*(.-)%s*$")
+         if name ~= "" and name:sub(1, 1) ~= "#" then names[name] = true end
+      end
+      f:close()
+   end
+   cache = { at = now, names = names }
+   return names
+end
+
+local function valid_name(name)
+   return #name >= 1 and #name <= 64 and name:match("^[%w][%w%._%-]*$") ~= nil
+end
+
+local function from_comment(comment)
+   if not comment then return nil end
+   local name = comment:match("^vjob:os=([^%s,;]*)") or comment:match("[%s,;]vjob:os=([^%s,;]*)")
+   return name
+end
+
+local function from_script(script)
+   if not script then return nil end
+   local found = nil
+   local count = 0
+   for line in script:gmatch("([^\n]*)\n?") do
+      count = count + 1
+      if count > MAX_SCRIPT_LINES then break end
+      if count > 1 then -- the first line is the shebang
+         local s = line:match("^%s*(.-)%s*$")
+         if s ~= "" then
+            if s:sub(1, 1) ~= "#" then break end
+            local name = s:match("^#VJOB%s+os=(%S*)$")
+            if name then found = name end
+         end
+      end
+   end
+   return found
+end
+
+-- The largest node count any partition the job may use offers (nil when unknown).
+local function largest_partition(job_desc, part_list)
+   if type(part_list) ~= "table" then return nil end
+   local wanted = {}
+   if job_desc.partition and job_desc.partition ~= "" then
+      for name in job_desc.partition:gmatch("[^,]+") do wanted[name] = true end
+   end
+   local best, names = nil, {}
+   for _, part in pairs(part_list) do
+      local name = part.name
+      local total = tonumber(part.total_nodes)
+      if name and total and (next(wanted) == nil and part.flag_default == 1 or wanted[name]) then
+         if not best or total > best then best = total end
+         names[#names + 1] = name
+      end
+   end
+   return best, table.concat(names, ",")
+end
+
+-- Returns nil to accept, or the message telling the user why the job is refused.
+local function tag(job_desc, part_list)
+   local min_nodes = tonumber(job_desc.min_nodes)
+   if min_nodes and min_nodes > 0 and min_nodes < NO_VAL then
+      local largest, names = largest_partition(job_desc, part_list)
+      if largest and min_nodes > largest then
+         return string.format("vjob: the job asks for %d nodes but partition %s has only %d", min_nodes, names, largest)
+      end
+   end
+   local batch = job_desc.script ~= nil and job_desc.script ~= ""
+   local class = batch and "batch" or "interactive"
+   local a = from_comment(job_desc.comment)
+   local b = from_script(job_desc.script)
+   if a and b and a ~= b then
+      return string.format("vjob: the comment asks for OS image '%s' but the script's #VJOB line for '%s': give one", a, b)
+   end
+   local os_name = a or b or ""
+   if os_name ~= "" then
+      if not valid_name(os_name) then
+         return string.format("vjob: OS image name '%s' is malformed: 1-64 letters, digits, '.', '_' or '-'", os_name)
+      end
+      local names = load_names()
+      if names and not names[os_name] then
+         local known = {}
+         for n in pairs(names) do known[#known + 1] = n end
+         table.sort(known)
+         return string.format("vjob: unknown OS image '%s'; known images: %s", os_name,
+                              #known > 0 and table.concat(known, ", ") or "(none)")
+      end
+   end
+   local label = "vjob:class=" .. class .. ",os=" .. os_name
+   local old = job_desc.admin_comment
+   if old and old ~= "" then label = label .. " " .. old end
+   job_desc.admin_comment = label
+   return nil
+end
+
+function slurm_job_submit(job_desc, part_list, submit_uid)
+   local ok, refusal = pcall(tag, job_desc, part_list)
+   if not ok then
+      slurm.log_error("vjob job_submit.lua: internal error, job accepted unchanged: %s", tostring(refusal))
+      return slurm.SUCCESS
+   end
+   if refusal then
+      slurm.log_info("vjob job_submit.lua: refused a job of uid %u: %s", submit_uid, refusal)
+      slurm.log_user("%s", refusal)
+      return slurm.ERROR
+   end
+   return slurm.SUCCESS
+end
+
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+   return slurm.SUCCESS
+end
+
+return slurm.SUCCESS

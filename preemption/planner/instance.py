@@ -1,0 +1,236 @@
+"""The planner's input: a configuration (nodes, VMs and their states) and a target state per vjob.
+
+Why a separate, self-contained input type rather than a ClusterView: the planner must be
+callable from the live agent, the simulator, the benchmark and the `vjob plan` command with the
+same few facts (capacities, demands, states, hosts), and every one of those facts is checked
+here once, with an error naming the entry, so the planning code can trust its input.
+
+Memory is in MB and CPU in processing units (integers), as in the Entropy paper: a VM needs a
+whole CPU while it computes and none while it idles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from types import MappingProxyType
+from typing import Any
+
+from vjob.errors import InputError
+from vjob.model import TRANSITIONS, ClusterView, VJobState, VMState
+
+INITIAL_STATES = (VJobState.WAITING, VJobState.RUNNING, VJobState.SLEEPING)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """A working node: how many CPUs and MB of memory its VMs may use."""
+
+    id: str
+    cpu: int
+    mem: int
+
+
+@dataclass(frozen=True, slots=True)
+class VMSpec:
+    """One VM of a vjob; `host` is the running host, or where a sleeping VM's state lies."""
+
+    id: str
+    vjob: str
+    cpu: int
+    mem: int
+    state: VJobState
+    host: str | None = None
+
+
+@dataclass(frozen=True)
+class Instance:
+    """A configuration plus the target state of every vjob (missing targets keep their state)."""
+
+    nodes: tuple[NodeSpec, ...]
+    vms: tuple[VMSpec, ...]
+    target: Mapping[str, VJobState] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check(self)
+        full = {vm.vjob: vm.state for vm in self.vms}
+        full.update(self.target)
+        object.__setattr__(self, "target", MappingProxyType(full))
+
+    # -- look-ups -------------------------------------------------------------------------
+    @cached_property
+    def node_by_id(self) -> Mapping[str, NodeSpec]:
+        return MappingProxyType({n.id: n for n in self.nodes})
+
+    @cached_property
+    def vm_by_id(self) -> Mapping[str, VMSpec]:
+        return MappingProxyType({v.id: v for v in self.vms})
+
+    def vjobs(self) -> dict[str, list[VMSpec]]:
+        """The VMs of each vjob, in input order."""
+        out: dict[str, list[VMSpec]] = {}
+        for vm in self.vms:
+            out.setdefault(vm.vjob, []).append(vm)
+        return out
+
+    def target_of(self, vm: VMSpec) -> VJobState:
+        return self.target[vm.vjob]
+
+    def to_run(self) -> list[VMSpec]:
+        """The VMs that must be running, hence placed, in the target configuration."""
+        return [vm for vm in self.vms if self.target[vm.vjob] is VJobState.RUNNING]
+
+    def with_target(self, target: Mapping[str, VJobState]) -> Instance:
+        return Instance(self.nodes, self.vms, dict(target))
+
+    # -- JSON -----------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "nodes": [{"id": n.id, "cpu": n.cpu, "mem": n.mem} for n in self.nodes],
+            "vms": [
+                {"id": v.id, "vjob": v.vjob, "cpu": v.cpu, "mem": v.mem, "state": v.state.value, "host": v.host}
+                for v in self.vms
+            ],
+            "target": {k: s.value for k, s in self.target.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, *, source: str = "instance") -> Instance:
+        """Parse the instance JSON (docs/planner.md); every error names the entry and field."""
+        if not isinstance(data, Mapping):
+            raise InputError(f"{source}: expected a JSON object at the top level")
+        unknown = set(data) - {"nodes", "vms", "target"}
+        if unknown:
+            raise InputError(f"{source}: unknown top-level key(s) {', '.join(sorted(unknown))}")
+        for key in ("nodes", "vms"):
+            if not isinstance(data.get(key), list):
+                raise InputError(f"{source}.{key}: missing or not a list")
+        nodes = tuple(_node(d, f"{source}.nodes[{i}]") for i, d in enumerate(data["nodes"]))
+        vms = tuple(_vm(d, f"{source}.vms[{i}]") for i, d in enumerate(data["vms"]))
+        raw_target = data.get("target", {})
+        if not isinstance(raw_target, Mapping):
+            raise InputError(f"{source}.target: expected an object mapping vjob to state")
+        target = {str(k): _state(v, f"{source}.target.{k}", tuple(VJobState)) for k, v in raw_target.items()}
+        return cls(nodes, vms, target)
+
+
+def _fields(data: Any, where: str, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> Mapping[str, Any]:
+    if not isinstance(data, Mapping):
+        raise InputError(f"{where}: expected an object, got {type(data).__name__}")
+    unknown = set(data) - set(required) - set(optional)
+    if unknown:
+        raise InputError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+    missing = [k for k in required if k not in data]
+    if missing:
+        raise InputError(f"{where}: missing field(s) {', '.join(missing)}")
+    return data
+
+
+def _ident(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise InputError(f"{where} = {value!r}: must be a non-empty string")
+    return value
+
+
+def _int(value: Any, where: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InputError(f"{where} = {value!r}: must be an integer >= {minimum}")
+    return value
+
+
+def _state(value: Any, where: str, allowed: tuple[VJobState, ...]) -> VJobState:
+    names = [s.value for s in allowed]
+    if value not in names:
+        raise InputError(f"{where} = {value!r}: must be one of {', '.join(names)}")
+    return VJobState(value)
+
+
+def _node(data: Any, where: str) -> NodeSpec:
+    d = _fields(data, where, ("id", "cpu", "mem"))
+    return NodeSpec(
+        _ident(d["id"], f"{where}.id"), _int(d["cpu"], f"{where}.cpu", 0), _int(d["mem"], f"{where}.mem", 1)
+    )
+
+
+def _vm(data: Any, where: str) -> VMSpec:
+    d = _fields(data, where, ("id", "vjob", "cpu", "mem", "state"), ("host",))
+    host = d.get("host")
+    if host is not None:
+        host = _ident(host, f"{where}.host")
+    return VMSpec(
+        id=_ident(d["id"], f"{where}.id"),
+        vjob=_ident(d["vjob"], f"{where}.vjob"),
+        cpu=_int(d["cpu"], f"{where}.cpu", 0),
+        mem=_int(d["mem"], f"{where}.mem", 1),
+        state=_state(d["state"], f"{where}.state", INITIAL_STATES),
+        host=host,
+    )
+
+
+def _check(inst: Instance) -> None:
+    """Cross-entry checks: unique ids, known hosts, consistent vjobs, reachable targets."""
+    nodes: dict[str, NodeSpec] = {}
+    for n in inst.nodes:
+        if n.id in nodes:
+            raise InputError(f"duplicate node id {n.id!r}")
+        nodes[n.id] = n
+    seen: set[str] = set()
+    states: dict[str, VJobState] = {}
+    for vm in inst.vms:
+        if vm.id in seen:
+            raise InputError(f"duplicate vm id {vm.id!r}")
+        seen.add(vm.id)
+        if vm.state not in INITIAL_STATES:
+            raise InputError(f"vm {vm.id}: state = {vm.state.value!r}: must be waiting, running or sleeping")
+        if vm.host is not None and vm.host not in nodes:
+            raise InputError(f"vm {vm.id}: host = {vm.host!r}: unknown node")
+        if vm.state is VJobState.RUNNING and vm.host is None:
+            raise InputError(f"vm {vm.id}: a running VM needs a host")
+        if vm.state is VJobState.WAITING and vm.host is not None:
+            raise InputError(f"vm {vm.id}: host = {vm.host!r}: a waiting VM has no host (use null)")
+        if not any(n.cpu >= vm.cpu and n.mem >= vm.mem for n in inst.nodes):
+            raise InputError(f"vm {vm.id}: needs cpu {vm.cpu} and mem {vm.mem} MB: larger than any node")
+        first = states.setdefault(vm.vjob, vm.state)
+        if first is not vm.state:
+            raise InputError(
+                f"vjob {vm.vjob}: its VMs are in different states ({first.value} and {vm.state.value} for {vm.id})"
+            )
+    for vjob, goal in inst.target.items():
+        if vjob not in states:
+            raise InputError(f"target.{vjob}: unknown vjob (no VM belongs to it)")
+        if not isinstance(goal, VJobState):
+            raise InputError(f"target.{vjob} = {goal!r}: must be a vjob state")
+        now = states[vjob]
+        if goal is now:
+            continue
+        if not any(s is now and to is goal for (s, _action), to in TRANSITIONS.items()):
+            raise InputError(f"target.{vjob} = {goal.value!r}: a {now.value} vjob cannot become {goal.value}")
+
+
+_VM_STATES = {
+    VMState.RUNNING: VJobState.RUNNING,
+    VMState.SAVED: VJobState.SLEEPING,
+    VMState.DEFINED: VJobState.WAITING,
+    VMState.STOPPED: VJobState.WAITING,
+}
+
+
+def instance_from_view(view: ClusterView, target: Mapping[str, VJobState]) -> Instance:
+    """The planner's input from the agent's or the simulator's ClusterView.
+
+    Usable nodes only (a down or drained node receives nothing); a VM's vjob is its job id,
+    its demand its vCPUs and memory; running → running on its node, saved → sleeping with its
+    state on its node, defined or stopped → waiting. A VM on a node that is not usable is an
+    error: its vjob cannot be planned until the operator or the RMS deals with the node.
+    """
+    nodes = tuple(NodeSpec(n.name, n.cpus, n.memory_mb) for n in view.nodes if n.state.usable)
+    usable = {n.id for n in nodes}
+    vms = []
+    for vm in view.vms:
+        state = _VM_STATES[vm.state]
+        host = vm.node if state is not VJobState.WAITING else None
+        if host is not None and host not in usable:
+            raise InputError(f"vm {vm.name} of job {vm.job_id}: node {host!r} is not usable (down, drained or unknown)")
+        vms.append(VMSpec(vm.name, vm.job_id, vm.vcpus, vm.memory_mb, state, host))
+    return Instance(nodes, tuple(vms), dict(target))

@@ -1,0 +1,157 @@
+"""An independent check of any plan: replay it pool by pool and prove it safe.
+
+Why independent of the planner: a plan that overloads a node during a context switch kills
+jobs or the node, so no plan may reach the executor on the planner's word alone. This module
+shares nothing with sequencing.py but the input and plan types and the cost function; it
+replays every pool from the starting configuration and checks that
+
+* each action applies to a VM in the right state and place (run a waiting VM, resume a
+  sleeping one from the node holding its state, migrate/suspend/stop a running one where it
+  runs), with at most one action per VM in a pool;
+* every node that receives VMs in a pool has room for them on top of everything on it during
+  the pool (a migrating VM counts on both ends); a node that receives nothing may stay
+  overloaded until it is relieved, as the starting configuration may be;
+* the suspends of one vjob share a pool, and so do its resumes;
+* after the last pool every vjob is in its target state, every node is viable, the running
+  VMs are where the plan's placement says, and the announced cost is the model's cost.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from preemption.planner.instance import Instance
+from preemption.planner.plan import Plan, plan_cost
+from vjob.errors import VjobError
+from vjob.model import Action, VJobState
+
+
+class PlanInvalidError(VjobError):
+    """A plan breaks viability, vjob consistency or the end state; the message lists why."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        shown = "; ".join(problems[:5])
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        super().__init__(f"invalid plan: {shown}{more}")
+
+
+def validate(inst: Instance, plan: Plan) -> None:
+    """Raise PlanInvalidError listing every problem found; return None for a sound plan."""
+    problems: list[str] = []
+    vms = inst.vm_by_id
+    nodes = inst.node_by_id
+    state = {v.id: v.state for v in inst.vms}
+    where = {v.id: v.host for v in inst.vms}  # running host, or holder of the sleeping state
+    used_cpu: dict[str, int] = defaultdict(int)
+    used_mem: dict[str, int] = defaultdict(int)
+    for v in inst.vms:
+        if v.state is VJobState.RUNNING and v.host is not None:
+            used_cpu[v.host] += v.cpu
+            used_mem[v.host] += v.mem
+    suspend_pool: dict[str, set[int]] = defaultdict(set)
+    resume_pool: dict[str, set[int]] = defaultdict(set)
+
+    for i, pool in enumerate(plan.pools):
+        touched: set[str] = set()
+        arriving_cpu: dict[str, int] = defaultdict(int)
+        arriving_mem: dict[str, int] = defaultdict(int)
+        leaving: list[tuple[str, str]] = []
+        arrivals: list[tuple[str, str]] = []
+        for a in pool:
+            tag = f"pool {i}: {a.kind.value} {a.vm}"
+            vm = vms.get(a.vm)
+            if vm is None:
+                problems.append(f"{tag}: unknown vm")
+                continue
+            if a.vm in touched:
+                problems.append(f"{tag}: a second action on the same VM in one pool")
+                continue
+            touched.add(a.vm)
+            for n in (a.src, a.dst):
+                if n is not None and n not in nodes:
+                    problems.append(f"{tag}: unknown node {n!r}")
+            if a.kind is Action.RUN:
+                ok = state[a.vm] is VJobState.WAITING
+                arrivals.append((a.vm, a.dst or ""))
+                state[a.vm] = VJobState.RUNNING
+            elif a.kind is Action.RESUME:
+                ok = state[a.vm] is VJobState.SLEEPING and where[a.vm] == a.src
+                arrivals.append((a.vm, a.dst or ""))
+                resume_pool[vm.vjob].add(i)
+                state[a.vm] = VJobState.RUNNING
+            elif a.kind is Action.MIGRATE:
+                ok = state[a.vm] is VJobState.RUNNING and where[a.vm] == a.src and a.src != a.dst
+                leaving.append((a.vm, a.src or ""))
+                arrivals.append((a.vm, a.dst or ""))
+            else:  # stop, suspend
+                ok = state[a.vm] is VJobState.RUNNING and where[a.vm] == a.src
+                leaving.append((a.vm, a.src or ""))
+                if a.kind is Action.SUSPEND:
+                    suspend_pool[vm.vjob].add(i)
+                    state[a.vm] = VJobState.SLEEPING
+                else:
+                    state[a.vm] = VJobState.TERMINATED
+            if not ok:
+                problems.append(f"{tag}: the VM is not {_expected(a.kind)} at {a.src!r} before this pool")
+        for vm_id, node in arrivals:
+            if node in nodes:
+                arriving_cpu[node] += vms[vm_id].cpu
+                arriving_mem[node] += vms[vm_id].mem
+        for node in arriving_cpu.keys() | arriving_mem.keys():
+            cpu = used_cpu[node] + arriving_cpu[node]
+            mem = used_mem[node] + arriving_mem[node]
+            if cpu > nodes[node].cpu or mem > nodes[node].mem:
+                problems.append(
+                    f"pool {i}: node {node} receives VMs while holding cpu {cpu}/{nodes[node].cpu}, "
+                    f"mem {mem}/{nodes[node].mem} MB"
+                )
+        for vm_id, node in leaving:
+            if node in nodes:
+                used_cpu[node] -= vms[vm_id].cpu
+                used_mem[node] -= vms[vm_id].mem
+        for vm_id, node in arrivals:
+            if node in nodes:
+                used_cpu[node] += vms[vm_id].cpu
+                used_mem[node] += vms[vm_id].mem
+                where[vm_id] = node
+        for vm_id, node in leaving:
+            if state[vm_id] is VJobState.SLEEPING and node in nodes:
+                where[vm_id] = node  # the suspended state stays on the node that wrote it
+
+    for vjob, pools in suspend_pool.items():
+        if len(pools) > 1:
+            problems.append(f"vjob {vjob}: its suspends are split over pools {sorted(pools)}")
+    for vjob, pools in resume_pool.items():
+        if len(pools) > 1:
+            problems.append(f"vjob {vjob}: its resumes are split over pools {sorted(pools)}")
+    for n in inst.nodes:
+        if used_cpu[n.id] > n.cpu or used_mem[n.id] > n.mem:
+            problems.append(
+                f"end: node {n.id} is not viable (cpu {used_cpu[n.id]}/{n.cpu}, mem {used_mem[n.id]}/{n.mem})"
+            )
+    for v in inst.vms:
+        goal = inst.target_of(v)
+        if state[v.id] is not goal:
+            problems.append(f"end: vm {v.id} of vjob {v.vjob} is {state[v.id].value}, target {goal.value}")
+        elif goal is VJobState.RUNNING and plan.placement.get(v.id) != where[v.id]:
+            problems.append(f"end: vm {v.id} runs on {where[v.id]}, the placement says {plan.placement.get(v.id)}")
+    extra = set(plan.placement) - {v.id for v in inst.vms if inst.target_of(v) is VJobState.RUNNING}
+    if extra:
+        problems.append(f"placement names VMs that are not to run: {', '.join(sorted(extra))}")
+    if not problems:
+        expected = plan_cost(plan.pools, {v.id: v.mem for v in inst.vms})
+        if expected != plan.cost:
+            problems.append(f"cost {plan.cost} announced, the cost model gives {expected}")
+    if problems:
+        raise PlanInvalidError(problems)
+
+
+def _expected(kind: Action) -> str:
+    return {
+        Action.RUN: "waiting",
+        Action.RESUME: "sleeping with its state",
+        Action.MIGRATE: "running",
+        Action.STOP: "running",
+        Action.SUSPEND: "running",
+    }[kind]

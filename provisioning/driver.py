@@ -1,0 +1,833 @@
+"""The VM driver: a job's VMs through libvirt, from definition to suspend, resume and move.
+
+Why these operations and no others: they are the actions of the vjob life cycle (Entropy
+section 2: run, stop, suspend, resume locally or on another node, migrate) plus the periodic
+snapshot Saline needs. Each is idempotent: after a crash of the agent, calling it again
+finds what was already done (a domain already running, a state file already written) and
+only finishes the rest, so a context switch cut in half can be completed.
+
+Disks: every VM writes to its own qcow2 overlay over an OS image; the image is its backing
+file and is never written, so one image serves every VM of every job on a node, and a
+checkpoint is the overlay plus the memory state (UBIS III.D, Saline 3.1).
+
+Snapshots hold users' memory: they are written owner-only (0600 in a 0700 directory), get a
+manifest beside them and, when a store is given, a row in `snapshots` with size, sha256 and
+location. A restore checks the file against both first; a missing or altered file is a
+clear error and the VM is not started from a broken state.
+
+Every libvirt call runs with a timeout (`operation_timeout_s`) and every error names the VM,
+the node, its URI and libvirt's own message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import re
+import threading
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import libvirt
+from sqlalchemy import select
+
+from provisioning import transfer
+from provisioning.transfer import Endpoint
+from vjob import log, proc
+from vjob.config import ProvisioningConfig
+from vjob.errors import InputError, VjobError
+from vjob.model import VMState
+from vjob.store.db import Store, now
+from vjob.store.schema import SnapshotRecord, VMRecord
+
+T = TypeVar("T")
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+STATE_SUFFIX = ".state"
+MANIFEST_SUFFIX = ".json"
+OVERLAY_COPY_SUFFIX = ".overlay.qcow2"
+
+# libvirt prints every error on stderr even when the caller handles it; we raise them instead.
+libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
+
+_log = log.get("provisioning")
+
+
+class DriverError(VjobError):
+    """A VM operation failed; the message names the VM, the node and libvirt's error."""
+
+    def __init__(self, what: str, vm: str, node: str, message: str) -> None:
+        self.vm = vm
+        self.node = node
+        subject = f" of VM {vm}" if vm != "-" else ""
+        super().__init__(f"{what}{subject} on node {node}: {message}")
+
+
+class SnapshotError(DriverError):
+    """A snapshot is missing, altered or unknown: restoring it would start a broken state."""
+
+
+@dataclass(frozen=True)
+class VMSpec:
+    """What a VM is made of: an OS image (backing file), memory, CPUs, optional direct boot."""
+
+    name: str
+    image: Path
+    memory_mib: int = 128
+    vcpus: int = 1
+    image_format: str = "qcow2"
+    kernel: Path | None = None
+    initrd: Path | None = None
+    cmdline: str = ""
+
+    def __post_init__(self) -> None:
+        check_name("vm", self.name)
+        if self.memory_mib < 16:
+            raise InputError(f"vm {self.name}: memory_mib = {self.memory_mib}: must be >= 16")
+        if self.vcpus < 1:
+            raise InputError(f"vm {self.name}: vcpus = {self.vcpus}: must be >= 1")
+        if self.image_format not in ("qcow2", "raw"):
+            raise InputError(f"vm {self.name}: image_format = {self.image_format!r}: must be qcow2 or raw")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A saved VM: its memory state (and, for `full`, a copy of its overlay) on one node."""
+
+    vm: str
+    node: str
+    kind: str
+    memory_path: Path
+    overlay_path: Path | None
+    size_bytes: int
+    sha256: str
+    created_at: float
+    record_id: int | None = None
+
+
+@dataclass(frozen=True)
+class VMInfo:
+    """One domain as a node's libvirt reports it."""
+
+    name: str
+    node: str
+    state: VMState
+    memory_mib: int
+    vcpus: int
+    persistent: bool
+
+
+def check_name(kind: str, value: str) -> str:
+    """Names end up in paths and libvirt XML: letters, digits, '_', '.', '-' only."""
+    if not isinstance(value, str) or not NAME_RE.match(value) or ".." in value:
+        raise InputError(f"{kind} name {value!r}: must match {NAME_RE.pattern} (letters, digits, _ . -)")
+    return value
+
+
+class Driver:
+    """The VM driver for a set of nodes, each reached through its own libvirt URI.
+
+    Connections are opened on first use and kept: a test-driver node file lives only as long
+    as its connection, and reconnecting per call would cost more than the call.
+    """
+
+    def __init__(self, config: ProvisioningConfig, *, data_dir: Path, store: Store | None = None) -> None:
+        self.config = config
+        self.data_dir = Path(data_dir)
+        self.store = store
+        self._conns: dict[str, libvirt.virConnect] = {}
+        self._lock = threading.Lock()
+
+    # -- places ----------------------------------------------------------------------------
+    def uri(self, node: str) -> str:
+        check_name("node", node)
+        return self.config.nodes.get(node, self.config.default_uri)
+
+    def host(self, node: str) -> str | None:
+        """ssh host of `node` for copies, None when the copy method is local."""
+        if self.config.copy_method == "local":
+            return None
+        return self.config.hosts.get(node, node)
+
+    def _dir(self, configured: str, default: str, node: str) -> Path:
+        raw = configured or str(self.data_dir / default)
+        return Path(raw.replace("{node}", check_name("node", node)))
+
+    def vm_dir(self, node: str) -> Path:
+        return self._dir(self.config.vm_dir, "vms", node)
+
+    def snapshot_dir(self, node: str) -> Path:
+        return self._dir(self.config.snapshot_dir, "snapshots", node)
+
+    def overlay_path(self, vm: str, node: str) -> Path:
+        return self.vm_dir(node) / f"{check_name('vm', vm)}.qcow2"
+
+    def console_log(self, vm: str, node: str) -> Path:
+        return self.vm_dir(node) / f"{check_name('vm', vm)}.console.log"
+
+    def state_path(self, vm: str, node: str) -> Path:
+        return self.snapshot_dir(node) / f"{check_name('vm', vm)}{STATE_SUFFIX}"
+
+    def _ensure_dirs(self, node: str) -> None:
+        vm_dir = self.vm_dir(node)
+        vm_dir.mkdir(parents=True, exist_ok=True)
+        vm_dir.chmod(0o711)  # QEMU (libvirt-qemu) must traverse it; nobody may list it
+        snap = self.snapshot_dir(node)
+        snap.mkdir(parents=True, exist_ok=True)
+        snap.chmod(0o700)
+
+    # -- libvirt plumbing --------------------------------------------------------------------
+    def connection(self, node: str) -> libvirt.virConnect:
+        with self._lock:
+            conn = self._conns.get(node)
+            if conn is not None and conn.isAlive():
+                return conn
+            uri = self.uri(node)
+            # An unreachable qemu+ssh:// host must not hang the agent: open under the timeout too.
+            conn = self._call("connection", "-", node, lambda: libvirt.open(uri))
+            self._conns[node] = conn
+            return conn
+
+    def close(self) -> None:
+        with self._lock:
+            for conn in self._conns.values():
+                try:
+                    conn.close()
+                except libvirt.libvirtError:
+                    continue
+            self._conns.clear()
+
+    def __enter__(self) -> Driver:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def _is_test(self, node: str) -> bool:
+        return self.uri(node).startswith("test:")
+
+    def _call(
+        self,
+        what: str,
+        vm: str,
+        node: str,
+        fn: Callable[[], T],
+        *,
+        on_timeout: Callable[[], object] | None = None,
+        timeout_s: float | None = None,
+    ) -> T:
+        """Run one libvirt call with the operation timeout, turning errors into DriverError."""
+        limit = timeout_s or self.config.operation_timeout_s
+        box: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                box["value"] = fn()
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread below
+                box["error"] = exc
+
+        worker = threading.Thread(target=target, name=f"libvirt-{what}-{vm}", daemon=True)
+        worker.start()
+        worker.join(limit)
+        if worker.is_alive():
+            if on_timeout is not None:
+                try:
+                    on_timeout()
+                except libvirt.libvirtError as exc:
+                    _log.warning("abort after timeout failed", vm=vm, node=node, error=exc.get_error_message())
+            raise DriverError(what, vm, node, f"no answer from {self.uri(node)} within {limit:.0f} s")
+        if "error" in box:
+            exc = box["error"]
+            if isinstance(exc, libvirt.libvirtError):
+                raise DriverError(what, vm, node, f"{self.uri(node)}: {exc.get_error_message()}") from None
+            raise exc
+        return box.get("value")  # type: ignore[return-value]
+
+    def _domain(self, vm: str, node: str) -> libvirt.virDomain | None:
+        conn = self.connection(node)
+        try:
+            return conn.lookupByName(check_name("vm", vm))
+        except libvirt.libvirtError as exc:
+            if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+                return None
+            raise DriverError("lookup", vm, node, f"{self.uri(node)}: {exc.get_error_message()}") from None
+
+    def _require_domain(self, what: str, vm: str, node: str) -> libvirt.virDomain:
+        dom = self._domain(vm, node)
+        if dom is None:
+            raise DriverError(what, vm, node, f"no such domain at {self.uri(node)}")
+        return dom
+
+    @staticmethod
+    def _active(dom: libvirt.virDomain) -> bool:
+        return dom.state()[0] in (
+            libvirt.VIR_DOMAIN_RUNNING,
+            libvirt.VIR_DOMAIN_PAUSED,
+            libvirt.VIR_DOMAIN_BLOCKED,
+            libvirt.VIR_DOMAIN_PMSUSPENDED,
+        )
+
+    # -- observe ---------------------------------------------------------------------------
+    def state(self, vm: str, node: str) -> VMState | None:
+        """The VM's state on `node`; None when the node knows no such VM and holds no state file."""
+        dom = self._domain(vm, node)
+        saved = self.state_path(vm, node).exists()
+        if dom is None:
+            return VMState.SAVED if saved else None
+        if self._active(dom):
+            return VMState.RUNNING
+        if saved:
+            return VMState.SAVED
+        return VMState.STOPPED if self.console_log(vm, node).exists() else VMState.DEFINED
+
+    def list_vms(self, node: str) -> list[VMInfo]:
+        conn = self.connection(node)
+        out = []
+        for dom in self._call("list", "-", node, conn.listAllDomains):
+            name = dom.name()
+            info = dom.info()
+            state = self.state(name, node) or VMState.DEFINED
+            out.append(VMInfo(name, node, state, int(info[1]) // 1024, int(info[3]), bool(dom.isPersistent())))
+        return sorted(out, key=lambda v: v.name)
+
+    # -- define / boot / stop / delete -------------------------------------------------------
+    def define(self, spec: VMSpec, node: str, *, job_id: int | None = None) -> None:
+        """Create the VM's overlay over its image and define the domain (both only once)."""
+        self._ensure_dirs(node)
+        overlay = self.overlay_path(spec.name, node)
+        if not overlay.exists():
+            if not spec.image.is_file():
+                raise DriverError("define", spec.name, node, f"image {spec.image} does not exist")
+            _qemu_img(
+                ["create", "-q", "-f", "qcow2", "-F", spec.image_format, "-b", str(spec.image.resolve()), str(overlay)],
+                spec.name,
+            )
+            overlay.chmod(0o600)
+            self._own_overlay(spec.name, node)
+        if self._domain(spec.name, node) is None:
+            xml = self.domain_xml(spec, node)
+            conn = self.connection(node)
+            self._call("define", spec.name, node, lambda: conn.defineXML(xml))
+        self._record_vm(spec, node, job_id, overlay)
+        _log.info("vm defined", vm=spec.name, node=node, overlay=str(overlay))
+
+    def _own_overlay(self, vm: str, node: str) -> None:
+        """Give the overlay to the QEMU user, 0600, and keep libvirt from relabelling it.
+
+        Why: with dynamic ownership, the libvirtd a VM leaves restores the file's original
+        owner after a migration or a save, while the QEMU on the other node still has to
+        reopen it: "Permission denied" at resume, or a failed save later. A fixed owner and
+        `relabel='no'` on the disk make every node agree.
+        """
+        if self._is_test(node):
+            return
+        overlay = self.overlay_path(vm, node)
+        host = self.host(node)
+        user = self.config.qemu_user
+        if host is None:
+            try:
+                pw = pwd.getpwnam(user)
+            except KeyError:
+                raise DriverError("define", vm, node, f"qemu_user {user!r} does not exist on this machine") from None
+            os.chown(overlay, pw.pw_uid, pw.pw_gid)
+            overlay.chmod(0o600)
+        else:
+            transfer.run_on(host, ["chown", f"{user}:", str(overlay)], timeout_s=60)
+
+    def domain_xml(self, spec: VMSpec, node: str) -> str:
+        """The libvirt domain XML of `spec` on `node` (type test on test:// URIs)."""
+        dom_type = "test" if self._is_test(node) else self.config.domain_type
+        root = ET.Element("domain", type=dom_type)
+        ET.SubElement(root, "name").text = spec.name
+        ET.SubElement(root, "memory", unit="MiB").text = str(spec.memory_mib)
+        ET.SubElement(root, "currentMemory", unit="MiB").text = str(spec.memory_mib)
+        ET.SubElement(root, "vcpu").text = str(spec.vcpus)
+        os_el = ET.SubElement(root, "os")
+        ET.SubElement(os_el, "type", arch="x86_64", machine="pc").text = "hvm"
+        if spec.kernel is not None:
+            ET.SubElement(os_el, "kernel").text = str(spec.kernel)
+            if spec.initrd is not None:
+                ET.SubElement(os_el, "initrd").text = str(spec.initrd)
+            ET.SubElement(os_el, "cmdline").text = spec.cmdline
+        else:
+            ET.SubElement(os_el, "boot", dev="hd")
+        ET.SubElement(ET.SubElement(root, "features"), "acpi")
+        ET.SubElement(root, "clock", offset="utc")
+        for event in ("on_poweroff", "on_reboot", "on_crash"):
+            ET.SubElement(root, event).text = "destroy"
+        devices = ET.SubElement(root, "devices")
+        if dom_type != "test":
+            ET.SubElement(devices, "emulator").text = "/usr/bin/qemu-system-x86_64"
+        disk = ET.SubElement(devices, "disk", type="file", device="disk")
+        ET.SubElement(disk, "driver", name="qemu", type="qcow2")
+        source = ET.SubElement(disk, "source", file=str(self.overlay_path(spec.name, node)))
+        if dom_type != "test":
+            ET.SubElement(source, "seclabel", model="dac", relabel="no")
+        ET.SubElement(disk, "target", dev="vda", bus="virtio")
+        serial = ET.SubElement(devices, "serial", type="pty")
+        ET.SubElement(serial, "log", file=str(self.console_log(spec.name, node)), append="on")
+        ET.SubElement(serial, "target", port="0")
+        console = ET.SubElement(devices, "console", type="pty")
+        ET.SubElement(console, "target", type="serial", port="0")
+        if dom_type != "test":
+            ET.SubElement(devices, "memballoon", model="none")
+        return ET.tostring(root, encoding="unicode")
+
+    def boot(self, vm: str, node: str) -> None:
+        """Start the VM; a VM already running is left alone, a saved one is refused."""
+        dom = self._require_domain("boot", vm, node)
+        if self._active(dom):
+            return
+        if self.state_path(vm, node).exists():
+            raise DriverError("boot", vm, node, "it has a saved memory state: resume it (booting would lose it)")
+        self._call("boot", vm, node, dom.create)
+        self._update_vm(vm, node=node, state=VMState.RUNNING)
+        _log.info("vm booted", vm=vm, node=node)
+
+    def stop(self, vm: str, node: str) -> None:
+        """Power the VM off (its work since the last checkpoint is lost); the overlay stays."""
+        dom = self._domain(vm, node)
+        if dom is None or not self._active(dom):
+            return
+        self._call("stop", vm, node, dom.destroy)
+        self._update_vm(vm, state=VMState.STOPPED)
+        _log.info("vm stopped", vm=vm, node=node)
+
+    def delete(self, vm: str, node: str) -> None:
+        """Destroy and undefine the VM and remove its overlay, state file and records."""
+        dom = self._domain(vm, node)
+        if dom is not None:
+            if self._active(dom):
+                self._call("delete", vm, node, dom.destroy)
+            if dom.isPersistent():
+                flags = libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE | libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA
+                self._call("delete", vm, node, lambda: dom.undefineFlags(flags))
+        for path in (self.overlay_path(vm, node), self.state_path(vm, node), _manifest(self.state_path(vm, node))):
+            transfer.remove(Endpoint(path, self.host(node)))
+        self._forget_snapshot(self.state_path(vm, node))
+        if self.store is not None:
+            with self.store.session() as s:
+                rec = s.scalar(select(VMRecord).where(VMRecord.name == vm))
+                if rec is not None:
+                    s.delete(rec)
+        _log.info("vm deleted", vm=vm, node=node)
+
+    # -- suspend / resume ------------------------------------------------------------------
+    def save(self, vm: str, node: str, *, job_id: int | None = None) -> Snapshot:
+        """Suspend the VM to disk: memory state to the snapshot dir, overlay kept in place.
+
+        Repeating it on a VM already saved returns the existing snapshot.
+        """
+        self._ensure_dirs(node)
+        path = self.state_path(vm, node)
+        dom = self._domain(vm, node)
+        if dom is not None and self._active(dom):
+            partial = path.with_name(path.name + ".part")
+            conn_dom = dom
+            self._call("save", vm, node, lambda: conn_dom.save(str(partial)), on_timeout=dom.abortJob)
+            os.chmod(partial, 0o600)
+            os.replace(partial, path)
+            path.with_name(path.name + ".part").unlink(missing_ok=True)
+            _manifest(path).unlink(missing_ok=True)  # an older manifest does not describe this file
+        elif not path.exists():
+            partial = path.with_name(path.name + ".part")
+            if dom is not None and partial.exists() and self._save_image_ok(partial, node):
+                os.replace(partial, path)  # the agent died between libvirt's save and the rename
+            else:
+                raise DriverError("save", vm, node, "the VM is not running and has no saved state")
+        snap = self._describe(vm, node, "memory", path, None, job_id)
+        self._update_vm(vm, state=VMState.SAVED)
+        _log.info("vm saved", vm=vm, node=node, bytes=snap.size_bytes, path=str(path))
+        return snap
+
+    def _save_image_ok(self, path: Path, node: str) -> bool:
+        conn = self.connection(node)
+        try:
+            conn.saveImageGetXMLDesc(str(path), 0)
+        except libvirt.libvirtError:
+            return False
+        return True
+
+    def restore(self, vm: str, node: str, *, from_node: str | None = None) -> None:
+        """Resume a saved VM on `node`, from its state on `from_node` (default: the same node).
+
+        From another node: the memory state and the overlay are copied over, checked, and
+        restored there; the source's copies and definition are removed only afterwards.
+        """
+        src = from_node or node
+        dom = self._domain(vm, node)
+        if dom is not None and self._active(dom):
+            if src != node:
+                self._drop_source(vm, src, node)
+            self._discard_state(vm, node)
+            return  # already resumed (a repeated call)
+        self.verify(vm, src)
+        if src != node:
+            self._ensure_dirs(node)
+            self._copy_between(vm, src, node)
+            self.verify(vm, node)
+        dst_state = self.state_path(vm, node)
+        conn = self.connection(node)
+        xml = self._restore_xml(vm, node, dst_state)
+        if xml is None:
+            self._call("restore", vm, node, lambda: conn.restore(str(dst_state)))
+        else:
+            self._call("restore", vm, node, lambda: conn.restoreFlags(str(dst_state), xml, 0))
+        restored = self._require_domain("restore", vm, node)
+        if not restored.isPersistent():
+            inactive = restored.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
+            self._call("restore", vm, node, lambda: conn.defineXML(inactive))
+        if src != node:
+            self._drop_source(vm, src, node)
+        self._discard_state(vm, node)
+        self._update_vm(vm, node=node, state=VMState.RUNNING, overlay_path=str(self.overlay_path(vm, node)))
+        _log.info("vm restored", vm=vm, node=node, source=src)
+
+    def _restore_xml(self, vm: str, node: str, state: Path) -> str | None:
+        """The saved domain XML with this node's overlay and log paths, or None if unchanged."""
+        conn = self.connection(node)
+        xml = self._call("restore", vm, node, lambda: conn.saveImageGetXMLDesc(str(state), 0))
+        root = ET.fromstring(xml)
+        changed = False
+        want_disk = str(self.overlay_path(vm, node))
+        for source in root.findall("./devices/disk[@device='disk']/source"):
+            if source.get("file") and source.get("file") != want_disk:
+                source.set("file", want_disk)
+                changed = True
+        want_log = str(self.console_log(vm, node))
+        for log_el in root.findall("./devices/serial/log"):
+            if log_el.get("file") != want_log:
+                log_el.set("file", want_log)
+                changed = True
+        return ET.tostring(root, encoding="unicode") if changed else None
+
+    def _copy_between(self, vm: str, src: str, dst: str) -> None:
+        method = self.config.copy_method
+        timeout = self.config.operation_timeout_s
+        state_src, state_dst = self.state_path(vm, src), self.state_path(vm, dst)
+        transfer.copy(
+            Endpoint(self.overlay_path(vm, src), self.host(src)),
+            Endpoint(self.overlay_path(vm, dst), self.host(dst)),
+            method=method,
+            timeout_s=timeout,
+        )
+        self._own_overlay(vm, dst)
+        transfer.copy(
+            Endpoint(_manifest(state_src), self.host(src)),
+            Endpoint(_manifest(state_dst), self.host(dst)),
+            method=method,
+            timeout_s=timeout,
+        )
+        transfer.copy(
+            Endpoint(state_src, self.host(src)), Endpoint(state_dst, self.host(dst)), method=method, timeout_s=timeout
+        )
+
+    def _drop_source(self, vm: str, src: str, dst: str) -> None:
+        """After a resume elsewhere: the source forgets the VM (definition, overlay, state)."""
+        dom = self._domain(vm, src)
+        if dom is not None and not self._active(dom) and dom.isPersistent():
+            self._call("cleanup", vm, src, lambda: dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE))
+        host_src, host_dst = self.host(src), self.host(dst)
+        overlay_src = Endpoint(self.overlay_path(vm, src), host_src)
+        if not transfer.same_file(overlay_src, Endpoint(self.overlay_path(vm, dst), host_dst)):
+            transfer.remove(overlay_src)
+        state_src = Endpoint(self.state_path(vm, src), host_src)
+        if not transfer.same_file(state_src, Endpoint(self.state_path(vm, dst), host_dst)):
+            self._forget_snapshot(state_src.path)
+            transfer.remove(state_src)
+            transfer.remove(Endpoint(_manifest(state_src.path), host_src))
+
+    def _discard_state(self, vm: str, node: str) -> None:
+        """A memory state is stale once the VM runs again: restoring it later would pair it
+        with a newer overlay and corrupt the guest's disk, so it is removed."""
+        path = self.state_path(vm, node)
+        self._forget_snapshot(path)
+        transfer.remove(Endpoint(path, self.host(node)))
+        transfer.remove(Endpoint(_manifest(path), self.host(node)))
+
+    # -- migrate ---------------------------------------------------------------------------
+    def migrate(self, vm: str, src: str, dst: str) -> None:
+        """Live-migrate a running VM; both nodes must see its overlay at the same path."""
+        if src == dst:
+            raise InputError(f"migrate VM {vm}: source and destination are both {src}")
+        dst_dom = self._domain(vm, dst)
+        if dst_dom is not None and self._active(dst_dom):
+            src_dom = self._domain(vm, src)
+            if src_dom is not None and not self._active(src_dom) and src_dom.isPersistent():
+                self._call("migrate", vm, src, src_dom.undefine)
+            return  # already there
+        if self.overlay_path(vm, src) != self.overlay_path(vm, dst):
+            raise DriverError(
+                "migrate",
+                vm,
+                src,
+                f"live migration needs the overlay at one path on both nodes ({self.overlay_path(vm, src)} vs "
+                f"{self.overlay_path(vm, dst)}): use a shared vm_dir, or suspend and resume on {dst}",
+            )
+        dom = self._require_domain("migrate", vm, src)
+        if not self._active(dom):
+            raise DriverError("migrate", vm, src, "the VM is not running (resume it instead)")
+        dconn = self.connection(dst)
+        flags = (
+            libvirt.VIR_MIGRATE_LIVE
+            | libvirt.VIR_MIGRATE_PERSIST_DEST
+            | libvirt.VIR_MIGRATE_UNDEFINE_SOURCE
+            | libvirt.VIR_MIGRATE_UNSAFE
+        )
+        uri = self.config.migrate_uris.get(dst)
+        self._call("migrate", vm, src, lambda: dom.migrate(dconn, flags, None, uri, 0), on_timeout=dom.abortJob)
+        self._update_vm(vm, node=dst, state=VMState.RUNNING)
+        _log.info("vm migrated", vm=vm, source=src, destination=dst)
+
+    # -- snapshot --------------------------------------------------------------------------
+    def snapshot(
+        self, vm: str, node: str, *, label: str, job_id: int | None = None, keep_running: bool = True
+    ) -> Snapshot:
+        """A consistent memory + overlay snapshot of a running VM, named `label`.
+
+        With `keep_running` the VM runs on after a pause of one save and one restore; without
+        it the VM stays stopped at the snapshot (an RMS's checkpoint signal before a kill: work
+        done after the snapshot would be lost anyway).
+
+        Why save → copy → restore rather than libvirt's external snapshots: libvirt 9.0 cannot
+        revert external snapshots, and the pair (memory, overlay copy) taken while the VM is
+        stopped is consistent and can be restored on any node holding the OS image.
+        """
+        check_name("snapshot label", label)
+        self._ensure_dirs(node)
+        snap_dir = self.snapshot_dir(node)
+        memory = snap_dir / f"{vm}@{label}{STATE_SUFFIX}"
+        overlay_copy = snap_dir / f"{vm}@{label}{OVERLAY_COPY_SUFFIX}"
+        if memory.exists() and _manifest(memory).exists():
+            return self._describe(vm, node, "full", memory, overlay_copy, job_id)
+        state = self.state_path(vm, node)
+        self.save(vm, node)
+        try:
+            transfer.copy(Endpoint(self.overlay_path(vm, node)), Endpoint(overlay_copy), method="local")
+            os.replace(state, memory)
+            _manifest(state).unlink(missing_ok=True)
+            self._forget_snapshot(state)
+            if keep_running:
+                conn = self.connection(node)
+                self._call("snapshot", vm, node, lambda: conn.restore(str(memory)))
+                # The running VM is now ahead of `memory`; libvirt keeps no reference to it.
+        except BaseException:
+            if not state.exists() and memory.exists() and self.state(vm, node) != VMState.RUNNING:
+                os.replace(memory, state)  # keep the VM resumable from its normal state file
+            raise
+        self._update_vm(vm, state=VMState.RUNNING if keep_running else VMState.STOPPED)
+        snap = self._describe(vm, node, "full", memory, overlay_copy, job_id)
+        _log.info("vm snapshot", vm=vm, node=node, label=label, bytes=snap.size_bytes, running=keep_running)
+        return snap
+
+    def restore_snapshot(self, vm: str, node: str, *, label: str, from_node: str | None = None) -> None:
+        """Start the VM on `node` from snapshot `label` (taken on `from_node`), e.g. after the
+        RMS killed its job; whatever the VM did since the snapshot is lost, as intended."""
+        src = from_node or node
+        memory_src = self.snapshot_dir(src) / f"{vm}@{label}{STATE_SUFFIX}"
+        overlay_src = self.snapshot_dir(src) / f"{vm}@{label}{OVERLAY_COPY_SUFFIX}"
+        self._verify_file(vm, src, memory_src, kind="full")
+        self.stop(vm, node)
+        self._ensure_dirs(node)
+        timeout = self.config.operation_timeout_s
+        method = self.config.copy_method
+        transfer.copy(
+            Endpoint(overlay_src, self.host(src)),
+            Endpoint(self.overlay_path(vm, node), self.host(node)),
+            method=method,
+            timeout_s=timeout,
+        )
+        self._own_overlay(vm, node)
+        state = self.state_path(vm, node)
+        transfer.copy(
+            Endpoint(memory_src, self.host(src)), Endpoint(state, self.host(node)), method=method, timeout_s=timeout
+        )
+        if src != node or memory_src != state:
+            self._verify_against(vm, node, state, _read_manifest(memory_src) or {})
+        conn = self.connection(node)
+        xml = self._restore_xml(vm, node, state)
+        if xml is None:
+            self._call("restore", vm, node, lambda: conn.restore(str(state)))
+        else:
+            self._call("restore", vm, node, lambda: conn.restoreFlags(str(state), xml, 0))
+        restored = self._require_domain("restore", vm, node)
+        if not restored.isPersistent():
+            inactive = restored.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
+            self._call("restore", vm, node, lambda: conn.defineXML(inactive))
+        transfer.remove(Endpoint(state, self.host(node)))
+        self._update_vm(vm, node=node, state=VMState.RUNNING)
+
+    # -- checks and records ----------------------------------------------------------------
+    def verify(self, vm: str, node: str) -> Snapshot:
+        """Check the saved memory state of `vm` on `node` before it is restored."""
+        return self._verify_file(vm, node, self.state_path(vm, node), kind="memory")
+
+    def _verify_file(self, vm: str, node: str, path: Path, *, kind: str) -> Snapshot:
+        manifest = _read_manifest(path)
+        record = self._snapshot_record(path)
+        expected = record or manifest
+        if not path.exists():
+            raise SnapshotError("restore", vm, node, f"snapshot {path} is missing")
+        if expected is None:
+            raise SnapshotError("restore", vm, node, f"snapshot {path} has no manifest and no store record")
+        self._verify_against(vm, node, path, expected)
+        return Snapshot(
+            vm,
+            node,
+            kind,
+            path,
+            None,
+            int(expected["size_bytes"]),
+            str(expected["sha256"]),
+            float(expected.get("created_at", 0.0)),
+            record.get("id") if record else None,
+        )
+
+    def _verify_against(self, vm: str, node: str, path: Path, expected: dict[str, Any]) -> None:
+        if not path.exists():
+            raise SnapshotError("restore", vm, node, f"snapshot {path} is missing")
+        size = path.stat().st_size
+        if "size_bytes" in expected and size != int(expected["size_bytes"]):
+            raise SnapshotError(
+                "restore", vm, node, f"snapshot {path} is {size} bytes, {expected['size_bytes']} were recorded"
+            )
+        digest = transfer.sha256_file(path)
+        if "sha256" in expected and digest != expected["sha256"]:
+            raise SnapshotError(
+                "restore",
+                vm,
+                node,
+                f"snapshot {path} is corrupt: sha256 {digest[:12]}…, recorded {expected['sha256'][:12]}…",
+            )
+
+    def _describe(
+        self, vm: str, node: str, kind: str, path: Path, overlay: Path | None, job_id: int | None
+    ) -> Snapshot:
+        """Hash a fresh state file, write its manifest and its store row (once)."""
+        existing = _read_manifest(path)
+        if existing is not None and existing.get("size_bytes") == path.stat().st_size:
+            size, digest, created = int(existing["size_bytes"]), str(existing["sha256"]), float(existing["created_at"])
+        else:
+            size, digest, created = path.stat().st_size, transfer.sha256_file(path), now()
+            _write_manifest(
+                path,
+                {
+                    "vm": vm,
+                    "node": node,
+                    "kind": kind,
+                    "size_bytes": size,
+                    "sha256": digest,
+                    "created_at": created,
+                    "overlay": str(overlay) if overlay else None,
+                },
+            )
+        record_id = self._record_snapshot(vm, node, kind, path, size, digest, created, job_id)
+        return Snapshot(vm, node, kind, path, overlay, size, digest, created, record_id)
+
+    def _record_snapshot(
+        self, vm: str, node: str, kind: str, path: Path, size: int, digest: str, created: float, job_id: int | None
+    ) -> int | None:
+        if self.store is None:
+            return None
+        with self.store.session() as s:
+            rec = s.scalar(select(SnapshotRecord).where(SnapshotRecord.path == str(path)))
+            if rec is not None and rec.sha256 == digest:
+                return rec.id
+            if job_id is None:
+                vm_rec = s.scalar(select(VMRecord).where(VMRecord.name == vm))
+                job_id = vm_rec.job_id if vm_rec is not None else None
+            if job_id is None:
+                return None
+            if rec is None:
+                rec = SnapshotRecord(job_id=job_id, vm_name=vm, path=str(path), location_kind="node")
+                s.add(rec)
+            rec.kind, rec.size_bytes, rec.sha256, rec.location, rec.created_at = kind, size, digest, node, created
+            s.flush()
+            return rec.id
+
+    def _snapshot_record(self, path: Path) -> dict[str, Any] | None:
+        if self.store is None:
+            return None
+        with self.store.session() as s:
+            rec = s.scalar(
+                select(SnapshotRecord).where(SnapshotRecord.path == str(path)).order_by(SnapshotRecord.id.desc())
+            )
+            if rec is None:
+                return None
+            return {"id": rec.id, "size_bytes": rec.size_bytes, "sha256": rec.sha256, "created_at": rec.created_at}
+
+    def _forget_snapshot(self, path: Path) -> None:
+        if self.store is None:
+            return
+        with self.store.session() as s:
+            for rec in s.scalars(select(SnapshotRecord).where(SnapshotRecord.path == str(path))):
+                s.delete(rec)
+
+    def _record_vm(self, spec: VMSpec, node: str, job_id: int | None, overlay: Path) -> None:
+        if self.store is None or job_id is None:
+            return
+        with self.store.session() as s:
+            rec = s.scalar(select(VMRecord).where(VMRecord.name == spec.name))
+            t = now()
+            if rec is None:
+                rec = VMRecord(name=spec.name, job_id=job_id, image=str(spec.image), created_at=t)
+                s.add(rec)
+            rec.node, rec.vcpus, rec.memory_mb = node, spec.vcpus, spec.memory_mib
+            rec.overlay_path, rec.state, rec.updated_at = str(overlay), VMState.DEFINED.value, t
+
+    def _update_vm(self, vm: str, **fields: Any) -> None:
+        if self.store is None:
+            return
+        with self.store.session() as s:
+            rec = s.scalar(select(VMRecord).where(VMRecord.name == vm))
+            if rec is None:
+                return
+            for key, value in fields.items():
+                setattr(rec, key, value.value if isinstance(value, VMState) else value)
+            rec.updated_at = now()
+
+
+def _manifest(path: Path) -> Path:
+    return path.with_name(path.name + MANIFEST_SUFFIX)
+
+
+def _read_manifest(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(_manifest(path).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {"sha256": "unreadable manifest"}
+    return data if isinstance(data, dict) else {"sha256": "unreadable manifest"}
+
+
+def _write_manifest(path: Path, data: dict[str, Any]) -> None:
+    target = _manifest(path)
+    tmp = target.with_name(target.name + ".part")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(data, fh, indent=1)
+    os.replace(tmp, target)
+
+
+def _qemu_img(args: list[str], vm: str, timeout_s: float = 120.0) -> str:
+    return proc.run(["qemu-img", *args], timeout_s=timeout_s, job=f"VM {vm}")
+
+
+def wait_for_counter(console_log: Path, at_least: int, timeout_s: float) -> int:
+    """Wait until the tiny guest's counter reaches `at_least`; returns the value seen."""
+    from provisioning.guest import last_counter
+
+    deadline = time.monotonic() + timeout_s
+    value: int | None = None
+    while time.monotonic() < deadline:
+        value = last_counter(console_log)
+        if value is not None and value >= at_least:
+            return value
+        time.sleep(0.1)
+    raise VjobError(f"guest console {console_log}: counter {value} did not reach {at_least} within {timeout_s:.0f} s")

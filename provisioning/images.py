@@ -1,0 +1,309 @@
+"""The OS image catalogue: which images exist, their checksums, and which nodes hold them.
+
+Why in the store: UBIS's priority needs N_availableOS (the nodes already holding a job's
+OS, a node's VM_os attribute) and the distribution tree needs who received each image from
+whom; both must survive restarts and be shared by every agent. The image files themselves
+live in `image_dir` on each node (the head node's copy is the catalogue's).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy import select
+
+from provisioning import distribution, transfer
+from provisioning.driver import check_name
+from provisioning.transfer import Endpoint
+from vjob.config import ProvisioningConfig
+from vjob.errors import CommandError, InputError, VjobError
+from vjob.store.db import Store, now
+from vjob.store.schema import ImageRecord, NodeImageRecord, VMRecord
+
+VERSION_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    name: str
+    version: str
+    format: str
+    path: str
+    size_bytes: int
+    sha256: str
+    created_at: float
+    holders: dict[str, str | None] = field(default_factory=dict)
+    """node -> the node it received the image from (None for the head)."""
+
+
+class Catalogue:
+    """The catalogue on one store, with the nodes' image directories from configuration."""
+
+    def __init__(self, store: Store, config: ProvisioningConfig, *, data_dir: Path) -> None:
+        self.store = store
+        self.config = config
+        self.data_dir = Path(data_dir)
+
+    @property
+    def head(self) -> str:
+        return self.config.head_node
+
+    def image_dir(self, node: str) -> Path:
+        raw = self.config.image_dir or str(self.data_dir / "images")
+        return Path(raw.replace("{node}", check_name("node", node)))
+
+    def image_path(self, node: str, name: str, version: str, fmt: str) -> Path:
+        return self.image_dir(node) / f"{name}-{version}.{fmt}"
+
+    # -- add / list / remove ---------------------------------------------------------------
+    def add(self, name: str, file: Path, *, version: str = "1") -> ImageInfo:
+        """Copy `file` into the head node's image directory and record it with its sha256."""
+        check_name("image", name)
+        if not version or set(version) - VERSION_CHARS:
+            raise InputError(f"image {name}: version {version!r}: letters, digits, '.', '_' and '-' only")
+        if not file.is_file():
+            raise InputError(f"image {name}: --file {file}: no such file")
+        fmt = detect_format(file)
+        with self.store.session() as s:
+            if s.scalar(select(ImageRecord).where(ImageRecord.name == name, ImageRecord.version == version)):
+                raise InputError(f"image {name} version {version} is already in the catalogue (remove it first)")
+        target = self.image_path(self.head, name, version, fmt)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.parent.chmod(0o755)  # QEMU (libvirt-qemu) reads base images
+        transfer.copy(Endpoint(file), Endpoint(target), method="local", mode=0o644)
+        digest = transfer.sha256_file(target)
+        t = now()
+        with self.store.session() as s:
+            rec = ImageRecord(
+                name=name,
+                version=version,
+                format=fmt,
+                path=str(target),
+                size_bytes=target.stat().st_size,
+                sha256=digest,
+                created_at=t,
+            )
+            s.add(rec)
+            s.flush()
+            s.add(NodeImageRecord(node=self.head, image_id=rec.id, received_from=None, received_at=t))
+        return self.get(name, version)
+
+    def get(self, name: str, version: str | None = None) -> ImageInfo:
+        """The image `name` (its newest version unless `version` is given)."""
+        with self.store.session() as s:
+            query = select(ImageRecord).where(ImageRecord.name == name)
+            if version is not None:
+                query = query.where(ImageRecord.version == version)
+            recs = list(s.scalars(query.order_by(ImageRecord.created_at.desc(), ImageRecord.id.desc())))
+            if not recs:
+                shown = f"{name} version {version}" if version else name
+                raise InputError(f"image {shown}: not in the catalogue (see 'vjob image list')")
+            return self._info(s, recs[0])
+
+    def list(self) -> list[ImageInfo]:
+        with self.store.session() as s:
+            recs = s.scalars(select(ImageRecord).order_by(ImageRecord.name, ImageRecord.version))
+            return [self._info(s, r) for r in recs]
+
+    @staticmethod
+    def _info(s: object, rec: ImageRecord) -> ImageInfo:
+        rows = s.scalars(select(NodeImageRecord).where(NodeImageRecord.image_id == rec.id))  # type: ignore[attr-defined]
+        holders = {r.node: r.received_from for r in rows}
+        return ImageInfo(
+            rec.name,
+            rec.version,
+            rec.format,
+            rec.path,
+            rec.size_bytes,
+            rec.sha256,
+            rec.created_at,
+            dict(sorted(holders.items())),
+        )
+
+    def remove(self, name: str, *, version: str | None = None) -> list[ImageInfo]:
+        """Forget the image (all versions unless `version`) and delete the head's file.
+
+        Refused while a VM recorded in the store is built on it: its overlay needs it.
+        """
+        with self.store.session() as s:
+            query = select(ImageRecord).where(ImageRecord.name == name)
+            if version is not None:
+                query = query.where(ImageRecord.version == version)
+            recs = list(s.scalars(query))
+            if not recs:
+                raise InputError(f"image {name}{f' version {version}' if version else ''}: not in the catalogue")
+            paths = {r.path for r in recs} | {name}
+            users = list(s.scalars(select(VMRecord.name).where(VMRecord.image.in_(paths))))
+            if users:
+                raise VjobError(f"image {name} is used by VM(s) {', '.join(sorted(users))}: delete them first")
+            removed = [self._info(s, r) for r in recs]
+            for r in recs:
+                s.delete(r)
+        for info in removed:
+            Path(info.path).unlink(missing_ok=True)
+        return removed
+
+    def verify(self, name: str | None = None) -> list[str]:
+        """Recompute every checksum reachable from here; returns the problems (empty: all good)."""
+        problems = []
+        images = [self.get(name)] if name else self.list()
+        for info in images:
+            for node in info.holders:
+                path = (
+                    Path(info.path)
+                    if node == self.head
+                    else self.image_path(node, info.name, info.version, info.format)
+                )
+                if self.config.copy_method != "local" and node != self.head:
+                    continue  # remote copies are checked on their node
+                if not path.exists():
+                    problems.append(f"image {info.name} {info.version} on node {node}: {path} is missing")
+                elif path.stat().st_size != info.size_bytes:
+                    problems.append(
+                        f"image {info.name} {info.version} on node {node}: {path} is "
+                        f"{path.stat().st_size} bytes, {info.size_bytes} recorded"
+                    )
+                elif transfer.sha256_file(path) != info.sha256:
+                    problems.append(f"image {info.name} {info.version} on node {node}: {path} sha256 differs")
+        return problems
+
+    # -- distribution ----------------------------------------------------------------------
+    def tree(self, extra: Iterable[str] = ()) -> distribution.Tree:
+        nodes = set(self.config.nodes) | set(extra)
+        for node in nodes:
+            check_name("node", node)
+        return distribution.Tree.build(self.head, nodes)
+
+    def plan(self, name: str, targets: Iterable[str], *, version: str | None = None) -> distribution.Plan:
+        info = self.get(name, version)
+        wanted = list(targets)
+        if not wanted:
+            raise InputError("image distribute: --nodes: give at least one node")
+        tree = self.tree([*wanted, *info.holders])
+        return distribution.plan(f"{info.name}-{info.version}", tree, info.holders, wanted)
+
+    def distribute(
+        self,
+        name: str,
+        targets: Iterable[str],
+        *,
+        version: str | None = None,
+        on_transfer: Callable[[distribution.Transfer], None] | None = None,
+    ) -> distribution.Plan:
+        """Carry out the plan, pipelined: each copy starts as soon as its source holds the
+        image and has finished its previous send, not when the whole round is over.
+
+        Holders are recorded as copies complete; a failed copy fails the copies that depended
+        on it, and the first error is raised after the others were recorded.
+        """
+        info = self.get(name, version)
+        the_plan = self.plan(name, targets, version=info.version)
+        ordered = sorted(the_plan.transfers, key=lambda t: t.round)
+        delivered: dict[str, Future[None]] = {}
+        last_sent: dict[str, Future[None]] = {}
+        submitted: list[tuple[distribution.Transfer, Future[None]]] = []
+        # Dependencies are always submitted before their dependents and the pool is FIFO, so a
+        # waiting copy never holds the worker its dependency needs.
+        with ThreadPoolExecutor(max_workers=max(1, min(16, len(ordered)))) as pool:
+            for t in ordered:
+                fut = pool.submit(self._send_after, delivered.get(t.source), last_sent.get(t.source), info, t)
+                delivered[t.target] = last_sent[t.source] = fut
+                submitted.append((t, fut))
+            first_error: BaseException | None = None
+            for t, fut in submitted:
+                try:
+                    fut.result()
+                except VjobError as exc:
+                    first_error = first_error or exc
+                    continue
+                self._record_holder(info, t.target, t.source)
+                if on_transfer is not None:
+                    on_transfer(t)
+        if first_error is not None:
+            raise first_error
+        return the_plan
+
+    def _send_after(
+        self, received: Future[None] | None, previous: Future[None] | None, info: ImageInfo, t: distribution.Transfer
+    ) -> None:
+        """Copy once the source holds the image (`received`) and is done with `previous`."""
+        if previous is not None:
+            wait([previous])  # one send at a time per node; its failure is not ours
+        if received is not None:
+            try:
+                received.result()
+            except VjobError:
+                raise VjobError(
+                    f"image {info.name} {info.version}: copy {t.source} -> {t.target} not done: "
+                    f"{t.source} did not receive the image"
+                ) from None
+        self._send(info, t)
+
+    def _send(self, info: ImageInfo, t: distribution.Transfer) -> None:
+        src = self.image_path(t.source, info.name, info.version, info.format)
+        if t.source == self.head:
+            src = Path(info.path)
+        dst = self.image_path(t.target, info.name, info.version, info.format)
+        local = self.config.copy_method == "local"
+        where = f"image {info.name} {info.version}: copy {t.source} -> {t.target}"
+        try:
+            if local:
+                dst.parent.mkdir(parents=True, exist_ok=True)
+            transfer.copy(
+                Endpoint(src, None if local else self.config.hosts.get(t.source, t.source)),
+                Endpoint(dst, None if local else self.config.hosts.get(t.target, t.target)),
+                method=self.config.copy_method,
+                mode=0o644,
+                timeout_s=self.config.operation_timeout_s,
+            )
+            if local and transfer.sha256_file(dst) != info.sha256:
+                dst.unlink(missing_ok=True)
+                raise VjobError(f"{where} has a wrong sha256")
+        except OSError as exc:
+            raise VjobError(f"{where}: {exc}") from None
+
+    def _record_holder(self, info: ImageInfo, node: str, source: str) -> None:
+        with self.store.session() as s:
+            image_id = s.scalar(
+                select(ImageRecord.id).where(ImageRecord.name == info.name, ImageRecord.version == info.version)
+            )
+            rec = s.get(NodeImageRecord, (node, image_id))
+            if rec is None:
+                s.add(NodeImageRecord(node=node, image_id=image_id, received_from=source, received_at=now()))
+            else:
+                rec.received_from, rec.received_at = source, now()
+
+    def nodes_with(self, name: str) -> list[str]:
+        """The nodes holding any version of image `name` (UBIS's N_availableOS counts these)."""
+        with self.store.session() as s:
+            rows = s.scalars(select(NodeImageRecord.node).join(ImageRecord).where(ImageRecord.name == name).distinct())
+            return sorted(rows)
+
+    def images_by_node(self) -> dict[str, list[str]]:
+        """Per node, the image names it holds: the VM_os a node can run without provisioning."""
+        with self.store.session() as s:
+            rows = s.execute(select(NodeImageRecord.node, ImageRecord.name).join(ImageRecord).distinct())
+            out: dict[str, list[str]] = {}
+            for node, name in rows:
+                out.setdefault(node, []).append(name)
+        return {node: sorted(names) for node, names in sorted(out.items())}
+
+
+def detect_format(file: Path) -> str:
+    """qcow2 or raw, as qemu-img sees the file (a wrong format would corrupt the overlay)."""
+    cmd = ["qemu-img", "info", "-U", "--output=json", str(file)]
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise CommandError(cmd, str(exc)) from None
+    if res.returncode != 0:
+        raise InputError(f"--file {file}: not a disk image qemu-img can read: {res.stderr.strip()[-200:]}")
+    fmt = str(json.loads(res.stdout).get("format", ""))
+    if fmt not in ("qcow2", "raw"):
+        raise InputError(f"--file {file}: format {fmt!r}: must be qcow2 or raw")
+    return fmt

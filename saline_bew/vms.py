@@ -1,0 +1,150 @@
+"""A best-effort vjob's VMs on the nodes OAR gave it, through provisioning's libvirt driver.
+
+Why the site master drives the VMs and not a pilot inside the OAR job: OAR kills a
+best-effort job with SIGKILL and no grace (notes/oar.md), so nothing inside the job can save
+it; the master snapshots periodically from outside, and destroys the VMs itself once OAR has
+taken the nodes back (libvirt's QEMU processes are not in the job's cpuset).
+
+The guest is the tiny direct-boot guest of provisioning.guest: the vjob's COMMAND is its
+payload script (run by the guest's shell, never by a host shell), and the guest powers off
+when the command ends, which is how the manager sees the vjob finish. The network identity
+(subnetID, vmID, MAC, IP) reaches the guest on its kernel command line.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from provisioning import guest, transfer
+from provisioning.driver import (  # _write_manifest: the driver's own manifest format
+    MANIFEST_SUFFIX,
+    OVERLAY_COPY_SUFFIX,
+    STATE_SUFFIX,
+    Driver,
+    VMSpec,
+    _write_manifest,
+)
+from provisioning.images import Catalogue
+from saline_bew.identity import NetworkIdentity
+from vjob.errors import InputError
+from vjob.model import VMState
+from vjob.store.db import Store
+
+
+def snapshot_files(vm: str, label: str) -> list[str]:
+    """The files one VM's snapshot is made of, as the driver names them."""
+    base = f"{vm}@{label}{STATE_SUFFIX}"
+    return [base, base + MANIFEST_SUFFIX, f"{vm}@{label}{OVERLAY_COPY_SUFFIX}"]
+
+
+@dataclass(frozen=True)
+class VMPlan:
+    """One VM of the vjob and the node it goes to."""
+
+    name: str
+    node: str
+    identity: NetworkIdentity
+
+
+class SalineVMs:
+    def __init__(self, driver: Driver, store: Store, *, memory_mib: int = 128) -> None:
+        self.driver = driver
+        self.store = store
+        self.memory_mib = memory_mib
+
+    def image(self, name: str) -> Path:
+        """The disk image of catalogue entry `name`; unknown names are an InputError."""
+        info = Catalogue(self.store, self.driver.config, data_dir=self.driver.data_dir).get(name)
+        path = Path(info.path)
+        if not path.is_file():
+            raise InputError(f"image {name}: the catalogue's file {path} does not exist")
+        return path
+
+    def spec(
+        self, name: str, image: Path, command: list[str], identity: NetworkIdentity, memory_mib: int, vcpus: int
+    ) -> VMSpec:
+        files = guest.build(payload=shlex.join(command) + "\n")
+        ids = (
+            f"saline.subnet={identity.subnet_id} saline.vm={identity.vm_id} "
+            f"saline.mac={identity.mac} saline.ip={identity.ip}"
+        )
+        return VMSpec(
+            name,
+            image,
+            memory_mib=max(memory_mib, guest.MIN_MEMORY_MIB),
+            vcpus=vcpus,
+            kernel=files.kernel,
+            initrd=files.initrd,
+            cmdline=f"{files.cmdline} {ids}",
+        )
+
+    def boot_fresh(self, spec: VMSpec, node: str, *, job_id: int) -> None:
+        """Boot from the image: a new vjob, or one killed before its first safe snapshot."""
+        self.driver.delete(spec.name, node)  # whatever a killed run left there
+        self.driver.define(spec, node, job_id=job_id)
+        self.driver.boot(spec.name, node)
+
+    def snapshot(self, vm: str, node: str, label: str, *, job_id: int) -> Path:
+        """Memory + overlay of a running VM into the node's snapshot dir; the VM keeps running."""
+        self.driver.snapshot(vm, node, label=label, job_id=job_id)
+        return self.driver.snapshot_dir(node)
+
+    def stage_dir(self, node: str) -> Path:
+        return self.driver.snapshot_dir(node)
+
+    def restore(self, vm: str, node: str, label: str, source_dir: Path) -> None:
+        """Start `vm` on `node` from the snapshot files in `source_dir` (a repository)."""
+        self.driver.delete(vm, node)
+        dest = self.driver.snapshot_dir(node)
+        dest.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for name in snapshot_files(vm, label):
+            transfer.copy(transfer.Endpoint(source_dir / name), transfer.Endpoint(dest / name), method="local")
+        self.driver.restore_snapshot(vm, node, label=label)
+        self.drop_staged(vm, node, label)
+
+    def drop_staged(self, vm: str, node: str, label: str) -> None:
+        for name in snapshot_files(vm, label):
+            (self.driver.snapshot_dir(node) / name).unlink(missing_ok=True)
+
+    def stop(self, vm: str, node: str) -> None:
+        """Free the node: the VM is gone from it (its snapshot is what survives)."""
+        self.driver.delete(vm, node)
+
+    def finished(self, vm: str, node: str) -> bool:
+        """The guest ran its command to the end and powered off."""
+        return self.driver.state(vm, node) is VMState.STOPPED
+
+    def console_log(self, vm: str, node: str) -> Path:
+        return self.driver.console_log(vm, node)
+
+
+def suspend_to_stage(vms: SalineVMs, vm: str, node: str, label: str) -> None:
+    """Suspend `vm` (it stops for good) and leave its snapshot files under `label` in the
+    node's snapshot dir, named as `Driver.snapshot` names them so a restore is the same.
+
+    Why not `Driver.snapshot`: that one resumes the VM after saving it, and on OAR's
+    checkpoint signal the VM must not run on after the state that is kept, or the work in
+    between would be lost.
+    """
+    driver = vms.driver
+    snap = driver.save(vm, node)
+    stage = driver.snapshot_dir(node)
+    memory = stage / f"{vm}@{label}{STATE_SUFFIX}"
+    overlay_copy = stage / f"{vm}@{label}{OVERLAY_COPY_SUFFIX}"
+    transfer.copy(transfer.Endpoint(driver.overlay_path(vm, node)), transfer.Endpoint(overlay_copy), method="local")
+    os.replace(snap.memory_path, memory)
+    _write_manifest(
+        memory,
+        {
+            "vm": vm,
+            "node": node,
+            "kind": "full",
+            "size_bytes": snap.size_bytes,
+            "sha256": snap.sha256,
+            "created_at": snap.created_at,
+            "overlay": None,
+        },
+    )

@@ -1,0 +1,510 @@
+"""The discrete-event engine: replays a workload on a cluster model under one policy.
+
+Why an event loop over plain lists: 100,000 jobs on 1,056 nodes must replay in seconds, so
+per-job state lives in Python lists (fast scalar access) and NumPy is used where the work is
+vectorisable (UBIS priorities of the whole queue). The decisions themselves come from
+`preemption.scheduling` (queue orders, EASY reservation and backfilling, victim choice) and
+`ubis_priority` (the priority kernel): the same functions the live agent calls.
+
+Cluster model (Entropy cost model, section 4.2 of the Entropy paper): a checkpoint writes each
+VM's memory (all VMs of a job in parallel, so it takes memory-per-node / bandwidth seconds);
+a resume reads it back, locally in the same time, remotely (other nodes) in twice that; a node
+switching its OS image costs `os_swap_s` before the job can start. While a checkpoint is being
+written the victim still holds its nodes; the interactive job starts once the last of its
+victims' checkpoints is written.
+
+Scheduling passes run after all events of one instant, and only when something happened that
+can let a job start (nodes freed, a checkpointed job queued again, a new job that fits the
+free nodes, or an interactive job that may preempt).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from preemption.scheduling.easy import backfill_arrays, reservation
+from preemption.scheduling.policies import blocks_behind_interactive, check_policy, mms_order, preempts, ubis_order
+from preemption.scheduling.victims import Candidate, choose_victims
+from simulator.workload import Workload
+from ubis_priority import ClusterArrays, JobArrays, compute_arrays
+from vjob.config import PriorityConfig
+from vjob.errors import InputError
+
+MIB = 1024 * 1024
+END, RELEASE, REQUEUE = 0, 1, 2
+FREE, CHECKPOINTING = -1, -2
+
+
+@dataclass(frozen=True)
+class ClusterModel:
+    """The simulated machine and the costs of moving work around on it."""
+
+    nodes: int
+    os_count: int = 2
+    os_swap_s: float = 300.0
+    """Provisioning time for a node to switch OS image (boot the other image's VM)."""
+    bandwidth_mb_s: float = 500.0
+    """Disk bandwidth per node for writing or reading a checkpoint (MB/s)."""
+    memory_mb_per_node: int = 4096
+    """Memory of a job's VM on each node when the trace does not say."""
+    backfill_depth: int | None = 500
+    """Queued jobs examined for backfilling per pass (like Slurm's bf_max_job_test)."""
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1:
+            raise InputError(f"--nodes = {self.nodes}: must be >= 1")
+        if self.os_count < 1:
+            raise InputError(f"--os-count = {self.os_count}: must be >= 1")
+        if self.os_swap_s < 0 or self.bandwidth_mb_s <= 0 or self.memory_mb_per_node < 0:
+            raise InputError("cluster model: os_swap_s >= 0, bandwidth_mb_s > 0 and memory_mb_per_node >= 0 needed")
+        if self.backfill_depth is not None and self.backfill_depth < 0:
+            raise InputError(f"--backfill-depth = {self.backfill_depth}: must be >= 0")
+
+
+@dataclass
+class Result:
+    """Everything a run produced; metrics.py turns it into summary.json, CSVs and plots."""
+
+    policy: str
+    model: ClusterModel
+    workload: Workload
+    first_start: np.ndarray
+    end: np.ndarray
+    preempt_count: np.ndarray
+    overhead_s: np.ndarray
+    """Per job: checkpoint + restart + OS-swap seconds spent holding nodes without computing."""
+    ran_privileged: np.ndarray
+    """Per job: ran as an interactive job within the cap (counted against it)."""
+    segments: list[tuple[int, float, float, int]]
+    """(job index, start, end, nodes) of every run segment, in the order they closed."""
+    preemptions: int = 0
+    checkpoint_bytes: float = 0.0
+    os_swaps: int = 0
+    remote_resumes: int = 0
+    events: int = 0
+    passes: int = 0
+    max_interactive_held: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class Simulation:
+    """One replay; construct, then `run()`."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        model: ClusterModel,
+        policy: str,
+        priority: PriorityConfig | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.policy = check_policy(policy)
+        self.blocking = blocks_behind_interactive(policy)
+        self.model = model
+        self.prio_cfg = priority or PriorityConfig()
+        self.progress = progress
+        w = workload.sorted_by_submit()
+        if len(w) and int(w.nodes.max()) > model.nodes:
+            big = int(np.flatnonzero(w.nodes > model.nodes)[0])
+            raise InputError(
+                f"job {int(w.job_id[big])} asks for {int(w.nodes[big])} nodes, the machine has {model.nodes}"
+            )
+        if len(w) and (int(w.os.max()) >= model.os_count):
+            raise InputError(f"a job asks for OS image {int(w.os.max())}, the model has {model.os_count} images")
+        self.w = w
+        n = len(w)
+        self.submit = w.submit.tolist()
+        self.need = w.nodes.astype(np.int64).tolist()
+        self.os = np.maximum(w.os, 0).astype(np.int64).tolist()
+        self.inter = w.interactive.tolist()
+        mem = np.where(w.memory_mb > 0, w.memory_mb, model.memory_mb_per_node).astype(np.float64)
+        self.ckpt_s = (mem / model.bandwidth_mb_s).tolist()
+        self.mem_bytes = (mem * MIB * w.nodes).tolist()
+        self.remaining = w.runtime.astype(np.float64).tolist()
+        self.est_left = w.walltime.astype(np.float64).tolist()
+        self.est_a = w.walltime.astype(np.float64)
+        users, share = np.unique(np.where(w.user >= 0, w.user, -1), return_inverse=True)
+        self.share = share.astype(np.int64)
+        self.share_list = self.share.tolist()
+        self.usage = np.zeros(len(users))
+        self.usage_t = 0.0
+        self.target = np.full(len(users), 1.0 / max(len(users), 1))
+        # numpy mirrors for the UBIS kernel
+        self.submit_a = w.submit.astype(np.float64)
+        self.need_a = w.nodes.astype(np.int64)
+        self.os_a = np.maximum(w.os, 0).astype(np.int64)
+        self.inter_a = w.interactive.astype(bool)
+        self.pc_a = np.zeros(n, dtype=np.int64)
+        self.pt_a = np.zeros(n, dtype=np.float64)
+        self.since_a = np.full(n, np.nan)
+        # per-job outcome
+        self.first_start = [math.nan] * n
+        self.end = [math.nan] * n
+        self.overhead = [0.0] * n
+        self.privileged = [False] * n
+        self.prev_nodes: list[np.ndarray | None] = [None] * n
+        # running state: job -> (alloc time, run start, nodes); token invalidates stale ENDs
+        self.running: dict[int, tuple[float, float, np.ndarray]] = {}
+        self.token = [0] * n
+        self.holds: dict[tuple[int, int], tuple[float, int]] = {}
+        # Nodes start with the images in turn (50/50 for two); owner is the job index on the
+        # node, FREE, or CHECKPOINTING while a victim's memory is being written.
+        self.node_os = np.arange(model.nodes, dtype=np.int64) % model.os_count
+        self.owner = np.full(model.nodes, FREE, dtype=np.int64)
+        self.free = model.nodes
+        self.queue: list[int] = []
+        self.queued_sizes: dict[int, int] = {}
+        self.queued_interactive = 0
+        self.batch_running_nodes = 0
+        self.held_interactive = 0
+        self.cap_nodes = self.prio_cfg.interactive_cap * model.nodes
+        self.events: list[tuple[float, int, int, int, int]] = []
+        self.seq = 0
+        self._pending_release: dict[int, np.ndarray] = {}
+        self.result = Result(
+            policy=policy,
+            model=model,
+            workload=w,
+            first_start=np.array([]),
+            end=np.array([]),
+            preempt_count=np.array([]),
+            overhead_s=np.array([]),
+            ran_privileged=np.array([]),
+            segments=[],
+        )
+
+    # -- the loop -------------------------------------------------------------------------
+    def run(self) -> Result:
+        n = len(self.submit)
+        nxt = 0
+        done = 0
+        res = self.result
+        report_every = max(1, n // 200)
+        while nxt < n or self.events:
+            t_submit = self.submit[nxt] if nxt < n else math.inf
+            t_event = self.events[0][0] if self.events else math.inf
+            now = min(t_submit, t_event)
+            dirty = False
+            while self.events and self.events[0][0] <= now:
+                _, kind, _, j, tok = heapq.heappop(self.events)
+                res.events += 1
+                if kind == END:
+                    if tok != self.token[j]:
+                        continue
+                    self._finish(j, now)
+                    done += 1
+                    dirty = True
+                    if self.progress and done % report_every == 0:
+                        self.progress(done, n)
+                elif kind == RELEASE:
+                    self._release(j, now)
+                    dirty = True
+                else:  # REQUEUE: the checkpoint is written, the job may resume
+                    self._enqueue(j)
+                    dirty = True
+            while nxt < n and self.submit[nxt] <= now:
+                j = nxt
+                nxt += 1
+                res.events += 1
+                self._enqueue(j)
+                if self.need[j] <= self.free or (self.inter[j] and preempts(self.policy)):
+                    dirty = True
+            if dirty and self.queue and self._may_start():
+                res.passes += 1
+                self._schedule(now)
+        if self.progress:
+            self.progress(n, n)
+        res.first_start = np.array(self.first_start)
+        res.end = np.array(self.end)
+        res.preempt_count = self.pc_a.copy()
+        res.overhead_s = np.array(self.overhead)
+        res.ran_privileged = np.array(self.privileged, dtype=bool)
+        return res
+
+    def _enqueue(self, j: int) -> None:
+        self.queue.append(j)
+        n = self.need[j]
+        self.queued_sizes[n] = self.queued_sizes.get(n, 0) + 1
+        self.queued_interactive += self.inter[j]
+
+    def _dequeued(self, j: int) -> None:
+        n = self.need[j]
+        left = self.queued_sizes[n] - 1
+        if left:
+            self.queued_sizes[n] = left
+        else:
+            del self.queued_sizes[n]
+        self.queued_interactive -= self.inter[j]
+
+    def _may_start(self) -> bool:
+        """Whether a pass could start anything: some queued job fits the free nodes, or an
+        interactive job could get its nodes by preemption. A pass that cannot start anything
+        changes nothing, so it is skipped (this is what makes long replays fast)."""
+        if self.free >= min(self.queued_sizes):
+            return True
+        if not (self.queued_interactive and preempts(self.policy)):
+            return False
+        room = self.cap_nodes - self.held_interactive
+        return room >= 1 and self.free + self.batch_running_nodes >= min(self.queued_sizes)
+
+    def _push(self, t: float, kind: int, j: int, tok: int = 0) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, kind, self.seq, j, tok))
+
+    # -- one scheduling pass ----------------------------------------------------------------
+    def _schedule(self, now: float) -> None:
+        order = self._order(now)
+        head = -1
+        head_at = 0
+        head_priv = False
+        started: list[int] = []
+        for pos, j in enumerate(order.tolist()):
+            n = self.need[j]
+            priv = self.inter[j] and self.held_interactive + n <= self.cap_nodes
+            if n <= self.free:
+                self._start(j, now, priv)
+                started.append(j)
+                continue
+            if priv and preempts(self.policy) and self._preempt_for(j, now):
+                started.append(j)
+                continue
+            head, head_at, head_priv = j, pos, priv
+            break
+        if head >= 0 and self.free > 0 and not (self.blocking and head_priv):
+            shadow, extra = reservation(now, self.free, self.need[head], self.holds.values())
+            rest = order[head_at + 1 :]
+            depth = self.model.backfill_depth
+            need, est = self.need_a[rest], self.est_a[rest]
+            late = backfill_arrays(now, self.free, shadow, extra, rest, need, est, depth=depth)
+            for j in late:
+                self._start(j, now, self.inter[j] and self.held_interactive + self.need[j] <= self.cap_nodes)
+                started.append(j)
+        if started:
+            gone = set(started)
+            self.queue = [j for j in self.queue if j not in gone]
+            for j in started:
+                self._dequeued(j)
+
+    def _order(self, now: float) -> np.ndarray:
+        """The queue in the policy's order (job indices)."""
+        qa = np.fromiter(self.queue, dtype=np.int64, count=len(self.queue))
+        if self.policy == "fcfs-easy" or qa.shape[0] == 1:
+            return qa
+        if self.policy in ("mms", "mms-block"):
+            priv = self.inter_a[qa] & (self.held_interactive + self.need_a[qa] <= self.cap_nodes)
+            if not priv.any():
+                return qa
+            return qa[mms_order(self.submit_a[qa], priv)]
+        terms = compute_arrays(self._job_arrays(qa, now), self._cluster_arrays(now, 0, None), self.prio_cfg)
+        return qa[ubis_order(terms.priority, self.submit_a[qa])]
+
+    def _job_arrays(self, qa: np.ndarray, now: float, *, as_batch: bool = False) -> JobArrays:
+        since = self.since_a[qa]
+        pt = self.pt_a[qa] + np.where(np.isnan(since), 0.0, now - since)
+        zeros = np.zeros(qa.shape[0], dtype=np.int64)
+        return JobArrays(
+            submit_time=self.submit_a[qa],
+            nodes=self.need_a[qa],
+            os_index=self.os_a[qa],
+            preempt_count=self.pc_a[qa],
+            preempted_s=pt,
+            interactive=np.zeros(qa.shape[0], dtype=bool) if as_batch else self.inter_a[qa],
+            share_index=self.share[qa],
+            user_index=zeros,
+        )
+
+    def _cluster_arrays(self, now: float, extra_free: int, extra_by_os: list[int] | None) -> ClusterArrays:
+        if now > self.usage_t:
+            self.usage *= 0.5 ** ((now - self.usage_t) / self.prio_cfg.usage_half_life_s)
+            self.usage_t = now
+        total = float(self.usage.sum())
+        by_os = np.bincount(self.node_os[self.owner == FREE], minlength=self.model.os_count).tolist()
+        if extra_by_os is not None:
+            by_os = [a + b for a, b in zip(by_os, extra_by_os, strict=True)]
+        return ClusterArrays(
+            now=now,
+            total_nodes=self.model.nodes,
+            free_nodes=self.free + extra_free,
+            free_by_os=np.array(by_os, dtype=np.int64),
+            target=self.target,
+            usage=self.usage / total if total > 0 else np.zeros_like(self.usage),
+            interactive_held=self.held_interactive,
+            user_interactive_held=np.zeros(1, dtype=np.int64),
+        )
+
+    # -- actions ------------------------------------------------------------------------------
+    def _take_nodes(self, j: int, count: int) -> tuple[np.ndarray, int, bool]:
+        """Free nodes for job j: its previous nodes when all are free (local resume), else
+        nodes already on its OS first. Returns (nodes, OS swaps, resumed locally)."""
+        image = self.os[j]
+        prev = self.prev_nodes[j]
+        if prev is not None and bool((self.owner[prev] == FREE).all()):
+            nodes, local = prev, True
+        else:
+            free = self.owner == FREE
+            own = np.flatnonzero(free & (self.node_os == image))
+            if own.shape[0] >= count:
+                nodes = own[:count]
+            else:
+                other = np.flatnonzero(free & (self.node_os != image))
+                nodes = np.concatenate([own, other[: count - own.shape[0]]])
+            local = False
+        self.owner[nodes] = j
+        self.free -= count
+        return nodes, 0, local
+
+    def _start(self, j: int, now: float, privileged: bool, nodes: list[int] | None = None, ready: float = 0.0) -> None:
+        n = self.need[j]
+        local = False
+        if nodes is None:
+            nodes, _, local = self._take_nodes(j, n)
+        else:
+            self.owner[nodes] = j
+        wrong = self.node_os[nodes] != self.os[j]
+        swaps = int(wrong.sum())
+        if swaps:
+            self.node_os[nodes] = self.os[j]
+        alloc = max(now, ready)
+        overhead = self.model.os_swap_s if swaps else 0.0
+        if self.prev_nodes[j] is not None:  # a resume: read the checkpoint back
+            overhead += self.ckpt_s[j] * (1.0 if local else 2.0)
+            if not local:
+                self.result.remote_resumes += 1
+        self.result.os_swaps += swaps
+        self.overhead[j] += overhead
+        since = float(self.since_a[j])
+        if not math.isnan(since):
+            self.pt_a[j] += alloc - since
+            self.since_a[j] = math.nan
+        run_start = alloc + overhead
+        if math.isnan(self.first_start[j]):
+            self.first_start[j] = alloc
+        self.running[j] = (alloc, run_start, nodes)
+        if not self.inter[j]:
+            self.batch_running_nodes += n
+        self.holds[(0, j)] = (run_start + self.est_left[j], n)
+        if privileged:
+            self.privileged[j] = True
+            self.held_interactive += n
+            self.result.max_interactive_held = max(self.result.max_interactive_held, self.held_interactive)
+        self.token[j] += 1
+        self._push(run_start + self.remaining[j], END, j, self.token[j])
+
+    def _finish(self, j: int, now: float) -> None:
+        alloc, _, nodes = self.running.pop(j)
+        del self.holds[(0, j)]
+        n = self.need[j]
+        if not self.inter[j]:
+            self.batch_running_nodes -= n
+        self.result.segments.append((j, alloc, now, n))
+        self._charge(j, now - alloc)
+        self.owner[nodes] = FREE
+        self.free += n
+        if self.privileged[j]:
+            self.held_interactive -= n
+        self.end[j] = now
+        self.remaining[j] = 0.0
+
+    def _charge(self, j: int, seconds: float) -> None:
+        """Add a run's node-seconds to its user's usage (the Target - Usage term)."""
+        self.usage[self.share_list[j]] += seconds * self.need[j]
+
+    def _release(self, key: int, now: float) -> None:
+        nodes = self._pending_release.pop(key)
+        del self.holds[(1, key)]
+        self.owner[nodes] = FREE
+        self.free += int(nodes.shape[0])
+
+    def _preempt_for(self, j: int, now: float) -> bool:
+        """Checkpoint the lowest-priority batch jobs so interactive job j gets its nodes."""
+        want = self.need[j] - self.free
+        cands = [v for v in self.running if not self.inter[v]]
+        if sum(self.need[v] for v in cands) < want:
+            return False
+        image = self.os[j]
+        held = self.owner >= 0
+        holder = self.owner[held]
+        on_image = np.bincount(holder, weights=self.node_os[held] == image, minlength=len(self.need))
+        va = np.array(cands, dtype=np.int64)
+        victim_nodes = np.isin(self.owner, va)
+        extra_by_os = np.bincount(self.node_os[victim_nodes], minlength=self.model.os_count).tolist()
+        prio = compute_arrays(
+            self._job_arrays(va, now, as_batch=True),
+            self._cluster_arrays(now, int(self.need_a[va].sum()), extra_by_os),
+            self.prio_cfg,
+        ).priority
+        chosen = choose_victims(
+            want,
+            (
+                Candidate(str(v), float(prio[k]), self.need[v], int(on_image[v]), self.mem_bytes[v])
+                for k, v in enumerate(cands)
+            ),
+        )
+        if chosen is None:
+            return False
+        victims = [int(c.job_id) for c in chosen]
+        # Nodes for j: free ones on its OS, victims' on its OS, then the rest (stable order).
+        free_nodes = np.flatnonzero(self.owner == FREE)
+        ready = now
+        freed: list[tuple[np.ndarray, float]] = []
+        for v in victims:
+            done_at = now + self.ckpt_s[v]
+            ready = max(ready, done_at)
+            freed.append((self._checkpoint(v, now), done_at))
+        pool = np.concatenate([free_nodes, *(nodes for nodes, _ in freed)])
+        first = np.argsort(self.node_os[pool] != image, kind="stable")
+        take = pool[first[: self.need[j]]]
+        self.free -= int(np.isin(free_nodes, take).sum())
+        # Victims' nodes j does not need go back to the free pool when their checkpoint ends.
+        for nodes, done_at in freed:
+            rest = nodes[~np.isin(nodes, take)]
+            if rest.shape[0] == 0:
+                continue
+            self.seq += 1
+            key = self.seq
+            self._pending_release[key] = rest
+            self.holds[(1, key)] = (done_at, int(rest.shape[0]))
+            self._push(done_at, RELEASE, key)
+        self._start(j, now, True, nodes=take, ready=ready)
+        return True
+
+    def _checkpoint(self, v: int, now: float) -> np.ndarray:
+        """Suspend running batch job v to disk; its nodes stay busy until the write ends."""
+        alloc, run_start, nodes = self.running.pop(v)
+        del self.holds[(0, v)]
+        self.batch_running_nodes -= self.need[v]
+        ckpt = self.ckpt_s[v]
+        self.token[v] += 1
+        progress = max(0.0, now - run_start)
+        if now < run_start:  # caught while still resuming or swapping OS: that part is void
+            self.overhead[v] -= run_start - now
+        self.remaining[v] = max(0.0, self.remaining[v] - progress)
+        self.est_left[v] = max(self.est_left[v] - progress, self.remaining[v])
+        self.est_a[v] = self.est_left[v]
+        self.result.segments.append((v, alloc, now + ckpt, self.need[v]))
+        self._charge(v, now - alloc)
+        self.overhead[v] += ckpt
+        self.pc_a[v] += 1
+        self.since_a[v] = now
+        self.prev_nodes[v] = nodes
+        self.owner[nodes] = CHECKPOINTING
+        self.result.preemptions += 1
+        self.result.checkpoint_bytes += self.mem_bytes[v]
+        self._push(now + ckpt, REQUEUE, v)
+        return nodes
+
+
+def simulate(
+    workload: Workload,
+    model: ClusterModel,
+    policy: str,
+    priority: PriorityConfig | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Result:
+    """Replay `workload` on `model` under `policy`; see Simulation."""
+    return Simulation(workload, model, policy, priority, progress).run()

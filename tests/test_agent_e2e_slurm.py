@@ -1,0 +1,137 @@
+"""End to end on the real development cluster with real QEMU guests (vjob.agent_demo).
+
+Batch vjobs running the counter guest fill the cluster; an interactive `srun` arrives. The
+agent must checkpoint the lowest-priority victims, requeue-hold them, let the interactive job
+start, then release the victims, whose guests continue counting (one boot, no counter going
+back), with Pn = 1 in the store. The second test kills the agent with SIGKILL in the middle of
+the switch and restarts it: no VM may be lost and no job may stay running with its VM saved.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import sqlite3
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.services import wait_for
+from vjob.agent_demo import Scenario, split_counters
+from vjob.pilot_files import PilotState
+
+pytestmark = [pytest.mark.slurm, pytest.mark.realvm]
+
+INTERACTIVE_BOUND_S = 90.0
+"""A generous bound for CI on 2 shared cores; the demo measures about 5 s on a quiet machine."""
+
+
+@pytest.fixture
+def scenario(slurm_cluster, libvirt_system):
+    # Not under pytest's tmp_path: QEMU runs as libvirt-qemu and must traverse to the VM disks,
+    # and pytest makes its temporary directories owner-only.
+    base = Path(tempfile.mkdtemp(prefix="vjob-e2e-", dir="/var/tmp"))
+    base.chmod(0o711)
+    made: list[Scenario] = []
+
+    def make(**kwargs) -> Scenario:
+        sc = Scenario(slurm_cluster, base / f"run{len(made)}", **kwargs)
+        made.append(sc)
+        sc.prepare()
+        return sc
+
+    yield make
+    for sc in made:
+        sc.cleanup()
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def _rms_states(sc: Scenario) -> dict[str, str]:
+    res = subprocess.run(["squeue", "-h", "-o", "%i %T %r", "-j", ",".join(sc.jobs)], env=sc.env,
+                         capture_output=True, text=True, timeout=30, check=True)  # fmt: skip
+    return {line.split()[0]: line.split(maxsplit=1)[1] for line in res.stdout.splitlines()}
+
+
+def test_interactive_job_preempts_batch_vjobs_which_resume_and_continue(scenario):
+    sc = scenario(batch_jobs=4, nodes_per_batch=2, interactive_nodes=4)
+    sc.start_agent()
+    sc.submit_batch()
+    sc.wait_guests_counting()
+    started_s = sc.run_interactive()
+    assert started_s < INTERACTIVE_BOUND_S
+
+    victims = sc.victims()
+    assert len(victims) == 2, "four nodes are needed and each vjob holds two"
+    resumed = sc.wait_resumed(victims)
+    assert sorted(resumed) == sorted(victims)
+    for v in victims:  # the resumed guests go on counting
+        log = Path(sc.pilot(v).console_log)
+        wait_for(lambda log=log, v=v: len(split_counters(log, sc.pilot(v).console_bytes_at_save)[1]) >= 2, 120,
+                 f"job {v}'s guest counting after its resume")  # fmt: skip
+    out = sc.outcome(started_s, victims, resumed)
+    assert out.work_lost_s == 0
+    for v in victims:
+        before, after = out.counters[v]
+        assert after == before + 1, f"job {v}: counter went {before} -> {after} across its checkpoint"
+        assert out.preempt_counts[v] == 1
+        st = sc.pilot(v)
+        assert st.boots == 1 and st.restores == 1 and st.state is PilotState.RUNNING
+    untouched = [j for j in sc.jobs if j not in victims]
+    assert all(sc.pilot(j).restores == 0 for j in untouched)
+
+
+def _switch_running(db: Path) -> bool:
+    if not db.exists():
+        return False
+    with sqlite3.connect(db, timeout=5) as conn:
+        return conn.execute("SELECT count(*) FROM switches WHERE state = 'running'").fetchone()[0] > 0
+
+
+def test_agent_killed_mid_switch_finishes_it_after_restart_and_loses_no_vm(scenario):
+    sc = scenario(batch_jobs=2, nodes_per_batch=4, interactive_nodes=4)
+    sc.start_agent()
+    sc.submit_batch()
+    sc.wait_guests_counting()
+    srun = subprocess.Popen(["srun", "-N4", "--exclusive", "/bin/true"], env=sc.env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        wait_for(lambda: _switch_running(sc.data / "vjob.sqlite"), 120, "a switch in progress", interval=0.05)
+        sc.stop_agent(signal.SIGKILL)
+        time.sleep(2)  # the victim's pilot saves its VM meanwhile and waits to be requeued
+
+        sc.start_agent()
+        srun.wait(timeout=120)
+        assert srun.returncode == 0, srun.stderr.read() if srun.stderr else ""
+    finally:
+        if srun.poll() is None:
+            srun.kill()
+            srun.wait()
+    with sqlite3.connect(sc.data / "vjob.sqlite") as conn:
+        states = [row[0] for row in conn.execute("SELECT state FROM switches ORDER BY id")]
+    assert states and states[0] in ("done", "rolled_back") and "running" not in states
+
+    # Every VM is accounted for: running behind a running job, or saved behind a held one.
+    def consistent() -> bool:
+        rms = _rms_states(sc)
+        for job in sc.jobs:
+            st = sc.pilot(job)
+            running = rms.get(job, "").startswith("RUNNING")
+            if running and st.state is PilotState.RUNNING:
+                continue
+            if not running and st.state is PilotState.SAVED and st.memory_saved:
+                continue
+            return False
+        return True
+
+    wait_for(consistent, 120, "every vjob consistent (VM running with its job, or saved behind a held job)")
+    # The victims come back once the interactive job is gone, their guests continuing.
+    victims = sc.victims()
+    assert victims
+    assert sorted(sc.wait_resumed(victims)) == sorted(victims)
+    wait_for(consistent, 60, "every vjob running again")
+    out = sc.outcome(0.0, victims, victims)
+    assert out.work_lost_s == 0
+    assert all(out.preempt_counts[v] == 1 for v in victims)

@@ -1,0 +1,75 @@
+"""`vjob status`: vjobs from the pilots' state files, preemptions from the journal and the store."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from vjob import agent_journal as journal
+from vjob.model import Job
+from vjob.pilot_files import PilotDir, PilotState, PilotStatus
+from vjob.store import jobs as store_jobs
+from vjob.store.db import Store
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _status(config: Path) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "vjob.cli", "--config", str(config), "status", "--rms", "slurm", "--json"]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
+
+
+def test_status_shows_vjobs_their_preemptions_and_recent_switches(tmp_path: Path):
+    config = tmp_path / "vjob.toml"
+    config.write_text(f'data_dir = "{tmp_path / "data"}"\n')
+    store = Store(f"sqlite:///{tmp_path / 'data' / 'vjob.sqlite'}")
+    store.upgrade()
+    store_jobs.track(store, Job(id="7", user="alice", rms="slurm"))
+    store_jobs.record_preemption(store, "slurm", "7")
+    sw = journal.begin(
+        store,
+        "interactive job 9 needs nodes node1",
+        {"interactive": "9"},
+        [{"action": "suspend", "vm_name": "vjob-slurm-7", "job_key": "slurm:7", "source": "node1"}],
+    )
+    journal.set_action(store, sw.actions[0].id, "running")
+    journal.set_action(store, sw.actions[0].id, "done")
+    journal.set_switch(store, sw.id, "done")
+    store.close()
+    pdir = PilotDir(tmp_path / "data" / "pilots", "slurm", "7")
+    pdir.ensure()
+    pdir.write_state(
+        PilotStatus(
+            job_id="7",
+            vm="vjob-slurm-7",
+            node="node1",
+            uri="qemu:///system",
+            state=PilotState.SAVED,
+            since=time.time(),
+            save_bytes=2**20,
+            save_seconds=0.5,
+        )
+    )
+
+    res = _status(config)
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    (vjob,) = data["vjobs"]
+    assert (vjob["job"], vjob["pilot"], vjob["preempt_count"], vjob["vjob_state"]) == ("7", "saved", 1, "sleeping")
+    (switch,) = data["switches"]
+    assert switch["state"] == "done" and switch["interactive"] == "9"
+    assert switch["actions"][0]["job"] == "7" and switch["actions"][0]["finished_at"] is not None
+    assert data["errors"] == []
+
+
+def test_status_answers_with_the_store_unreachable(tmp_path: Path):
+    config = tmp_path / "vjob.toml"
+    config.write_text(f'data_dir = "{tmp_path / "data"}"\n[database]\nurl = "sqlite:///{tmp_path}/none/x.sqlite"\n')
+    res = _status(config)
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["vjobs"] == [] and data["switches"] == []
+    assert any("vjob db upgrade" in e for e in data["errors"])

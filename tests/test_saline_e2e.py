@@ -1,0 +1,186 @@
+"""Saline end to end: a real OAR kills a best-effort vjob running a real QEMU counter guest.
+
+Site a is OAR's resources on host localhost with the system libvirtd, site b those on host
+127.0.0.1 with the second libvirtd (tests/services/oar.py explains the one-OAR layout). A
+normal job that needs all of site a makes OAR kill the vjob; site a is then full, so the
+manager must resume it at site b from the latest snapshot in site a's repository. The guest
+prints COUNTER n once a second: the first value after the resume tells how much work was lost.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from plugins.oar.client import OarCommands, SubmitRequest
+from provisioning import guest
+from provisioning.driver import Driver, wait_for_counter
+from provisioning.images import Catalogue
+from saline_bew import journal
+from saline_bew.manager import Manager
+from saline_bew.repository import Repository
+from saline_bew.sites import Site
+from saline_bew.vms import SalineVMs
+from vjob.config import ProvisioningConfig, parse
+from vjob.store.db import Store
+
+pytestmark = [pytest.mark.oar, pytest.mark.realvm, pytest.mark.libvirt]
+
+COUNTER = ["sh", "-c", "i=0; while true; do i=$((i+1)); echo COUNTER $i; sleep 1; done"]
+PERIOD_S = 6
+
+
+class Env:
+    def __init__(self, work: Path, oar_cluster, nodes: dict[str, str]) -> None:
+        self.work = work
+        self.oar = oar_cluster
+        self.nodes = nodes
+        self.store = Store(f"sqlite:///{work / 'vjob.sqlite'}")
+        self.store.upgrade()
+        image = work / "images" / "empty.qcow2"
+        image.parent.mkdir()
+        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(image), "64M"], check=True, timeout=30)
+        Catalogue(self.store, ProvisioningConfig(), data_dir=work).add("empty", image)
+
+    def manager(self, **saline: object) -> Manager:
+        cfg = parse(
+            {
+                "data_dir": str(self.work),
+                "provisioning": {
+                    "nodes": self.nodes,
+                    "snapshot_dir": str(self.work / "snap" / "{node}"),
+                    "vm_dir": str(self.work / "vms" / "{node}"),
+                    "operation_timeout_s": 120,
+                },
+                "saline": {
+                    "poll_interval_s": 1,
+                    "requeue_after_s": 20,
+                    **saline,
+                    "sites": [
+                        {
+                            "name": s,
+                            "repository": str(self.work / f"repo-{s}"),
+                            "oar_properties": self.oar.properties(s),
+                        }
+                        for s in ("a", "b")
+                    ],
+                },
+            }
+        )
+        client = OarCommands(timeout_s=30)
+        sites = {
+            sc.name: Site(sc.name, client, Repository(sc.name, sc.repository), sc.oar_properties)
+            for sc in cfg.saline.sites
+        }
+        driver = Driver(cfg.provisioning, data_dir=self.work, store=self.store)
+        return Manager(cfg, self.store, sites, SalineVMs(driver, self.store))
+
+
+@pytest.fixture(scope="module")
+def env(oar_cluster, libvirt_system: str, libvirt_second_node: str, tiny_guest: guest.GuestFiles) -> Iterator[Env]:
+    work = Path(tempfile.mkdtemp(prefix="vjob-saline-", dir="/var/tmp"))
+    work.chmod(0o755)  # QEMU (libvirt-qemu) must reach overlays and images
+    try:
+        yield Env(work, oar_cluster, {"localhost": libvirt_system, "127.0.0.1": libvirt_second_node})
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _until(manager: Manager, key: str, predicate, timeout: float, what: str) -> journal.SalineJob:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        manager.step()
+        job = journal.get(manager.store, key)
+        if predicate(job):
+            return job
+        time.sleep(1)
+    kinds = [(e.kind, e.detail) for e in journal.events(manager.store, key)]
+    raise AssertionError(f"{what}: not reached in {timeout:.0f} s; journal: {kinds}")
+
+
+def _counters(manager: Manager, job: journal.SalineJob, node: str) -> list[int]:
+    return guest.counters(manager.vms.console_log(job.vm_names[0], node))
+
+
+def _saline_settings(manager: Manager) -> dict[str, object]:
+    return {"snapshot_period_s": manager.cfg.snapshot_period_s, "checkpoint_delay_s": manager.cfg.checkpoint_delay_s}
+
+
+def _fill_site_a(env: Env) -> str:
+    """A normal job needing every resource of site a: OAR must kill the best-effort vjob."""
+    req = SubmitRequest(
+        command=["sleep", "600"],
+        resource=f"/resource_id={env.oar.resources_per_site}",
+        walltime="0:15:00",
+        properties=env.oar.properties("a"),
+    )
+    return OarCommands().submit(req, user=env.oar.user)
+
+
+def _run_kill_resume(env: Env, manager: Manager) -> tuple[list[int], list[int], journal.SalineJob]:
+    """Start at site a, get killed there by a normal job, resume at site b.
+
+    The kill is handled by a *new* Manager over the same store, as after a restart of the
+    manager process: everything it needs must come from the journal.
+    """
+    job = manager.submit(user=env.oar.user, image="empty", command=COUNTER, site="a")
+    job = _until(manager, job.key, lambda j: j.phase == "running", 120, "deployed at site a")
+    assert job.hosts == ("localhost",)
+    log_a = manager.vms.console_log(job.vm_names[0], "localhost")
+    wait_for_counter(log_a, 3, 120)  # booted and counting (TCG boots take several seconds)
+    counting_at = time.time()
+    if manager.cfg.snapshot_period_s < 600:  # wait for a snapshot of a counting guest, then 2 more ticks
+        _until(manager, job.key, lambda j: (j.snapshot_at or 0) > counting_at, 60, "a snapshot while counting")
+        wait_for_counter(log_a, (guest.last_counter(log_a) or 0) + 2, 30)
+    blocker = _fill_site_a(env)
+    manager.vms.driver.close()
+    manager = env.manager(**_saline_settings(manager))  # the manager restarts: state comes from the store
+    try:
+        resumed = _until(manager, job.key, lambda j: j.phase == "running" and j.site == "b", 180, "resumed at b")
+        assert resumed.hosts == ("127.0.0.1",)
+        before = _counters(manager, job, "localhost")
+        log_b = manager.vms.console_log(job.vm_names[0], "127.0.0.1")
+        deadline = time.monotonic() + 60
+        while len(guest.counters(log_b)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        after = guest.counters(log_b)
+        return before, after, resumed
+    finally:
+        OarCommands().delete(blocker, user=env.oar.user)
+        manager.cancel(job.key)
+        manager.step()
+
+
+def test_killed_vjob_resumes_at_the_other_site_from_its_last_snapshot(env: Env) -> None:
+    manager = env.manager(snapshot_period_s=PERIOD_S, checkpoint_delay_s=0)
+    before, after, job = _run_kill_resume(env, manager)
+    events = journal.events(manager.store, job.key)
+    kinds = [e.kind for e in events]
+    assert "snapshot" in kinds and "killed" in kinds and "resumed" in kinds
+    killed = next(e for e in events if e.kind == "killed")
+    assert killed.detail["cause"] == "besteffort_kill"
+    assert job.kills == 1 and job.restarts_from_scratch == 0
+    assert before and after, (before, after)
+    assert after[0] > 1, "the guest restarted from scratch instead of resuming"
+    lost = before[-1] - (after[0] - 1)
+    assert 0 <= lost <= PERIOD_S + 3, f"lost {lost} counter ticks (period {PERIOD_S} s): {before[-5:]} → {after[:3]}"
+    assert guest.boots(manager.vms.console_log(job.vm_names[0], "127.0.0.1")) == 0  # restored, never booted there
+    print(f"\nwork lost at kill (periodic snapshots every {PERIOD_S} s): {lost} s; journal {kinds}")
+
+
+def test_with_the_checkpoint_signal_nothing_is_lost(env: Env) -> None:
+    manager = env.manager(snapshot_period_s=3600, checkpoint_delay_s=60)
+    before, after, job = _run_kill_resume(env, manager)
+    events = journal.events(manager.store, job.key)
+    killed = next(e for e in events if e.kind == "killed")
+    assert killed.detail["cause"] == "checkpoint" and killed.detail["lost_s"] == 0
+    snap = next(e for e in events if e.kind == "snapshot")
+    assert snap.detail["reason"] == "checkpoint"
+    assert after[0] == before[-1] + 1, f"work lost across the checkpoint: {before[-3:]} → {after[:3]}"
+    print(f"\ncheckpoint signal: counter {before[-1]} → {after[0]} (nothing lost)")

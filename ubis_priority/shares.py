@@ -1,0 +1,67 @@
+"""Target and usage shares: the two halves of UBIS's (Target − Usage) term.
+
+Why shares and not node-seconds: a target is a fraction of the cluster (configuration says
+"alice 0.3"), so usage is turned into the same unit — the user's decayed node-seconds over
+everybody's — and the difference lies in -1..1 whatever the cluster size or the decay.
+
+Whose target applies to a job, in this order: the user's own (configuration first, then the
+store's copy in the ClusterView); else the job's account's share (configuration
+`account_targets`) split equally between the users of that account present in the view; else
+an equal part of what the explicit targets leave over, split between all remaining users.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+
+from vjob.config import PriorityConfig
+from vjob.errors import InputError
+
+
+def _checked(values: Mapping[str, float], what: str, upper: float | None) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for name, value in values.items():
+        v = float(value)
+        if not math.isfinite(v) or v < 0 or (upper is not None and v > upper):
+            allowed = f"0..{upper:g}" if upper is not None else ">= 0"
+            raise InputError(f"{what}.{name} = {value!r}: must be a finite number in {allowed}")
+        out[name] = v
+    return out
+
+
+def usage_shares(usage: Mapping[str, float]) -> dict[str, float]:
+    """Each user's part (0..1) of the decayed usage of all users; all 0 when nobody used anything."""
+    checked = _checked(usage, "usage", None)
+    total = math.fsum(checked.values())
+    if total <= 0:
+        return dict.fromkeys(checked, 0.0)
+    return {name: value / total for name, value in checked.items()}
+
+
+def target_shares(
+    entities: Iterable[tuple[str, str]],
+    view_targets: Mapping[str, float],
+    cfg: PriorityConfig,
+) -> dict[tuple[str, str], float]:
+    """The target share of every (user, account) entity, following the module's rules."""
+    explicit = _checked(view_targets, "targets", 1.0)
+    explicit.update(cfg.targets)
+    pairs = sorted(set(entities))
+    by_account: dict[str, set[str]] = {}
+    for user, account in pairs:
+        if user not in explicit and account in cfg.account_targets:
+            by_account.setdefault(account, set()).add(user)
+    handed_out = math.fsum(explicit.values()) + math.fsum(cfg.account_targets[a] for a in by_account)
+    rest = sorted({u for u, a in pairs if u not in explicit and a not in by_account})
+    left = max(0.0, 1.0 - handed_out)
+    equal = left / len(rest) if rest else 0.0
+    out: dict[tuple[str, str], float] = {}
+    for user, account in pairs:
+        if user in explicit:
+            out[(user, account)] = explicit[user]
+        elif account in by_account:
+            out[(user, account)] = cfg.account_targets[account] / len(by_account[account])
+        else:
+            out[(user, account)] = equal
+    return out

@@ -1,0 +1,130 @@
+"""Usage and targets in the state store: decayed node-seconds per user and per account.
+
+Why in the store: usage is history the RMS forgets (a finished job disappears from squeue),
+and the agent must survive its own restarts without handing everybody a clean slate.
+
+Decay: usage halves every `usage_half_life_s` (exponential decay, as Slurm's
+PriorityDecayHalfLife). Each row holds the value at `decayed_at`; readers decay it to their
+own instant, writers decay it to now before adding.
+
+Charging: `charge(store, view, cfg)` adds, for every running job and every finished job in
+the view, nodes × the part of its run time that lies after the previous charge (the common
+`decayed_at` of the rows, which every charge moves to `view.now`). Calling it twice for the
+same view charges nothing the second time; the first charge ever counts run time from each
+job's start. The amount of one interval is added undecayed at its end, which is exact enough
+while the agent's interval is much shorter than the half-life.
+
+This module is not a policy (it reads and writes the store); the priority kernel only sees
+the numbers it returns, through ClusterView.usage and ClusterView.targets.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from sqlalchemy import delete, select, text
+
+from vjob.config import PriorityConfig
+from vjob.errors import InputError
+from vjob.model import ClusterView, JobState
+from vjob.store.db import Store
+from vjob.store.schema import TargetRecord, UsageRecord
+
+USER = "user"
+ACCOUNT = "account"
+
+
+def decayed(node_seconds: float, elapsed_s: float, half_life_s: float) -> float:
+    """`node_seconds` after `elapsed_s` of exponential decay (no growth for negative time)."""
+    if half_life_s <= 0:
+        raise InputError(f"usage half-life = {half_life_s}: must be > 0")
+    return node_seconds * math.pow(0.5, max(elapsed_s, 0.0) / half_life_s)
+
+
+def _consumed(view: ClusterView, since: float | None) -> dict[tuple[str, str], float]:
+    """Node-seconds each user and account consumed after `since` (from the start if None)."""
+    amounts: dict[tuple[str, str], float] = {}
+    for job in view.jobs:
+        if job.start_time is None:
+            continue
+        if job.state is JobState.RUNNING:
+            end = view.now
+        elif job.state.finished and job.end_time is not None:
+            end = min(job.end_time, view.now)
+        else:
+            continue
+        begin = job.start_time if since is None else max(job.start_time, since)
+        if end <= begin:
+            continue
+        node_seconds = float(len(job.allocated_nodes) or job.nodes) * (end - begin)
+        keys = [(USER, job.user)] + ([(ACCOUNT, job.account)] if job.account else [])
+        for key in keys:
+            amounts[key] = amounts.get(key, 0.0) + node_seconds
+    return amounts
+
+
+def charge(store: Store, view: ClusterView, cfg: PriorityConfig) -> dict[tuple[str, str], float]:
+    """Add the usage of the view's running and finished jobs; returns what was charged."""
+    with store.session() as s:
+        if store.dialect == "postgresql":
+            # Two agents charging at once would both read the old marker and charge twice;
+            # this lock serialises chargers and leaves readers alone.
+            s.execute(text("LOCK TABLE usage IN SHARE ROW EXCLUSIVE MODE"))
+        rows = list(s.scalars(select(UsageRecord)))
+        last = max((r.decayed_at for r in rows), default=None)
+        if last is not None and view.now <= last:
+            return {}
+        amounts = _consumed(view, last)
+        charged = dict(amounts)
+        for row in rows:
+            row.node_seconds = decayed(row.node_seconds, view.now - row.decayed_at, cfg.usage_half_life_s)
+            row.node_seconds += amounts.pop((row.entity_kind, row.name), 0.0)
+            row.decayed_at = view.now
+        for (kind, name), node_seconds in sorted(amounts.items()):
+            s.add(UsageRecord(entity_kind=kind, name=name, node_seconds=node_seconds, decayed_at=view.now))
+    return charged
+
+
+def load_usage(store: Store, at: float, cfg: PriorityConfig, *, kind: str = USER) -> dict[str, float]:
+    """Decayed node-seconds per user (or account) as of `at`."""
+    with store.session() as s:
+        rows = s.execute(
+            select(UsageRecord.name, UsageRecord.node_seconds, UsageRecord.decayed_at).where(
+                UsageRecord.entity_kind == kind
+            )
+        ).all()
+    return {name: decayed(ns, at - when, cfg.usage_half_life_s) for name, ns, when in rows}
+
+
+def sync_targets(store: Store, cfg: PriorityConfig) -> None:
+    """Make the store's targets table hold exactly the configuration's targets."""
+    with store.session() as s:
+        s.execute(delete(TargetRecord))
+        for name, share in sorted(cfg.targets.items()):
+            s.add(TargetRecord(entity_kind=USER, name=name, share=share))
+        for name, share in sorted(cfg.account_targets.items()):
+            s.add(TargetRecord(entity_kind=ACCOUNT, name=name, share=share))
+
+
+def load_targets(store: Store, *, kind: str = USER) -> dict[str, float]:
+    with store.session() as s:
+        rows = s.execute(select(TargetRecord.name, TargetRecord.share).where(TargetRecord.entity_kind == kind)).all()
+    return {name: share for name, share in rows}
+
+
+def with_history(view: ClusterView, store: Store, cfg: PriorityConfig) -> ClusterView:
+    """`view` with the store's decayed user usage and user targets filled in."""
+    return replace(view, usage=load_usage(store, view.now, cfg), targets=load_targets(store))
+
+
+__all__ = [
+    "ACCOUNT",
+    "USER",
+    "charge",
+    "decayed",
+    "load_targets",
+    "load_usage",
+    "sync_targets",
+    "with_history",
+]

@@ -1,0 +1,135 @@
+"""The agent's journal: every context switch and each of its actions, written before acting.
+
+Why a journal in the state store: the agent may be killed (kill -9, a node reboot) between
+asking a pilot to checkpoint and requeue-holding the job. Whatever it was doing is then in
+the `switches` and `actions` tables, and a restarted agent finishes or undoes it from there
+(`vjob.agent.Agent.recover`) instead of leaving a VM on disk behind a "running" job.
+
+States: a switch is planned → running → done | rolled_back | failed; an action is
+planned → running → done | undone | failed. The `job_key` of an action is "<rms>:<job id>".
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select, update
+
+from vjob.store.db import Store, now
+from vjob.store.schema import ActionRecord, SwitchRecord
+
+OPEN_SWITCH_STATES = ("planned", "running")
+OPEN_ACTION_STATES = ("planned", "running")
+
+
+@dataclass(frozen=True)
+class JournalAction:
+    """One journalled action, as read back from the store."""
+
+    id: int
+    switch_id: int
+    action: str
+    vm_name: str
+    job_key: str
+    source: str | None
+    state: str
+
+    @property
+    def rms_job_id(self) -> str:
+        return self.job_key.split(":", 1)[1]
+
+
+@dataclass(frozen=True)
+class JournalSwitch:
+    id: int
+    reason: str
+    state: str
+    plan: dict[str, Any]
+    actions: tuple[JournalAction, ...]
+
+
+def begin(store: Store, reason: str, plan: dict[str, Any], actions: list[dict[str, Any]]) -> JournalSwitch:
+    """Record a switch and its actions as planned, in one transaction; nothing has run yet."""
+    t = now()
+    with store.session() as s:
+        sw = SwitchRecord(
+            reason=reason, state="planned", plan_json=json.dumps(plan, sort_keys=True), created_at=t, updated_at=t
+        )
+        s.add(sw)
+        s.flush()
+        for a in actions:
+            s.add(
+                ActionRecord(
+                    switch_id=sw.id,
+                    pool=int(a.get("pool", 0)),
+                    action=a["action"],
+                    vm_name=a["vm_name"],
+                    job_key=a["job_key"],
+                    source=a.get("source"),
+                    destination=a.get("destination"),
+                    state="planned",
+                )
+            )
+        switch_id = sw.id
+    return load(store, switch_id)
+
+
+def load(store: Store, switch_id: int) -> JournalSwitch:
+    with store.session() as s:
+        sw = s.get(SwitchRecord, switch_id)
+        if sw is None:
+            raise KeyError(switch_id)
+        rows = s.scalars(select(ActionRecord).where(ActionRecord.switch_id == switch_id).order_by(ActionRecord.id))
+        actions = tuple(
+            JournalAction(r.id, r.switch_id, r.action, r.vm_name, r.job_key, r.source, r.state) for r in rows
+        )
+        return JournalSwitch(sw.id, sw.reason, sw.state, json.loads(sw.plan_json or "{}"), actions)
+
+
+def set_switch(store: Store, switch_id: int, state: str) -> None:
+    with store.session() as s:
+        s.execute(update(SwitchRecord).where(SwitchRecord.id == switch_id).values(state=state, updated_at=now()))
+
+
+def set_action(store: Store, action_id: int, state: str, error: str = "") -> None:
+    """Move one action; `running` stamps its start, any end state its finish."""
+    values: dict[str, Any] = {"state": state}
+    if state == "running":
+        values["started_at"] = now()
+    elif state in ("done", "undone", "failed"):
+        values["finished_at"] = now()
+    if error:
+        values["error"] = error[:2000]
+    with store.session() as s:
+        s.execute(update(ActionRecord).where(ActionRecord.id == action_id).values(**values))
+
+
+def open_switches(store: Store) -> list[JournalSwitch]:
+    """Switches a previous agent left planned or running, oldest first."""
+    with store.session() as s:
+        ids = list(
+            s.scalars(
+                select(SwitchRecord.id).where(SwitchRecord.state.in_(OPEN_SWITCH_STATES)).order_by(SwitchRecord.id)
+            )
+        )
+    return [load(store, i) for i in ids]
+
+
+def recent(store: Store, limit: int = 20) -> list[JournalSwitch]:
+    """The newest switches, newest first (for `vjob status`)."""
+    with store.session() as s:
+        ids = list(s.scalars(select(SwitchRecord.id).order_by(SwitchRecord.id.desc()).limit(limit)))
+    return [load(store, i) for i in ids]
+
+
+def action_times(store: Store, switch_id: int) -> dict[int, tuple[float | None, float | None, str]]:
+    """Start, finish and error of each action of a switch (status and metrics)."""
+    with store.session() as s:
+        rows = s.execute(
+            select(ActionRecord.id, ActionRecord.started_at, ActionRecord.finished_at, ActionRecord.error).where(
+                ActionRecord.switch_id == switch_id
+            )
+        )
+        return {r[0]: (r[1], r[2], r[3]) for r in rows}

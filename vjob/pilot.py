@@ -1,0 +1,326 @@
+"""The in-job pilot (`vjob run`): the job's command inside its allocation runs the job in a VM.
+
+Why a pilot inside the job rather than the agent starting VMs itself: the RMS stays the one
+that allocates nodes, starts, kills and requeues jobs, with its accounting, limits and
+prolog/epilog intact; vjob only changes what runs inside the allocation. The RMS's own
+controls then mean the right thing for a vjob:
+
+* a job that starts for the first time boots a fresh VM (overlay over its OS image);
+* a job that starts again after a checkpoint restores the saved VM — on the same node when
+  the RMS gave it back its node (a local resume), elsewhere by copying the state over (a
+  remote resume, done by the VM driver);
+* the agent asks for a checkpoint by writing a request file (vjob.pilot_files): the pilot
+  saves the VM, answers in its state file and then waits to be requeued. If nobody requeues
+  it within `orphan_resume_s` (the agent died or withdrew the request), it restores the VM and
+  carries on, so a crashed agent can never leave a job "running" with its VM on disk;
+* SIGTERM (the RMS requeues, preempts or kills the job, and sends SIGKILL after its grace
+  time, Slurm's KillWait) saves the VM at once and exits, so nothing is lost whatever the RMS
+  does next. A save takes about 0.3–1.3 s for a 128 MiB guest;
+* a pilot killed outright (SIGKILL) leaves its VM running: the job's next pilot on the same
+  libvirt adopts it instead of booting a second copy.
+
+The VM itself is handled by provisioning.driver; this module decides when to boot, save,
+restore and delete, and keeps the state file true.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import IO, Any
+
+from vjob import log
+from vjob.errors import VjobError
+from vjob.model import VMState
+from vjob.pilot_files import PilotDir, PilotState, PilotStatus
+
+EXIT_FINISHED = 0
+EXIT_CHECKPOINTED = 0
+"""Exit status after a checkpoint on SIGTERM: the RMS requeues or ends the job itself."""
+EXIT_FAILED = 1
+
+
+class DriverVM:
+    """One vjob's VM on one node, through provisioning's VM driver."""
+
+    def __init__(self, driver: Any, name: str, node: str, spec_factory: Callable[[], Any]) -> None:
+        self.driver = driver
+        self.name = name
+        self.node = node
+        self.uri = driver.uri(node)
+        self._spec_factory = spec_factory
+
+    def console_log(self) -> Path:
+        return Path(self.driver.console_log(self.name, self.node))
+
+    def active(self) -> bool:
+        return bool(self.driver.state(self.name, self.node) is VMState.RUNNING)
+
+    def boot(self) -> None:
+        self.driver.define(self._spec_factory(), self.node)
+        self.driver.boot(self.name, self.node)
+
+    def save(self) -> tuple[Path, int]:
+        snap = self.driver.save(self.name, self.node)
+        return Path(snap.memory_path), int(snap.size_bytes)
+
+    def restore(self, saved_on: str) -> None:
+        self.driver.restore(self.name, self.node, from_node=saved_on or self.node)
+
+    def delete(self) -> None:
+        self.driver.delete(self.name, self.node)
+
+    def forget(self, node: str) -> None:
+        """Delete whatever an older job of the same name left on `node` (VM, disk, state)."""
+        self.driver.delete(self.name, node)
+
+
+@dataclass(frozen=True)
+class PilotSettings:
+    """How one pilot behaves; `node` is the RMS node name it runs on."""
+
+    rms: str
+    job_id: str
+    node: str
+    image: str = ""
+    memory_mb: int = 128
+    poll_s: float = 0.2
+    orphan_resume_s: float = 30.0
+    """After an agent-requested save, restore the VM if not requeued within this time."""
+    restart_count: int | None = None
+    """How often the RMS restarted the job (Slurm: SLURM_RESTART_COUNT); None when unknown.
+    0 means a first start: state left under the same job id belongs to an older job."""
+
+
+class _Signals:
+    """SIGTERM/SIGINT/SIGUSR1 turned into flags the main loop reads (handlers do nothing else)."""
+
+    def __init__(self) -> None:
+        self.terminate = threading.Event()
+        self.checkpoint = threading.Event()
+        self.wake = threading.Event()
+        self._old: dict[int, Any] = {}
+
+    def install(self) -> None:
+        for sig, event in ((signal.SIGTERM, self.terminate), (signal.SIGINT, self.terminate)):
+            self._old[sig] = signal.signal(sig, self._setter(event))
+        self._old[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, self._setter(self.checkpoint))
+
+    def restore(self) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+    def _setter(self, event: threading.Event) -> Callable[[int, FrameType | None], None]:
+        def handler(_sig: int, _frame: FrameType | None) -> None:
+            event.set()
+            self.wake.set()
+
+        return handler
+
+
+class ConsoleTail(threading.Thread):
+    """Copies what the guest prints (its console log) to the job's output as it grows."""
+
+    def __init__(self, path: Path, out: IO[str], start_at_end: bool) -> None:
+        super().__init__(name="console-tail", daemon=True)
+        self.path = path
+        self.out = out
+        self.stop_event = threading.Event()
+        self.offset = path.stat().st_size if start_at_end and path.exists() else 0
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            self.drain()
+            self.stop_event.wait(0.25)
+        self.drain()
+
+    def drain(self) -> None:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except (FileNotFoundError, PermissionError):
+            return
+        if data:
+            self.offset += len(data)
+            self.out.write(data.decode("utf-8", errors="replace"))
+            self.out.flush()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.join(timeout=2)
+
+
+class Pilot:
+    """One vjob's pilot: boot or restore, then watch for the end, a request or SIGTERM."""
+
+    def __init__(self, settings: PilotSettings, pdir: PilotDir, vm: DriverVM, *, out: IO[str] | None = None) -> None:
+        self.s = settings
+        self.pdir = pdir
+        self.vm = vm
+        self.out = out or sys.stdout
+        self.signals = _Signals()
+        self.log = log.get("pilot").bind(job=settings.job_id, vm=vm.name, node=settings.node)
+        self.status: PilotStatus | None = None
+        self._resumed = False
+
+    def _move(self, state: PilotState, **changes: Any) -> None:
+        assert self.status is not None
+        self.status = self.status.moved(state, **changes)
+        self.pdir.write_state(self.status)
+
+    def _say(self, text: str) -> None:
+        self.out.write(f"vjob: {text}\n")
+        self.out.flush()
+
+    # -- main ---------------------------------------------------------------------------
+    def run(self) -> int:
+        self.pdir.ensure()
+        self.signals.install()
+        try:
+            self._start()
+            tail = ConsoleTail(self.vm.console_log(), self.out, start_at_end=self._resumed)
+            tail.start()
+            try:
+                return self._watch()
+            finally:
+                tail.stop()
+        except VjobError as exc:
+            self.log.error("pilot failed", error=str(exc))
+            if self.status is not None:
+                self._move(PilotState.FAILED, message=str(exc))
+            self._say(f"failed: {exc}")
+            return EXIT_FAILED
+        finally:
+            self.signals.restore()
+
+    def _start(self) -> None:
+        """Adopt a VM still running, restore a saved one, or boot a fresh one."""
+        previous = self.pdir.read_state()
+        if previous is not None and self.s.restart_count == 0:
+            # Job ids come round again (a controller whose state was wiped starts at 1): what
+            # is here belongs to an older job, and restoring it would hand over its memory.
+            self._say(f"discarding the state of an older job {self.s.job_id} (this job never ran before)")
+            self.log.warning("stale vjob state of a reused job id discarded", old_since=previous.since)
+            self.vm.forget(previous.saved_node or previous.node)
+            previous = None
+        self.status = previous or PilotStatus(
+            job_id=self.s.job_id,
+            vm=self.vm.name,
+            node=self.s.node,
+            uri=self.vm.uri,
+            state=PilotState.STARTING,
+            since=time.time(),
+            image=self.s.image,
+            memory_mb=self.s.memory_mb,
+        )
+        self._move(PilotState.STARTING, node=self.s.node, uri=self.vm.uri, pid=os.getpid(), request_id="",
+                   console_log=str(self.vm.console_log()))  # fmt: skip
+        # A request left over from before this start was answered (or withdrawn) already.
+        self.pdir.withdraw_request()
+        if self.vm.active():
+            self._resumed = True
+            self._say(f"adopting VM {self.vm.name}, still running from the job's previous start")
+            self._move(PilotState.RUNNING)
+            return
+        if previous is not None and previous.memory_saved:
+            self._resumed = True
+            self._restore(previous.saved_node)
+            return
+        self._say(f"booting VM {self.vm.name} ({self.s.image or 'default image'}) on {self.s.node}")
+        self.vm.boot()
+        self._move(PilotState.RUNNING, boots=self.status.boots + 1)
+        self.log.info("booted")
+
+    def _restore(self, saved_on: str) -> None:
+        local = saved_on == self.s.node
+        where = "locally" if local else f"remotely (saved on {saved_on})"
+        self._say(f"restoring VM {self.vm.name} {where} on {self.s.node}")
+        self._move(PilotState.RESTORING)
+        t0 = time.monotonic()
+        self.vm.restore(saved_on)
+        took = time.monotonic() - t0
+        st = self.status
+        assert st is not None
+        self._move(
+            PilotState.RUNNING,
+            memory_path="",
+            restores=st.restores + 1,
+            local_restores=st.local_restores + (1 if local else 0),
+            restore_seconds=took,
+        )
+        self.log.info("restored", local=local, seconds=round(took, 3))
+
+    def _watch(self) -> int:
+        """The pilot's loop until the guest ends or the job is checkpointed."""
+        while True:
+            if self.signals.terminate.is_set():
+                return self._save_and_exit("SIGTERM")
+            request = self.pdir.read_request()
+            if request is not None or self.signals.checkpoint.is_set():
+                self.signals.checkpoint.clear()
+                self._save(request.request_id if request else "signal", request.nodes if request else ())
+                if self._wait_for_requeue(withdrawable=request is not None):
+                    return EXIT_CHECKPOINTED
+                continue
+            if not self.vm.active():
+                self._say("guest ended")
+                self.vm.delete()
+                self._move(PilotState.FINISHED)
+                self.log.info("finished")
+                return EXIT_FINISHED
+            self.signals.wake.wait(self.s.poll_s)
+            self.signals.wake.clear()
+
+    def _save(self, request_id: str, nodes: tuple[str, ...] = ()) -> None:
+        self._move(PilotState.SAVING, request_id=request_id)
+        t0 = time.monotonic()
+        path, size = self.vm.save()
+        took = time.monotonic() - t0
+        try:
+            printed = self.vm.console_log().stat().st_size
+        except OSError:
+            printed = 0
+        self._move(
+            PilotState.SAVED,
+            saved_node=self.s.node,
+            saved_nodes=list(nodes) or [self.s.node],
+            save_seconds=took,
+            save_bytes=size,
+            memory_path=str(path),
+            console_bytes_at_save=printed,
+        )
+        self._say(f"checkpointed VM {self.vm.name} on {self.s.node}: {size / 2**20:.0f} MiB in {took:.2f} s")
+        self.log.info("saved", request=request_id, seconds=round(took, 3), bytes=size)
+
+    def _save_and_exit(self, why: str) -> int:
+        if self.vm.active():
+            self._save("")
+        self._say(f"{why}: exiting, VM state kept for the job's restart")
+        return EXIT_CHECKPOINTED
+
+    def _wait_for_requeue(self, *, withdrawable: bool) -> bool:
+        """After a requested save: True when the RMS kills us; False to carry on running.
+
+        A save asked for by a request file ends early when the file goes (the agent withdrew
+        it); one asked for by SIGUSR1 (an operator) waits the whole `orphan_resume_s`.
+        """
+        deadline = time.monotonic() + self.s.orphan_resume_s
+        while time.monotonic() < deadline:
+            if self.signals.terminate.wait(self.s.poll_s):
+                self._say("requeued by the resource manager: exiting")
+                return True
+            if withdrawable and self.pdir.read_request() is None:
+                break  # the agent withdrew its request: resume at once
+        self._say("not requeued: resuming the VM here")
+        self.log.warning("checkpoint not followed by a requeue: resuming", waited=self.s.orphan_resume_s)
+        self.pdir.withdraw_request()
+        self._restore(self.s.node)
+        return False

@@ -1,0 +1,63 @@
+"""Running an external command the one way vjob does it.
+
+Why one helper: every adapter and driver calls out (squeue, qstat, oarsub, qemu-img, rsync,
+apt-get download), and each call must take an argument list (never a shell string built from
+job data), have a timeout, and turn a failure, a hang or a missing program into a CommandError
+that names the command (and the job or VM it was for) in one line.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from vjob.errors import CommandError
+
+
+def run(
+    cmd: Sequence[str],
+    *,
+    timeout_s: float,
+    job: str | None = None,
+    cwd: Path | str | None = None,
+    env: Mapping[str, str] | None = None,
+    stdin: str | None = None,
+    shown: Sequence[str] | None = None,
+    hint: str = "",
+    missing_hint: str = "",
+) -> str:
+    """Run `cmd` and return its standard output, or raise CommandError.
+
+    `shown` is how the command is named in errors (e.g. without an absolute path); `job` names
+    the job or VM it concerns; `hint` is added to a time-out message (e.g. "is slurmctld up?"),
+    `missing_hint` to a command-not-found one (e.g. "set [pbs] bin_dir or PATH").
+    """
+    argv = [str(c) for c in cmd]
+    name = list(shown) if shown is not None else argv
+    try:
+        res = subprocess.run(
+            argv,
+            input=stdin,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=timeout_s,
+            cwd=cwd,
+            env=dict(env) if env is not None else None,
+            stdin=None if stdin is not None else subprocess.DEVNULL,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        extra = f" ({hint})" if hint else ""
+        raise CommandError(name, f"no answer within {timeout_s:g} s; killed{extra}", job=job) from None
+    except FileNotFoundError:
+        raise CommandError(name, f"command not found{f': {missing_hint}' if missing_hint else ''}", job=job) from None
+    except PermissionError:
+        raise CommandError(name, "not executable by this user", job=job) from None
+    except OSError as exc:
+        raise CommandError(name, f"cannot run: {exc.strerror or exc}", job=job) from None
+    if res.returncode != 0:
+        lines = (res.stderr.strip() or res.stdout.strip() or "(no message)").splitlines()
+        raise CommandError(name, f"exit status {res.returncode}: {' / '.join(lines[-3:])[-400:]}", job=job)
+    return res.stdout
