@@ -46,6 +46,26 @@ def one_run(cluster: DevCluster, work: Path, *, agent: bool, batch_seconds: int,
         sc.cleanup()
 
 
+def _plot(with_vjob_s: float, alone_s: float, batch_seconds: int) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(__file__).resolve().parents[1] / "out" / "e2e_slurm.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6, 3))
+    bars = ax.barh(["with vjob", "Slurm alone"], [with_vjob_s, alone_s], color=["tab:green", "tab:gray"])
+    ax.bar_label(bars, fmt="%.1f s", padding=3)
+    ax.set_xlabel("interactive job start latency (s)")
+    ax.set_title(f"srun -N4 on a full 8-node cluster (batch guests run {batch_seconds} s)", fontsize=9)
+    ax.set_xlim(0, alone_s * 1.2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch-seconds", type=int, default=90, help="how long each batch guest counts (default 90)")
@@ -71,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<14}{r['interactive_start_s']:>24.2f}{r['victims']:>10}{r['resumed']:>10}")
     print(f"batch guests count for {args.batch_seconds} s; the interactive job arrives once all count >= 5")
     ratio = alone["interactive_start_s"] / with_vjob["interactive_start_s"]
+    plot = _plot(with_vjob["interactive_start_s"], alone["interactive_start_s"], args.batch_seconds)
+    print(f"plot: {plot}")
     print(
         json.dumps(
             {

@@ -23,7 +23,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -89,7 +89,6 @@ class Result:
     events: int = 0
     passes: int = 0
     max_interactive_held: int = 0
-    extra: dict[str, float] = field(default_factory=dict)
 
 
 class Simulation:
@@ -338,9 +337,9 @@ class Simulation:
         )
 
     # -- actions ------------------------------------------------------------------------------
-    def _take_nodes(self, j: int, count: int) -> tuple[np.ndarray, int, bool]:
+    def _take_nodes(self, j: int, count: int) -> tuple[np.ndarray, bool]:
         """Free nodes for job j: its previous nodes when all are free (local resume), else
-        nodes already on its OS first. Returns (nodes, OS swaps, resumed locally)."""
+        nodes already on its OS first. Returns (nodes, resumed locally)."""
         image = self.os[j]
         prev = self.prev_nodes[j]
         if prev is not None and bool((self.owner[prev] == FREE).all()):
@@ -356,13 +355,13 @@ class Simulation:
             local = False
         self.owner[nodes] = j
         self.free -= count
-        return nodes, 0, local
+        return nodes, local
 
     def _start(self, j: int, now: float, privileged: bool, nodes: list[int] | None = None, ready: float = 0.0) -> None:
         n = self.need[j]
         local = False
         if nodes is None:
-            nodes, _, local = self._take_nodes(j, n)
+            nodes, local = self._take_nodes(j, n)
         else:
             self.owner[nodes] = j
         wrong = self.node_os[nodes] != self.os[j]

@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from tests.test_agent_journal import journal_switch
 from vjob import agent_journal as journal
 from vjob.model import Job
 from vjob.pilot_files import PilotDir, PilotState, PilotStatus
@@ -29,15 +30,11 @@ def test_status_shows_vjobs_their_preemptions_and_recent_switches(tmp_path: Path
     store.upgrade()
     store_jobs.track(store, Job(id="7", user="alice", rms="slurm"))
     store_jobs.record_preemption(store, "slurm", "7")
-    sw = journal.begin(
-        store,
-        "interactive job 9 needs nodes node1",
-        {"interactive": "9"},
-        [{"action": "suspend", "vm_name": "vjob-slurm-7", "job_key": "slurm:7", "source": "node1"}],
-    )
-    journal.set_action(store, sw.actions[0].id, "running")
-    journal.set_action(store, sw.actions[0].id, "done")
-    journal.set_switch(store, sw.id, "done")
+    sw_id = journal_switch(store, "interactive job 9 needs nodes node1", "7")
+    (action,) = journal.load(store, sw_id).actions
+    journal.set_action(store, action.id, "running")
+    journal.set_action(store, action.id, "done")
+    journal.set_switch(store, sw_id, "done")
     store.close()
     pdir = PilotDir(tmp_path / "data" / "pilots", "slurm", "7")
     pdir.ensure()
@@ -60,7 +57,7 @@ def test_status_shows_vjobs_their_preemptions_and_recent_switches(tmp_path: Path
     (vjob,) = data["vjobs"]
     assert (vjob["job"], vjob["pilot"], vjob["preempt_count"], vjob["vjob_state"]) == ("7", "saved", 1, "sleeping")
     (switch,) = data["switches"]
-    assert switch["state"] == "done" and switch["interactive"] == "9"
+    assert switch["state"] == "done" and "interactive job 9" in switch["reason"]
     assert switch["actions"][0]["job"] == "7" and switch["actions"][0]["finished_at"] is not None
     assert data["errors"] == []
 

@@ -116,6 +116,21 @@ def test_requeue_hold_then_release_restarts_the_job(slurm_adapter: SlurmAdapter,
     wait_for(restarted, 40, f"job {job} running again", interval=1.0)
 
 
+def test_require_nodes_pins_a_released_job_to_its_saved_nodes(
+    slurm_adapter: SlurmAdapter, submit: Callable[..., str]
+) -> None:
+    job = submit("-N1", "--hold")
+    _wait_state(slurm_adapter, job, JobState.HELD)
+    idle = sorted(n.name for n in slurm_adapter.nodes() if n.state is NodeState.IDLE)
+    target = idle[-1]  # not the first idle node, which Slurm would pick by itself
+    slurm_adapter.require_nodes(job, [target])
+    slurm_adapter.release(job)
+    _wait_state(slurm_adapter, job, JobState.RUNNING)
+    assert slurm_adapter.job(job).allocated_nodes == (target,)
+    with pytest.raises(InputError, match="not Slurm node names"):
+        slurm_adapter.require_nodes(job, ["n1;reboot"])
+
+
 def test_hold_release_suspend_resume(slurm_adapter: SlurmAdapter, submit: Callable[..., str]) -> None:
     later = submit("-N1", "--begin=now+3600")
     slurm_adapter.hold(later)

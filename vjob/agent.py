@@ -33,7 +33,7 @@ from vjob.agent_decide import Decision, Preemption, Release, decide
 from vjob.config import Config
 from vjob.errors import CommandError, StoreError, VjobError
 from vjob.metrics import AgentMetrics
-from vjob.model import ClusterView, Job, JobState, VJobState
+from vjob.model import VM, ClusterView, Job, JobState, VJobState, VMState
 from vjob.pilot_files import PilotDir, PilotState, PilotStatus, all_dirs
 from vjob.rms import RMSAdapter
 from vjob.store import jobs as store_jobs
@@ -85,6 +85,54 @@ class TickReport:
     resumed: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     cleaned: list[str] = field(default_factory=list)
+
+
+PLAN_TIME_LIMIT_S = 2.0
+"""The planner's time limit in the agent: an interactive job is waiting meanwhile."""
+
+
+class PilotPerformer:
+    """The executor's ActionPerformer for RMS-driven vjobs: a suspend is a checkpoint request
+    to the VM's pilot, answered by a save, then the job's requeue-hold. Nothing else is done
+    by the agent itself: the RMS starts jobs and their pilots boot or restore their VMs."""
+
+    def __init__(self, agent: Agent, obs: Observation, reason: str) -> None:
+        self.agent = agent
+        self.obs = obs
+        self.reason = reason
+        self.job_of = {st.vm: job_id for job_id, st in obs.pilots.items()}
+        self.done: list[str] = []
+
+    def suspend(self, vm: str, node: str) -> None:
+        job_id = self.job_of[vm]
+        pdir = self.agent._ckdir(job_id)
+        request_id = f"{vm}@{time.time():.6f}"
+        pdir.request_checkpoint(request_id, reason=self.reason, nodes=self.obs.view.job(job_id).allocated_nodes)
+        deadline = time.monotonic() + self.agent.checkpoint_timeout_s
+        while not pdir.saved_for(request_id):
+            if time.monotonic() > deadline:
+                # Too slow: withdraw the request; a pilot that saves anyway restores at once.
+                pdir.withdraw_request()
+                raise VjobError(f"job {job_id}: no checkpoint of VM {vm} on {node} within "
+                                f"{self.agent.checkpoint_timeout_s:.0f} s; request withdrawn")  # fmt: skip
+            time.sleep(0.1)
+        self.agent.finish_checkpoint(job_id)
+        self.done.append(job_id)
+
+    def _refuse(self, what: str, vm: str) -> None:
+        raise VjobError(f"{what} {vm}: the {self.agent.rms} agent only checkpoints; the RMS starts and moves jobs")
+
+    def run(self, vm: str, node: str) -> None:
+        self._refuse("run", vm)
+
+    def stop(self, vm: str, node: str) -> None:
+        self._refuse("stop", vm)
+
+    def resume(self, vm: str, node: str, source: str | None) -> None:
+        self._refuse("resume", vm)
+
+    def migrate(self, vm: str, source: str, destination: str) -> None:
+        self._refuse("migrate", vm)
 
 
 def live_view(rms: str, cfg: Config) -> ClusterView:
@@ -247,6 +295,7 @@ class Agent:
                     report.released.append(rel.job_id)
         except StoreError as exc:
             self._store_failed(exc)
+            self._recovered = False  # the journal may hold a switch cut short: look again
             report.store_ok = False
             report.errors.append(str(exc))
         self.metrics.last_tick.set(time.time())
@@ -263,9 +312,11 @@ class Agent:
             except VjobError as exc:
                 self.metrics.errors.labels(kind="tick").inc()
                 self.log.error("tick failed, retrying", error=str(exc))
+                self._recovered = False  # a switch cut short is finished or undone next tick
             except Exception:  # a daemon outlives one bad tick; the traceback is logged
                 self.metrics.errors.labels(kind="unexpected").inc()
                 self.log.exception("unexpected error in a tick, retrying")
+                self._recovered = False
             if once:
                 return
             deadline = time.monotonic() + self.cfg.agent.interval_s
@@ -295,72 +346,59 @@ class Agent:
                 self.log.warning("could not set the priority", jobs=[job_id], error=str(exc))
 
     def _preempt(self, pre: Preemption, obs: Observation) -> list[str]:
-        """One context switch: journal, ask the pilots to save, requeue-hold the saved ones."""
-        t0 = time.monotonic()
-        actions = []
-        for victim in pre.victims:
-            pilot = obs.pilots[victim]
-            actions.append(
-                {"action": "suspend", "vm_name": pilot.vm, "job_key": f"{self.rms}:{victim}", "source": pilot.node}
-            )
-        plan = {
-            "interactive": pre.job_id,
-            "nodes": list(pre.nodes),
-            "victims": list(pre.victims),
-            "checkpoint_bytes": pre.checkpoint_bytes,
-        }
-        sw = journal.begin(
-            self.store(), f"interactive job {pre.job_id} needs nodes {','.join(pre.nodes)}", plan, actions
-        )
-        self.log.info("switch planned", switch=sw.id, jobs=[pre.job_id, *pre.victims], nodes=list(pre.nodes))
-        journal.set_switch(self.store(), sw.id, "running")
-        for action in sw.actions:
-            journal.set_action(self.store(), action.id, "running")
-            victim = obs.view.job(action.rms_job_id)
-            self._ckdir(action.rms_job_id).request_checkpoint(
-                _request_id(action), reason=f"switch {sw.id}", nodes=victim.allocated_nodes
-            )
-        pending = {a.id: a for a in sw.actions}
-        done: list[str] = []
-        deadline = time.monotonic() + self.checkpoint_timeout_s
-        while pending and time.monotonic() < deadline:
-            for action in list(pending.values()):
-                if self._ckdir(action.rms_job_id).saved_for(_request_id(action)):
-                    del pending[action.id]
-                    if self._finish_checkpoint(action):
-                        done.append(action.rms_job_id)
-            if pending:
-                time.sleep(0.1)
-        for action in pending.values():
-            # Too slow: withdraw the request; a pilot that saves anyway restores at once.
-            self._ckdir(action.rms_job_id).withdraw_request()
-            journal.set_action(self.store(), action.id, "undone", f"no checkpoint within {self.checkpoint_timeout_s} s")
-            self.log.warning("checkpoint timed out, withdrawn", switch=sw.id, jobs=[action.rms_job_id])
-        journal.set_switch(self.store(), sw.id, "done" if len(done) == len(sw.actions) else "rolled_back")
-        self.metrics.switch_seconds.observe(time.monotonic() - t0)
-        self.log.info("switch finished", switch=sw.id, jobs=done, seconds=round(time.monotonic() - t0, 2))
-        return done
+        """One context switch: the planner plans the victims' suspends, the executor carries
+        the plan out (journalling each action first), each suspend done by the VM's pilot."""
+        from preemption.executor import Executor
+        from preemption.planner import instance_from_view, make_plan
 
-    def _finish_checkpoint(self, action: journal.JournalAction) -> bool:
-        """The VM is saved: requeue-hold the job, count the preemption (Pn), close the action."""
-        job_id = action.rms_job_id
+        t0 = time.monotonic()
+        view, target = self._vm_view(obs, set(pre.victims))
+        plan = make_plan(
+            instance_from_view(view, target),
+            optimizer=self.cfg.planner.optimizer,
+            time_limit_s=min(self.cfg.planner.time_limit_s, PLAN_TIME_LIMIT_S),
+        )
+        reason = f"interactive job {pre.job_id} needs nodes {','.join(pre.nodes)}"
+        self.log.info("switch planned", jobs=[pre.job_id, *pre.victims], nodes=list(pre.nodes), cost=plan.cost)
+        performer = PilotPerformer(self, obs, reason)
+        report = Executor(performer, self.store(), job_key=lambda a: f"{self.rms}:{a.vjob}").execute(
+            plan, reason=reason
+        )
+        self.metrics.switch_seconds.observe(time.monotonic() - t0)
+        self.log.info("switch finished", switch=report.switch_id, summary=report.summary(), jobs=performer.done)
+        return performer.done
+
+    def _vm_view(self, obs: Observation, victims: set[str]) -> tuple[ClusterView, dict[str, VJobState]]:
+        """The view with the vjobs' VMs (from their pilots) and the target of the switch:
+        the victims sleeping, every other vjob as it is."""
+        known = {j.id for j in obs.view.jobs}
+        nodes = {n.name for n in obs.view.nodes}
+        vms, target = [], {}
+        for job_id, st in obs.pilots.items():
+            saved = st.state is PilotState.SAVED and st.memory_saved
+            if job_id not in known or st.node not in nodes or not (saved or st.state is PilotState.RUNNING):
+                continue
+            state = VMState.SAVED if saved else VMState.RUNNING
+            vms.append(VM(st.vm, job_id, st.image or "-", 1, max(1, st.memory_mb), st.node, state))
+            target[job_id] = VJobState.SLEEPING if saved or job_id in victims else VJobState.RUNNING
+        return replace(obs.view, vms=tuple(vms)), target
+
+    def finish_checkpoint(self, job_id: str) -> None:
+        """The job's VM is saved: requeue-hold it and count the preemption (Pn), once."""
         try:
             self.adapter.requeue_hold(job_id)
-        except CommandError as exc:
+        except CommandError:
             # The pilot resumes its VM by itself when no requeue follows (vjob.pilot).
-            journal.set_action(self.store(), action.id, "failed", str(exc))
             self.metrics.errors.labels(kind="rms").inc()
-            self.log.error("requeue-hold failed; the pilot will resume its VM", jobs=[job_id], error=str(exc))
-            return False
+            self.log.error("requeue-hold failed; the pilot will resume its VM", jobs=[job_id])
+            raise
         store_jobs.record_preemption(self.store(), self.rms, job_id)
-        journal.set_action(self.store(), action.id, "done")
         st = self._ckdir(job_id).read_state()
         self.metrics.preemptions.inc()
         if st is not None:
             self.metrics.checkpoint_seconds.observe(st.save_seconds)
             self.metrics.checkpoint_bytes.observe(st.save_bytes)
         self.log.info("checkpointed and requeue-held", jobs=[job_id])
-        return True
 
     def _release(self, rel: Release) -> bool:
         try:
@@ -470,18 +508,27 @@ class Agent:
                     all_done = all_done and action.state == "done"
                     continue
                 job_id = action.rms_job_id
-                ck = self._ckdir(job_id)
+                pdir = self._ckdir(job_id)
+                st = pdir.read_state()
+                saved = action.state == "running" and st is not None and st.state is PilotState.SAVED
+                saved = saved and bool(st.request_id) and st.memory_saved
                 state = states.get(job_id)
-                saved = ck.saved_for(_request_id(action))
-                if saved and state is JobState.RUNNING:
-                    all_done = self._finish_checkpoint(action) and all_done
-                elif saved or (state in (JobState.PENDING, JobState.HELD) and _memory_saved(ck)):
-                    store_jobs.record_preemption(store, self.rms, job_id)
-                    journal.set_action(store, action.id, "done")
-                else:
-                    ck.withdraw_request()
-                    journal.set_action(store, action.id, "undone", "agent restarted before the checkpoint")
+                try:
+                    if saved and state is JobState.RUNNING:
+                        self.finish_checkpoint(job_id)
+                        journal.set_action(store, action.id, "done")
+                        continue
+                    if saved and state in (JobState.PENDING, JobState.HELD):
+                        store_jobs.record_preemption(store, self.rms, job_id)
+                        journal.set_action(store, action.id, "done")
+                        continue
+                except CommandError as exc:
+                    journal.set_action(store, action.id, "failed", str(exc))
                     all_done = False
+                    continue
+                pdir.withdraw_request()
+                journal.set_action(store, action.id, "undone", "agent restarted before the checkpoint")
+                all_done = False
             journal.set_switch(store, sw.id, "done" if all_done else "rolled_back")
             self.log.info("recovered switch", switch=sw.id, outcome="done" if all_done else "rolled_back")
             handled.append(sw.id)
@@ -503,10 +550,6 @@ def _records(store: Store, rms: str, job_ids: list[str], chunk: int = 2000) -> d
     return out
 
 
-def _request_id(action: journal.JournalAction) -> str:
-    return f"switch-{action.switch_id}-action-{action.id}"
-
-
 def _vjob_state(job: Job, pilot: PilotStatus, sleeping: bool) -> VJobState:
     if sleeping:
         return VJobState.SLEEPING
@@ -515,11 +558,6 @@ def _vjob_state(job: Job, pilot: PilotStatus, sleeping: bool) -> VJobState:
     if pilot.state is PilotState.FINISHED:
         return VJobState.TERMINATED
     return VJobState.WAITING
-
-
-def _memory_saved(pdir: PilotDir) -> bool:
-    st = pdir.read_state()
-    return st is not None and st.memory_saved
 
 
 def _mtime(path: Path) -> float:

@@ -1,9 +1,10 @@
-"""The agent's journal: every context switch and each of its actions, written before acting.
+"""Reading and closing the journal of context switches (the `switches` and `actions` tables).
 
-Why a journal in the state store: the agent may be killed (kill -9, a node reboot) between
-asking a pilot to checkpoint and requeue-holding the job. Whatever it was doing is then in
-the `switches` and `actions` tables, and a restarted agent finishes or undoes it from there
-(`vjob.agent.Agent.recover`) instead of leaving a VM on disk behind a "running" job.
+Why: the agent may be killed (kill -9, a node reboot) between asking a pilot to checkpoint and
+requeue-holding the job. The executor (preemption.executor) journals every switch and action
+before acting; a restarted agent reads the open ones here and finishes or undoes them
+(`vjob.agent.Agent.recover`) instead of leaving a VM on disk behind a "running" job, and
+`vjob status` shows the recent ones.
 
 States: a switch is planned → running → done | rolled_back | failed; an action is
 planned → running → done | undone | failed. The `job_key` of an action is "<rms>:<job id>".
@@ -48,32 +49,6 @@ class JournalSwitch:
     state: str
     plan: dict[str, Any]
     actions: tuple[JournalAction, ...]
-
-
-def begin(store: Store, reason: str, plan: dict[str, Any], actions: list[dict[str, Any]]) -> JournalSwitch:
-    """Record a switch and its actions as planned, in one transaction; nothing has run yet."""
-    t = now()
-    with store.session() as s:
-        sw = SwitchRecord(
-            reason=reason, state="planned", plan_json=json.dumps(plan, sort_keys=True), created_at=t, updated_at=t
-        )
-        s.add(sw)
-        s.flush()
-        for a in actions:
-            s.add(
-                ActionRecord(
-                    switch_id=sw.id,
-                    pool=int(a.get("pool", 0)),
-                    action=a["action"],
-                    vm_name=a["vm_name"],
-                    job_key=a["job_key"],
-                    source=a.get("source"),
-                    destination=a.get("destination"),
-                    state="planned",
-                )
-            )
-        switch_id = sw.id
-    return load(store, switch_id)
 
 
 def load(store: Store, switch_id: int) -> JournalSwitch:

@@ -192,8 +192,11 @@ class PbsConfig(Section):
 
 class SiteConfig(Section):
     name: str
+    """The site's name (its master allocates identities under it)."""
     oar_api_url: str = ""
+    """Base URL of the site's OAR REST API; empty: use the OAR commands."""
     oar_bin_dir: str = ""
+    """Directory of the site's oarsub, oarstat...; empty means search PATH."""
     repository: str = ""
     """Directory (or host:path) of the site's snapshot repository."""
     oar_properties: str = ""
@@ -202,17 +205,22 @@ class SiteConfig(Section):
 
 class SalineConfig(Section):
     snapshot_period_s: float = Field(600.0, gt=0)
+    """Seconds between two periodic snapshots of a best-effort vjob (at most this much work is lost)."""
     checkpoint_signal: int = Field(12, ge=1, le=64)
+    """The signal OAR sends before a best-effort kill (oarsub --signal; 12 is SIGUSR2)."""
     checkpoint_delay_s: int = Field(60, ge=0)
     """oarsub --checkpoint: OAR signals this long before a best-effort kill; 0: no signal."""
     mac_prefix: str = "52:54:00"
+    """Three octets; a VM's MAC is prefix + subnetID (2 octets) + vmID (1 octet)."""
     network: str = "10.0.0.0/8"
+    """Base network (a /8 or larger); a VM's IP is base + subnetID·256 + vmID (10.hi.lo.vm)."""
     sites: list[SiteConfig] = []
     poll_interval_s: float = Field(2.0, gt=0, le=600)
     """How often the manager looks at OAR and at each vjob's VMs."""
     requeue_after_s: float = Field(30.0, gt=0)
     """A resubmitted vjob still waiting after this long moves to a site with free resources."""
     default_walltime: str = "2:00:00"
+    """Walltime of a best-effort submission that names none (OAR's h:mm:ss)."""
 
     @field_validator("mac_prefix")
     @classmethod

@@ -143,6 +143,14 @@ class SlurmAdapter:
     def resume(self, job_id: str) -> None:
         self._scontrol("resume", job_id)
 
+    def require_nodes(self, job_id: str, nodes: Sequence[str]) -> None:
+        """Pin a held job to `nodes` before its release: its VMs' saved state is there, so the
+        resume is local (no copy). The agent calls this only for nodes it saw free."""
+        bad = [n for n in nodes if not _NODE_NAME.fullmatch(n)]
+        if not nodes or bad:
+            raise InputError(f"ReqNodeList for job {job_id}: {bad or list(nodes)!r} are not Slurm node names")
+        self._update(job_id, f"ReqNodeList={','.join(nodes)}")
+
     def start_now(self, job_id: str) -> None:
         """Let a requeued job start at once instead of after cred_expire+1 seconds."""
         self._update(job_id, "StartTime=now")
@@ -166,6 +174,9 @@ class SlurmAdapter:
     def _update(self, job_id: str, setting: str) -> None:
         check_job_id(job_id)
         self.cmd.run("scontrol", ["update", f"JobId={job_id}", setting], job=job_id)
+
+
+_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 def _load(out: str, what: str) -> dict[str, Any]:

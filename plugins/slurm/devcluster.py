@@ -199,6 +199,9 @@ class DevCluster:
             "[agent]\n"
             'rms = "slurm"\n'
             "interval_s = 5.0\n\n"
+            "[priority]\n"
+            "# 8 nodes: the default 15 % would let interactive jobs hold one node only\n"
+            "interactive_cap = 0.5\n\n"
             "[slurm]\n"
             f'conf = "{self.conf}"\n'
             f'image_list = "{self.image_list}"\n'

@@ -54,13 +54,36 @@ def postgres_server() -> Iterator[str]:
     os.chmod(base, 0o755)
     data = base / "data"
     password = uuid.uuid4().hex
-    _run("pg_createcluster", VERSION, name, "-p", str(port), "-d", str(data), "--",
-         "--auth-local=trust", "--auth-host=scram-sha-256", "-E", "UTF8")
+    _run(
+        "pg_createcluster",
+        VERSION,
+        name,
+        "-p",
+        str(port),
+        "-d",
+        str(data),
+        "--",
+        "--auth-local=trust",
+        "--auth-host=scram-sha-256",
+        "-E",
+        "UTF8",
+    )
     try:
         _run("pg_ctlcluster", VERSION, name, "start")
         wait_for(lambda: _ready(port), 60, f"PostgreSQL on port {port}")
-        _run("runuser", "-u", "postgres", "--", "psql", "-p", str(port), "-h", "/var/run/postgresql",
-             "-c", f"ALTER USER postgres PASSWORD '{password}'")
+        _run(
+            "runuser",
+            "-u",
+            "postgres",
+            "--",
+            "psql",
+            "-p",
+            str(port),
+            "-h",
+            "/var/run/postgresql",
+            "-c",
+            f"ALTER USER postgres PASSWORD '{password}'",
+        )
         yield f"postgresql+psycopg://postgres:{password}@127.0.0.1:{port}/postgres"
     finally:
         pidfile = data / "postmaster.pid"

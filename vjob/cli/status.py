@@ -60,7 +60,7 @@ def collect(cfg: Any, rms: str, switches: int = 10) -> dict[str, Any]:
                         "id": sw.id,
                         "state": sw.state,
                         "reason": sw.reason,
-                        "interactive": sw.plan.get("interactive"),
+                        "cost": sw.plan.get("cost"),
                         "actions": [
                             {
                                 "job": a.rms_job_id,
@@ -125,13 +125,13 @@ def _status(args: argparse.Namespace) -> int:
         )  # fmt: skip
     console.print(vt)
     st = Table(title="recent context switches")
-    for col in ("switch", "state", "interactive job", "victims", "when"):
+    for col in ("switch", "state", "why", "victims", "when"):
         st.add_column(col)
     for sw in data["switches"]:
         victims = ", ".join(f"{a['job']}@{a['node']}:{a['state']}" for a in sw["actions"])
         started = [a["started_at"] for a in sw["actions"] if a["started_at"]]
         when = time.strftime("%H:%M:%S", time.localtime(min(started))) if started else "-"
-        st.add_row(str(sw["id"]), sw["state"], str(sw["interactive"] or "-"), victims, when)
+        st.add_row(str(sw["id"]), sw["state"], sw["reason"], victims, when)
     console.print(st)
     for err in data["errors"]:
         console.print(f"[yellow]warning:[/] {err}")

@@ -241,9 +241,7 @@ class SalineJobRecord(Base):
 
     __tablename__ = "saline_jobs"
     __table_args__ = (
-        CheckConstraint(
-            "phase IN ('submitted','running','killed','done','failed','cancelled')", name="phase"
-        ),
+        CheckConstraint("phase IN ('submitted','running','killed','done','failed','cancelled')", name="phase"),
     )
 
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
