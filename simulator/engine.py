@@ -32,6 +32,8 @@ from preemption.scheduling.policies import blocks_behind_interactive, check_poli
 from preemption.scheduling.victims import Candidate, choose_victims
 from simulator.workload import Workload
 from ubis_priority import ClusterArrays, JobArrays, compute_arrays
+from ubis_priority.kernel import priority_trusted
+from ubis_priority.terms import weight_vector
 from vjob.config import PriorityConfig
 from vjob.errors import InputError
 
@@ -106,6 +108,8 @@ class Simulation:
         self.blocking = blocks_behind_interactive(policy)
         self.model = model
         self.prio_cfg = priority or PriorityConfig()
+        self.weights = np.asarray(weight_vector(self.prio_cfg.weights), dtype=np.float64)
+        self.preempts = preempts(policy)
         self.progress = progress
         w = workload.sorted_by_submit()
         if len(w) and int(w.nodes.max()) > model.nodes:
@@ -156,9 +160,19 @@ class Simulation:
         self.node_os = np.arange(model.nodes, dtype=np.int64) % model.os_count
         self.owner = np.full(model.nodes, FREE, dtype=np.int64)
         self.free = model.nodes
-        self.queue: list[int] = []
+        self.qa = np.empty(0, dtype=np.int64)
+        """Queued jobs in queue order, as of the last pass; `arrived` holds those queued since."""
+        self.arrived: list[int] = []
+        self.suspended = 0
+        """Queued jobs whose preemption is still open (their Pt grows with `now`)."""
+        # scratch arrays, so a pass allocates nothing of the workload's size
+        self._mark = np.zeros(n + 2, dtype=bool)
+        self._rank = np.zeros(n, dtype=np.int64)
+        self._zeros_i = np.zeros(n, dtype=np.int64)
+        self._zeros_b = np.zeros(n, dtype=bool)
         self.queued_sizes: dict[int, int] = {}
-        self.queued_interactive = 0
+        self.queued_interactive: dict[int, int] = {}
+        """Sizes of the queued interactive jobs (size -> count), for `_may_start`."""
         self.batch_running_nodes = 0
         self.held_interactive = 0
         self.cap_nodes = self.prio_cfg.interactive_cap * model.nodes
@@ -213,7 +227,7 @@ class Simulation:
                 self._enqueue(j)
                 if self.need[j] <= self.free or (self.inter[j] and preempts(self.policy)):
                     dirty = True
-            if dirty and self.queue and self._may_start():
+            if dirty and self.queued_sizes and self._may_start():
                 res.passes += 1
                 self._schedule(now)
         if self.progress:
@@ -226,10 +240,11 @@ class Simulation:
         return res
 
     def _enqueue(self, j: int) -> None:
-        self.queue.append(j)
+        self.arrived.append(j)
         n = self.need[j]
         self.queued_sizes[n] = self.queued_sizes.get(n, 0) + 1
-        self.queued_interactive += self.inter[j]
+        if self.inter[j]:
+            self.queued_interactive[n] = self.queued_interactive.get(n, 0) + 1
 
     def _dequeued(self, j: int) -> None:
         n = self.need[j]
@@ -238,18 +253,24 @@ class Simulation:
             self.queued_sizes[n] = left
         else:
             del self.queued_sizes[n]
-        self.queued_interactive -= self.inter[j]
+        if self.inter[j]:
+            left = self.queued_interactive[n] - 1
+            if left:
+                self.queued_interactive[n] = left
+            else:
+                del self.queued_interactive[n]
 
     def _may_start(self) -> bool:
-        """Whether a pass could start anything: some queued job fits the free nodes, or an
-        interactive job could get its nodes by preemption. A pass that cannot start anything
+        """Whether a pass could start anything: some queued job fits the free nodes, or a
+        queued interactive job within the cap could get its nodes by preemption (it fits in
+        the free nodes plus those of running batch jobs). A pass that cannot start anything
         changes nothing, so it is skipped (this is what makes long replays fast)."""
         if self.free >= min(self.queued_sizes):
             return True
-        if not (self.queued_interactive and preempts(self.policy)):
+        if not (self.preempts and self.queued_interactive):
             return False
-        room = self.cap_nodes - self.held_interactive
-        return room >= 1 and self.free + self.batch_running_nodes >= min(self.queued_sizes)
+        limit = min(self.cap_nodes - self.held_interactive, self.free + self.batch_running_nodes)
+        return any(size <= limit for size in self.queued_interactive)
 
     def _push(self, t: float, kind: int, j: int, tok: int = 0) -> None:
         self.seq += 1
@@ -257,7 +278,10 @@ class Simulation:
 
     # -- one scheduling pass ----------------------------------------------------------------
     def _schedule(self, now: float) -> None:
-        order = self._order(now)
+        if self.arrived:
+            self.qa = np.concatenate([self.qa, np.array(self.arrived, dtype=np.int64)])
+            self.arrived = []
+        order = self._order(self.qa, now)
         head = -1
         head_at = 0
         head_priv = False
@@ -284,14 +308,15 @@ class Simulation:
                 self._start(j, now, self.inter[j] and self.held_interactive + self.need[j] <= self.cap_nodes)
                 started.append(j)
         if started:
-            gone = set(started)
-            self.queue = [j for j in self.queue if j not in gone]
+            mark = self._mark[2:]
+            mark[started] = True
+            self.qa = self.qa[~mark[self.qa]]
+            mark[started] = False
             for j in started:
                 self._dequeued(j)
 
-    def _order(self, now: float) -> np.ndarray:
-        """The queue in the policy's order (job indices)."""
-        qa = np.fromiter(self.queue, dtype=np.int64, count=len(self.queue))
+    def _order(self, qa: np.ndarray, now: float) -> np.ndarray:
+        """The queue `qa` in the policy's order (job indices)."""
         if self.policy == "fcfs-easy" or qa.shape[0] == 1:
             return qa
         if self.policy in ("mms", "mms-block"):
@@ -299,37 +324,43 @@ class Simulation:
             if not priv.any():
                 return qa
             return qa[mms_order(self.submit_a[qa], priv)]
-        terms = compute_arrays(self._job_arrays(qa, now), self._cluster_arrays(now, 0, None), self.prio_cfg)
-        return qa[ubis_order(terms.priority, self.submit_a[qa])]
+        prio = priority_trusted(self._job_arrays(qa, now), self._cluster_arrays(now, 0, None), self.prio_cfg, self.weights)
+        return qa[ubis_order(prio, self.submit_a[qa])]
 
     def _job_arrays(self, qa: np.ndarray, now: float, *, as_batch: bool = False) -> JobArrays:
-        since = self.since_a[qa]
-        pt = self.pt_a[qa] + np.where(np.isnan(since), 0.0, now - since)
-        zeros = np.zeros(qa.shape[0], dtype=np.int64)
+        if self.suspended:
+            since = self.since_a[qa]
+            pt = self.pt_a[qa] + np.where(np.isnan(since), 0.0, now - since)
+        else:  # no open preemption: adding 0.0 would change no bit
+            pt = self.pt_a[qa]
+        count = qa.shape[0]
         return JobArrays(
             submit_time=self.submit_a[qa],
             nodes=self.need_a[qa],
             os_index=self.os_a[qa],
             preempt_count=self.pc_a[qa],
             preempted_s=pt,
-            interactive=np.zeros(qa.shape[0], dtype=bool) if as_batch else self.inter_a[qa],
+            interactive=self._zeros_b[:count] if as_batch else self.inter_a[qa],
             share_index=self.share[qa],
-            user_index=zeros,
+            user_index=self._zeros_i[:count],
         )
 
-    def _cluster_arrays(self, now: float, extra_free: int, extra_by_os: list[int] | None) -> ClusterArrays:
+    def _decay(self, now: float) -> None:
         if now > self.usage_t:
             self.usage *= 0.5 ** ((now - self.usage_t) / self.prio_cfg.usage_half_life_s)
             self.usage_t = now
+
+    def _cluster_arrays(self, now: float, extra_free: int, extra_by_os: np.ndarray | None) -> ClusterArrays:
+        self._decay(now)
         total = float(self.usage.sum())
-        by_os = np.bincount(self.node_os[self.owner == FREE], minlength=self.model.os_count).tolist()
+        by_os = np.bincount(self.node_os[self.owner == FREE], minlength=self.model.os_count)
         if extra_by_os is not None:
-            by_os = [a + b for a, b in zip(by_os, extra_by_os, strict=True)]
+            by_os += extra_by_os
         return ClusterArrays(
             now=now,
             total_nodes=self.model.nodes,
             free_nodes=self.free + extra_free,
-            free_by_os=np.array(by_os, dtype=np.int64),
+            free_by_os=by_os,
             target=self.target,
             usage=self.usage / total if total > 0 else np.zeros_like(self.usage),
             interactive_held=self.held_interactive,
@@ -380,6 +411,7 @@ class Simulation:
         if not math.isnan(since):
             self.pt_a[j] += alloc - since
             self.since_a[j] = math.nan
+            self.suspended -= 1
         run_start = alloc + overhead
         if math.isnan(self.first_start[j]):
             self.first_start[j] = alloc
@@ -426,12 +458,17 @@ class Simulation:
         if sum(self.need[v] for v in cands) < want:
             return False
         image = self.os[j]
-        held = self.owner >= 0
-        holder = self.owner[held]
-        on_image = np.bincount(holder, weights=self.node_os[held] == image, minlength=len(self.need))
         va = np.array(cands, dtype=np.int64)
-        victim_nodes = np.isin(self.owner, va)
-        extra_by_os = np.bincount(self.node_os[victim_nodes], minlength=self.model.os_count).tolist()
+        mark = self._mark[2:]  # mark[-2], mark[-1] (CHECKPOINTING, FREE) stay False
+        mark[va] = True
+        victim_nodes = self._mark[self.owner + 2]
+        mark[va] = False
+        self._rank[va] = np.arange(va.shape[0])
+        victim_os = self.node_os[victim_nodes]
+        on_image = np.bincount(
+            self._rank[self.owner[victim_nodes]], weights=victim_os == image, minlength=va.shape[0]
+        ).tolist()
+        extra_by_os = np.bincount(victim_os, minlength=self.model.os_count)
         prio = compute_arrays(
             self._job_arrays(va, now, as_batch=True),
             self._cluster_arrays(now, int(self.need_a[va].sum()), extra_by_os),
@@ -440,7 +477,7 @@ class Simulation:
         chosen = choose_victims(
             want,
             (
-                Candidate(str(v), float(prio[k]), self.need[v], int(on_image[v]), self.mem_bytes[v])
+                Candidate(str(v), float(prio[k]), self.need[v], int(on_image[k]), self.mem_bytes[v])
                 for k, v in enumerate(cands)
             ),
         )
@@ -490,6 +527,7 @@ class Simulation:
         self.overhead[v] += ckpt
         self.pc_a[v] += 1
         self.since_a[v] = now
+        self.suspended += 1
         self.prev_nodes[v] = nodes
         self.owner[nodes] = CHECKPOINTING
         self.result.preemptions += 1

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from vjob.agent_decide import decide, running_priorities
+from preemption.scheduling.victims import running_priorities
+from vjob.agent_decide import decide
 from vjob.config import Config, parse
 from vjob.model import ClusterView, Job, JobClass, JobState, Node
 
@@ -45,7 +46,7 @@ def test_victims_are_the_lowest_priority_vjobs():
     # Job 1 was already preempted three times: Pn raises its priority, so it is spared.
     batch = [_batch("1", "node1", pn=3), _batch("2", "node2"), _batch("3", "node3", submit=NOW - 60)]
     view = ClusterView(now=NOW, jobs=(*batch, _interactive("100", 1)), nodes=_nodes(3))
-    prios = running_priorities(view, _cfg(1.0))
+    prios = running_priorities(view, _cfg(1.0).priority)
     d = decide(view, _cfg(1.0), rms="slurm", checkpointable={"1", "2", "3"}, sleeping={})
     (pre,) = d.preemptions
     assert pre.victims == (min(prios, key=lambda k: prios[k]),)

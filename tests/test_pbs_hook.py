@@ -201,7 +201,9 @@ def test_other_events_are_accepted_untouched(hook: Hook) -> None:
 
 
 def test_the_shipped_hook_configuration(hook: Hook) -> None:
-    """deploy/pbs/vjob_hook.json is what operators import: it must load and leave suspend alone."""
+    """deploy/pbs/vjob_hook.json is what operators import: it must load, tag, and never call the
+    stand-in pilot (its commands name the real `vjob vm save|restore`, tested on a real VM in
+    tests/test_pbs_hook_realvm.py)."""
     shipped = json.loads((HOOK.parents[2] / "deploy" / "pbs" / "vjob_hook.json").read_text())
     shipped["state_dir"] = str(hook.dir / "state")
     result = hook.run("QUEUEJOB", _job(Variable_List={"VJOB_OS": "debian-tiny"}), config_text=json.dumps(shipped))

@@ -14,6 +14,7 @@ from plugins.slurm.commands import SlurmCommands
 from plugins.slurm.devcluster import DevCluster, Settings
 from plugins.slurm.images import read_image_list
 from tests.services import wait_for
+from vjob.agent import REQUEUE_RESTART_MARGIN_S
 from vjob.errors import CommandError, InputError, UsageError
 from vjob.model import JobClass, JobState, NodeState
 
@@ -103,6 +104,9 @@ def test_requeue_hold_then_release_restarts_the_job(slurm_adapter: SlurmAdapter,
     slurm_adapter.requeue_hold(job)
     _wait_state(slurm_adapter, job, JobState.HELD)
     assert slurm_adapter.job_fields(job)["Restarts"] == "1"
+    # A restart within the second of the requeue is killed by Slurm ("Job credential revoked"):
+    # the agent waits REQUEUE_RESTART_MARGIN_S before forcing one; so does this test.
+    time.sleep(REQUEUE_RESTART_MARGIN_S)
     slurm_adapter.release(job)
 
     def restarted() -> bool:

@@ -13,12 +13,14 @@ Failure stance — the agent must never stop the RMS from working:
 * a failing RMS command is logged with the job it concerns and retried next tick;
 * a pilot that saved its VM but was never requeued restores it by itself (vjob.pilot).
 
-A tick starts every `interval_s`, or at once when the wake file (`<data_dir>/agent.wake`,
-touched by anything that knows an interactive job just arrived) changes.
+A tick starts every `interval_s`, or at once when one of the wake files changes (`wake_files`):
+`<data_dir>/agent.wake`, for anything that knows an interactive job just arrived, and on Slurm
+`vjob-agent.wake` next to slurm.conf, which job_submit.lua rewrites when it accepts one.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -46,8 +48,28 @@ def pilot_root(cfg: Config) -> Path:
     return Path(cfg.agent.pilot_dir) if cfg.agent.pilot_dir else cfg.data_path / "pilots"
 
 
+SLURM_WAKE_NAME = "vjob-agent.wake"
+"""The file job_submit.lua rewrites beside itself (so beside slurm.conf) on an interactive job."""
+SLURM_DEFAULT_CONF = "/etc/slurm/slurm.conf"
+"""Where Debian's Slurm looks for slurm.conf when neither [slurm] conf nor $SLURM_CONF says."""
+
+
 def wake_file(cfg: Config) -> Path:
+    """The RMS-neutral wake file: touching it makes the agent tick at once."""
     return cfg.data_path / "agent.wake"
+
+
+def slurm_wake_file(conf: str | os.PathLike[str] = "") -> Path:
+    """The wake file job_submit.lua writes: it only knows its own directory, which is the one
+    slurmctld loads it from, slurm.conf's. `conf` empty: the slurm.conf the commands would use."""
+    return Path(conf or os.environ.get("SLURM_CONF") or SLURM_DEFAULT_CONF).parent / SLURM_WAKE_NAME
+
+
+def wake_files(cfg: Config, rms: str) -> tuple[Path, ...]:
+    """Every file whose change wakes the agent of `rms` before its next tick."""
+    if rms == "slurm":
+        return wake_file(cfg), slurm_wake_file(cfg.slurm.conf)
+    return (wake_file(cfg),)
 
 
 def make_adapter(rms: str, cfg: Config) -> RMSAdapter:
@@ -60,6 +82,10 @@ def make_adapter(rms: str, cfg: Config) -> RMSAdapter:
         raise VjobError(f"--rms {rms!r}: must be one of {', '.join(sorted(RMS_PACKAGES))}")
     module = importlib.import_module(RMS_PACKAGES[rms])
     return module.make_adapter(cfg)
+
+
+REQUEUE_RESTART_MARGIN_S = 3.0
+"""Seconds after a requeue before the agent forces a restart (see _requeued_long_enough_ago)."""
 
 
 @dataclass
@@ -302,10 +328,15 @@ class Agent:
         return report
 
     def run(self, stop: threading.Event | None = None, *, once: bool = False) -> None:
-        """Tick until `stop` is set; between ticks wake early when the wake file changes."""
+        """Tick until `stop` is set; between ticks wake early when a wake file changes.
+
+        The files' times are taken before the first tick, so a change during a tick starts
+        the next one at once: no submission is missed. Polled twice a second: a stat is cheap
+        and works on any filesystem, where inotify would not see a change made on another host.
+        """
         stop = stop or threading.Event()
-        wake = wake_file(self.cfg)
-        last_mtime = _mtime(wake)
+        wakes = wake_files(self.cfg, self.rms)
+        last_mtimes = _mtimes(wakes)
         while True:
             try:
                 self.tick()
@@ -321,9 +352,11 @@ class Agent:
                 return
             deadline = time.monotonic() + self.cfg.agent.interval_s
             while time.monotonic() < deadline and not stop.is_set():
-                mtime = _mtime(wake)
-                if mtime != last_mtime:
-                    last_mtime = mtime
+                mtimes = _mtimes(wakes)
+                if mtimes != last_mtimes:
+                    changed = [str(p) for p, old, new in zip(wakes, last_mtimes, mtimes, strict=True) if old != new]
+                    last_mtimes = mtimes
+                    self.log.info("woken before the next tick", files=changed)
                     break
                 stop.wait(min(0.5, max(0.0, deadline - time.monotonic())))
             if stop.is_set():
@@ -400,6 +433,16 @@ class Agent:
             self.metrics.checkpoint_bytes.observe(st.save_bytes)
         self.log.info("checkpointed and requeue-held", jobs=[job_id])
 
+    def _requeued_long_enough_ago(self, job_id: str) -> bool:
+        """Whether forcing the start of a requeued job is safe. Slurm revokes the old run's
+        credential with a one-second timestamp: a restart within the same second (on the same
+        node, exactly what a local resume does) is killed as "non-startable: Job credential
+        revoked" and the job ends. Slurm's own cred_expire delay avoids that; the agent only
+        shortens it once a safe margin has passed since the checkpoint."""
+        record = store_jobs.get(self.store(), self.rms, job_id)
+        since = record.preempted_since if record is not None else None
+        return since is None or time.time() - since >= REQUEUE_RESTART_MARGIN_S
+
     def _release(self, rel: Release) -> bool:
         try:
             require = getattr(self.adapter, "require_nodes", None)
@@ -407,8 +450,8 @@ class Agent:
                 require(rel.job_id, rel.preferred_nodes)  # a local resume: no state to copy
             self.adapter.release(rel.job_id)
             start_now = getattr(self.adapter, "start_now", None)
-            if start_now is not None:  # Slurm: skip the cred_expire delay after a requeue
-                start_now(rel.job_id)
+            if start_now is not None and self._requeued_long_enough_ago(rel.job_id):
+                start_now(rel.job_id)  # Slurm: skip the cred_expire delay after a requeue
         except CommandError as exc:
             self.metrics.errors.labels(kind="rms").inc()
             self.log.warning("release failed, retrying next tick", jobs=[rel.job_id], error=str(exc))
@@ -560,11 +603,25 @@ def _vjob_state(job: Job, pilot: PilotStatus, sleeping: bool) -> VJobState:
     return VJobState.WAITING
 
 
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except FileNotFoundError:
-        return 0.0
+def _mtimes(paths: tuple[Path, ...]) -> tuple[int, ...]:
+    """Modification times in ns; 0 for a file that is missing or cannot be looked at."""
+    out = []
+    for path in paths:
+        try:
+            out.append(path.stat().st_mtime_ns)
+        except OSError:
+            out.append(0)
+    return tuple(out)
 
 
-__all__ = ["Agent", "Observation", "TickReport", "live_view", "make_adapter", "pilot_root", "wake_file"]
+__all__ = [
+    "Agent",
+    "Observation",
+    "TickReport",
+    "live_view",
+    "make_adapter",
+    "pilot_root",
+    "slurm_wake_file",
+    "wake_file",
+    "wake_files",
+]

@@ -69,22 +69,6 @@ def rms_integer(rms: str, values: list[float], max_priority: float, cfg: Config)
     return [int(v) for v in slurm_site_factor(arr, max_priority, cfg.slurm.site_factor_max)]
 
 
-def running_priorities(view: ClusterView, cfg: Config) -> dict[str, float]:
-    """The priority each running batch job would have if it were queued again now."""
-    from ubis_priority import compute
-
-    running_batch = {j.id for j in view.running if not j.interactive}
-    if not running_batch:
-        return {}
-    requeued = tuple(
-        replace(j, state=JobState.PENDING, start_time=None) if j.id in running_batch else j
-        for j in view.jobs
-        if j.id in running_batch or j.state is JobState.RUNNING
-    )
-    prios = compute(replace(view, jobs=requeued), cfg.priority).as_dict()
-    return {k: v for k, v in prios.items() if k in running_batch}
-
-
 def decide(
     view: ClusterView,
     cfg: Config,
@@ -98,7 +82,7 @@ def decide(
     `checkpointable`: ids of running vjobs whose VM runs (the pilot's state file says so).
     `sleeping`: ids of the jobs vjob checkpointed and holds, with the nodes they were saved on.
     """
-    from preemption.scheduling.victims import select_victims
+    from preemption.scheduling.victims import running_priorities, select_victims
     from ubis_priority import compute
 
     prios = compute(view, cfg.priority)
@@ -106,6 +90,7 @@ def decide(
     ints = rms_integer(rms, [float(v) for v in prios.values], prios.terms.max_priority, cfg) if len(prios) else []
     rms_prio = dict(zip(prios.job_ids, ints, strict=True))
 
+    keep = set(checkpointable)
     interactive = sorted(
         (j for j in view.pending if j.interactive and j.state is JobState.PENDING),
         key=lambda j: (-pending_prio.get(j.id, 0.0), j.submit_time, j.id),
@@ -120,13 +105,14 @@ def decide(
             current = _place(current, job, tuple(n.name for n in current.free_nodes()[: job.nodes]), ())
             continue
         if victim_prio is None:
-            victim_prio = running_priorities(view, cfg)
+            victim_prio = running_priorities(view, cfg.priority)
         choice = select_victims(
-            _only_checkpointable(current, checkpointable),
+            current,
             job,
             victim_prio,
             interactive_cap=cfg.priority.interactive_cap,
             preemptible=(JobClass.BATCH,),
+            exclude=[j.id for j in current.running if j.id not in keep],
         )
         if choice is None or not choice.victims:
             waiting.append(job.id)
@@ -154,19 +140,6 @@ def decide(
         releases=tuple(releases),
         waiting_interactive=tuple(waiting),
     )
-
-
-def _only_checkpointable(view: ClusterView, checkpointable: Collection[str]) -> ClusterView:
-    """The view with every running batch job that is not a checkpointable vjob shown as
-    best-effort, which the victim choice (asked for batch victims only) then leaves alone."""
-    keep = set(checkpointable)
-    jobs = tuple(
-        replace(j, job_class=JobClass.BESTEFFORT)
-        if j.state is JobState.RUNNING and j.job_class is JobClass.BATCH and j.id not in keep
-        else j
-        for j in view.jobs
-    )
-    return replace(view, jobs=jobs)
 
 
 def _place(view: ClusterView, job: Job, nodes: tuple[str, ...], victims: tuple[str, ...]) -> ClusterView:

@@ -18,8 +18,11 @@ One hook script, four events (install: deploy/pbs/README.md):
   because resuming the job's processes without their VM would run nothing while holding the
   nodes. A job without the marker resumes exactly as PBS would resume it.
 
-Both commands are empty (off) by default: they name the pilot's one-shot checkpoint and
-restore modes (deploy/pbs/vjob_hook.json has the documented command lines).
+The commands are argument lists; `{job_id}` becomes the checked job id and `{node}` this
+MoM's node name. deploy/pbs/vjob_hook.json ships `vjob vm save|restore vjob-pbs-{job_id}
+--node {node}`: the job's VM (named by the pilot `vjob run --rms pbs`) is run by libvirtd, not
+by the job's processes, so it keeps running under a PBS suspend unless it is saved. Empty
+commands switch this off (PBS then suspends in memory).
 
 Fail open: any error inside the hook itself (a bug, an unreadable configuration) is logged
 to the PBS log and the event is accepted, so vjob can never stop PBS from queueing or
@@ -33,6 +36,7 @@ link (`checkpoint_command` / `restore_command` in the hook configuration file).
 import json
 import os
 import re
+import socket
 import subprocess
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -136,11 +140,21 @@ def runjob(event: Any, cfg: Dict[str, Any]) -> Optional[str]:
     return None
 
 
+def local_node() -> str:
+    """This MoM's node name as PBS knows it (the host name's first label when PBS cannot say)."""
+    getter = getattr(pbs, "get_local_nodename", None)
+    name = getter() if getter is not None else ""
+    return str(name or socket.gethostname().split(".")[0])
+
+
 def pilot(command: List[str], job_id: str, timeout: float) -> Tuple[bool, str]:
     """Run the pilot command for one job: (succeeded, what it said)."""
     if not JOB_ID.fullmatch(job_id):
         return False, "job id %r is not a PBS job id" % job_id
-    argv = [arg.replace("{job_id}", job_id) for arg in command]
+    node = local_node()
+    if not NAME.fullmatch(node):
+        return False, "node name %r is not a valid node name" % node
+    argv = [arg.replace("{job_id}", job_id).replace("{node}", node) for arg in command]
     try:
         done = subprocess.run(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout

@@ -152,7 +152,11 @@ class SlurmAdapter:
         self._update(job_id, f"ReqNodeList={','.join(nodes)}")
 
     def start_now(self, job_id: str) -> None:
-        """Let a requeued job start at once instead of after cred_expire+1 seconds."""
+        """Let a requeued job start at once instead of after cred_expire+1 seconds.
+
+        Only once at least a couple of seconds have passed since the requeue: Slurm revokes
+        the old run's credential with a one-second timestamp, and a restart in that same
+        second on the same node is killed as "Job credential revoked" (the job then ends)."""
         self._update(job_id, "StartTime=now")
 
     def cancel(self, job_id: str) -> None:

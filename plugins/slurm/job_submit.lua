@@ -10,12 +10,19 @@ What it does, in slurmctld, under the job lock -- so it only reads one small fil
   * OS image: from --comment=vjob:os=NAME or a "#VJOB os=NAME" line among the script's
     leading comment lines; refused with a clear message when the name is malformed, when
     comment and script disagree, or when the name is not in vjob-images.list;
-  * records "vjob:class=CLASS,os=NAME" in the job's admin comment (users cannot set it).
-It fails open: if anything goes wrong inside (the list unreadable, a bug), the job is accepted
-unchanged and the error is logged in slurmctld's log. A missing list accepts every valid name.
+  * records "vjob:class=CLASS,os=NAME" in the job's admin comment (users cannot set it);
+  * wakes the vjob agent when it accepts an interactive job: rewrites the small file
+    vjob-agent.wake next to this script, whose change the agent watches (vjob.agent), so that
+    the agent checkpoints victims at once instead of at its next tick. The file must exist and
+    be writable by SlurmUser (deploy/devcluster creates it; see docs/slurm-agent.md).
+It fails open: if anything goes wrong inside (the list unreadable, the wake file missing or not
+writable, a bug), the job is accepted unchanged and the error is logged in slurmctld's log.
+A missing list accepts every valid name.
 ]]
 
 local LIST_NAME = "vjob-images.list"
+local WAKE_NAME = "vjob-agent.wake" -- vjob.agent.SLURM_WAKE_NAME
+local WAKE_WARN_SECONDS = 600 -- a wake file that cannot be written is logged this seldom
 local CACHE_SECONDS = 2
 local MAX_SCRIPT_LINES = 200
 local NO_VAL = 4294967294 -- Slurm's "not set" for 32-bit fields
@@ -30,6 +37,7 @@ local function here()
 end
 
 local LIST_PATH = here() .. "/" .. LIST_NAME
+local WAKE_PATH = here() .. "/" .. WAKE_NAME
 
 -- cache = { at = os.time() of the read, names = set or nil when the file is missing }
 local cache = nil
@@ -136,18 +144,44 @@ local function tag(job_desc, part_list)
    return nil
 end
 
+local wake_warned_at = nil
+
+-- Rewrite the wake file: its new modification time tells the agent an interactive job came.
+-- One open/write/close of a local file; no retry, no wait. A missing or unwritable file is
+-- logged at most every WAKE_WARN_SECONDS: the agent then acts at its next tick instead.
+local function wake_agent(job_desc)
+   if job_desc.script ~= nil and job_desc.script ~= "" then return end -- batch: nothing to hurry
+   local f, err = io.open(WAKE_PATH, "w")
+   if not f then
+      local now = os.time()
+      if not wake_warned_at or now - wake_warned_at >= WAKE_WARN_SECONDS then
+         wake_warned_at = now
+         slurm.log_info("vjob job_submit.lua: cannot wake the vjob agent (%s); it acts at its next tick", tostring(err))
+      end
+      return
+   end
+   f:write(os.time(), "\n")
+   f:close()
+end
+
+local function accepted(job_desc)
+   local ok, err = pcall(wake_agent, job_desc)
+   if not ok then slurm.log_error("vjob job_submit.lua: waking the agent failed: %s", tostring(err)) end
+   return slurm.SUCCESS
+end
+
 function slurm_job_submit(job_desc, part_list, submit_uid)
    local ok, refusal = pcall(tag, job_desc, part_list)
    if not ok then
       slurm.log_error("vjob job_submit.lua: internal error, job accepted unchanged: %s", tostring(refusal))
-      return slurm.SUCCESS
+      return accepted(job_desc)
    end
    if refusal then
       slurm.log_info("vjob job_submit.lua: refused a job of uid %u: %s", submit_uid, refusal)
       slurm.log_user("%s", refusal)
       return slurm.ERROR
    end
-   return slurm.SUCCESS
+   return accepted(job_desc)
 end
 
 function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)

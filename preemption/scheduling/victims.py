@@ -17,7 +17,7 @@ the live agent uses. Both take the same decisions from the same numbers.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
@@ -106,6 +106,7 @@ def select_victims(
     *,
     interactive_cap: float | None = None,
     preemptible: Sequence[JobClass] = (JobClass.BATCH, JobClass.BESTEFFORT),
+    exclude: Collection[str] = (),
 ) -> VictimChoice | None:
     """Decide which running jobs `job` preempts, from one ClusterView; None = it must wait.
 
@@ -113,7 +114,9 @@ def select_victims(
     `priorities` maps job id → priority (a `ubis_priority.compute(...)` result, or any mapping
     of job id to float); every running preemptible job needs one, lower = preempted first.
     `interactive_cap` (0..1) is the share of usable nodes interactive jobs may hold together;
-    when granting `job` would exceed it, the answer is None and the job waits.
+    when granting `job` would exceed it, the answer is None and the job waits. `exclude` names
+    running jobs that must not be chosen (e.g. jobs not running in a VM, which cannot be
+    checkpointed).
 
     Free nodes are used before anyone is preempted; a job's checkpoint size is the memory of
     its VMs in the view, or `memory_mb` per allocated node when the view has no VMs for it.
@@ -133,12 +136,13 @@ def select_victims(
     busy = {name for j in running for name in j.allocated_nodes}
     free = [n.name for n in usable if n.name not in busy]
     prio = _as_mapping(priorities)
+    excluded = set(exclude)
     vm_memory: dict[str, float] = {}
     for vm in view.vms:
         vm_memory[vm.job_id] = vm_memory.get(vm.job_id, 0.0) + vm.memory_mb * MIB
     candidates: list[Candidate] = []
     for j in running:
-        if j.job_class not in preemptible or not j.allocated_nodes:
+        if j.job_class not in preemptible or not j.allocated_nodes or j.id in excluded:
             continue
         if j.id not in prio:
             raise InputError(
