@@ -3,8 +3,10 @@
 Prints the run's figures and, as a ratio measured in the same run, how much slower ubis is
 than fcfs-easy on the same workload (the price of priorities and preemption). The last line is
 one JSON object: {"bench": "simulate", "jobs", "nodes", "policy", "seconds", "events_per_s", ...}.
+`--priority-refresh S` measures the approximate replay that reuses priorities for S simulated
+seconds (docs/simulator.md, Speed); the default, 0, is the exact replay.
 
-    .venv/bin/python bench/simulate.py [--jobs 100000] [--nodes 1056] [--no-baseline]
+    .venv/bin/python bench/simulate.py [--jobs 100000] [--nodes 1056] [--no-baseline] [--priority-refresh 0]
 """
 
 from __future__ import annotations
@@ -28,13 +30,14 @@ def main() -> None:
     parser.add_argument("--load", type=float, default=0.85, help="offered load of the batch trace")
     parser.add_argument("--interactive-frac", type=float, default=0.2)
     parser.add_argument("--no-baseline", action="store_true", help="skip the fcfs-easy run (no ratio)")
+    parser.add_argument("--priority-refresh", type=float, default=0.0, help="ubis: seconds priorities are reused")
     args = parser.parse_args()
 
     t0 = time.perf_counter()
     base = generate(args.nodes, args.jobs, seed=1, load=args.load)
     workload = apply(base, args.nodes, UbisSetup(interactive_frac=args.interactive_frac, interactive_mean_size=100))
     prepare_s = time.perf_counter() - t0
-    model = ClusterModel(nodes=args.nodes)
+    model = ClusterModel(nodes=args.nodes, priority_refresh_s=args.priority_refresh)
     prio = PriorityConfig(interactive_cap=0.15)
 
     t0 = time.perf_counter()
@@ -53,6 +56,7 @@ def main() -> None:
         "jobs": len(workload),
         "nodes": args.nodes,
         "policy": "ubis",
+        "priority_refresh_s": args.priority_refresh,
         "seconds": round(seconds, 2),
         "cpu_seconds": round(cpu, 2),
         "events_per_s": round(result.events / seconds),

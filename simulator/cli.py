@@ -52,6 +52,12 @@ def register(sub: Any) -> None:
     sim.add_argument("--bandwidth-mb-s", type=float, default=500.0, help="checkpoint write/read MB/s per node")
     sim.add_argument("--memory-mb", type=int, default=4096, help="VM memory per node when the trace has none")
     sim.add_argument("--backfill-depth", type=int, default=500, help="queued jobs looked at per backfill pass")
+    sim.add_argument(
+        "--priority-refresh",
+        type=float,
+        default=0.0,
+        help="ubis: reuse priorities for this many simulated seconds (0 = exact; > 0 approximates, faster)",
+    )
     sim.add_argument("--lenient", action="store_true", help="skip and count malformed trace lines")
     sim.add_argument("--no-plots", action="store_true")
     sim.add_argument("--sweep", action="store_true", help="run the grid policies × fractions × sizes × caps")
@@ -182,6 +188,7 @@ def _simulate(args: argparse.Namespace) -> int:
         "bandwidth_mb_s": args.bandwidth_mb_s,
         "memory_mb": args.memory_mb,
         "backfill_depth": args.backfill_depth,
+        "priority_refresh_s": args.priority_refresh,
         "lenient": args.lenient,
         "plots": not args.no_plots,
         "priority": cfg.priority.model_dump(),
@@ -219,6 +226,7 @@ def run_one(spec: dict[str, Any], show: bool = False) -> dict[str, Any]:
         bandwidth_mb_s=spec["bandwidth_mb_s"],
         memory_mb_per_node=spec["memory_mb"],
         backfill_depth=spec["backfill_depth"] if spec["backfill_depth"] > 0 else None,
+        priority_refresh_s=spec["priority_refresh_s"],
     )
     priority = PriorityConfig.model_validate(spec["priority"] | {"interactive_cap": spec["cap"]})
     started = time.perf_counter()

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,7 +31,7 @@ from preemption.scheduling.easy import backfill_arrays, reservation
 from preemption.scheduling.policies import blocks_behind_interactive, check_policy, mms_order, preempts, ubis_order
 from preemption.scheduling.victims import Candidate, choose_victims
 from simulator.workload import Workload
-from ubis_priority import ClusterArrays, JobArrays, compute_arrays
+from ubis_priority import ClusterArrays, JobArrays
 from ubis_priority.kernel import priority_trusted
 from ubis_priority.terms import weight_vector
 from vjob.config import PriorityConfig
@@ -56,6 +56,10 @@ class ClusterModel:
     """Memory of a job's VM on each node when the trace does not say."""
     backfill_depth: int | None = 500
     """Queued jobs examined for backfilling per pass (like Slurm's bf_max_job_test)."""
+    priority_refresh_s: float = 0.0
+    """ubis only: seconds of simulated time a job's priority is reused before it is
+    computed again (like Slurm's PriorityCalcPeriod). 0 = every pass, the exact replay; > 0
+    is an approximation that trades fidelity for speed (docs/simulator.md, Speed)."""
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
@@ -66,6 +70,8 @@ class ClusterModel:
             raise InputError("cluster model: os_swap_s >= 0, bandwidth_mb_s > 0 and memory_mb_per_node >= 0 needed")
         if self.backfill_depth is not None and self.backfill_depth < 0:
             raise InputError(f"--backfill-depth = {self.backfill_depth}: must be >= 0")
+        if not (self.priority_refresh_s >= 0 and math.isfinite(self.priority_refresh_s)):
+            raise InputError(f"--priority-refresh = {self.priority_refresh_s}: must be a finite number >= 0")
 
 
 @dataclass
@@ -170,6 +176,11 @@ class Simulation:
         self._rank = np.zeros(n, dtype=np.int64)
         self._zeros_i = np.zeros(n, dtype=np.int64)
         self._zeros_b = np.zeros(n, dtype=bool)
+        # priority_refresh_s > 0: each job's last priority, the queue ranked by them, and when
+        # the whole queue was last rated
+        self._prio = np.zeros(n, dtype=np.float64)
+        self._ranked = np.empty(0, dtype=np.int64)
+        self._rated_at = -math.inf
         self.queued_sizes: dict[int, int] = {}
         self.queued_interactive: dict[int, int] = {}
         """Sizes of the queued interactive jobs (size -> count), for `_may_start`."""
@@ -278,15 +289,16 @@ class Simulation:
 
     # -- one scheduling pass ----------------------------------------------------------------
     def _schedule(self, now: float) -> None:
-        if self.arrived:
-            self.qa = np.concatenate([self.qa, np.array(self.arrived, dtype=np.int64)])
+        arrived = np.array(self.arrived, dtype=np.int64)
+        if arrived.shape[0]:
+            self.qa = np.concatenate([self.qa, arrived])
             self.arrived = []
-        order = self._order(self.qa, now)
+        order = self._order(self.qa, now, arrived)
         head = -1
         head_at = 0
         head_priv = False
         started: list[int] = []
-        for pos, j in enumerate(order.tolist()):
+        for pos, j in enumerate(_leading(order)):
             n = self.need[j]
             priv = self.inter[j] and self.held_interactive + n <= self.cap_nodes
             if n <= self.free:
@@ -300,10 +312,10 @@ class Simulation:
             break
         if head >= 0 and self.free > 0 and not (self.blocking and head_priv):
             shadow, extra = reservation(now, self.free, self.need[head], self.holds.values())
-            rest = order[head_at + 1 :]
             depth = self.model.backfill_depth
+            rest = order[head_at + 1 :] if depth is None else order[head_at + 1 : head_at + 1 + depth]
             need, est = self.need_a[rest], self.est_a[rest]
-            late = backfill_arrays(now, self.free, shadow, extra, rest, need, est, depth=depth)
+            late = backfill_arrays(now, self.free, shadow, extra, rest, need, est)
             for j in late:
                 self._start(j, now, self.inter[j] and self.held_interactive + self.need[j] <= self.cap_nodes)
                 started.append(j)
@@ -311,12 +323,17 @@ class Simulation:
             mark = self._mark[2:]
             mark[started] = True
             self.qa = self.qa[~mark[self.qa]]
+            if self._ranked.shape[0]:
+                self._ranked = self._ranked[~mark[self._ranked]]
             mark[started] = False
             for j in started:
                 self._dequeued(j)
 
-    def _order(self, qa: np.ndarray, now: float) -> np.ndarray:
-        """The queue `qa` in the policy's order (job indices)."""
+    def _order(self, qa: np.ndarray, now: float, arrived: np.ndarray) -> np.ndarray:
+        """The queue `qa` in the policy's order (job indices); `arrived`: queued since the
+        last pass."""
+        if self.policy == "ubis" and self.model.priority_refresh_s > 0:
+            return self._ranked_order(qa, now, arrived)
         if self.policy == "fcfs-easy" or qa.shape[0] == 1:
             return qa
         if self.policy in ("mms", "mms-block"):
@@ -324,8 +341,35 @@ class Simulation:
             if not priv.any():
                 return qa
             return qa[mms_order(self.submit_a[qa], priv)]
-        prio = priority_trusted(self._job_arrays(qa, now), self._cluster_arrays(now, 0, None), self.prio_cfg, self.weights)
-        return qa[ubis_order(prio, self.submit_a[qa])]
+        return qa[ubis_order(self._priorities(qa, now), self.submit_a[qa])]
+
+    def _priorities(self, qa: np.ndarray, now: float) -> np.ndarray:
+        """UBIS priorities of the jobs `qa` at `now`.
+
+        The columns come from a workload validated when it was read and from the engine's own
+        bookkeeping, so the kernel's per-call checks are skipped (`priority_trusted`, which
+        gives `compute_arrays`'s priorities to the last bit)."""
+        return priority_trusted(
+            self._job_arrays(qa, now), self._cluster_arrays(now, 0, None), self.prio_cfg, self.weights
+        )
+
+    def _ranked_order(self, qa: np.ndarray, now: float, arrived: np.ndarray) -> np.ndarray:
+        """ubis with `priority_refresh_s`: every job of `qa` ranked afresh once the last
+        ranking is that old; in between the ranking is kept, jobs that left the queue drop
+        out of it (`_schedule`), and jobs queued since are rated now and placed by their
+        priority, after the jobs already ranked with an equal one."""
+        if now - self._rated_at >= self.model.priority_refresh_s:
+            self._rated_at = now
+            prio = self._priorities(qa, now)
+            self._prio[qa] = prio
+            self._ranked = qa[ubis_order(prio, self.submit_a[qa])]
+        elif arrived.shape[0]:
+            prio = self._priorities(arrived, now)
+            self._prio[arrived] = prio
+            new = arrived[ubis_order(prio, self.submit_a[arrived])]
+            at = np.searchsorted(-self._prio[self._ranked], -self._prio[new], side="right")
+            self._ranked = np.insert(self._ranked, at, new)
+        return self._ranked
 
     def _job_arrays(self, qa: np.ndarray, now: float, *, as_batch: bool = False) -> JobArrays:
         if self.suspended:
@@ -469,11 +513,12 @@ class Simulation:
             self._rank[self.owner[victim_nodes]], weights=victim_os == image, minlength=va.shape[0]
         ).tolist()
         extra_by_os = np.bincount(victim_os, minlength=self.model.os_count)
-        prio = compute_arrays(
+        prio = priority_trusted(
             self._job_arrays(va, now, as_batch=True),
             self._cluster_arrays(now, int(self.need_a[va].sum()), extra_by_os),
             self.prio_cfg,
-        ).priority
+            self.weights,
+        )
         chosen = choose_victims(
             want,
             (
@@ -534,6 +579,17 @@ class Simulation:
         self.result.checkpoint_bytes += self.mem_bytes[v]
         self._push(now + ckpt, REQUEUE, v)
         return nodes
+
+
+def _leading(order: np.ndarray) -> Iterator[int]:
+    """The entries of `order` as ints, converted a few at a time: a pass usually stops at
+    one of the first few jobs, and converting the whole queue (hundreds of jobs) at every
+    pass was a measurable share of it."""
+    at, size = 0, 8
+    while at < order.shape[0]:
+        yield from order[at : at + size].tolist()
+        at += size
+        size *= 4
 
 
 def simulate(

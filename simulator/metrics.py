@@ -78,6 +78,7 @@ def summary(result: Result, extra: dict[str, Any] | None = None) -> dict[str, An
             "bandwidth_mb_s": result.model.bandwidth_mb_s,
             "memory_mb_per_node": result.model.memory_mb_per_node,
             "backfill_depth": result.model.backfill_depth,
+            "priority_refresh_s": result.model.priority_refresh_s,
         },
         "skipped": w.skipped,
         "engine": {"events": result.events, "passes": result.passes},

@@ -3,8 +3,9 @@
 Why arrays and not Job objects: the simulator recomputes every priority at every event of a
 trace with tens of thousands of queued jobs; building Job objects per event would cost more
 than the scheduling itself. The simulator keeps its jobs as columns and calls
-`compute_arrays` directly; `ubis_priority.compute(view, cfg)` builds the same columns from a
-ClusterView, so the live agent and the simulator run this one function.
+`priority_trusted` (the same arithmetic without the per-call checks) directly;
+`ubis_priority.compute(view, cfg)` builds the same columns from a ClusterView and calls
+`compute_arrays`, so the live agent and the simulator get the same priorities to the last bit.
 
 Every operation here is written in the same order as `reference.priority_of` (the plain
 per-job loop), so the two agree to the last bit; the benchmark and the tests check that.
@@ -225,10 +226,11 @@ def priority_trusted(
     """Equation 1's priorities only, for callers that already vouch for their columns.
 
     Why a second entry point: the simulator calls the kernel once per scheduling pass
-    (about 200,000 times in a 100,000-job replay) over queues of a few hundred jobs, where
-    `_check` and the (7, n) term matrices cost more than the priorities themselves. The
-    simulator builds its columns once per run from a validated workload, so it checks nothing
-    here; any other caller must use `compute_arrays`, which validates. Same operations in the
+    (about 170,000 times in a 100,000-job replay) over queues of hundreds of jobs, where
+    `_check` and the (7, n) term matrices cost as much as the priorities themselves. The
+    simulator builds its columns once per run from a validated workload, so nothing is checked
+    here (a bad column gives wrong priorities or an IndexError); any other caller must use
+    `compute_arrays`, which refuses bad columns with a message. Same operations in the
     same order as `compute_arrays`, so the result is identical to its `priority` to the last
     bit (tests/test_priority_trusted.py checks it). `weights` is `weight_vector(cfg.weights)`
     as an array, passed in so a caller computes it once per run.
@@ -236,7 +238,10 @@ def priority_trusted(
     w = np.asarray(weight_vector(cfg.weights), dtype=np.float64) if weights is None else weights
     nodes = jobs.nodes.astype(np.float64)
     scale = float(max(cluster.total_nodes, 1))
-    free_by_os = np.append(cluster.free_by_os.astype(np.float64), float(cluster.free_nodes))
+    images = cluster.free_by_os.shape[0]
+    free_by_os = np.empty(images + 1, dtype=np.float64)
+    free_by_os[:images] = cluster.free_by_os
+    free_by_os[images] = cluster.free_nodes
     avail = free_by_os[jobs.os_index]
 
     # usage: elementwise per share entity, then gathered (same values as gathering first).
@@ -260,7 +265,7 @@ def priority_trusted(
     term *= w[2]
     priority += term
 
-    np.divide(jobs.preempt_count.astype(np.float64), float(cfg.max_preempt_count), out=term)
+    np.divide(jobs.preempt_count, float(cfg.max_preempt_count), out=term)
     np.minimum(term, 1.0, out=term)
     term *= w[3]
     priority += term
