@@ -471,22 +471,26 @@ class Driver:
             self._ensure_dirs(node)
             self._copy_between(vm, src, node)
             self.verify(vm, node)
-        dst_state = self.state_path(vm, node)
-        conn = self.connection(node)
-        xml = self._restore_xml(vm, node, dst_state)
-        if xml is None:
-            self._call("restore", vm, node, lambda: conn.restore(str(dst_state)))
-        else:
-            self._call("restore", vm, node, lambda: conn.restoreFlags(str(dst_state), xml, 0))
-        restored = self._require_domain("restore", vm, node)
-        if not restored.isPersistent():
-            inactive = restored.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
-            self._call("restore", vm, node, lambda: conn.defineXML(inactive))
+        self._restore_state_file(vm, node, self.state_path(vm, node))
         if src != node:
             self._drop_source(vm, src, node)
         self._discard_state(vm, node)
         self._update_vm(vm, node=node, state=VMState.RUNNING, overlay_path=str(self.overlay_path(vm, node)))
         _log.info("vm restored", vm=vm, node=node, source=src)
+
+    def _restore_state_file(self, vm: str, node: str, state: Path) -> None:
+        """Start `vm` on `node` from a verified memory state, and keep it defined afterwards
+        (a restored transient domain would vanish at its next shutdown)."""
+        conn = self.connection(node)
+        xml = self._restore_xml(vm, node, state)
+        if xml is None:
+            self._call("restore", vm, node, lambda: conn.restore(str(state)))
+        else:
+            self._call("restore", vm, node, lambda: conn.restoreFlags(str(state), xml, 0))
+        restored = self._require_domain("restore", vm, node)
+        if not restored.isPersistent():
+            inactive = restored.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
+            self._call("restore", vm, node, lambda: conn.defineXML(inactive))
 
     def _restore_xml(self, vm: str, node: str, state: Path) -> str | None:
         """The saved domain XML with this node's overlay and log paths, or None if unchanged."""
@@ -649,16 +653,7 @@ class Driver:
         )
         if src != node or memory_src != state:
             self._verify_against(vm, node, state, _read_manifest(memory_src) or {})
-        conn = self.connection(node)
-        xml = self._restore_xml(vm, node, state)
-        if xml is None:
-            self._call("restore", vm, node, lambda: conn.restore(str(state)))
-        else:
-            self._call("restore", vm, node, lambda: conn.restoreFlags(str(state), xml, 0))
-        restored = self._require_domain("restore", vm, node)
-        if not restored.isPersistent():
-            inactive = restored.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
-            self._call("restore", vm, node, lambda: conn.defineXML(inactive))
+        self._restore_state_file(vm, node, state)
         transfer.remove(Endpoint(state, self.host(node)))
         self._update_vm(vm, node=node, state=VMState.RUNNING)
 

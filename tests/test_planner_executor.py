@@ -87,7 +87,9 @@ def test_executor_runs_a_context_switch_on_libvirt_and_journals_it(
         target={"A": S, "B": R, "C": R},
     )
     plan = make_plan(inst, time_limit_s=5)
-    placement = {**plan.placement, "c1": "n3"}  # force the remote resume the optimiser would avoid
+    # Force the remote resume the optimiser would avoid; place B explicitly too, since the
+    # optimiser may legitimately have put both of B's VMs on n3, leaving no room for c1 there.
+    placement = {**plan.placement, "b1": "n1", "b2": "n2", "c1": "n3"}
     plan = build_plan(inst, placement)
     validate(inst, plan)
 
