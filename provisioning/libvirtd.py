@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -251,31 +250,8 @@ def stop(daemons: Daemons, *, virtlogd_pidfile: Path | None = None, timeout_s: f
         if extra is not None and extra not in pids:
             pids.append(extra)
     for pid in pids:
-        _stop_pid(pid, timeout_s)
+        proc.stop_pid(pid, grace_s=timeout_s)
     daemons.started_pids.clear()
-
-
-def _stop_pid(pid: int, timeout_s: float) -> None:
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if os.waitpid(pid, os.WNOHANG)[0] == pid:
-                return
-        except ChildProcessError:
-            pass
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.1)
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
 
 
 def _run(cmd: list[str], timeout_s: float = 60.0) -> str:

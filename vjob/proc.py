@@ -8,7 +8,10 @@ that names the command (and the job or VM it was for) in one line.
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -61,3 +64,43 @@ def run(
         lines = (res.stderr.strip() or res.stdout.strip() or "(no message)").splitlines()
         raise CommandError(name, f"exit status {res.returncode}: {' / '.join(lines[-3:])[-400:]}", job=job)
     return res.stdout
+
+
+def alive(pid: int | None) -> bool:
+    """Whether `pid` runs (a zombie, dead but not yet reaped by its parent, does not count)."""
+    if pid is None or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def stop_pid(pid: int, *, grace_s: float = 20.0, sig: int = signal.SIGTERM) -> None:
+    """Stop a process we started (only ever a pid from our own pid files): `sig`, up to
+    `grace_s` seconds for it to go (reaping it if it is our child), then SIGKILL."""
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return
+        except ChildProcessError:
+            pass
+        if not alive(pid):
+            return
+        time.sleep(0.1)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return

@@ -19,7 +19,6 @@ import importlib.util
 import json
 import os
 import shutil
-import signal
 import socket
 import string
 import subprocess
@@ -32,6 +31,7 @@ from typing import Any
 
 from plugins.slurm.commands import SlurmCommands
 from plugins.slurm.images import SHIPPED_IMAGES, write_image_list
+from vjob import proc
 from vjob.errors import CommandError, UsageError, VjobError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -165,7 +165,7 @@ class DevCluster:
             self._daemon(["/usr/sbin/slurmctld", *args], "slurmctld")
             progress("slurmctld started")
         for node in self._nodes(settings):
-            if not _alive(_read_pid(self.run / f"slurmd-{node}.pid")):
+            if not proc.alive(_read_pid(self.run / f"slurmd-{node}.pid")):
                 self._daemon(["/usr/sbin/slurmd", "-f", str(self.conf), "-N", node], f"slurmd {node}")
         _wait(lambda: len(self._ready_nodes()) >= settings.nodes, 60, f"{settings.nodes} Slurm nodes")
         if not self._ctld_alive():  # the nodes answered, but through someone else's controller
@@ -276,7 +276,7 @@ class DevCluster:
             progress("agent: vjob.agent not available in this checkout, not started")
             return "unavailable"
         pidfile = self.run / "agent.pid"
-        if _alive(_read_pid(pidfile)) and "agent" in _cmdline(_read_pid(pidfile) or 0):
+        if proc.alive(_read_pid(pidfile)) and "agent" in _cmdline(_read_pid(pidfile) or 0):
             return "running"
         vjob = [sys.executable, "-m", "vjob.cli", "--config", str(self.etc / "vjob.toml")]
         env = {**os.environ, **self.env}
@@ -287,14 +287,14 @@ class DevCluster:
             raise VjobError(f"devcluster: vjob db upgrade failed: {proc_db.stderr.strip()[-400:]}")
         cmd = [*vjob, "agent", "--rms", "slurm"]
         with (self.log / "agent.log").open("a") as out:
-            proc = subprocess.Popen(
+            agent = subprocess.Popen(
                 cmd, stdout=out, stderr=out, stdin=subprocess.DEVNULL, env=env, start_new_session=True
             )
-        pidfile.write_text(f"{proc.pid}\n")
+        pidfile.write_text(f"{agent.pid}\n")
         time.sleep(1.0)
-        if proc.poll() is not None:
-            raise VjobError(f"devcluster: the vjob agent exited at once ({proc.returncode}); see {self.log}/agent.log")
-        progress(f"agent started (pid {proc.pid})")
+        if agent.poll() is not None:
+            raise VjobError(f"devcluster: the vjob agent exited at once ({agent.returncode}); see {self.log}/agent.log")
+        progress(f"agent started (pid {agent.pid})")
         return "started"
 
     # -- status ---------------------------------------------------------------------------------
@@ -302,7 +302,7 @@ class DevCluster:
         """What runs now: each component and each node's Slurm state."""
         started = self._started()
         nodes = self.node_names()
-        slurmd = {n: _alive(_read_pid(self.run / f"slurmd-{n}.pid")) for n in nodes}
+        slurmd = {n: proc.alive(_read_pid(self.run / f"slurmd-{n}.pid")) for n in nodes}
         node_states = self._node_states() if self._ctld_alive() else {}
         from provisioning import libvirtd
 
@@ -317,7 +317,7 @@ class DevCluster:
             "slurmd": slurmd,
             "nodes": node_states,
             "libvirt": libvirt,
-            "agent": "running" if _alive(agent_pid) else started.get("agent", "not started"),
+            "agent": "running" if proc.alive(agent_pid) else started.get("agent", "not started"),
             "up": bool(nodes) and self._ctld_alive() and all(slurmd.values()),
         }
 
@@ -325,7 +325,7 @@ class DevCluster:
         return bool(self.status()["up"]) and len(self._ready_nodes()) >= len(self.node_names())
 
     def _ctld_alive(self) -> bool:
-        if not _alive(_read_pid(self.run / "slurmctld.pid")):
+        if not proc.alive(_read_pid(self.run / "slurmctld.pid")):
             return False
         try:
             self.slurm.run("scontrol", ["ping"], timeout_s=5)
@@ -397,8 +397,8 @@ class DevCluster:
         pid = _read_pid(pidfile)
         if pid is None:
             return
-        if _alive(pid) and expect in _cmdline(pid):
-            _stop_pid(pid, grace)
+        if proc.alive(pid) and expect in _cmdline(pid):
+            proc.stop_pid(pid, grace_s=grace)
             progress(f"{what} stopped (pid {pid})")
         pidfile.unlink(missing_ok=True)
 
@@ -461,22 +461,6 @@ def _read_pid(path: Path) -> int | None:
         return None
 
 
-def _alive(pid: int | None) -> bool:
-    if pid is None or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie left by a parent that does not reap is not alive
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _port_open(port: int) -> bool:
     with socket.socket() as sock:
         sock.settimeout(0.5)
@@ -488,22 +472,6 @@ def _cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
-
-
-def _stop_pid(pid: int, grace: float) -> None:
-    """TERM, wait up to `grace` seconds, then KILL: only ever a pid from our own pid files."""
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and _alive(pid):
-        time.sleep(0.1)
-    if _alive(pid):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return
 
 
 def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:

@@ -7,11 +7,13 @@ minutes. A service already running (a developer's own) is used as it is and neve
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
 import time
 from collections.abc import Callable
+
+from vjob.proc import stop_pid
+
+__all__ = ["free_port", "port_open", "stop_pid", "wait_for"]
 
 
 def free_port() -> int:
@@ -35,26 +37,3 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str, interval:
             return
         time.sleep(interval)
     raise TimeoutError(f"{what} not ready after {timeout:.0f} s")
-
-
-def stop_pid(pid: int, sig: int = signal.SIGTERM, timeout: float = 20.0) -> None:
-    """Stop the process `pid` we started: `sig`, then SIGKILL if it lingers."""
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
-        time.sleep(0.1)
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return

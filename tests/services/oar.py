@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 
 from tests.services import free_port, port_open, stop_pid, wait_for
+from tests.services.postgres import drop_cluster, start_cluster
 
-PG_VERSION = "15"
 CONF = Path("/etc/oar/oar.conf")
 ALMIGHTY_PORT = 6666
 NODE_SSHD_PORT = 6667
@@ -111,7 +111,7 @@ def _stop_tree(pid: int) -> None:
     """Stop `pid` and its descendants (Almighty forks its modules), children first, by pid."""
     for child in _children(pid):
         _stop_tree(child)
-    stop_pid(pid, timeout=10)
+    stop_pid(pid, grace_s=10)
 
 
 def _pid_alive(pidfile: Path) -> bool:
@@ -149,22 +149,7 @@ def oar_cluster() -> Iterator[OarCluster]:
         log = Path("/var/log/oar.log")
         log.touch()
         shutil.chown(log, "oar", "root")
-        _run("pg_createcluster", PG_VERSION, pg_name, "-p", str(pg_port), "-d", str(base / "pg"))
-        _run("pg_ctlcluster", PG_VERSION, pg_name, "start")
-        started["pg"] = int((base / "pg" / "postmaster.pid").read_text().split()[0])
-        _run(
-            "runuser",
-            "-u",
-            "postgres",
-            "--",
-            "psql",
-            "-p",
-            str(pg_port),
-            "-h",
-            "/var/run/postgresql",
-            "-qc",
-            f"ALTER USER postgres PASSWORD '{admin_pw}'",
-        )
+        start_cluster(pg_name, pg_port, base / "pg", admin_pw)
         CONF.write_text(
             _set_conf(
                 saved_conf.read_text(),
@@ -221,15 +206,13 @@ def oar_cluster() -> Iterator[OarCluster]:
         yield OarCluster(api_url=f"http://127.0.0.1:{api_port}/oarapi", user=TEST_USER)
     finally:
         if "apache" in started:
-            stop_pid(started["apache"], timeout=10)
+            stop_pid(started["apache"], grace_s=10)
         if "almighty" in started:
             _stop_tree(started["almighty"])
             SERVER_PIDFILE.unlink(missing_ok=True)
         if "sshd" in started:
-            stop_pid(started["sshd"], timeout=10)
+            stop_pid(started["sshd"], grace_s=10)
             SSHD_PIDFILE.unlink(missing_ok=True)
-        if "pg" in started:
-            stop_pid(started["pg"])
-        subprocess.run(["pg_dropcluster", PG_VERSION, pg_name], capture_output=True, check=False, timeout=60)
+        drop_cluster(pg_name, base / "pg")
         shutil.copy2(saved_conf, CONF)
         shutil.rmtree(base, ignore_errors=True)

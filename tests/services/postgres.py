@@ -52,8 +52,18 @@ def postgres_server() -> Iterator[str]:
     name = f"vjobtest{port}"
     base = Path(tempfile.mkdtemp(prefix="vjob-pg-"))
     os.chmod(base, 0o755)
-    data = base / "data"
     password = uuid.uuid4().hex
+    try:
+        start_cluster(name, port, base / "data", password)
+        yield f"postgresql+psycopg://postgres:{password}@127.0.0.1:{port}/postgres"
+    finally:
+        drop_cluster(name, base / "data")
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def start_cluster(name: str, port: int, data: Path, password: str) -> int:
+    """Create and start a private cluster `name` on `port` in `data`, with `password` for the
+    postgres superuser over TCP; returns the postmaster's pid (stop it with drop_cluster)."""
     _run(
         "pg_createcluster",
         VERSION,
@@ -68,29 +78,30 @@ def postgres_server() -> Iterator[str]:
         "-E",
         "UTF8",
     )
-    try:
-        _run("pg_ctlcluster", VERSION, name, "start")
-        wait_for(lambda: _ready(port), 60, f"PostgreSQL on port {port}")
-        _run(
-            "runuser",
-            "-u",
-            "postgres",
-            "--",
-            "psql",
-            "-p",
-            str(port),
-            "-h",
-            "/var/run/postgresql",
-            "-c",
-            f"ALTER USER postgres PASSWORD '{password}'",
-        )
-        yield f"postgresql+psycopg://postgres:{password}@127.0.0.1:{port}/postgres"
-    finally:
-        pidfile = data / "postmaster.pid"
-        if pidfile.exists():
-            stop_pid(int(pidfile.read_text().split()[0]))
-        subprocess.run(["pg_dropcluster", VERSION, name], capture_output=True, check=False, timeout=60)
-        shutil.rmtree(base, ignore_errors=True)
+    _run("pg_ctlcluster", VERSION, name, "start")
+    wait_for(lambda: _ready(port), 60, f"PostgreSQL on port {port}")
+    _run(
+        "runuser",
+        "-u",
+        "postgres",
+        "--",
+        "psql",
+        "-p",
+        str(port),
+        "-h",
+        "/var/run/postgresql",
+        "-qc",
+        f"ALTER USER postgres PASSWORD '{password}'",
+    )
+    return int((data / "postmaster.pid").read_text().split()[0])
+
+
+def drop_cluster(name: str, data: Path) -> None:
+    """Stop the cluster by the pid in its postmaster.pid, then drop it (idempotent)."""
+    pidfile = data / "postmaster.pid"
+    if pidfile.exists():
+        stop_pid(int(pidfile.read_text().split()[0]))
+    subprocess.run(["pg_dropcluster", VERSION, name], capture_output=True, check=False, timeout=60)
 
 
 @pytest.fixture
