@@ -20,6 +20,7 @@ free nodes, or an interactive job that may preempt).
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections.abc import Callable, Iterator
@@ -30,16 +31,32 @@ import numpy as np
 from preemption.scheduling.easy import backfill_arrays, reservation
 from preemption.scheduling.policies import blocks_behind_interactive, check_policy, mms_order, preempts, ubis_order
 from preemption.scheduling.victims import Candidate, choose_victims
+from simulator.node_pool import FREE, take_nodes
+from simulator.queue_rows import queue_append, queue_remove
 from simulator.workload import Workload
-from ubis_priority import ClusterArrays, JobArrays
-from ubis_priority.kernel import priority_trusted
-from ubis_priority.terms import weight_vector
+from ubis_priority.compiled import (
+    COLUMNS,
+    INTERACTIVE,
+    NODES,
+    OS,
+    PREEMPT_COUNT,
+    PREEMPTED_S,
+    SHARE,
+    SINCE,
+    SUBMIT,
+    backfill_leading,
+    queue_priorities,
+    scalars,
+    ubis_leading,
+)
 from vjob.config import PriorityConfig
 from vjob.errors import InputError
 
 MIB = 1024 * 1024
+_NO_NODES = np.empty(0, dtype=np.int64)
+_NONE_QUEUED = 1 << 62
 END, RELEASE, REQUEUE = 0, 1, 2
-FREE, CHECKPOINTING = -1, -2
+CHECKPOINTING = -2
 
 
 @dataclass(frozen=True)
@@ -114,7 +131,7 @@ class Simulation:
         self.blocking = blocks_behind_interactive(policy)
         self.model = model
         self.prio_cfg = priority or PriorityConfig()
-        self.weights = np.asarray(weight_vector(self.prio_cfg.weights), dtype=np.float64)
+        self.conf = scalars(self.prio_cfg, model.nodes)
         self.preempts = preempts(policy)
         self.progress = progress
         w = workload.sorted_by_submit()
@@ -138,19 +155,29 @@ class Simulation:
         self.est_left = w.walltime.astype(np.float64).tolist()
         self.est_a = w.walltime.astype(np.float64)
         users, share = np.unique(np.where(w.user >= 0, w.user, -1), return_inverse=True)
-        self.share = share.astype(np.int64)
-        self.share_list = self.share.tolist()
+        self.share_list = share.tolist()
         self.usage = np.zeros(len(users))
         self.usage_t = 0.0
+        self._half_life = self.prio_cfg.usage_half_life_s
         self.target = np.full(len(users), 1.0 / max(len(users), 1))
-        # numpy mirrors for the UBIS kernel
+        # numpy mirrors for the queue orders and backfilling
         self.submit_a = w.submit.astype(np.float64)
         self.need_a = w.nodes.astype(np.int64)
-        self.os_a = np.maximum(w.os, 0).astype(np.int64)
         self.inter_a = w.interactive.astype(bool)
-        self.pc_a = np.zeros(n, dtype=np.int64)
-        self.pt_a = np.zeros(n, dtype=np.float64)
-        self.since_a = np.full(n, np.nan)
+        # the columns the compiled UBIS kernel reads, one row per job (a job's columns share
+        # a cache line); Pn, Pt and the open preemption's start are updated in place
+        self.cols = np.empty((n, len(COLUMNS)), dtype=np.float64)
+        self.cols[:, SUBMIT] = w.submit
+        self.cols[:, NODES] = w.nodes
+        self.cols[:, OS] = np.maximum(w.os, 0)
+        self.cols[:, PREEMPT_COUNT] = 0.0
+        self.cols[:, PREEMPTED_S] = 0.0
+        self.cols[:, SINCE] = np.nan
+        self.cols[:, INTERACTIVE] = w.interactive
+        self.cols[:, SHARE] = share
+        self.pc_a = self.cols[:, PREEMPT_COUNT]
+        self.pt_a = self.cols[:, PREEMPTED_S]
+        self.since_a = self.cols[:, SINCE]
         # per-job outcome
         self.first_start = [math.nan] * n
         self.end = [math.nan] * n
@@ -161,27 +188,40 @@ class Simulation:
         self.running: dict[int, tuple[float, float, np.ndarray]] = {}
         self.token = [0] * n
         self.holds: dict[tuple[int, int], tuple[float, int]] = {}
+        """What holds nodes (running jobs, checkpoints being written): key -> (estimated end,
+        nodes); `_held` has the same values kept sorted, as EASY's reservation reads them."""
+        self._held: list[tuple[float, int]] = []
         # Nodes start with the images in turn (50/50 for two); owner is the job index on the
         # node, FREE, or CHECKPOINTING while a victim's memory is being written.
         self.node_os = np.arange(model.nodes, dtype=np.int64) % model.os_count
         self.owner = np.full(model.nodes, FREE, dtype=np.int64)
         self.free = model.nodes
-        self.qa = np.empty(0, dtype=np.int64)
-        """Queued jobs in queue order, as of the last pass; `arrived` holds those queued since."""
+        self.free_by_os = np.bincount(self.node_os, minlength=model.os_count)
+        """Free nodes per current OS image, kept up to date as nodes are taken and freed."""
+        self._qjobs = np.empty(n, dtype=np.int64)
+        self._qrows = np.empty((n if policy == "ubis" else 0, len(COLUMNS)), dtype=np.float64)
+        self._qlen = 0
+        # output buffers of the compiled ubis pass (ubis_leading, backfill_leading)
+        self._lead_jobs = np.empty(n, dtype=np.int64)
+        self._lead_entries = np.empty(n, dtype=np.int64)
+        self._lead_prio = np.empty(n, dtype=np.float64)
+        self._late = np.empty(n, dtype=np.int64)
+        """The queue as of the last pass (queue_rows: job indices, and for ubis their rows);
+        `arrived` holds the jobs queued since."""
         self.arrived: list[int] = []
         self.suspended = 0
         """Queued jobs whose preemption is still open (their Pt grows with `now`)."""
         # scratch arrays, so a pass allocates nothing of the workload's size
         self._mark = np.zeros(n + 2, dtype=bool)
         self._rank = np.zeros(n, dtype=np.int64)
-        self._zeros_i = np.zeros(n, dtype=np.int64)
-        self._zeros_b = np.zeros(n, dtype=bool)
         # priority_refresh_s > 0: each job's last priority, the queue ranked by them, and when
         # the whole queue was last rated
         self._prio = np.zeros(n, dtype=np.float64)
         self._ranked = np.empty(0, dtype=np.int64)
         self._rated_at = -math.inf
         self.queued_sizes: dict[int, int] = {}
+        self._smallest = _NONE_QUEUED
+        """The smallest size in `queued_sizes`."""
         self.queued_interactive: dict[int, int] = {}
         """Sizes of the queued interactive jobs (size -> count), for `_may_start`."""
         self.batch_running_nodes = 0
@@ -245,7 +285,7 @@ class Simulation:
             self.progress(n, n)
         res.first_start = np.array(self.first_start)
         res.end = np.array(self.end)
-        res.preempt_count = self.pc_a.copy()
+        res.preempt_count = self.pc_a.astype(np.int64)
         res.overhead_s = np.array(self.overhead)
         res.ran_privileged = np.array(self.privileged, dtype=bool)
         return res
@@ -254,6 +294,8 @@ class Simulation:
         self.arrived.append(j)
         n = self.need[j]
         self.queued_sizes[n] = self.queued_sizes.get(n, 0) + 1
+        if n < self._smallest:
+            self._smallest = n
         if self.inter[j]:
             self.queued_interactive[n] = self.queued_interactive.get(n, 0) + 1
 
@@ -264,6 +306,8 @@ class Simulation:
             self.queued_sizes[n] = left
         else:
             del self.queued_sizes[n]
+            if n == self._smallest:
+                self._smallest = min(self.queued_sizes, default=_NONE_QUEUED)
         if self.inter[j]:
             left = self.queued_interactive[n] - 1
             if left:
@@ -276,12 +320,20 @@ class Simulation:
         queued interactive job within the cap could get its nodes by preemption (it fits in
         the free nodes plus those of running batch jobs). A pass that cannot start anything
         changes nothing, so it is skipped (this is what makes long replays fast)."""
-        if self.free >= min(self.queued_sizes):
+        if self.free >= self._smallest:
             return True
         if not (self.preempts and self.queued_interactive):
             return False
         limit = min(self.cap_nodes - self.held_interactive, self.free + self.batch_running_nodes)
         return any(size <= limit for size in self.queued_interactive)
+
+    def _hold(self, key: tuple[int, int], end: float, nodes: int) -> None:
+        self.holds[key] = (end, nodes)
+        bisect.insort(self._held, (end, nodes))
+
+    def _unhold(self, key: tuple[int, int]) -> None:
+        value = self.holds.pop(key)
+        del self._held[bisect.bisect_left(self._held, value)]
 
     def _push(self, t: float, kind: int, j: int, tok: int = 0) -> None:
         self.seq += 1
@@ -289,69 +341,97 @@ class Simulation:
 
     # -- one scheduling pass ----------------------------------------------------------------
     def _schedule(self, now: float) -> None:
-        arrived = np.array(self.arrived, dtype=np.int64)
+        arrived = np.array(self.arrived, dtype=np.int64) if self.arrived else _NO_NODES
         if arrived.shape[0]:
-            self.qa = np.concatenate([self.qa, arrived])
+            self._qlen = queue_append(self._qjobs, self._qrows, self._qlen, self.cols, arrived)
             self.arrived = []
-        order = self._order(self.qa, now, arrived)
+        order, ranking = self._order(self._qjobs[: self._qlen], now, arrived)
         head = -1
         head_at = 0
         head_priv = False
         started: list[int] = []
-        for pos, j in enumerate(_leading(order)):
+        for pos, j in enumerate(_leading(order) if ranking is None else order.tolist()):
             n = self.need[j]
             priv = self.inter[j] and self.held_interactive + n <= self.cap_nodes
             if n <= self.free:
                 self._start(j, now, priv)
                 started.append(j)
                 continue
-            if priv and preempts(self.policy) and self._preempt_for(j, now):
+            if priv and self.preempts and self._preempt_for(j, now):
                 started.append(j)
                 continue
             head, head_at, head_priv = j, pos, priv
             break
         if head >= 0 and self.free > 0 and not (self.blocking and head_priv):
-            shadow, extra = reservation(now, self.free, self.need[head], self.holds.values())
+            shadow, extra = reservation(now, self.free, self.need[head], self._held)
             depth = self.model.backfill_depth
-            rest = order[head_at + 1 :] if depth is None else order[head_at + 1 : head_at + 1 + depth]
-            need, est = self.need_a[rest], self.est_a[rest]
-            late = backfill_arrays(now, self.free, shadow, extra, rest, need, est)
-            for j in late:
+            if ranking is None:
+                rest = order[head_at + 1 :] if depth is None else order[head_at + 1 : head_at + 1 + depth]
+                need, est = self.need_a[rest], self.est_a[rest]
+                late = backfill_arrays(now, self.free, shadow, extra, rest, need, est, -1)
+            else:  # `order` is only the part of the queue order a pass can act on
+                entries, prio = ranking
+                count = backfill_leading(
+                    now,
+                    self.free,
+                    shadow,
+                    extra,
+                    order,
+                    entries,
+                    prio,
+                    self._qrows,
+                    head_at,
+                    self.need_a,
+                    self.est_a,
+                    -1 if depth is None else depth,
+                    self._late,
+                )
+                late = self._late[:count]
+            for j in late.tolist():
                 self._start(j, now, self.inter[j] and self.held_interactive + self.need[j] <= self.cap_nodes)
                 started.append(j)
         if started:
-            mark = self._mark[2:]
-            mark[started] = True
-            self.qa = self.qa[~mark[self.qa]]
+            done = np.array(started, dtype=np.int64)
+            self._qlen = queue_remove(self._qjobs, self._qrows, self._qlen, done, self._mark[2:])
             if self._ranked.shape[0]:
+                mark = self._mark[2:]
+                mark[done] = True
                 self._ranked = self._ranked[~mark[self._ranked]]
-            mark[started] = False
+                mark[done] = False
             for j in started:
                 self._dequeued(j)
 
-    def _order(self, qa: np.ndarray, now: float, arrived: np.ndarray) -> np.ndarray:
-        """The queue `qa` in the policy's order (job indices); `arrived`: queued since the
-        last pass."""
+    def _order(
+        self, qa: np.ndarray, now: float, arrived: np.ndarray
+    ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
+        """The queue `qa` in the policy's order (job indices), or for exact ubis the part of
+        that order a pass can act on, with its entries in `qa` and every queued job's
+        priority (`ubis_leading`); `arrived`: queued since the last pass."""
         if self.policy == "ubis" and self.model.priority_refresh_s > 0:
-            return self._ranked_order(qa, now, arrived)
+            return self._ranked_order(qa, now, arrived), None
         if self.policy == "fcfs-easy" or qa.shape[0] == 1:
-            return qa
+            return qa, None
         if self.policy in ("mms", "mms-block"):
             priv = self.inter_a[qa] & (self.held_interactive + self.need_a[qa] <= self.cap_nodes)
             if not priv.any():
-                return qa
-            return qa[mms_order(self.submit_a[qa], priv)]
-        return qa[ubis_order(self._priorities(qa, now), self.submit_a[qa])]
+                return qa, None
+            return qa[mms_order(self.submit_a[qa], priv)], None
+        m = ubis_leading(
+            self._qrows, qa, *self._rating(now), self.preempts, self._lead_jobs, self._lead_entries, self._lead_prio
+        )
+        return self._lead_jobs[:m], (self._lead_entries[:m], self._lead_prio[: qa.shape[0]])
 
     def _priorities(self, qa: np.ndarray, now: float) -> np.ndarray:
-        """UBIS priorities of the jobs `qa` at `now`.
+        """UBIS priorities of the jobs `qa` at `now` (the compiled kernel, which gives
+        `compute_arrays`'s priorities to the last bit)."""
+        return queue_priorities(self.cols, qa, *self._rating(now), False)
 
-        The columns come from a workload validated when it was read and from the engine's own
-        bookkeeping, so the kernel's per-call checks are skipped (`priority_trusted`, which
-        gives `compute_arrays`'s priorities to the last bit)."""
-        return priority_trusted(
-            self._job_arrays(qa, now), self._cluster_arrays(now, 0, None), self.prio_cfg, self.weights
-        )
+    def _rating(self, now: float) -> tuple[float, int, np.ndarray, int, np.ndarray, np.ndarray, np.ndarray]:
+        """The cluster state the compiled kernel rates queued jobs with at `now` (usage
+        decayed first): now, free nodes, free nodes per image, nodes held by interactive jobs,
+        targets, usage, the configuration's scalars."""
+        self._decay(now)
+        return (now, self.free, self.free_by_os, self.held_interactive, self.target, self.usage, self.conf)
 
     def _ranked_order(self, qa: np.ndarray, now: float, arrived: np.ndarray) -> np.ndarray:
         """ubis with `priority_refresh_s`: every job of `qa` ranked afresh once the last
@@ -371,78 +451,33 @@ class Simulation:
             self._ranked = np.insert(self._ranked, at, new)
         return self._ranked
 
-    def _job_arrays(self, qa: np.ndarray, now: float, *, as_batch: bool = False) -> JobArrays:
-        if self.suspended:
-            since = self.since_a[qa]
-            pt = self.pt_a[qa] + np.where(np.isnan(since), 0.0, now - since)
-        else:  # no open preemption: adding 0.0 would change no bit
-            pt = self.pt_a[qa]
-        count = qa.shape[0]
-        return JobArrays(
-            submit_time=self.submit_a[qa],
-            nodes=self.need_a[qa],
-            os_index=self.os_a[qa],
-            preempt_count=self.pc_a[qa],
-            preempted_s=pt,
-            interactive=self._zeros_b[:count] if as_batch else self.inter_a[qa],
-            share_index=self.share[qa],
-            user_index=self._zeros_i[:count],
-        )
-
     def _decay(self, now: float) -> None:
         if now > self.usage_t:
-            self.usage *= 0.5 ** ((now - self.usage_t) / self.prio_cfg.usage_half_life_s)
+            self.usage *= 0.5 ** ((now - self.usage_t) / self._half_life)
             self.usage_t = now
 
-    def _cluster_arrays(self, now: float, extra_free: int, extra_by_os: np.ndarray | None) -> ClusterArrays:
-        self._decay(now)
-        total = float(self.usage.sum())
-        by_os = np.bincount(self.node_os[self.owner == FREE], minlength=self.model.os_count)
-        if extra_by_os is not None:
-            by_os += extra_by_os
-        return ClusterArrays(
-            now=now,
-            total_nodes=self.model.nodes,
-            free_nodes=self.free + extra_free,
-            free_by_os=by_os,
-            target=self.target,
-            usage=self.usage / total if total > 0 else np.zeros_like(self.usage),
-            interactive_held=self.held_interactive,
-            user_interactive_held=np.zeros(1, dtype=np.int64),
-        )
-
     # -- actions ------------------------------------------------------------------------------
-    def _take_nodes(self, j: int, count: int) -> tuple[np.ndarray, bool]:
-        """Free nodes for job j: its previous nodes when all are free (local resume), else
-        nodes already on its OS first. Returns (nodes, resumed locally)."""
-        image = self.os[j]
+    def _take_nodes(self, j: int, count: int) -> tuple[np.ndarray, bool, int]:
+        """Free nodes for job j, switched to its image (node_pool.take_nodes: its previous
+        nodes when all are free, else nodes already on its OS first). Returns (nodes, resumed
+        locally, OS swaps)."""
         prev = self.prev_nodes[j]
-        if prev is not None and bool((self.owner[prev] == FREE).all()):
-            nodes, local = prev, True
-        else:
-            free = self.owner == FREE
-            own = np.flatnonzero(free & (self.node_os == image))
-            if own.shape[0] >= count:
-                nodes = own[:count]
-            else:
-                other = np.flatnonzero(free & (self.node_os != image))
-                nodes = np.concatenate([own, other[: count - own.shape[0]]])
-            local = False
-        self.owner[nodes] = j
+        nodes, local, swaps = take_nodes(
+            self.owner, self.node_os, self.free_by_os, j, self.os[j], count, _NO_NODES if prev is None else prev
+        )
         self.free -= count
-        return nodes, local
+        return nodes, local, swaps
 
     def _start(self, j: int, now: float, privileged: bool, nodes: list[int] | None = None, ready: float = 0.0) -> None:
         n = self.need[j]
         local = False
         if nodes is None:
-            nodes, local = self._take_nodes(j, n)
+            nodes, local, swaps = self._take_nodes(j, n)
         else:
             self.owner[nodes] = j
-        wrong = self.node_os[nodes] != self.os[j]
-        swaps = int(wrong.sum())
-        if swaps:
-            self.node_os[nodes] = self.os[j]
+            swaps = int((self.node_os[nodes] != self.os[j]).sum())
+            if swaps:
+                self.node_os[nodes] = self.os[j]
         alloc = max(now, ready)
         overhead = self.model.os_swap_s if swaps else 0.0
         if self.prev_nodes[j] is not None:  # a resume: read the checkpoint back
@@ -462,7 +497,7 @@ class Simulation:
         self.running[j] = (alloc, run_start, nodes)
         if not self.inter[j]:
             self.batch_running_nodes += n
-        self.holds[(0, j)] = (run_start + self.est_left[j], n)
+        self._hold((0, j), run_start + self.est_left[j], n)
         if privileged:
             self.privileged[j] = True
             self.held_interactive += n
@@ -472,7 +507,7 @@ class Simulation:
 
     def _finish(self, j: int, now: float) -> None:
         alloc, _, nodes = self.running.pop(j)
-        del self.holds[(0, j)]
+        self._unhold((0, j))
         n = self.need[j]
         if not self.inter[j]:
             self.batch_running_nodes -= n
@@ -480,6 +515,7 @@ class Simulation:
         self._charge(j, now - alloc)
         self.owner[nodes] = FREE
         self.free += n
+        self.free_by_os[self.os[j]] += n  # _start put every node of j on j's image
         if self.privileged[j]:
             self.held_interactive -= n
         self.end[j] = now
@@ -491,9 +527,10 @@ class Simulation:
 
     def _release(self, key: int, now: float) -> None:
         nodes = self._pending_release.pop(key)
-        del self.holds[(1, key)]
+        self._unhold((1, key))
         self.owner[nodes] = FREE
         self.free += int(nodes.shape[0])
+        self.free_by_os += np.bincount(self.node_os[nodes], minlength=self.model.os_count)
 
     def _preempt_for(self, j: int, now: float) -> bool:
         """Checkpoint the lowest-priority batch jobs so interactive job j gets its nodes."""
@@ -513,17 +550,33 @@ class Simulation:
             self._rank[self.owner[victim_nodes]], weights=victim_os == image, minlength=va.shape[0]
         ).tolist()
         extra_by_os = np.bincount(victim_os, minlength=self.model.os_count)
-        prio = priority_trusted(
-            self._job_arrays(va, now, as_batch=True),
-            self._cluster_arrays(now, int(self.need_a[va].sum()), extra_by_os),
-            self.prio_cfg,
-            self.weights,
+        extra = int(self.need_a[va].sum())
+        self._decay(now)
+        prio = queue_priorities(
+            self.cols,
+            va,
+            now,
+            self.free + extra,
+            self.free_by_os + extra_by_os,
+            self.held_interactive,
+            self.target,
+            self.usage,
+            self.conf,
+            True,
         )
+        # Only candidates up to the priority at which the lowest-priority ones free enough
+        # nodes can be chosen (choose_victims takes them in priority order, all of that
+        # priority included): the others are left out before building Candidates.
+        by_prio = np.argsort(prio, kind="stable")
+        enough = int(np.searchsorted(np.cumsum(self.need_a[va][by_prio]), want))
+        within = np.flatnonzero(prio <= prio[by_prio[enough]]).tolist()
         chosen = choose_victims(
             want,
             (
-                Candidate(str(v), float(prio[k]), self.need[v], int(on_image[k]), self.mem_bytes[v])
-                for k, v in enumerate(cands)
+                Candidate(
+                    str(cands[k]), float(prio[k]), self.need[cands[k]], int(on_image[k]), self.mem_bytes[cands[k]]
+                )
+                for k in within
             ),
         )
         if chosen is None:
@@ -540,16 +593,20 @@ class Simulation:
         pool = np.concatenate([free_nodes, *(nodes for nodes, _ in freed)])
         first = np.argsort(self.node_os[pool] != image, kind="stable")
         take = pool[first[: self.need[j]]]
-        self.free -= int(np.isin(free_nodes, take).sum())
+        in_take = np.zeros(self.model.nodes, dtype=bool)
+        in_take[take] = True
+        taken_free = free_nodes[in_take[free_nodes]]
+        self.free -= int(taken_free.shape[0])
+        self.free_by_os -= np.bincount(self.node_os[taken_free], minlength=self.model.os_count)
         # Victims' nodes j does not need go back to the free pool when their checkpoint ends.
         for nodes, done_at in freed:
-            rest = nodes[~np.isin(nodes, take)]
+            rest = nodes[~in_take[nodes]]
             if rest.shape[0] == 0:
                 continue
             self.seq += 1
             key = self.seq
             self._pending_release[key] = rest
-            self.holds[(1, key)] = (done_at, int(rest.shape[0]))
+            self._hold((1, key), done_at, int(rest.shape[0]))
             self._push(done_at, RELEASE, key)
         self._start(j, now, True, nodes=take, ready=ready)
         return True
@@ -557,7 +614,7 @@ class Simulation:
     def _checkpoint(self, v: int, now: float) -> np.ndarray:
         """Suspend running batch job v to disk; its nodes stay busy until the write ends."""
         alloc, run_start, nodes = self.running.pop(v)
-        del self.holds[(0, v)]
+        self._unhold((0, v))
         self.batch_running_nodes -= self.need[v]
         ckpt = self.ckpt_s[v]
         self.token[v] += 1

@@ -53,7 +53,7 @@ def test_agent_with_its_database_down_logs_retries_and_slurm_keeps_running(slurm
     try:
         wait_for(lambda: len(failures()) >= 2, 120, "the agent logging its store failure twice")
         job = subprocess.run(
-            ["sbatch", "--parsable", "-N1", "--wrap", "echo hello from slurm"],
+            ["sbatch", "--parsable", "--output=/dev/null", "-N1", "--wrap", "echo hello from slurm"],
             env=env, capture_output=True, text=True, timeout=30, check=True,
         ).stdout.strip()  # fmt: skip
 

@@ -131,13 +131,16 @@ def test_decide_live_starts_what_fits_and_backfills():
         decide(ClusterView(now=10, nodes=nodes, jobs=jobs), "lifo", PriorityConfig())
 
 
-def test_vectorised_backfill_takes_the_same_decisions():
+def test_backfill_follows_the_easy_rule_on_random_queues():
+    """Against an oracle written from the rule's statement: walk the candidates in order; one
+    starts iff it fits the free nodes and ends before the shadow time or fits the extra nodes;
+    never more than `depth` candidates looked at."""
     import numpy as np
 
     from preemption.scheduling.easy import backfill_arrays
 
     rng = np.random.default_rng(3)
-    for _ in range(200):
+    for _ in range(300):
         n = int(rng.integers(1, 40))
         keys = rng.permutation(1000)[:n]
         nodes = rng.integers(1, 9, n)
@@ -145,6 +148,15 @@ def test_vectorised_backfill_takes_the_same_decisions():
         free, extra = int(rng.integers(0, 20)), int(rng.integers(0, 10))
         shadow = float(rng.uniform(0, 600))
         depth = int(rng.integers(1, 50))
-        want = backfill(0.0, free, shadow, extra, range(n), nodes.tolist(), est.tolist(), depth=depth)
-        got = backfill_arrays(0.0, free, shadow, extra, keys, nodes, est, depth=depth)
-        assert got == [int(keys[i]) for i in want]
+        want: list[int] = []
+        f, x = free, extra
+        for i in range(min(n, depth)):
+            fits = nodes[i] <= f
+            in_time = est[i] <= shadow
+            if fits and (in_time or nodes[i] <= x):
+                want.append(int(keys[i]))
+                f -= int(nodes[i])
+                x -= 0 if in_time else int(nodes[i])
+        got = backfill_arrays(0.0, free, shadow, extra, keys, nodes, est, depth)
+        assert got.tolist() == want
+        assert backfill(0.0, free, shadow, extra, keys.tolist(), nodes, est, depth=depth) == want

@@ -177,3 +177,36 @@ def test_only_ubis_preempts_and_only_batch_jobs(run: Result):
     else:
         assert run.preemptions > 0
     assert (run.preempt_count[w.interactive] == 0).all()
+
+
+@pytest.mark.parametrize("depth", [3, 40, None])
+def test_exact_ubis_passes_equal_ranking_the_whole_queue(workload: Workload, depth: int | None):
+    """The exact ubis pass ranks only the jobs it can act on (ubis_priority.compiled); with
+    a refresh period shorter than any gap between passes the engine instead ranks the whole
+    queue at every pass (policies.ubis_order over all priorities). Both must give the same
+    schedule, also when the backfill depth cuts the window (3: nearly always). One share
+    entity, so the extra usage decays of the full ranking cannot move a usage share."""
+    prio = PriorityConfig(interactive_cap=CAP)
+    exact = simulate(workload, ClusterModel(nodes=NODES, backfill_depth=depth), "ubis", prio)
+    full = simulate(workload, ClusterModel(nodes=NODES, backfill_depth=depth, priority_refresh_s=1e-9), "ubis", prio)
+    assert exact.preemptions > 0
+    np.testing.assert_array_equal(exact.first_start, full.first_start)
+    np.testing.assert_array_equal(exact.end, full.end)
+    assert exact.segments == full.segments
+
+
+def test_take_nodes_prefers_the_previous_nodes_then_the_jobs_image():
+    from simulator.node_pool import FREE, take_nodes
+
+    owner = np.full(6, FREE, dtype=np.int64)
+    node_os = np.array([0, 1, 0, 1, 0, 1], dtype=np.int64)
+    free_by_os = np.bincount(node_os, minlength=2)
+    # a first start: image-1 nodes first (lowest index first), then the others, which switch
+    nodes, local, swaps = take_nodes(owner, node_os, free_by_os, 7, 1, 4, np.empty(0, dtype=np.int64))
+    assert nodes.tolist() == [1, 3, 5, 0] and not local and swaps == 1
+    assert owner.tolist() == [7, 7, FREE, 7, FREE, 7]
+    assert node_os.tolist() == [1, 1, 0, 1, 0, 1] and free_by_os.tolist() == [2, 0]
+    # a resume whose previous nodes are all free gets them back (locally), whatever their image
+    nodes, local, swaps = take_nodes(owner, node_os, free_by_os, 8, 1, 2, np.array([4, 2], dtype=np.int64))
+    assert nodes.tolist() == [4, 2] and local and swaps == 2
+    assert free_by_os.tolist() == [0, 0]

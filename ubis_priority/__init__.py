@@ -3,7 +3,9 @@ per factor), user usage and targets, the interactive cap, and the mapping to RMS
 priorities.
 
 Why two entry points: the live agent holds a ClusterView, the simulator holds columns of
-numbers for tens of thousands of queued jobs. Both run the same kernel.
+numbers for tens of thousands of queued jobs. Both run equation 1 as `compute_arrays` defines
+it; the simulator's scheduling passes call its compiled copy (`ubis_priority.compiled`,
+numba), which tests hold to the same priorities to the last bit.
 
 ClusterView level (live agent, `vjob prio`)::
 
@@ -16,7 +18,7 @@ ClusterView level (live agent, `vjob prio`)::
     prios.explain(id)   # Explanation: raw → normalised → weighted per term
     prios.terms         # TermArrays: raw/normalised/weighted (7, n), priority (n), capped (n)
 
-Array level (simulator: build the columns yourself, no Job objects)::
+Array level (build the columns yourself, no Job objects)::
 
     from ubis_priority import JobArrays, ClusterArrays, compute_arrays
     jobs = JobArrays(

@@ -3,9 +3,9 @@
 Why arrays and not Job objects: the simulator recomputes every priority at every event of a
 trace with tens of thousands of queued jobs; building Job objects per event would cost more
 than the scheduling itself. The simulator keeps its jobs as columns and calls
-`priority_trusted` (the same arithmetic without the per-call checks) directly;
-`ubis_priority.compute(view, cfg)` builds the same columns from a ClusterView and calls
-`compute_arrays`, so the live agent and the simulator get the same priorities to the last bit.
+the compiled copy of this arithmetic (`ubis_priority.compiled`, checked against this kernel
+to the last bit); `ubis_priority.compute(view, cfg)` builds the columns from a ClusterView
+and calls `compute_arrays`, so the live agent and the simulator get the same priorities.
 
 Every operation here is written in the same order as `reference.priority_of` (the plain
 per-job loop), so the two agree to the last bit; the benchmark and the tests check that.
@@ -218,71 +218,3 @@ def _within_caps(jobs: JobArrays, cluster: ClusterArrays, cfg: PriorityConfig, n
         held = cluster.user_interactive_held.astype(np.float64)[jobs.user_index]
         ok = ok & ((held + nodes) <= user_limit)
     return ok
-
-
-def priority_trusted(
-    jobs: JobArrays, cluster: ClusterArrays, cfg: PriorityConfig, weights: FloatArray | None = None
-) -> FloatArray:
-    """Equation 1's priorities only, for callers that already vouch for their columns.
-
-    Why a second entry point: the simulator calls the kernel once per scheduling pass
-    (about 170,000 times in a 100,000-job replay) over queues of hundreds of jobs, where
-    `_check` and the (7, n) term matrices cost as much as the priorities themselves. The
-    simulator builds its columns once per run from a validated workload, so nothing is checked
-    here (a bad column gives wrong priorities or an IndexError); any other caller must use
-    `compute_arrays`, which refuses bad columns with a message. Same operations in the
-    same order as `compute_arrays`, so the result is identical to its `priority` to the last
-    bit (tests/test_priority_trusted.py checks it). `weights` is `weight_vector(cfg.weights)`
-    as an array, passed in so a caller computes it once per run.
-    """
-    w = np.asarray(weight_vector(cfg.weights), dtype=np.float64) if weights is None else weights
-    nodes = jobs.nodes.astype(np.float64)
-    scale = float(max(cluster.total_nodes, 1))
-    images = cluster.free_by_os.shape[0]
-    free_by_os = np.empty(images + 1, dtype=np.float64)
-    free_by_os[:images] = cluster.free_by_os
-    free_by_os[images] = cluster.free_nodes
-    avail = free_by_os[jobs.os_index]
-
-    # usage: elementwise per share entity, then gathered (same values as gathering first).
-    share = cluster.target - cluster.usage
-    share += 1.0
-    share /= 2.0
-    np.maximum(share, 0.0, out=share)
-    np.minimum(share, 1.0, out=share)
-    share *= w[0]
-    priority = share[jobs.share_index]
-
-    term = np.subtract(cluster.now, jobs.submit_time)
-    np.maximum(term, 0.0, out=term)
-    term /= cfg.max_queue_time_s
-    np.minimum(term, 1.0, out=term)
-    term *= w[1]
-    priority += term
-
-    np.subtract(avail, nodes, out=term)
-    _centred(term, scale, term)
-    term *= w[2]
-    priority += term
-
-    np.divide(jobs.preempt_count, float(cfg.max_preempt_count), out=term)
-    np.minimum(term, 1.0, out=term)
-    term *= w[3]
-    priority += term
-
-    np.divide(jobs.preempted_s, cfg.max_preempt_time_s, out=term)
-    np.minimum(term, 1.0, out=term)
-    term *= w[4]
-    priority += term
-
-    np.subtract(nodes, avail, out=term)
-    np.maximum(term, 0.0, out=term)
-    np.subtract(float(cluster.free_nodes), term, out=term)
-    _centred(term, scale, term)
-    term *= w[5]
-    priority += term
-
-    interactive = jobs.interactive & _within_caps(jobs, cluster, cfg, nodes)
-    np.multiply(interactive, w[6], out=term)
-    priority += term
-    return priority

@@ -11,8 +11,9 @@ of what holds nodes now (running jobs, checkpoints in progress), in any order.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
+import numba
 import numpy as np
 
 
@@ -38,42 +39,34 @@ def backfill(
     free: int,
     shadow: float,
     extra: int,
-    candidates: Iterable[int],
-    nodes: Callable[[int], int] | Sequence[int],
-    estimate: Callable[[int], float] | Sequence[float],
+    candidates: Sequence[int],
+    nodes: Sequence[int] | np.ndarray,
+    estimate: Sequence[float] | np.ndarray,
     *,
     depth: int | None = None,
-    may_start: Callable[[int], bool] | None = None,
 ) -> list[int]:
     """The candidates (in the given order) that start now without delaying the reservation.
 
     A candidate starts when it fits in the free nodes and either ends (by its estimate) before
     the shadow time or uses only extra nodes. `depth` bounds how many candidates are looked
-    at (like Slurm's bf_max_job_test); `may_start` can veto one (e.g. the interactive cap).
+    at (like Slurm's bf_max_job_test). `nodes[i]` and `estimate[i]` belong to
+    `candidates[i]`. The live agent's entry point; the rule itself is `backfill_arrays`.
     """
-    size = nodes if callable(nodes) else nodes.__getitem__
-    est = estimate if callable(estimate) else estimate.__getitem__
-    started: list[int] = []
-    looked = 0
-    for key in candidates:
-        if free <= 0 or (depth is not None and looked >= depth):
-            break
-        looked += 1
-        n = size(key)
-        if n > free:
-            continue
-        ends_in_time = now + est(key) <= shadow
-        if not ends_in_time and n > extra:
-            continue
-        if may_start is not None and not may_start(key):
-            continue
-        started.append(key)
-        free -= n
-        if not ends_in_time:
-            extra -= n
-    return started
+    keys = np.asarray(candidates, dtype=np.int64)
+    started = backfill_arrays(
+        now,
+        free,
+        shadow,
+        extra,
+        keys,
+        np.asarray(nodes, dtype=np.int64),
+        np.asarray(estimate, dtype=np.float64),
+        -1 if depth is None else depth,
+    )
+    return [int(k) for k in started]
 
 
+@numba.njit(cache=True, nogil=True)
 def backfill_arrays(
     now: float,
     free: int,
@@ -82,30 +75,26 @@ def backfill_arrays(
     keys: np.ndarray,
     nodes: np.ndarray,
     estimate: np.ndarray,
-    *,
-    depth: int | None = None,
-) -> list[int]:
-    """`backfill` for candidates given as aligned arrays (keys, their nodes, their estimates).
-
-    Same decisions as `backfill`: free and extra nodes only shrink as jobs start, so a job
-    that fails the test against the starting values fails it later too; the vectorised test
-    finds the few that pass, and only those are walked in order.
+    depth: int = -1,
+) -> np.ndarray:  # pragma: no cover - compiled; the tests call it through numba
+    """The backfilling rule over aligned arrays (keys, their nodes, their estimates), compiled:
+    the simulator calls it at every scheduling pass, the live agent through `backfill`.
+    `depth` < 0 = no bound. Returns the keys that start, in order.
     """
-    if depth is not None:
-        keys, nodes, estimate = keys[:depth], nodes[:depth], estimate[:depth]
-    in_time = now + estimate <= shadow
-    maybe = np.flatnonzero((nodes <= free) & (in_time | (nodes <= extra)))
-    started: list[int] = []
-    for i in maybe.tolist():
+    count = keys.shape[0] if depth < 0 else min(depth, keys.shape[0])
+    started = np.empty(count, dtype=np.int64)
+    k = 0
+    for i in range(count):
         if free <= 0:
             break
-        n = int(nodes[i])
+        n = nodes[i]
         if n > free:
             continue
-        if not in_time[i]:
+        if not now + estimate[i] <= shadow:
             if n > extra:
                 continue
             extra -= n
-        started.append(int(keys[i]))
+        started[k] = keys[i]
+        k += 1
         free -= n
-    return started
+    return started[:k]

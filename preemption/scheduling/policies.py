@@ -138,7 +138,7 @@ def decide(view: ClusterView, policy: str, cfg: PriorityConfig, *, depth: int | 
         free,
         shadow,
         extra,
-        range(len(rest)),
+        list(range(len(rest))),
         [j.nodes for j in rest],
         [_estimate(j) for j in rest],
         depth=depth,
