@@ -55,6 +55,9 @@ from vjob.errors import InputError
 MIB = 1024 * 1024
 _NO_NODES = np.empty(0, dtype=np.int64)
 _NONE_QUEUED = 1 << 62
+FULL_RANK_ABOVE = 2000
+"""Exact ubis: queues longer than this are ranked whole at a pass (same order, same
+schedule) instead of through `ubis_leading`, which pays per candidate."""
 END, RELEASE, REQUEUE = 0, 1, 2
 CHECKPOINTING = -2
 
@@ -206,6 +209,7 @@ class Simulation:
         self._lead_entries = np.empty(n, dtype=np.int64)
         self._lead_prio = np.empty(n, dtype=np.float64)
         self._late = np.empty(n, dtype=np.int64)
+        self.full_rank_above = FULL_RANK_ABOVE
         """The queue as of the last pass (queue_rows: job indices, and for ubis their rows);
         `arrived` holds the jobs queued since."""
         self.arrived: list[int] = []
@@ -416,6 +420,10 @@ class Simulation:
             if not priv.any():
                 return qa, None
             return qa[mms_order(self.submit_a[qa], priv)], None
+        if qa.shape[0] > self.full_rank_above:
+            # a queue this long is mostly jobs that fit (a backlog of small jobs): sorting
+            # all of it once costs less than placing the candidates one by one
+            return qa[ubis_order(self._priorities(qa, now), self.submit_a[qa])], None
         m = ubis_leading(
             self._qrows, qa, *self._rating(now), self.preempts, self._lead_jobs, self._lead_entries, self._lead_prio
         )
@@ -453,7 +461,11 @@ class Simulation:
 
     def _decay(self, now: float) -> None:
         if now > self.usage_t:
-            self.usage *= 0.5 ** ((now - self.usage_t) / self._half_life)
+            factor = 0.5 ** ((now - self.usage_t) / self._half_life)
+            if self.usage.shape[0] == 1:  # the same multiplication, without a ufunc call
+                self.usage[0] = float(self.usage[0]) * factor
+            else:
+                self.usage *= factor
             self.usage_t = now
 
     # -- actions ------------------------------------------------------------------------------

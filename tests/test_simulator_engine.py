@@ -180,7 +180,9 @@ def test_only_ubis_preempts_and_only_batch_jobs(run: Result):
 
 
 @pytest.mark.parametrize("depth", [3, 40, None])
-def test_exact_ubis_passes_equal_ranking_the_whole_queue(workload: Workload, depth: int | None):
+def test_exact_ubis_passes_equal_ranking_the_whole_queue(
+    workload: Workload, depth: int | None, monkeypatch: pytest.MonkeyPatch
+):
     """The exact ubis pass ranks only the jobs it can act on (ubis_priority.compiled); with
     a refresh period shorter than any gap between passes the engine instead ranks the whole
     queue at every pass (policies.ubis_order over all priorities). Both must give the same
@@ -189,10 +191,14 @@ def test_exact_ubis_passes_equal_ranking_the_whole_queue(workload: Workload, dep
     prio = PriorityConfig(interactive_cap=CAP)
     exact = simulate(workload, ClusterModel(nodes=NODES, backfill_depth=depth), "ubis", prio)
     full = simulate(workload, ClusterModel(nodes=NODES, backfill_depth=depth, priority_refresh_s=1e-9), "ubis", prio)
+    # and with the engine's switch to whole-queue ranking for long queues taken at 20 jobs
+    monkeypatch.setattr("simulator.engine.FULL_RANK_ABOVE", 20)
+    switched = simulate(workload, ClusterModel(nodes=NODES, backfill_depth=depth), "ubis", prio)
     assert exact.preemptions > 0
-    np.testing.assert_array_equal(exact.first_start, full.first_start)
-    np.testing.assert_array_equal(exact.end, full.end)
-    assert exact.segments == full.segments
+    for other in (full, switched):
+        np.testing.assert_array_equal(exact.first_start, other.first_start)
+        np.testing.assert_array_equal(exact.end, other.end)
+        assert exact.segments == other.segments
 
 
 def test_take_nodes_prefers_the_previous_nodes_then_the_jobs_image():
