@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from preemption.scheduling.easy import backfill_arrays, reservation
+from preemption.scheduling.easy import backfill_arrays, backfill_leading, reservation
 from preemption.scheduling.policies import blocks_behind_interactive, check_policy, mms_order, preempts, ubis_order
 from preemption.scheduling.victims import Candidate, choose_victims
 from simulator.node_pool import FREE, take_nodes
@@ -44,7 +44,6 @@ from ubis_priority.compiled import (
     SHARE,
     SINCE,
     SUBMIT,
-    backfill_leading,
     queue_priorities,
     scalars,
     ubis_leading,

@@ -22,7 +22,6 @@ import numba
 import numpy as np
 from numpy.typing import NDArray
 
-from preemption.scheduling.easy import backfill_arrays
 from ubis_priority.terms import weight_vector
 from vjob.config import PriorityConfig
 
@@ -322,49 +321,3 @@ def within_depth(
         else:
             high = mid
     return low
-
-
-@numba.njit(cache=True, nogil=True)
-def backfill_leading(
-    now: float,
-    free: int,
-    shadow: float,
-    extra: int,
-    jobs: NDArray[np.int64],
-    entries: NDArray[np.int64],
-    prio: NDArray[np.float64],
-    rows: NDArray[np.float64],
-    head_at: int,
-    nodes: NDArray[np.int64],
-    estimate: NDArray[np.float64],
-    depth: int,
-    started_out: NDArray[np.int64],
-) -> int:  # pragma: no cover - compiled
-    """EASY backfilling (`easy.backfill_arrays`) behind the head `jobs[head_at]` of an
-    `ubis_leading` answer (`jobs`, `entries`, `prio`; `rows` as given to it): the later jobs
-    that could start now (fit the free nodes and end before the shadow time or fit the extra
-    nodes), cut to those within `depth` places after the head in the whole queue order
-    (depth < 0: no bound), then the rule itself. `nodes` and `estimate` are per job index.
-    Same answer as backfilling over the whole order's window: the other jobs of the window
-    could not start anyway. The jobs to start are written to `started_out`; returns how many."""
-    later = jobs.shape[0] - head_at - 1
-    could = np.empty(later, dtype=np.int64)
-    count = 0
-    for i in range(head_at + 1, jobs.shape[0]):
-        j = jobs[i]
-        if nodes[j] <= free and (now + estimate[j] <= shadow or nodes[j] <= extra):
-            could[count] = i
-            count += 1
-    if depth >= 0 and prio.shape[0] > depth + 1 and count > 0:
-        count = within_depth(rows, prio, entries[head_at], entries[could[:count]], depth)
-    keys = np.empty(count, dtype=np.int64)
-    need = np.empty(count, dtype=np.int64)
-    est = np.empty(count, dtype=np.float64)
-    for k in range(count):
-        j = jobs[could[k]]
-        keys[k] = j
-        need[k] = nodes[j]
-        est[k] = estimate[j]
-    started = backfill_arrays(now, free, shadow, extra, keys, need, est, -1)
-    started_out[: started.shape[0]] = started
-    return started.shape[0]
