@@ -200,20 +200,18 @@ class Simulation:
         self.free = model.nodes
         self.free_by_os = np.bincount(self.node_os, minlength=model.os_count)
         """Free nodes per current OS image, kept up to date as nodes are taken and freed."""
+        exact_ubis = policy == "ubis" and model.priority_refresh_s == 0
         self._qjobs = np.empty(n, dtype=np.int64)
-        self._qrows = np.empty((n if policy == "ubis" else 0, len(COLUMNS)), dtype=np.float64)
+        self._qrows = np.empty((n if exact_ubis else 0, len(COLUMNS)), dtype=np.float64)
         self._qlen = 0
+        """The queue as of the last pass (queue_rows: job indices, and for exact ubis their
+        rows); `arrived` holds the jobs queued since."""
+        self.arrived: list[int] = []
         # output buffers of the compiled ubis pass (ubis_leading, backfill_leading)
         self._lead_jobs = np.empty(n, dtype=np.int64)
         self._lead_entries = np.empty(n, dtype=np.int64)
         self._lead_prio = np.empty(n, dtype=np.float64)
         self._late = np.empty(n, dtype=np.int64)
-        self.full_rank_above = FULL_RANK_ABOVE
-        """The queue as of the last pass (queue_rows: job indices, and for ubis their rows);
-        `arrived` holds the jobs queued since."""
-        self.arrived: list[int] = []
-        self.suspended = 0
-        """Queued jobs whose preemption is still open (their Pt grows with `now`)."""
         # scratch arrays, so a pass allocates nothing of the workload's size
         self._mark = np.zeros(n + 2, dtype=bool)
         self._rank = np.zeros(n, dtype=np.int64)
@@ -419,7 +417,7 @@ class Simulation:
             if not priv.any():
                 return qa, None
             return qa[mms_order(self.submit_a[qa], priv)], None
-        if qa.shape[0] > self.full_rank_above:
+        if qa.shape[0] > FULL_RANK_ABOVE:
             # a queue this long is mostly jobs that fit (a backlog of small jobs): sorting
             # all of it once costs less than placing the candidates one by one
             return qa[ubis_order(self._priorities(qa, now), self.submit_a[qa])], None
@@ -501,7 +499,6 @@ class Simulation:
         if not math.isnan(since):
             self.pt_a[j] += alloc - since
             self.since_a[j] = math.nan
-            self.suspended -= 1
         run_start = alloc + overhead
         if math.isnan(self.first_start[j]):
             self.first_start[j] = alloc
@@ -640,7 +637,6 @@ class Simulation:
         self.overhead[v] += ckpt
         self.pc_a[v] += 1
         self.since_a[v] = now
-        self.suspended += 1
         self.prev_nodes[v] = nodes
         self.owner[nodes] = CHECKPOINTING
         self.result.preemptions += 1
