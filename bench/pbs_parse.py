@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 from plugins.pbs.parse import parse_jobs  # noqa: E402
 from plugins.pbs.records import Record, pbs_text_jobs  # noqa: E402
 
-FIXTURE = ROOT.parent / "shared" / "data" / "fixtures" / "torque" / "vsc_qstat_full.txt"
+FIXTURE = ROOT / "tests" / "data" / "fixtures" / "torque" / "vsc_qstat_full.txt"
 
 
 def replicate(text: str, total: int) -> tuple[str, list[Record]]:

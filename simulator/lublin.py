@@ -3,7 +3,7 @@
 Why a model: no public trace of a ~1,000-node machine with 100,000 jobs (the UBIS setup) can
 be brought here; the model reproduces the sizes, runtimes and daily arrival cycle of real
 machines from a few published parameters. We use the model's "typeless" parameter set (one
-class of jobs), the same one behind ../shared/data/traces/lublin_256.swf; the interactive jobs
+class of jobs), the same one behind tests/data/traces/lublin_256.swf; the interactive jobs
 of the UBIS experiment are injected separately (simulator.setup).
 
 The model, in short (parameters are the paper's published fit):

@@ -16,15 +16,15 @@ pytest_plugins = [
     "tests.services.slurm",
 ]
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-if not SHARED.exists():  # CI: shared/ beside the clone
-    SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+TESTS = Path(__file__).resolve().parent
+"""tests/: its data/ folder holds the recorded command outputs and traces (see data/README.md)."""
 
 
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:
-    """../shared: papers, notes, traces and recorded command outputs."""
-    return SHARED
+    """The folder whose `data/` holds the recorded outputs and traces: the repository's own copy
+    (tests/data) of the project's shared data, so a plain clone passes its tests."""
+    return TESTS
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
