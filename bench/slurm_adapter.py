@@ -20,7 +20,7 @@ from rich.table import Table
 
 from plugins.slurm.adapter import SlurmAdapter
 from plugins.slurm.commands import SlurmCommands
-from plugins.slurm.devcluster import DevCluster, Settings
+from devkit.devcluster import DevCluster, Settings
 
 
 def main() -> None:

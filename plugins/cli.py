@@ -9,16 +9,14 @@ their own RMS's output; the tests use it on the recorded fixtures.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
+from plugins import RMS_PACKAGES, rms_package
 from vjob.errors import InputError
 from vjob.model import to_plain
-
-RMS_PACKAGES = {"slurm": "plugins.slurm", "pbs": "plugins.pbs", "oar": "plugins.oar"}
 
 
 def register(sub: Any) -> None:
@@ -41,8 +39,7 @@ def _parse(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise InputError(f"{path}: cannot read: {exc.strerror}") from None
         source = str(path)
-    module = importlib.import_module(RMS_PACKAGES[args.rms])
-    items = module.parse_output(args.kind, text, source=source)
+    items = rms_package(args.rms).parse_output(args.kind, text, source=source)
     json.dump([to_plain(x) for x in items], sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0

@@ -16,20 +16,17 @@ frees; starting them after a failure could overload a node. What was done is rep
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from sqlalchemy import update
-
 from preemption.planner.plan import Plan, PlanAction
 from vjob import log
 from vjob.model import Action
-from vjob.store.db import Store, now
-from vjob.store.schema import ActionRecord, SwitchRecord
+from vjob.store import journal
+from vjob.store.db import Store
 
 
 class ActionPerformer(Protocol):
@@ -151,48 +148,28 @@ class Executor:
         return any_failed
 
     def _perform(self, action: PlanAction, record_id: int) -> None:
-        self._set_action(record_id, "running", started_at=now())
+        journal.set_action(self.store, record_id, "running")
         try:
             _dispatch(self.performer, action)
         except Exception as exc:  # any driver failure: journal it, then let the pool report it
-            self._set_action(record_id, "failed", finished_at=now(), error=str(exc)[:2000] or type(exc).__name__)
+            journal.set_action(self.store, record_id, "failed", str(exc) or type(exc).__name__)
             log.get("executor").error("action_failed", action=action.kind.value, vm=action.vm, error=str(exc))
             raise
-        self._set_action(record_id, "done", finished_at=now())
+        journal.set_action(self.store, record_id, "done")
 
     # -- journal --------------------------------------------------------------------------
     def _journal_plan(self, plan: Plan, reason: str) -> tuple[int, dict[tuple[int, int], int]]:
-        stamp = now()
-        with self.store.session() as s:
-            switch = SwitchRecord(
-                reason=reason, state="running", plan_json=json.dumps(plan.to_dict()), created_at=stamp, updated_at=stamp
-            )
-            s.add(switch)
-            s.flush()
-            rows: dict[tuple[int, int], ActionRecord] = {}
-            for i, pool in enumerate(plan.pools):
-                for k, a in enumerate(pool):
-                    rows[(i, k)] = ActionRecord(
-                        switch_id=switch.id,
-                        pool=i,
-                        action=a.kind.value,
-                        vm_name=a.vm,
-                        job_key=self.job_key(a),
-                        source=a.src,
-                        destination=a.dst,
-                        state="planned",
-                    )
-            s.add_all(rows.values())
-            s.flush()
-            return switch.id, {key: row.id for key, row in rows.items()}
-
-    def _set_action(self, record_id: int, state: str, **values: object) -> None:
-        with self.store.session() as s:
-            s.execute(update(ActionRecord).where(ActionRecord.id == record_id).values(state=state, **values))
+        keys = [(i, k) for i, pool in enumerate(plan.pools) for k in range(len(pool))]
+        planned = [
+            journal.PlannedAction(i, a.kind.value, a.vm, self.job_key(a), a.src, a.dst)
+            for i, pool in enumerate(plan.pools)
+            for a in pool
+        ]
+        switch_id, ids = journal.open_switch(self.store, reason, plan.to_dict(), planned)
+        return switch_id, dict(zip(keys, ids, strict=True))
 
     def _set_switch(self, switch_id: int, state: str) -> None:
-        with self.store.session() as s:
-            s.execute(update(SwitchRecord).where(SwitchRecord.id == switch_id).values(state=state, updated_at=now()))
+        journal.set_switch(self.store, switch_id, state)
 
 
 def _dispatch(performer: ActionPerformer, a: PlanAction) -> None:

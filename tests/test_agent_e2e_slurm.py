@@ -1,4 +1,4 @@
-"""End to end on the real development cluster with real QEMU guests (vjob.agent_demo).
+"""End to end on the real development cluster with real QEMU guests (devkit.demo).
 
 Batch vjobs running the counter guest fill the cluster; an interactive `srun` arrives. The
 agent must checkpoint the lowest-priority victims, requeue-hold them, let the interactive job
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.services import wait_for
-from vjob.agent_demo import Scenario, split_counters
+from devkit.demo import Scenario, split_counters
 from vjob.pilot_files import PilotState
 
 pytestmark = [pytest.mark.slurm, pytest.mark.realvm]

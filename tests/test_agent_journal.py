@@ -1,11 +1,11 @@
-"""Reading and closing the journal of context switches (vjob.agent_journal), on SQLite and
+"""Reading and closing the journal of context switches (vjob.store.journal), on SQLite and
 PostgreSQL. The rows are written as preemption.executor writes them before it acts."""
 
 from __future__ import annotations
 
 import json
 
-from vjob import agent_journal as journal
+from vjob.store import journal
 from vjob.store.db import Store, now
 from vjob.store.schema import ActionRecord, SwitchRecord
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from tests.services import free_port, wait_for
-from vjob.agent import Agent
+from agent.loop import Agent
 from vjob.config import parse
-from vjob.metrics import AgentMetrics
+from agent.metrics import AgentMetrics
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parents[1]

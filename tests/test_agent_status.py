@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from tests.test_agent_journal import journal_switch
-from vjob import agent_journal as journal
+from vjob.store import journal
 from vjob.model import Job
 from vjob.pilot_files import PilotDir, PilotState, PilotStatus
 from vjob.store import jobs as store_jobs

@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from agent.loop import Agent, wake_file, wake_files
+from agent.metrics import AgentMetrics
+from plugins import make_adapter
+from plugins.slurm.environment import wake_file as slurm_wake_file
 from tests.services import wait_for
-from vjob.agent import Agent, slurm_wake_file, wake_file, wake_files
 from vjob.config import parse
-from vjob.metrics import AgentMetrics
 
 INTERVAL_S = 600.0
 """The agent's interval in the wake test: any tick after the first one was woken early."""
@@ -28,8 +30,8 @@ WAKE_BOUND_S = 60.0
 def test_the_agent_watches_the_file_beside_slurm_conf_and_its_own(tmp_path):
     cfg = parse({"data_dir": str(tmp_path / "data"), "slurm": {"conf": "/srv/slurm/etc/slurm.conf"}})
     assert slurm_wake_file(cfg.slurm.conf) == Path("/srv/slurm/etc/vjob-agent.wake")
-    assert wake_files(cfg, "slurm") == (wake_file(cfg), Path("/srv/slurm/etc/vjob-agent.wake"))
-    assert wake_files(cfg, "oar") == (tmp_path / "data" / "agent.wake",)
+    assert wake_files(cfg, make_adapter("slurm", cfg)) == (wake_file(cfg), Path("/srv/slurm/etc/vjob-agent.wake"))
+    assert wake_files(cfg, make_adapter("oar", cfg)) == (tmp_path / "data" / "agent.wake",)
 
 
 def _run(cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -54,7 +56,7 @@ def test_an_interactive_submission_wakes_the_agent_long_before_its_interval(slur
     Store(cfg.database_url).upgrade()
     env = {**slurm_cluster.env, "PATH": "/usr/bin:/bin"}
     wake = slurm_cluster.wake_file
-    assert wake in wake_files(cfg, "slurm"), "the agent and the dev cluster must agree on the file"
+    assert wake in wake_files(cfg, slurm_adapter), "the agent and the dev cluster must agree on the file"
     metrics = AgentMetrics()
 
     def ticks() -> float:

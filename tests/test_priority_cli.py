@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ubis_priority import TERMS, compute
-from ubis_priority.cli import COLUMNS
+from agent.prio_cmd import COLUMNS
 from vjob.cli import main
 from vjob.config import PriorityConfig
 from vjob.model import ClusterView, Job, JobClass, JobState, Node

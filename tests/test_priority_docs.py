@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from ubis_priority import compute
-from ubis_priority.cli import render
+from agent.prio_cmd import render
 from vjob.config import PriorityConfig, SlurmConfig
 from vjob.model import ClusterView
 

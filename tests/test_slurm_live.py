@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from agent.act import REQUEUE_RESTART_MARGIN_S
+from devkit.devcluster import DevCluster, Settings
 from plugins.slurm.adapter import SlurmAdapter
 from plugins.slurm.commands import SlurmCommands
-from plugins.slurm.devcluster import DevCluster, Settings
 from plugins.slurm.images import read_image_list
 from tests.services import wait_for
-from vjob.agent import REQUEUE_RESTART_MARGIN_S
 from vjob.errors import CommandError, InputError, UsageError
 from vjob.model import JobClass, JobState, NodeState
 

@@ -44,7 +44,7 @@ about to start an interactive job), `slurm_site_factor` / `pbs_priority` (intege
 state store: `charge`, `load_usage`, `load_targets`, `sync_targets`, `with_history`).
 """
 
-from ubis_priority.integers import pbs_priority, slurm_site_factor
+from ubis_priority.integers import integer_priority, pbs_priority, slurm_site_factor
 from ubis_priority.interactive import interactive_allowed
 from ubis_priority.kernel import ClusterArrays, JobArrays, TermArrays, compute_arrays
 from ubis_priority.shares import target_shares, usage_shares
@@ -64,6 +64,7 @@ __all__ = [
     "compute",
     "compute_arrays",
     "interactive_allowed",
+    "integer_priority",
     "pbs_priority",
     "slurm_site_factor",
     "target_shares",

@@ -26,14 +26,22 @@ def fraction(priority: NDArray[np.float64], max_priority: float) -> NDArray[np.f
     return np.clip(priority / max_priority, 0.0, 1.0)
 
 
+def integer_priority(priority: NDArray[np.float64], max_priority: float, low: int, high: int) -> NDArray[np.int64]:
+    """Integers low..high: the lowest UBIS priority at `low`, the highest at `high`, rounded.
+
+    The one mapping every RMS knob uses (an adapter declares its range, vjob.rms.PriorityKnob)."""
+    if high <= low:
+        raise ValueError(f"integer priority range {low}..{high}: high must be above low")
+    return (low + np.rint(fraction(priority, max_priority) * (high - low))).astype(np.int64)
+
+
 def slurm_site_factor(priority: NDArray[np.float64], max_priority: float, site_factor_max: int) -> NDArray[np.int64]:
-    """Site factors 0..site_factor_max, rounded to the nearest integer."""
+    """Site factors 0..site_factor_max (the Slurm adapter's knob)."""
     if site_factor_max < 1:
         raise ValueError(f"site_factor_max = {site_factor_max}: must be >= 1")
-    return np.rint(fraction(priority, max_priority) * site_factor_max).astype(np.int64)
+    return integer_priority(priority, max_priority, 0, site_factor_max)
 
 
 def pbs_priority(priority: NDArray[np.float64], max_priority: float) -> NDArray[np.int64]:
-    """PBS job priorities -1024..1023: the lowest UBIS priority at -1024, the highest at 1023."""
-    span = PBS_MAX - PBS_MIN
-    return (PBS_MIN + np.rint(fraction(priority, max_priority) * span)).astype(np.int64)
+    """PBS job priorities -1024..1023 (the PBS adapter's knob)."""
+    return integer_priority(priority, max_priority, PBS_MIN, PBS_MAX)

@@ -11,6 +11,8 @@ when it exists; with none of them the embedded defaults apply (SQLite under the 
 from __future__ import annotations
 
 import os
+import re
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -18,6 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from vjob.errors import ConfigError
+from vjob.secrets import MASK, is_secret_name, mask_text
 
 DEFAULT_PATH = Path("/etc/vjob/vjob.toml")
 ENV_VAR = "VJOB_CONFIG"
@@ -121,6 +124,10 @@ class AgentConfig(Section):
     pilot_dir: str = ""
     """Where pilots and the agent exchange state and checkpoint requests (one directory per
     job); empty means <data_dir>/pilots. Must be shared by the agent and the compute nodes."""
+    lease_s: float = Field(30.0, ge=5, le=3600)
+    """The agent's lease on its cluster in the store: one agent per RMS acts at a time; a
+    standby (e.g. on the second controller of an HA pair) takes over this long after the active
+    agent dies. Renewed every third of it; keep it well above the hosts' clock skew."""
 
 
 class ProvisioningConfig(Section):
@@ -292,21 +299,61 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
     else:
         return Config()
     try:
-        raw = chosen.read_bytes()
+        with chosen.open("rb") as fh:
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"{chosen}: cannot read the configuration file: {exc.strerror}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{chosen}: the configuration file is larger than {MAX_CONFIG_BYTES} bytes")
+    return parse(parse_toml(raw, str(chosen)), source=str(chosen))
+
+
+MAX_CONFIG_BYTES = 1 << 20
+"""A configuration file is a few kilobytes; anything this large is a mistake, not a setting."""
+_LONG_NUMBER = re.compile(r"[0-9_]{4000,}")
+
+
+def parse_toml(raw: bytes, source: str) -> dict[str, Any]:
+    """TOML bytes to a mapping; every way tomllib can fail is a ConfigError naming `source`.
+
+    Why more than TOMLDecodeError: tomllib also raises ValueError for an integer longer than
+    Python's int conversion limit (4300 digits) and RecursionError for arrays or inline tables
+    nested a thousand deep, and bytes that are not UTF-8 are a UnicodeDecodeError. Each gets the
+    file and, where it can be found, the line.
+    """
     try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{chosen}: not valid TOML: {exc}") from None
-    return parse(data, source=str(chosen))
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(f"{source}:{line}: not valid TOML: byte {raw[exc.start]:#04x} is not UTF-8") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+    except ValueError:  # int() over its digit limit, inside tomllib
+        limit = sys.get_int_max_str_digits()
+        found = _LONG_NUMBER.search(text)
+        if found is None:
+            raise ConfigError(f"{source}: not valid TOML: a number longer than {limit} digits") from None
+        line = text.count("\n", 0, found.start()) + 1
+        key = _key_of_line(text, found.start())
+        raise ConfigError(
+            f"{source}:{line}: not valid TOML: {key}a number of {len(found.group())} digits (at most {limit})"
+        ) from None
+    except RecursionError:
+        raise ConfigError(f"{source}: not valid TOML: arrays or inline tables nested too deeply") from None
 
 
-SECRET_WORDS = ("password", "secret", "token", "key")
+def _key_of_line(text: str, pos: int) -> str:
+    """The "key 'name': " prefix for the line holding `pos` ("" when the line has no key)."""
+    start = text.rfind("\n", 0, pos) + 1
+    key, sep, _ = text[start:pos].partition("=")
+    return f"key {key.strip()[:60]!r}: " if sep and key.strip() else ""
 
 
 def masked(config: Config) -> dict[str, Any]:
-    """The effective configuration as a dict with secrets (and URL passwords) masked."""
+    """The effective configuration as a dict with secrets masked (vjob.secrets: a key named like
+    a secret has its value replaced, every URL loses its password and secret query values)."""
     data = config.model_dump(mode="json")
     data["database"]["effective_url"] = config.database_url
     return _mask(data)
@@ -317,17 +364,10 @@ def _mask(value: Any, key: str = "") -> Any:
         return {k: _mask(v, k) for k, v in value.items()}
     if isinstance(value, list):
         return [_mask(v, key) for v in value]
-    if isinstance(value, str):
-        if any(w in key.lower() for w in SECRET_WORDS) and value:
-            return "***"
-        if "://" in value and "@" in value:
-            from sqlalchemy.engine import make_url
-
-            try:
-                return make_url(value).render_as_string(hide_password=True)
-            except Exception:  # noqa: BLE001 - a non-SQLAlchemy URL: mask the userinfo crudely
-                scheme, rest = value.split("://", 1)
-                return f"{scheme}://***@{rest.split('@', 1)[1]}"
+    if isinstance(value, str) and value:
+        if is_secret_name(key):
+            return MASK
+        return mask_text(value)
     return value
 
 

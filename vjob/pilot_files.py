@@ -7,6 +7,14 @@ per job on a filesystem shared with the agent holds the pilot's state file and t
 checkpoint request. Every write is an atomic rename, so a reader never sees half a file and a
 process killed mid-write leaves the previous version.
 
+Who writes what, and what root trusts: the directory and state.json belong to the job's user
+(the pilot runs as that user), so the root agent reads them as hostile data — opened without
+following symlinks, only if a regular file, at most MAX_FILE_BYTES, every field type-checked —
+and only in a directory owned by the job's user (or root). The agent's own request.json is
+written through a directory descriptor opened without following symlinks, to a random
+O_EXCL|O_NOFOLLOW temporary name, then renamed over: a planted symlink is replaced, never
+followed.
+
 Layout of `<pilot_dir>/<rms>-<job id>/` (mode 0700, files 0600; `[agent] pilot_dir`, default
 <data_dir>/pilots, on a filesystem the agent and the compute nodes share):
   state.json    written by the pilot: where the VM runs, what it is doing, where it was saved
@@ -18,17 +26,32 @@ The VM's overlay, console log and memory state are where the VM driver keeps the
 from __future__ import annotations
 
 import json
+import math
 import os
+import pwd
 import re
+import secrets
+import stat
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from vjob.config import Config
 from vjob.errors import InputError
 
-_JOB_ID = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+_JOB_ID = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+_NAME = re.compile(r"[A-Za-z0-9_.@:\-]{0,128}")
+MAX_FILE_BYTES = 256 * 1024
+"""A state or request file larger than this is refused (a history of a few hundred moves)."""
+MAX_HISTORY = 1000
+MAX_TEXT = 4096
+
+
+def pilot_root(cfg: Config) -> Path:
+    """Where the pilots' directories (state files, checkpoint requests) live."""
+    return Path(cfg.agent.pilot_dir) if cfg.agent.pilot_dir else cfg.data_path / "pilots"
 
 
 class PilotState(StrEnum):
@@ -92,13 +115,16 @@ class PilotStatus:
 
     @classmethod
     def from_json(cls, data: dict[str, Any], *, source: str) -> PilotStatus:
-        known = set(cls.__dataclass_fields__)
-        try:
-            kwargs = {k: v for k, v in data.items() if k in known}
-            kwargs["state"] = PilotState(data["state"])
-            return cls(**kwargs)
-        except (KeyError, ValueError, TypeError) as exc:
-            raise InputError(f"{source}: not a pilot state file ({exc})") from None
+        """Typed validation: every field of the declared type, numbers finite and >= 0, names
+        from a safe alphabet, texts and lists bounded. Unknown keys are ignored."""
+        kwargs: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name not in data:
+                if f.name in ("job_id", "vm", "node", "uri", "state", "since"):
+                    raise InputError(f"{source}: not a pilot state file: field {f.name!r} missing")
+                continue
+            kwargs[f.name] = _typed(f.name, data[f.name], source)
+        return cls(**kwargs)
 
 
 @dataclass(frozen=True)
@@ -112,9 +138,55 @@ class CheckpointRequest:
     """The nodes the job holds: where a local resume should put it back."""
 
 
+_FLOATS = {"since", "save_seconds", "restore_seconds"}
+_INTS = {"pid", "memory_mb", "boots", "restores", "local_restores", "console_bytes_at_save", "save_bytes"}
+_NAMES = {"job_id", "vm", "node", "image", "saved_node", "request_id"}
+_PATHS = {"uri", "memory_path", "console_log", "message"}
+
+
+def _typed(name: str, value: Any, source: str) -> Any:
+    def bad(rule: str) -> InputError:
+        return InputError(f"{source}: field {name!r} = {str(value)[:80]!r}: {rule}")
+
+    if name == "state":
+        try:
+            return PilotState(value)
+        except ValueError:
+            raise bad(f"must be one of {', '.join(s.value for s in PilotState)}") from None
+    if name in _FLOATS:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+            raise bad("must be a finite number >= 0")
+        return float(value)
+    if name in _INTS:
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+            raise bad("must be an integer >= 0")
+        return value
+    if name in _NAMES:
+        if not isinstance(value, str) or not _NAME.fullmatch(value):
+            raise bad("must be a name of letters, digits and . _ @ : - (at most 128)")
+        return value
+    if name in _PATHS:
+        if not isinstance(value, str) or len(value) > MAX_TEXT or "\0" in value:
+            raise bad(f"must be a string of at most {MAX_TEXT} characters")
+        return value
+    if name == "saved_nodes":
+        if (
+            not isinstance(value, list)
+            or len(value) > 4096
+            or not all(isinstance(v, str) and _NAME.fullmatch(v) for v in value)
+        ):
+            raise bad("must be a list of node names")
+        return list(value)
+    if name == "history":
+        if not isinstance(value, list) or len(value) > MAX_HISTORY or not all(isinstance(v, dict) for v in value):
+            raise bad(f"must be a list of at most {MAX_HISTORY} objects")
+        return list(value)
+    raise bad("unknown field")
+
+
 def validate_job_id(job_id: str) -> str:
     """Job ids become directory and VM names: only a safe alphabet is allowed."""
-    if not _JOB_ID.match(job_id or ""):
+    if not isinstance(job_id, str) or not _JOB_ID.fullmatch(job_id):
         raise InputError(f"job id {job_id!r}: must be 1-64 characters of letters, digits, '.', '_' or '-'")
     return job_id
 
@@ -124,25 +196,61 @@ def vm_name(rms: str, job_id: str) -> str:
     return f"vjob-{rms}-{validate_job_id(job_id)}"
 
 
+def _open_dir(path: Path) -> int:
+    """A descriptor of directory `path` itself: never a symlink's target."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise InputError(f"{path}: not a directory vjob may use ({exc.strerror})") from None
+
+
 def _write_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=1, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    """Write `path` whole or not at all, without ever following a link planted in its directory:
+    a random O_EXCL|O_NOFOLLOW temporary file in the directory's descriptor, renamed over."""
+    body = json.dumps(data, indent=1, sort_keys=True).encode()
+    dfd = _open_dir(path.parent)
+    try:
+        tmp = f".{path.name}.{secrets.token_hex(8)}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dfd)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(body)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            os.unlink(tmp, dir_fd=dfd)
+            raise
+    finally:
+        os.close(dfd)
 
 
 def _read(path: Path) -> dict[str, Any] | None:
+    """A JSON object from `path`, read as hostile data: no symlink, a regular file (a FIFO would
+    block the reader for good), at most MAX_FILE_BYTES. None when there is no file."""
     try:
-        text = path.read_text(encoding="utf-8")
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         return None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot be read safely ({exc.strerror})") from None
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path}: not valid JSON ({exc})") from None
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise InputError(f"{path}: not a regular file")
+        if info.st_size > MAX_FILE_BYTES:
+            raise InputError(f"{path}: {info.st_size} bytes, over the {MAX_FILE_BYTES}-byte limit")
+        raw = os.read(fd, MAX_FILE_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(raw) > MAX_FILE_BYTES:
+        raise InputError(f"{path}: over the {MAX_FILE_BYTES}-byte limit")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise InputError(f"{path}: not valid JSON ({str(exc)[:200]})") from None
     if not isinstance(data, dict):
         raise InputError(f"{path}: expected a JSON object")
     return data
@@ -155,6 +263,26 @@ class PilotDir:
         self.rms = rms
         self.job_id = validate_job_id(job_id)
         self.path = Path(root) / f"{rms}-{job_id}"
+
+    @property
+    def vm(self) -> str:
+        """The job's VM name, derived from the job id (never taken from a file)."""
+        return vm_name(self.rms, self.job_id)
+
+    def check_owner(self, user: str) -> None:
+        """Refuse a directory that is a symlink or is owned by neither `user` nor root."""
+        try:
+            info = os.lstat(self.path)
+        except FileNotFoundError:
+            return
+        if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+            raise InputError(f"{self.path}: not a plain directory")
+        try:
+            uid = pwd.getpwnam(user).pw_uid
+        except KeyError:
+            uid = None
+        if info.st_uid not in (0, uid):
+            raise InputError(f"{self.path}: owned by uid {info.st_uid}, not by the job's user {user!r}")
 
     @property
     def state_file(self) -> Path:
@@ -190,7 +318,7 @@ class PilotDir:
                 str(data["request_id"]), float(data["at"]), str(data.get("reason", "")),
                 tuple(str(n) for n in data.get("nodes", ())),
             )  # fmt: skip
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise InputError(f"{self.request_file}: not a checkpoint request ({exc})") from None
 
     # -- the agent's side -------------------------------------------------------------
@@ -203,8 +331,12 @@ class PilotDir:
         self.request_file.unlink(missing_ok=True)
 
     def saved_for(self, request_id: str) -> bool:
-        """True when the pilot has saved the VM in answer to `request_id`."""
-        st = self.read_state()
+        """True when the pilot has saved the VM in answer to `request_id` (a state file that
+        fails validation is "not yet": the request times out and is withdrawn)."""
+        try:
+            st = self.read_state()
+        except InputError:
+            return False
         return st is not None and st.state is PilotState.SAVED and st.request_id == request_id and st.memory_saved
 
 
@@ -213,10 +345,11 @@ def all_dirs(root: Path, rms: str) -> list[PilotDir]:
     if not root.is_dir():
         return []
     out = []
+    prefix = f"{rms}-"
     for entry in sorted(root.iterdir()):
-        prefix = f"{rms}-"
-        if entry.is_dir() and entry.name.startswith(prefix) and (entry / "state.json").exists():
-            job_id = entry.name[len(prefix) :]
-            if _JOB_ID.match(job_id):
-                out.append(PilotDir(root, rms, job_id))
+        if entry.is_symlink() or not entry.is_dir() or not entry.name.startswith(prefix):
+            continue
+        job_id = entry.name[len(prefix) :]
+        if _JOB_ID.fullmatch(job_id) and os.path.lexists(entry / "state.json"):
+            out.append(PilotDir(root, rms, job_id))
     return out

@@ -1,21 +1,102 @@
 """The contract between the agent and an RMS adapter (plugins/slurm, plugins/pbs, plugins/oar).
 
-Why a Protocol: the agent loop (observe → decide → act → record) is the same for every RMS;
-only observing and acting differ. An adapter turns the RMS's view into model objects and
-carries out the few actions vjob needs, raising CommandError naming the command and job.
+Why a Protocol plus declared abilities: the agent loop (observe → decide → act → record) is the
+same for every RMS; only observing and acting differ, and RMSs differ in what they *can* do
+(OAR has no per-job priority and cannot requeue a running job; only Slurm can pin a job to
+nodes and force its start). An adapter states that once, in `abilities`, and the agent plans
+with it — it never probes with `getattr` or learns it from an exception mid-tick. Everything
+an RMS-specific piece of code needs to tell the core (its job environment variables, the files
+its hooks touch to wake the agent, its integer priority range) is declared here too, so RMS
+knowledge lives in plugins/<rms>/ and nowhere else.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
+from vjob.errors import VjobError
 from vjob.model import Job, Node
+
+
+@dataclass(frozen=True)
+class PriorityKnob:
+    """The RMS's per-job integer priority: UBIS's P/Σw in 0..1 maps linearly onto low..high.
+
+    `min_step`: the smallest change worth a command (queue time moves every priority a little
+    each tick; Slurm's site factor spans a million, so a change of 1 is noise)."""
+
+    low: int
+    high: int
+    min_step: int = 1
+
+    def __post_init__(self) -> None:
+        if self.high <= self.low:
+            raise ValueError(f"priority knob {self.low}..{self.high}: high must be above low")
+        if self.min_step < 1:
+            raise ValueError(f"priority knob min_step = {self.min_step}: must be >= 1")
+
+
+@dataclass(frozen=True)
+class JobEnvironment:
+    """Which variables of a job's environment carry what the pilot needs to know.
+
+    `restart_count` is None when the RMS exports no restart counter; `restart_count_from_zero`
+    says whether a missing variable inside a job means "first start" (Slurm sets
+    SLURM_RESTART_COUNT only from the first restart on)."""
+
+    job_id: str
+    node_name: str
+    node_list: str
+    restart_count: str | None = None
+    restart_count_from_zero: bool = False
+    script_name: str | None = None
+    """Base name of the batch script the RMS runs (Slurm: slurm_script), where it has one."""
+
+    def job_id_from(self, env: Mapping[str, str]) -> str:
+        return env.get(self.job_id, "")
+
+    def restarts_from(self, env: Mapping[str, str], *, in_job: bool) -> int | None:
+        """How often the RMS restarted the job; None when it cannot be known."""
+        if self.restart_count is None:
+            return None
+        value = env.get(self.restart_count)
+        if value is None:
+            return 0 if (in_job and self.restart_count_from_zero) else None
+        return int(value) if value.isdigit() else None
+
+
+@dataclass(frozen=True)
+class Abilities:
+    """What an adapter can do, declared. The agent never calls what is not declared here."""
+
+    priority: PriorityKnob | None
+    """The per-job priority knob, or None (OAR: queues order jobs)."""
+    requeue_hold: bool
+    """A running job can be put back in the queue, held (Slurm requeuehold, PBS qhold+qrerun)."""
+    hold_release: bool
+    suspend: bool
+    """The RMS can suspend/resume a running job itself (PBS qsig, Slurm scontrol suspend)."""
+    pin_nodes: bool
+    """A held job can be told which nodes to run on (Slurm ReqNodeList: local resume)."""
+    start_now: bool
+    """A released job's start can be forced (Slurm StartTime=now, after a requeue's delay)."""
+    environment: JobEnvironment
+    wake_files: tuple[Path, ...] = field(default=())
+    """Files the RMS's hooks touch on an interactive submission: a change wakes the agent."""
+
+
+class NotSupported(VjobError):
+    """An action the adapter's `abilities` do not declare; a programming error in the caller."""
 
 
 class RMSAdapter(Protocol):
     """What the agent needs from a resource manager."""
 
     name: str
+    abilities: Abilities
 
     def jobs(self) -> list[Job]:
         """Every job the RMS knows that is pending, held, running or suspended."""
@@ -26,7 +107,7 @@ class RMSAdapter(Protocol):
         ...
 
     def set_priority(self, job_id: str, value: int) -> None:
-        """Give a pending job vjob's priority (Slurm: site factor; PBS: qalter -p)."""
+        """Give a pending job vjob's priority (only when `abilities.priority` is set)."""
         ...
 
     def hold(self, job_id: str) -> None: ...
@@ -36,3 +117,14 @@ class RMSAdapter(Protocol):
     def requeue_hold(self, job_id: str) -> None:
         """Put a running job back in the queue, held (after its VMs were checkpointed)."""
         ...
+
+    def require_nodes(self, job_id: str, nodes: Sequence[str]) -> None:
+        """Pin a held job to `nodes` (only when `abilities.pin_nodes`)."""
+        ...
+
+    def start_now(self, job_id: str) -> None:
+        """Force a released job's start (only when `abilities.start_now`)."""
+        ...
+
+
+__all__ = ["Abilities", "JobEnvironment", "NotSupported", "PriorityKnob", "RMSAdapter"]

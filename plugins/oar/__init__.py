@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from plugins.oar.adapter import OarAdapter
+from plugins.oar.adapter import ENVIRONMENT, OarAdapter
 from plugins.oar.client import OarClient, OarCommands, OarRest, SubmitRequest
 from plugins.oar.parse import OarJob, nodes_from_resources, parse_jobs, parse_resources
 from vjob.errors import InputError
 from vjob.model import Job, Node
 
 __all__ = [
+    "ENVIRONMENT",
     "OarAdapter",
     "OarClient",
     "OarCommands",

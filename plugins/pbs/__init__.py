@@ -5,7 +5,7 @@ file, installed as described in deploy/pbs/README.md).
 
 from __future__ import annotations
 
-from plugins.pbs.adapter import PbsAdapter, make_adapter
+from plugins.pbs.adapter import ENVIRONMENT, PbsAdapter, make_adapter
 from plugins.pbs.parse import parse_jobs, parse_nodes, parse_output
 
-__all__ = ["PbsAdapter", "make_adapter", "parse_jobs", "parse_nodes", "parse_output"]
+__all__ = ["ENVIRONMENT", "PbsAdapter", "make_adapter", "parse_jobs", "parse_nodes", "parse_output"]

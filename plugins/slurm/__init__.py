@@ -5,6 +5,7 @@
 """
 
 from plugins.slurm.adapter import SlurmAdapter, make_adapter
+from plugins.slurm.environment import ENVIRONMENT
 from plugins.slurm.parse import parse_output
 
-__all__ = ["SlurmAdapter", "make_adapter", "parse_output"]
+__all__ = ["ENVIRONMENT", "SlurmAdapter", "make_adapter", "parse_output"]

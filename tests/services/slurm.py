@@ -1,4 +1,4 @@
-"""The Slurm development cluster for the tests (deploy/devcluster, plugins.slurm.devcluster).
+"""The Slurm development cluster for the tests (deploy/devcluster, devkit.devcluster).
 
 A cluster already up in the run directory ($VJOB_DEVCLUSTER_DIR or /var/lib/vjob/devcluster)
 is used as it is and left running. Otherwise `slurm_cluster` brings one up without the agent
@@ -14,7 +14,7 @@ import pytest
 
 from plugins.slurm.adapter import SlurmAdapter
 from plugins.slurm.commands import SlurmCommands
-from plugins.slurm.devcluster import DevCluster, Settings
+from devkit.devcluster import DevCluster, Settings
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,7 @@ from sqlalchemy import (
     CheckConstraint,
     Float,
     ForeignKey,
+    ForeignKeyConstraint,
     Index,
     Integer,
     MetaData,
@@ -172,7 +173,13 @@ class SubnetRecord(Base):
     """A Saline subnetID (16 bits), unique across all sites, held by one job."""
 
     __tablename__ = "subnets"
-    __table_args__ = (CheckConstraint("subnet_id >= 0 AND subnet_id < 65536", name="subnet_range"),)
+    __table_args__ = (
+        CheckConstraint("subnet_id >= 0 AND subnet_id < 65536", name="subnet_range"),
+        # The target of vm_ids' (subnet_id, job_key) foreign key (vjob.store.identities). An
+        # index, not a table constraint: SQLite adds it without rebuilding `subnets` (a rebuild
+        # is a DROP TABLE, whose implicit DELETE would cascade to every vm_ids row).
+        Index("uq_subnets_subnet_job", "subnet_id", "job_key", unique=True),
+    )
 
     subnet_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     site: Mapped[str] = mapped_column(String(64))
@@ -184,13 +191,23 @@ class VMIdRecord(Base):
     """A Saline vmID (8 bits) inside a subnet, held by one VM."""
 
     __tablename__ = "vm_ids"
-    __table_args__ = (CheckConstraint("vm_id >= 0 AND vm_id < 256", name="vm_range"),)
-
-    subnet_id: Mapped[int] = mapped_column(
-        ForeignKey("subnets.subnet_id", ondelete="CASCADE"), primary_key=True, autoincrement=False
+    __table_args__ = (
+        CheckConstraint("vm_id >= 0 AND vm_id < 256", name="vm_range"),
+        # A VM sits only in its own job's subnet, and goes when that subnet is released.
+        ForeignKeyConstraint(
+            ["subnet_id", "job_key"],
+            ["subnets.subnet_id", "subnets.job_key"],
+            name="fk_vm_ids_subnet_job_subnets",
+            ondelete="CASCADE",
+        ),
     )
+
+    subnet_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     vm_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     vm_name: Mapped[str] = mapped_column(String(128), unique=True)
+    job_key: Mapped[str] = mapped_column(String(128))
+    mac: Mapped[str | None] = mapped_column(String(17), unique=True, nullable=True)
+    """prefix:subnet:subnet:vm, fixed at allocation; NULL only for rows older than schema 0004."""
     allocated_at: Mapped[float] = mapped_column(Float)
 
 
@@ -267,6 +284,10 @@ class SalineJobRecord(Base):
     error: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
+    # The compare-and-set lease (saline_bew.lease): the one site master that may act on this
+    # vjob until lease_expires_at, so two masters never both resubmit one killed job.
+    lease_owner: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    lease_expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class SalineEventRecord(Base):
@@ -282,3 +303,15 @@ class SalineEventRecord(Base):
     site: Mapped[str] = mapped_column(String(64), default="")
     oar_job_id: Mapped[str] = mapped_column(String(32), default="")
     detail: Mapped[str] = mapped_column(Text, default="")
+
+
+class LeaseRecord(Base):
+    """A named lease (vjob.store.leases): who may act as, e.g., the Slurm agent of this cluster
+    until `expires_at`. Taken and renewed by compare-and-set, so two holders never overlap."""
+
+    __tablename__ = "leases"
+
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(128))
+    expires_at: Mapped[float] = mapped_column(Float)
+    acquired_at: Mapped[float] = mapped_column(Float)

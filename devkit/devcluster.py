@@ -15,7 +15,6 @@ run/ (pid files, started.json), log/ (daemon logs).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
@@ -29,14 +28,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from devkit import libvirtd
 from plugins.slurm.commands import SlurmCommands
+from plugins.slurm.environment import wake_file as slurm_wake_file
 from plugins.slurm.images import SHIPPED_IMAGES, write_image_list
 from vjob import proc
 from vjob.errors import CommandError, UsageError, VjobError
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 TEMPLATE = REPO / "deploy" / "slurm" / "slurm.conf.in"
-JOB_SUBMIT_LUA = Path(__file__).resolve().parent / "job_submit.lua"
+JOB_SUBMIT_LUA = REPO / "plugins" / "slurm" / "job_submit.lua"
 ENV_DIR = "VJOB_DEVCLUSTER_DIR"
 DEFAULT_DIR = Path("/var/lib/vjob/devcluster")
 SLURM_USER = "slurm"
@@ -109,8 +110,6 @@ class DevCluster:
     @property
     def wake_file(self) -> Path:
         """The file job_submit.lua rewrites on an interactive job and the agent watches."""
-        from vjob.agent import slurm_wake_file
-
         return slurm_wake_file(self.conf)
 
     def ensure_wake_file(self) -> None:
@@ -177,7 +176,7 @@ class DevCluster:
             started["libvirt_pids"] = sorted(set(started.get("libvirt_pids", [])) | set(pids))
             timings["libvirt_s"] = time.monotonic() - t0
         if settings.agent != "no":
-            started["agent"] = self._start_agent(settings.agent == "yes", progress)
+            started["agent"] = self._start_agent(progress)
         self._save_started(started)
         timings["total_s"] = time.monotonic() - t0
         return {"run_dir": str(self.root), "env": self.env, "timings": timings, "status": self.status()}
@@ -262,19 +261,12 @@ class DevCluster:
             raise VjobError(f"devcluster: {what} did not start (exit {proc.returncode}); see {log} and {self.log}")
 
     def _start_libvirt(self, progress: Callable[[str], None]) -> list[int]:
-        """virtlogd + libvirtd through provisioning.libvirtd; returns the pids it started."""
-        from provisioning import libvirtd
-
+        """virtlogd + libvirtd through devkit.libvirtd; returns the pids it started."""
         daemons = libvirtd.start_system(self.log / "libvirt")
         progress(f"libvirtd ready ({'started' if daemons.owned else 'already running'})")
         return list(daemons.started_pids)
 
-    def _start_agent(self, required: bool, progress: Callable[[str], None]) -> str:
-        if importlib.util.find_spec("vjob.agent") is None:
-            if required:
-                raise VjobError("devcluster: --agent yes, but this checkout has no vjob.agent yet")
-            progress("agent: vjob.agent not available in this checkout, not started")
-            return "unavailable"
+    def _start_agent(self, progress: Callable[[str], None]) -> str:
         pidfile = self.run / "agent.pid"
         if proc.alive(_read_pid(pidfile)) and "agent" in _cmdline(_read_pid(pidfile) or 0):
             return "running"
@@ -304,8 +296,6 @@ class DevCluster:
         nodes = self.node_names()
         slurmd = {n: proc.alive(_read_pid(self.run / f"slurmd-{n}.pid")) for n in nodes}
         node_states = self._node_states() if self._ctld_alive() else {}
-        from provisioning import libvirtd
-
         libvirt = "running" if libvirtd.reachable(libvirtd.SYSTEM_URI, timeout_s=5) else "not running"
         if started.get("libvirt_pids"):
             libvirt += f" (started by devcluster: pids {started['libvirt_pids']})"
@@ -364,8 +354,6 @@ class DevCluster:
         for pidfile in [*sorted(self.run.glob("slurmd-*.pid")), self.run / "slurmctld.pid"]:
             self._stop_pidfile(pidfile, pidfile.stem, progress, grace=10.0, expect="slurm")
         if started.get("libvirt_pids"):
-            from provisioning import libvirtd
-
             libvirtd.stop(libvirtd.Daemons(uri=libvirtd.SYSTEM_URI, started_pids=list(started["libvirt_pids"])))
             progress(f"libvirtd stopped (pids {started['libvirt_pids']})")
         if started.get("munged"):

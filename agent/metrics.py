@@ -48,6 +48,9 @@ class AgentMetrics:
         self.errors = Counter("vjob_agent_errors_total", "Agent failures, by kind", ["kind"], registry=r)
         self.store_up = Gauge("vjob_store_up", "1 when the state store answered in the last tick", registry=r)
         self.last_tick = Gauge("vjob_agent_last_tick_timestamp_seconds", "When the last tick ended", registry=r)
+        self.active = Gauge(
+            "vjob_agent_active", "1 while this agent holds its cluster's lease (0: standby)", registry=r
+        )
 
     def set_queue(self, counts: dict[tuple[str, str], int]) -> None:
         """Replace the queue gauge with this tick's counts (states that vanished go to 0)."""

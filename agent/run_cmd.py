@@ -1,12 +1,13 @@
-"""`vjob run`: the pilot, as a job's command inside its RMS allocation (see vjob.pilot).
+"""`vjob run`: the pilot, as a job's command inside its RMS allocation (see agent.pilot).
 
     #!/bin/bash
     #SBATCH -N1 --exclusive
     #VJOB os=debian-tiny
     vjob run                      # or: vjob run --os debian-tiny --payload work.sh
 
-The job id and node come from the RMS's environment (SLURM_JOB_ID and SLURMD_NODENAME; PBS
-and OAR equivalents), or --job-id/--node. The OS image comes from --os, $VJOB_OS, or the
+The job id and node come from the RMS's environment (the variables its adapter declares,
+plugins.job_environment: SLURM_JOB_ID and SLURMD_NODENAME; PBS and OAR equivalents), or
+--job-id/--node. The OS image comes from --os, $VJOB_OS, or the
 `#VJOB os=NAME` line of the job's script (already validated by job_submit.lua at submission).
 """
 
@@ -19,20 +20,22 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from agent.pilot import DriverVM, Pilot, PilotSettings
+from plugins import RMS_PACKAGES, job_environment
+from plugins.slurm.images import requested_image
 from vjob.cli import load_config
 from vjob.config import Config
 from vjob.errors import CommandError, InputError, UsageError
+from vjob.pilot_files import PilotDir, pilot_root, vm_name
+from vjob.rms import JobEnvironment
 
 TINY_IMAGE = "debian-tiny"
 """The tiny counter guest (provisioning.guest): the image vjob can always offer."""
-_JOB_ENV = {"slurm": "SLURM_JOB_ID", "pbs": "PBS_JOBID", "oar": "OAR_JOB_ID"}
-_RESTART_ENV = {"slurm": "SLURM_RESTART_COUNT"}
-_NODE_ENV = {"slurm": "SLURMD_NODENAME", "pbs": "PBS_NODENAME", "oar": "OAR_NODENAME"}
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("run", help="the in-job pilot: run this job inside a VM that survives checkpoints")
-    p.add_argument("--rms", choices=sorted(_JOB_ENV), default="slurm")
+    p.add_argument("--rms", choices=sorted(RMS_PACKAGES), default="slurm")
     p.add_argument("--job-id", help="the RMS job id (default: from the job's environment)")
     p.add_argument("--node", help="the RMS node name (default: from the job's environment)")
     p.add_argument("--os", dest="os_image", help="OS image (default: $VJOB_OS or the script's #VJOB os= line)")
@@ -49,16 +52,13 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from vjob.agent import pilot_root
-    from vjob.pilot import DriverVM, Pilot, PilotSettings
-    from vjob.pilot_files import PilotDir, vm_name
-
     cfg = load_config(args)
-    job_id = args.job_id or os.environ.get(_JOB_ENV[args.rms], "")
+    env = job_environment(args.rms)
+    job_id = args.job_id or env.job_id_from(os.environ)
     if not job_id:
-        raise UsageError(f"vjob run: no job id: run inside a {args.rms} job (${_JOB_ENV[args.rms]}) or give --job-id")
-    node = args.node or os.environ.get(_NODE_ENV[args.rms]) or socket.gethostname().split(".")[0]
-    image = args.os_image or os.environ.get("VJOB_OS") or _script_image() or TINY_IMAGE
+        raise UsageError(f"vjob run: no job id: run inside a {args.rms} job (${env.job_id}) or give --job-id")
+    node = args.node or os.environ.get(env.node_name) or socket.gethostname().split(".")[0]
+    image = args.os_image or os.environ.get("VJOB_OS") or _script_image(env) or TINY_IMAGE
     if args.memory < 72:
         raise InputError(f"--memory {args.memory}: must be at least 72 MiB (the guest kernel's floor)")
     payload = None
@@ -71,7 +71,7 @@ def _run(args: argparse.Namespace) -> int:
     name = vm_name(args.rms, job_id)
     settings = PilotSettings(
         rms=args.rms, job_id=job_id, node=node, image=image, memory_mb=args.memory,
-        orphan_resume_s=args.orphan_resume, restart_count=_restart_count(args),
+        orphan_resume_s=args.orphan_resume, restart_count=_restart_count(args, env),
     )  # fmt: skip
     driver = _driver(cfg)
     try:
@@ -81,21 +81,15 @@ def _run(args: argparse.Namespace) -> int:
         driver.close()
 
 
-def _restart_count(args: argparse.Namespace) -> int | None:
-    """How often the RMS restarted this job; None when we cannot know (--job-id given by hand).
-
-    Slurm sets SLURM_RESTART_COUNT only from the first restart on: inside a Slurm job its
-    absence means a first start.
-    """
-    if args.job_id or args.rms not in _RESTART_ENV or not os.environ.get(_JOB_ENV[args.rms]):
-        value = os.environ.get(_RESTART_ENV.get(args.rms, ""), "")
-        return int(value) if value.isdigit() else None
-    value = os.environ.get(_RESTART_ENV[args.rms], "0")
-    return int(value) if value.isdigit() else None
+def _restart_count(args: argparse.Namespace, env: JobEnvironment) -> int | None:
+    """How often the RMS restarted this job; None when we cannot know (--job-id given by hand
+    outside a job, or an RMS that exports no restart counter)."""
+    in_job = not args.job_id and bool(env.job_id_from(os.environ))
+    return env.restarts_from(os.environ, in_job=in_job)
 
 
 def _driver(cfg: Config) -> Any:
-    from provisioning.driver import Driver
+    from provisioning.driver import Driver  # heavy: libvirt-python
 
     return Driver(cfg.provisioning, data_dir=cfg.data_path)
 
@@ -110,7 +104,7 @@ def check_image(image: str) -> str:
 def guest_spec(image: str, vm: str, memory_mib: int, payload: str | None) -> Any:
     """The VMSpec of `image` (today the tiny counter guest, the one image vjob ships)."""
     from provisioning import guest
-    from provisioning.driver import VMSpec
+    from provisioning.driver import VMSpec  # heavy: libvirt-python
 
     check_image(image)
     files = guest.build(payload)
@@ -131,16 +125,16 @@ def guest_spec(image: str, vm: str, memory_mib: int, payload: str | None) -> Any
     )
 
 
-def _script_image() -> str:
+def _script_image(env: JobEnvironment) -> str:
     """The `#VJOB os=` line of the job's batch script (the file our parent shell runs)."""
+    if env.script_name is None:
+        return ""
     try:
         argv = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return ""
     for arg in argv[1:]:
         path = Path(arg.decode(errors="replace"))
-        if path.name == "slurm_script" and path.is_file():
-            from plugins.slurm.images import requested_image
-
+        if path.name == env.script_name and path.is_file():
             return requested_image(script=path.read_text(errors="replace"))
     return ""

@@ -1,4 +1,4 @@
-"""`vjob agent --rms slurm`: the agent loop (vjob.agent), with its Prometheus exporter."""
+"""`vjob agent --rms slurm`: the agent loop (agent.loop), with its Prometheus exporter."""
 
 from __future__ import annotations
 
@@ -7,7 +7,12 @@ import signal
 import threading
 from typing import Any
 
+from agent.loop import Agent
+from agent.metrics import AgentMetrics
+from plugins import make_adapter
+from vjob import log
 from vjob.cli import load_config
+from vjob.errors import UsageError
 
 
 def register(sub: Any) -> None:
@@ -20,11 +25,6 @@ def register(sub: Any) -> None:
 
 
 def _agent(args: argparse.Namespace) -> int:
-    from vjob import log
-    from vjob.agent import Agent, make_adapter
-    from vjob.errors import UsageError
-    from vjob.metrics import AgentMetrics
-
     cfg = load_config(args)
     rms = args.rms or cfg.agent.rms
     if rms == "sim":

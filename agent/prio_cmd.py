@@ -17,9 +17,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agent.loop import live_view
 from ubis_priority.integers import pbs_priority, slurm_site_factor
 from ubis_priority.terms import TERMS
 from ubis_priority.view import Explanation, Priorities, compute
+from vjob.cli import load_config
 from vjob.config import Config
 from vjob.errors import InputError
 from vjob.model import ClusterView
@@ -57,9 +59,7 @@ def view_from_file(value: str, _config: Config) -> ClusterView:
 
 
 def view_from_rms(value: str, config: Config) -> ClusterView:
-    """The live view of an RMS, as the agent observes it (vjob.agent.live_view)."""
-    from vjob.agent import live_view
-
+    """The live view of an RMS, as the agent observes it (agent.loop.live_view)."""
     return live_view(value, config)
 
 
@@ -90,8 +90,6 @@ def load_view(args: argparse.Namespace, config: Config) -> ClusterView:
 
 
 def _prio(args: argparse.Namespace) -> int:
-    from vjob.cli import load_config
-
     config = load_config(args)
     view = load_view(args, config)
     prios = compute(view, config.priority)

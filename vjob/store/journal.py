@@ -1,9 +1,9 @@
-"""Reading and closing the journal of context switches (the `switches` and `actions` tables).
+"""The journal of context switches (the `switches` and `actions` tables): its one writer.
 
 Why: the agent may be killed (kill -9, a node reboot) between asking a pilot to checkpoint and
 requeue-holding the job. The executor (preemption.executor) journals every switch and action
 before acting; a restarted agent reads the open ones here and finishes or undoes them
-(`vjob.agent.Agent.recover`) instead of leaving a VM on disk behind a "running" job, and
+(`agent.recover`) instead of leaving a VM on disk behind a "running" job, and
 `vjob status` shows the recent ones.
 
 States: a switch is planned → running → done | rolled_back | failed; an action is
@@ -13,6 +13,7 @@ planned → running → done | undone | failed. The `job_key` of an action is "<
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,8 +39,54 @@ class JournalAction:
     state: str
 
     @property
+    def rms(self) -> str:
+        """The RMS of the action's job ("" for a key without one, e.g. a planner-only switch)."""
+        return self.job_key.split(":", 1)[0] if ":" in self.job_key else ""
+
+    @property
     def rms_job_id(self) -> str:
-        return self.job_key.split(":", 1)[1]
+        return self.job_key.split(":", 1)[1] if ":" in self.job_key else self.job_key
+
+
+@dataclass(frozen=True)
+class PlannedAction:
+    """One action to journal before it runs (pool index, kind, VM, job key, nodes)."""
+
+    pool: int
+    action: str
+    vm_name: str
+    job_key: str
+    source: str | None
+    destination: str | None
+
+
+def open_switch(
+    store: Store, reason: str, plan: dict[str, Any], actions: Sequence[PlannedAction]
+) -> tuple[int, list[int]]:
+    """Journal a switch as running and its actions as planned, in one transaction, before any
+    action runs; returns the switch id and the action ids in the order given."""
+    stamp = now()
+    with store.session() as s:
+        switch = SwitchRecord(reason=reason, state="running", plan_json=json.dumps(plan), created_at=stamp,
+                              updated_at=stamp)  # fmt: skip
+        s.add(switch)
+        s.flush()
+        rows = [
+            ActionRecord(
+                switch_id=switch.id,
+                pool=a.pool,
+                action=a.action,
+                vm_name=a.vm_name,
+                job_key=a.job_key,
+                source=a.source,
+                destination=a.destination,
+                state="planned",
+            )
+            for a in actions
+        ]
+        s.add_all(rows)
+        s.flush()
+        return switch.id, [row.id for row in rows]
 
 
 @dataclass(frozen=True)
@@ -81,15 +128,19 @@ def set_action(store: Store, action_id: int, state: str, error: str = "") -> Non
         s.execute(update(ActionRecord).where(ActionRecord.id == action_id).values(**values))
 
 
-def open_switches(store: Store) -> list[JournalSwitch]:
-    """Switches a previous agent left planned or running, oldest first."""
+def open_switches(store: Store, rms: str | None = None) -> list[JournalSwitch]:
+    """Switches a previous agent left planned or running, oldest first; with `rms`, only those
+    whose every action concerns that RMS's jobs (an agent never touches another RMS's switch)."""
     with store.session() as s:
         ids = list(
             s.scalars(
                 select(SwitchRecord.id).where(SwitchRecord.state.in_(OPEN_SWITCH_STATES)).order_by(SwitchRecord.id)
             )
         )
-    return [load(store, i) for i in ids]
+    switches = [load(store, i) for i in ids]
+    if rms is None:
+        return switches
+    return [sw for sw in switches if sw.actions and all(a.rms == rms for a in sw.actions)]
 
 
 def recent(store: Store, limit: int = 20) -> list[JournalSwitch]:

@@ -12,6 +12,11 @@ import time
 from typing import Any
 
 from vjob.cli import load_config
+from vjob.errors import StoreError, VjobError
+from vjob.pilot_files import all_dirs, pilot_root
+from vjob.store import jobs as store_jobs
+from vjob.store import journal
+from vjob.store.db import open_store
 
 
 def register(sub: Any) -> None:
@@ -24,13 +29,6 @@ def register(sub: Any) -> None:
 
 def collect(cfg: Any, rms: str, switches: int = 10) -> dict[str, Any]:
     """Everything `vjob status` shows, as plain data (also used by the demo)."""
-    from vjob import agent_journal as journal
-    from vjob.agent import pilot_root
-    from vjob.errors import StoreError, VjobError
-    from vjob.pilot_files import all_dirs
-    from vjob.store import jobs as store_jobs
-    from vjob.store.db import open_store
-
     out: dict[str, Any] = {"rms": rms, "at": time.time(), "vjobs": [], "switches": [], "errors": []}
     records: dict[str, Any] = {}
     store = None

@@ -23,8 +23,13 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
+from preemption.scheduling.victims import running_priorities, select_victims
+from ubis_priority import compute, integer_priority
 from vjob.config import Config
 from vjob.model import ClusterView, Job, JobClass, JobState
+from vjob.rms import PriorityKnob
 
 
 @dataclass(frozen=True)
@@ -50,45 +55,36 @@ class Decision:
     priorities: Mapping[str, float] = field(default_factory=dict)
     """UBIS priority of every pending or held job."""
     rms_priorities: Mapping[str, int] = field(default_factory=dict)
-    """The same mapped to the RMS's integer knob (Slurm site factor, PBS priority)."""
+    """The same mapped to the RMS's integer knob (Slurm site factor, PBS priority); empty when
+    the RMS has none (OAR)."""
     preemptions: tuple[Preemption, ...] = ()
     releases: tuple[Release, ...] = ()
     waiting_interactive: tuple[str, ...] = ()
     """Interactive jobs that cannot start and get no victims (cap reached, too big, ...)."""
 
 
-def rms_integer(rms: str, values: list[float], max_priority: float, cfg: Config) -> list[int]:
-    """UBIS priorities mapped to what `rms` takes as a job priority."""
-    import numpy as np
-
-    from ubis_priority import pbs_priority, slurm_site_factor
-
-    arr = np.asarray(values, dtype=np.float64)
-    if rms == "pbs":
-        return [int(v) for v in pbs_priority(arr, max_priority)]
-    return [int(v) for v in slurm_site_factor(arr, max_priority, cfg.slurm.site_factor_max)]
-
-
 def decide(
     view: ClusterView,
     cfg: Config,
     *,
-    rms: str,
+    knob: PriorityKnob | None,
     checkpointable: Collection[str],
     sleeping: Mapping[str, tuple[str, ...]],
 ) -> Decision:
     """What the agent should do now.
 
-    `checkpointable`: ids of running vjobs whose VM runs (the pilot's state file says so).
-    `sleeping`: ids of the jobs vjob checkpointed and holds, with the nodes they were saved on.
+    `knob`: the RMS's integer priority range (the adapter's `abilities.priority`), None when the
+    RMS has none. `checkpointable`: ids of running vjobs whose VM runs (the pilot's state file
+    says so). `sleeping`: ids of the jobs vjob checkpointed and holds, with the nodes they were
+    saved on.
     """
-    from preemption.scheduling.victims import running_priorities, select_victims
-    from ubis_priority import compute
-
     prios = compute(view, cfg.priority)
     pending_prio = prios.as_dict()
-    ints = rms_integer(rms, [float(v) for v in prios.values], prios.terms.max_priority, cfg) if len(prios) else []
-    rms_prio = dict(zip(prios.job_ids, ints, strict=True))
+    rms_prio: dict[str, int] = {}
+    if knob is not None and len(prios):
+        values = np.asarray(prios.values, dtype=np.float64)
+        ints = integer_priority(values, prios.terms.max_priority, knob.low, knob.high)
+        rms_prio = {job_id: int(v) for job_id, v in zip(prios.job_ids, ints, strict=True)}
 
     keep = set(checkpointable)
     interactive = sorted(

@@ -73,7 +73,7 @@ class Outcome:
 
 
 class Scenario:
-    """One run of the scenario on a running development cluster (plugins.slurm.devcluster)."""
+    """One run of the scenario on a running development cluster (devkit.devcluster)."""
 
     def __init__(
         self,
@@ -113,7 +113,7 @@ class Scenario:
         self.work.mkdir(parents=True, exist_ok=True)
         self.work.chmod(0o711)  # QEMU runs as libvirt-qemu and must reach the VM disks below
         self.config.write_text(
-            "# written by vjob.agent_demo\n"
+            "# written by devkit.demo\n"
             f'data_dir = "{self.data}"\n'
             "[agent]\n"
             'rms = "slurm"\n'
@@ -339,7 +339,7 @@ def run_demo(work: Path, *, keep_cluster: bool = False, plot: Path | None = None
     """The README's main command: cluster up, scenario, timeline, cluster down (if we started it)."""
     from rich.console import Console
 
-    from plugins.slurm.devcluster import DevCluster, Settings
+    from devkit.devcluster import DevCluster, Settings
 
     console = Console(stderr=True)
     log.configure("warning", "console", sys.stderr)

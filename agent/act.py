@@ -1,0 +1,273 @@
+"""Act: carry out one tick's decision through the RMS adapter and the pilots, and record it.
+
+Why the abilities decide what is called: an RMS that cannot do something (OAR has no priority
+knob and cannot requeue a running job) is never asked to — the tick goes on with what it can
+do, instead of failing on the first job that needs the missing ability.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from agent.observe import Observation
+from preemption.executor import Executor
+from preemption.planner import instance_from_view, make_plan
+from preemption.scheduling.tick import Decision, Preemption, Release
+from ubis_priority import usage as ubis_usage
+from vjob.errors import CommandError, StoreError, VjobError
+from vjob.model import VM, ClusterView, VJobState, VMState
+from vjob.pilot_files import PilotState
+from vjob.store import jobs as store_jobs
+from vjob.store import vms as store_vms
+
+if TYPE_CHECKING:
+    from agent.loop import Agent, TickReport
+
+PLAN_TIME_LIMIT_S = 2.0
+"""The planner's time limit in the agent: an interactive job is waiting meanwhile."""
+REQUEUE_RESTART_MARGIN_S = 3.0
+"""Seconds after a requeue before the agent forces a restart (see requeued_long_enough_ago)."""
+
+
+class PilotPerformer:
+    """The executor's ActionPerformer for RMS-driven vjobs: a suspend is a checkpoint request
+    to the VM's pilot, answered by a save, then the job's requeue-hold. Nothing else is done
+    by the agent itself: the RMS starts jobs and their pilots boot or restore their VMs."""
+
+    def __init__(self, agent: Agent, obs: Observation, reason: str) -> None:
+        self.agent = agent
+        self.obs = obs
+        self.reason = reason
+        self.job_of = {st.vm: job_id for job_id, st in obs.pilots.items()}
+        self.done: list[str] = []
+
+    def suspend(self, vm: str, node: str) -> None:
+        job_id = self.job_of[vm]
+        pdir = self.agent.pilot_dir(job_id)
+        request_id = f"{vm}@{time.time():.6f}"
+        pdir.request_checkpoint(request_id, reason=self.reason, nodes=self.obs.view.job(job_id).allocated_nodes)
+        deadline = time.monotonic() + self.agent.checkpoint_timeout_s
+        while not pdir.saved_for(request_id):
+            if time.monotonic() > deadline:
+                # Too slow: withdraw the request; a pilot that saves anyway restores at once.
+                pdir.withdraw_request()
+                raise VjobError(f"job {job_id}: no checkpoint of VM {vm} on {node} within "
+                                f"{self.agent.checkpoint_timeout_s:.0f} s; request withdrawn")  # fmt: skip
+            time.sleep(0.1)
+        finish_checkpoint(self.agent, job_id)
+        self.done.append(job_id)
+
+    def _refuse(self, what: str, vm: str) -> None:
+        raise VjobError(f"{what} {vm}: the {self.agent.rms} agent only checkpoints; the RMS starts and moves jobs")
+
+    def run(self, vm: str, node: str) -> None:
+        self._refuse("run", vm)
+
+    def stop(self, vm: str, node: str) -> None:
+        self._refuse("stop", vm)
+
+    def resume(self, vm: str, node: str, source: str | None) -> None:
+        self._refuse("resume", vm)
+
+    def migrate(self, vm: str, source: str, destination: str) -> None:
+        self._refuse("migrate", vm)
+
+
+def apply_priorities(agent: Agent, decision: Decision) -> None:
+    """Send the changed integer priorities (none when the RMS has no knob)."""
+    knob = agent.adapter.abilities.priority
+    if knob is None:
+        return
+    agent.sent_priorities = {k: v for k, v in agent.sent_priorities.items() if k in decision.rms_priorities}
+    for job_id, value in decision.rms_priorities.items():
+        old = agent.sent_priorities.get(job_id)
+        if old is not None and abs(old - value) < knob.min_step:
+            continue
+        try:
+            agent.adapter.set_priority(job_id, value)
+            agent.sent_priorities[job_id] = value
+        except CommandError as exc:
+            agent.metrics.errors.labels(kind="rms").inc()
+            agent.log.warning("could not set the priority", jobs=[job_id], error=str(exc))
+
+
+def preempt(agent: Agent, pre: Preemption, obs: Observation) -> list[str]:
+    """One context switch: the planner plans the victims' suspends, the executor carries the
+    plan out (journalling each action first), each suspend done by the VM's pilot."""
+    t0 = time.monotonic()
+    view, target = _vm_view(obs, set(pre.victims))
+    plan = make_plan(
+        instance_from_view(view, target),
+        optimizer=agent.cfg.planner.optimizer,
+        time_limit_s=min(agent.cfg.planner.time_limit_s, PLAN_TIME_LIMIT_S),
+    )
+    reason = f"interactive job {pre.job_id} needs nodes {','.join(pre.nodes)}"
+    agent.log.info("switch planned", jobs=[pre.job_id, *pre.victims], nodes=list(pre.nodes), cost=plan.cost)
+    performer = PilotPerformer(agent, obs, reason)
+    report = Executor(performer, agent.store(), job_key=lambda a: f"{agent.rms}:{a.vjob}").execute(plan, reason=reason)
+    agent.metrics.switch_seconds.observe(time.monotonic() - t0)
+    agent.log.info("switch finished", switch=report.switch_id, summary=report.summary(), jobs=performer.done)
+    return performer.done
+
+
+def _vm_view(obs: Observation, victims: set[str]) -> tuple[ClusterView, dict[str, VJobState]]:
+    """The view with the vjobs' VMs (from their pilots) and the target of the switch: the
+    victims sleeping, every other vjob as it is."""
+    known = {j.id for j in obs.view.jobs}
+    nodes = {n.name for n in obs.view.nodes}
+    vms, target = [], {}
+    for job_id, st in obs.pilots.items():
+        saved = st.state is PilotState.SAVED and st.memory_saved
+        if job_id not in known or st.node not in nodes or not (saved or st.state is PilotState.RUNNING):
+            continue
+        state = VMState.SAVED if saved else VMState.RUNNING
+        vms.append(VM(st.vm, job_id, st.image or "-", 1, max(1, st.memory_mb), st.node, state))
+        target[job_id] = VJobState.SLEEPING if saved or job_id in victims else VJobState.RUNNING
+    return replace(obs.view, vms=tuple(vms)), target
+
+
+def finish_checkpoint(agent: Agent, job_id: str) -> None:
+    """The job's VM is saved: requeue-hold it and count the preemption (Pn), once."""
+    try:
+        agent.adapter.requeue_hold(job_id)
+    except CommandError:
+        # The pilot resumes its VM by itself when no requeue follows (agent.pilot).
+        agent.metrics.errors.labels(kind="rms").inc()
+        agent.log.error("requeue-hold failed; the pilot will resume its VM", jobs=[job_id])
+        raise
+    store_jobs.record_preemption(agent.store(), agent.rms, job_id)
+    try:
+        st = agent.pilot_dir(job_id).read_state()
+    except VjobError:
+        st = None  # the figures below are the pilot's word: nice to have, never needed
+    agent.metrics.preemptions.inc()
+    if st is not None:
+        agent.metrics.checkpoint_seconds.observe(st.save_seconds)
+        agent.metrics.checkpoint_bytes.observe(st.save_bytes)
+    agent.log.info("checkpointed and requeue-held", jobs=[job_id])
+
+
+def requeued_long_enough_ago(agent: Agent, job_id: str) -> bool:
+    """Whether forcing the start of a requeued job is safe. Slurm revokes the old run's
+    credential with a one-second timestamp: a restart within the same second (on the same
+    node, exactly what a local resume does) is killed as "non-startable: Job credential
+    revoked" and the job ends. Slurm's own cred_expire delay avoids that; the agent only
+    shortens it once a safe margin has passed since the checkpoint."""
+    record = store_jobs.get(agent.store(), agent.rms, job_id)
+    since = record.preempted_since if record is not None else None
+    return since is None or time.time() - since >= REQUEUE_RESTART_MARGIN_S
+
+
+def release(agent: Agent, rel: Release) -> bool:
+    abilities = agent.adapter.abilities
+    if not abilities.hold_release:
+        agent.log.warning("this RMS adapter cannot release held jobs", jobs=[rel.job_id])
+        return False
+    try:
+        if abilities.pin_nodes and rel.preferred_nodes:
+            agent.adapter.require_nodes(rel.job_id, rel.preferred_nodes)  # a local resume: no state to copy
+        agent.adapter.release(rel.job_id)
+        if abilities.start_now and requeued_long_enough_ago(agent, rel.job_id):
+            agent.adapter.start_now(rel.job_id)  # Slurm: skip the cred_expire delay after a requeue
+    except CommandError as exc:
+        agent.metrics.errors.labels(kind="rms").inc()
+        agent.log.warning("release failed, retrying next tick", jobs=[rel.job_id], error=str(exc))
+        return False
+    agent.metrics.releases.inc()
+    agent.log.info("released", jobs=[rel.job_id], nodes=list(rel.preferred_nodes))
+    return True
+
+
+def clean_up(agent: Agent, obs: Observation) -> list[str]:
+    """Delete the VMs and pilot directories of vjobs the RMS has forgotten.
+
+    Only after two ticks in a row without the job (one odd answer from the RMS must not destroy
+    anybody's saved state) and `cleanup_after_s` after the agent itself first saw it gone — by
+    the agent's clock, never the time a user wrote in a state file; never while the pilot may
+    still act (starting, running, saving, restoring). What is deleted is what the store records
+    as that job's VMs, where the store says they are: a state file cannot point the agent at
+    another job's VM.
+    """
+    known = {j.id for j in obs.view.jobs}
+    now = time.time()
+    gone_now = {
+        job_id
+        for job_id, st in obs.pilots.items()
+        if job_id not in known and st.state in (PilotState.SAVED, PilotState.FINISHED, PilotState.FAILED)
+    }
+    agent.gone_since = {j: agent.gone_since.get(j, now) for j in gone_now}
+    ripe = sorted(j for j, t in agent.gone_since.items() if now - t >= agent.cfg.agent.cleanup_after_s)
+    ripe = [j for j in ripe if j in agent.gone_last_tick]
+    agent.gone_last_tick = gone_now
+    if not ripe:
+        return []
+    from provisioning.driver import Driver  # heavy: libvirt-python, only when a VM must go
+
+    cleaned = []
+    driver = Driver(agent.cfg.provisioning, data_dir=agent.cfg.data_path)
+    try:
+        for job_id in ripe:
+            try:
+                owned = store_vms.of_job(agent.store(), agent.rms, job_id)
+            except StoreError as exc:
+                agent.store_failed(exc)
+                return cleaned
+            try:
+                for vm in owned:
+                    driver.delete(vm.name, vm.node)
+            except VjobError as exc:
+                agent.log.warning("could not delete a forgotten vjob's VM", jobs=[job_id], error=str(exc))
+                continue
+            store_vms.forget(agent.store(), agent.rms, job_id)
+            shutil.rmtree(agent.pilot_dir(job_id).path, ignore_errors=True)
+            agent.gone_since.pop(job_id, None)
+            cleaned.append(job_id)
+            agent.log.info("deleted the VMs of a job the RMS no longer knows", jobs=[job_id],
+                           vms=[v.name for v in owned])  # fmt: skip
+    finally:
+        driver.close()
+    return cleaned
+
+
+def charge_usage(agent: Agent, view: ClusterView) -> None:
+    """Add this tick's node-seconds to each user's decayed usage (UBIS Target−Usage)."""
+    try:
+        ubis_usage.charge(agent.store(), view, agent.cfg.priority)
+    except StoreError as exc:
+        agent.store_failed(exc)
+
+
+def record_resumes(agent: Agent, obs: Observation, report: TickReport) -> None:
+    """A checkpointed job running again with its VM restored: stop its Pt clock."""
+    for job in obs.view.running:
+        pilot = obs.pilots.get(job.id)
+        if job.preempted_since is None or pilot is None or pilot.state is not PilotState.RUNNING:
+            continue
+        if pilot.since < job.preempted_since:
+            continue  # the state file predates the checkpoint: not resumed yet
+        at = min(max(pilot.since, job.preempted_since), time.time())  # the pilot's clock, bounded
+        try:
+            store_jobs.record_resume(agent.store(), agent.rms, job.id, at=at)
+            report.resumed.append(job.id)
+            agent.log.info("resumed", jobs=[job.id], node=pilot.node, local=pilot.node == pilot.saved_node)
+        except StoreError as exc:
+            agent.store_failed(exc)
+            return
+
+
+__all__ = [
+    "PLAN_TIME_LIMIT_S",
+    "REQUEUE_RESTART_MARGIN_S",
+    "PilotPerformer",
+    "apply_priorities",
+    "charge_usage",
+    "clean_up",
+    "finish_checkpoint",
+    "preempt",
+    "record_resumes",
+    "release",
+    "requeued_long_enough_ago",
+]

@@ -1,0 +1,303 @@
+"""The vjob agent (`vjob agent --rms slurm`): observe → decide → act → record, in a loop.
+
+Why this shape: the RMS stays in charge of running jobs; the agent only steers it. Each tick it
+observes the RMS (jobs, nodes), the pilots (their state files) and the store (Pn, Pt, usage)
+(agent.observe), asks the pure tick decision what to do (preemption.scheduling.tick.decide,
+the same decision the simulator's differential test holds its engine to), and acts through the
+RMS adapter and the pilots (agent.act) — after journalling every action (vjob.store.journal),
+so that a restarted agent finishes or undoes a half-done switch (agent.recover).
+
+Failure stance — the agent must never stop the RMS from working:
+* the agent is outside the RMS: if it dies, the RMS keeps scheduling with its own priorities;
+* one agent per RMS acts at a time (a lease in the store); a second one is a standby that
+  observes nothing and acts on nothing until the lease is free;
+* with the state store down it takes no decisions that would need journalling (no
+  checkpoints, no releases), logs, counts the error and tries again next tick;
+* a failing RMS command is logged with the job it concerns and retried next tick;
+* a pilot that saved its VM but was never requeued restores it by itself (agent.pilot).
+
+A tick starts every `interval_s`, or at once when a wake file changes: `<data_dir>/agent.wake`
+for anything that knows an interactive job just arrived, plus the files the adapter declares
+(`abilities.wake_files`; on Slurm the one job_submit.lua rewrites beside slurm.conf).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent import act
+from agent.metrics import AgentMetrics
+from agent.observe import Observation, observe
+from agent.recover import recover
+from plugins import make_adapter
+from preemption.scheduling.tick import Decision, decide
+from vjob import log
+from vjob.config import Config
+from vjob.errors import CommandError, StoreError, VjobError
+from vjob.model import ClusterView
+from vjob.pilot_files import PilotDir, PilotState, pilot_root
+from vjob.rms import RMSAdapter
+from vjob.store import leases
+from vjob.store.db import Store, open_store
+
+
+def wake_file(cfg: Config) -> Path:
+    """The RMS-neutral wake file: touching it makes the agent tick at once."""
+    return cfg.data_path / "agent.wake"
+
+
+def wake_files(cfg: Config, adapter: RMSAdapter) -> tuple[Path, ...]:
+    """Every file whose change wakes the agent before its next tick."""
+    return (wake_file(cfg), *adapter.abilities.wake_files)
+
+
+@dataclass
+class TickReport:
+    """What a tick did (returned for tests, the demo and `--once`)."""
+
+    at: float
+    store_ok: bool = True
+    active: bool = True
+    """False when another agent holds the cluster's lease: this one only waited."""
+    decision: Decision | None = None
+    checkpointed: list[str] = field(default_factory=list)
+    released: list[str] = field(default_factory=list)
+    resumed: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    cleaned: list[str] = field(default_factory=list)
+
+
+def live_view(rms: str, cfg: Config) -> ClusterView:
+    """The ClusterView the agent would decide on now (for `vjob prio --rms`); writes nothing."""
+    return Agent(cfg, make_adapter(rms, cfg), rms=rms).observe(track=False).view
+
+
+class Agent:
+    """One agent for one RMS. `store` is opened lazily and re-opened after failures."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        adapter: RMSAdapter,
+        *,
+        rms: str,
+        metrics: AgentMetrics | None = None,
+        owner: str | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.adapter = adapter
+        self.rms = rms
+        self.metrics = metrics or AgentMetrics()
+        self._store: Store | None = None
+        self.root = pilot_root(cfg)
+        self.checkpoint_timeout_s = cfg.agent.checkpoint_timeout_s
+        self.log = log.get("agent").bind(rms=rms)
+        self.sent_priorities: dict[str, int] = {}
+        self.gone_since: dict[str, float] = {}
+        self.gone_last_tick: set[str] = set()
+        self._seen_running_interactive: set[str] = set()
+        self._recovered = False
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.lease_name = f"agent:{rms}"
+        self._lease_until = 0.0
+
+    # -- store ----------------------------------------------------------------------------
+    def store(self) -> Store:
+        if self._store is None:
+            self._store = open_store(self.cfg)
+        return self._store
+
+    def store_failed(self, exc: Exception) -> None:
+        self.metrics.store_up.set(0)
+        self.metrics.errors.labels(kind="store").inc()
+        self.log.error("state store unavailable: no checkpoint or release this tick, retrying", error=str(exc))
+        if self._store is not None:
+            self._store.close()
+        self._store = None
+
+    def pilot_dir(self, job_id: str) -> PilotDir:
+        return PilotDir(self.root, self.rms, job_id)
+
+    # -- the lease ------------------------------------------------------------------------
+    def hold_lease(self) -> bool:
+        """Take or renew this cluster's lease; False when another agent holds it."""
+        ttl = self.cfg.agent.lease_s
+        held = leases.acquire(self.store(), self.lease_name, self.owner, ttl)
+        was = self._lease_until > time.time()
+        self._lease_until = time.time() + ttl if held else 0.0
+        self.metrics.active.set(1 if held else 0)
+        if held and not was:
+            self.log.info("active: holding the agent lease", lease=self.lease_name, owner=self.owner)
+            self._recovered = False  # the previous holder may have left a switch open
+        elif not held and was:
+            self.log.error("lost the agent lease to another agent: standing by", lease=self.lease_name)
+        return held
+
+    def lease_valid(self) -> bool:
+        """Whether the lease still covers the next action (with a margin for clock and I/O)."""
+        return time.time() < self._lease_until - min(5.0, self.cfg.agent.lease_s / 3)
+
+    def give_up_lease(self) -> None:
+        try:
+            leases.release(self.store(), self.lease_name, self.owner)
+        except StoreError:
+            pass  # it runs out by itself
+        self._lease_until = 0.0
+
+    # -- observe, recover -----------------------------------------------------------------
+    def observe(self, *, track: bool = True) -> Observation:
+        return observe(self, track=track)
+
+    def recover(self) -> list[int]:
+        handled = recover(self)
+        self._recovered = True
+        return handled
+
+    def finish_checkpoint(self, job_id: str) -> None:
+        act.finish_checkpoint(self, job_id)
+
+    # -- the loop ------------------------------------------------------------------------
+    def tick(self) -> TickReport:
+        report = TickReport(at=time.time())
+        self.metrics.ticks.inc()
+        try:
+            active: bool | None = self.hold_lease()
+        except StoreError as exc:
+            # Lease unknown: observe and set priorities (harmless twice), but act on nothing
+            # that needs the journal — observe() finds the store down and says so.
+            self.store_failed(exc)
+            active = None
+        if active is False:
+            report.active = False
+            return report
+        try:
+            if active and not self._recovered:
+                self.recover()
+            obs = self.observe()
+        except (CommandError, VjobError) as exc:
+            if isinstance(exc, StoreError):
+                self.store_failed(exc)
+                report.store_ok = False
+            else:
+                self.metrics.errors.labels(kind="rms").inc()
+                self.log.error("cannot observe the RMS, retrying next tick", error=str(exc))
+            report.errors.append(str(exc))
+            return report
+        report.store_ok = obs.store_ok
+        report.cleaned = act.clean_up(self, obs) if obs.store_ok else []
+        if obs.store_ok:
+            act.charge_usage(self, obs.view)
+        act.record_resumes(self, obs, report)
+        self._observe_interactive_starts(obs.view)
+        decision = decide(
+            obs.view,
+            self.cfg,
+            knob=self.adapter.abilities.priority,
+            checkpointable=self._checkpointable(obs),
+            sleeping=obs.sleeping,
+        )
+        report.decision = decision
+        act.apply_priorities(self, decision)
+        if decision.waiting_interactive:
+            self.log.info("interactive jobs wait (cap or no victims)", jobs=list(decision.waiting_interactive))
+        if not obs.store_ok:
+            return report
+        try:
+            for pre in decision.preemptions:
+                if not self.lease_valid() and not self.hold_lease():
+                    break
+                report.checkpointed += act.preempt(self, pre, obs)
+            for rel in decision.releases:
+                if act.release(self, rel):
+                    report.released.append(rel.job_id)
+        except StoreError as exc:
+            self.store_failed(exc)
+            self._recovered = False  # the journal may hold a switch cut short: look again
+            report.store_ok = False
+            report.errors.append(str(exc))
+        self.metrics.last_tick.set(time.time())
+        return report
+
+    def _checkpointable(self, obs: Observation) -> set[str]:
+        """Running vjobs whose VM runs on a node the RMS allocated them — and none at all when
+        the RMS cannot requeue a running job (the victim would have nowhere to go)."""
+        if not self.adapter.abilities.requeue_hold:
+            return set()
+        return {
+            j.id
+            for j in obs.view.running
+            if j.id in obs.pilots
+            and obs.pilots[j.id].state is PilotState.RUNNING
+            and (not j.allocated_nodes or obs.pilots[j.id].node in j.allocated_nodes)
+        }
+
+    def run(self, stop: threading.Event | None = None, *, once: bool = False) -> None:
+        """Tick until `stop` is set; between ticks wake early when a wake file changes.
+
+        The files' times are taken before the first tick, so a change during a tick starts the
+        next one at once: no submission is missed. Polled twice a second: a stat is cheap and
+        works on any filesystem, where inotify would not see a change made on another host. A
+        standby polls the lease every third of its time to live.
+        """
+        stop = stop or threading.Event()
+        wakes = wake_files(self.cfg, self.adapter)
+        last_mtimes = _mtimes(wakes)
+        try:
+            while True:
+                report = None
+                try:
+                    report = self.tick()
+                except VjobError as exc:
+                    self.metrics.errors.labels(kind="tick").inc()
+                    self.log.error("tick failed, retrying", error=str(exc))
+                    self._recovered = False  # a switch cut short is finished or undone next tick
+                except Exception:  # a daemon outlives one bad tick; the traceback is logged
+                    self.metrics.errors.labels(kind="unexpected").inc()
+                    self.log.exception("unexpected error in a tick, retrying")
+                    self._recovered = False
+                if once:
+                    return
+                interval = self.cfg.agent.interval_s
+                if report is not None and not report.active:
+                    interval = min(interval, self.cfg.agent.lease_s / 3)
+                deadline = time.monotonic() + interval
+                while time.monotonic() < deadline and not stop.is_set():
+                    mtimes = _mtimes(wakes)
+                    if mtimes != last_mtimes:
+                        changed = [str(p) for p, a, b in zip(wakes, last_mtimes, mtimes, strict=True) if a != b]
+                        last_mtimes = mtimes
+                        self.log.info("woken before the next tick", files=changed)
+                        break
+                    stop.wait(min(0.5, max(0.0, deadline - time.monotonic())))
+                if stop.is_set():
+                    return
+        finally:
+            if not once:
+                self.give_up_lease()
+
+    def _observe_interactive_starts(self, view: ClusterView) -> None:
+        self._seen_running_interactive &= {j.id for j in view.running}
+        for job in view.running:
+            if job.interactive and job.id not in self._seen_running_interactive and job.start_time is not None:
+                self._seen_running_interactive.add(job.id)
+                self.metrics.interactive_wait.observe(max(0.0, job.start_time - job.submit_time))
+
+
+def _mtimes(paths: tuple[Path, ...]) -> tuple[int, ...]:
+    """Modification times in ns; 0 for a file that is missing or cannot be looked at."""
+    out = []
+    for path in paths:
+        try:
+            out.append(path.stat().st_mtime_ns)
+        except OSError:
+            out.append(0)
+    return tuple(out)
+
+
+__all__ = ["Agent", "Observation", "TickReport", "live_view", "wake_file", "wake_files"]
