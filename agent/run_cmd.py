@@ -23,6 +23,7 @@ from typing import Any
 from agent.pilot import DriverVM, Pilot, PilotSettings
 from plugins import RMS_PACKAGES, job_environment
 from plugins.slurm.images import requested_image
+from provisioning import guest
 from vjob.cli import load_config
 from vjob.config import Config
 from vjob.errors import CommandError, InputError, UsageError
@@ -103,7 +104,6 @@ def check_image(image: str) -> str:
 
 def guest_spec(image: str, vm: str, memory_mib: int, payload: str | None) -> Any:
     """The VMSpec of `image` (today the tiny counter guest, the one image vjob ships)."""
-    from provisioning import guest
     from provisioning.driver import VMSpec  # heavy: libvirt-python
 
     check_image(image)

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from preemption.planner import Instance, Plan, make_plan, validate
+from vjob.cli import load_config
 from vjob.errors import InputError
 
 
@@ -42,9 +44,6 @@ def _read_json(path: str, what: str) -> Any:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from preemption.planner import Instance, Plan, make_plan, validate
-    from vjob.cli import load_config
-
     cfg = load_config(args)
     inst = Instance.from_dict(_read_json(args.instance, "instance"), source=args.instance)
     if args.check:
