@@ -76,7 +76,12 @@ def _run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     driver = _driver(cfg)
     try:
-        vm = DriverVM(driver, name, node, lambda: guest_spec(image, name, args.memory, payload))
+        vm = DriverVM(
+            driver,
+            name,
+            node,
+            lambda: guest_spec(image, name, args.memory, payload, qemu_user=cfg.provisioning.qemu_user),
+        )
         return Pilot(settings, PilotDir(pilot_root(cfg), args.rms, job_id), vm).run()
     finally:
         driver.close()
@@ -102,12 +107,12 @@ def check_image(image: str) -> str:
     return image
 
 
-def guest_spec(image: str, vm: str, memory_mib: int, payload: str | None) -> Any:
+def guest_spec(image: str, vm: str, memory_mib: int, payload: str | None, *, qemu_user: str = "libvirt-qemu") -> Any:
     """The VMSpec of `image` (today the tiny counter guest, the one image vjob ships)."""
     from provisioning.driver import VMSpec  # heavy: libvirt-python
 
     check_image(image)
-    files = guest.build(payload)
+    files = guest.build(payload, qemu_user=qemu_user)
     base = files.kernel.parent / "base-64M.qcow2"
     if not base.exists():
         tmp = base.with_name(f".{base.name}.{os.getpid()}")

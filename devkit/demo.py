@@ -27,9 +27,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from devkit.devcluster import DevCluster, Settings
+from devkit.guest_probe import boots, counters, last_counter
+from provisioning.driver import Driver
 from vjob import log
+from vjob.config import load
 from vjob.errors import VjobError
 from vjob.pilot_files import PilotDir, PilotState, PilotStatus
+from vjob.store import jobs as store_jobs
+from vjob.store.db import Store
 
 REPO = Path(__file__).resolve().parents[1]
 VJOB = Path(sys.executable).with_name("vjob")
@@ -197,8 +203,6 @@ class Scenario:
             return None
 
     def wait_guests_counting(self, timeout_s: float = 480.0, at_least: int = 3) -> None:
-        from provisioning.guest import last_counter
-
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             states = {j: self.pilot(j) for j in self.jobs}
@@ -267,10 +271,6 @@ class Scenario:
         ]  # fmt: skip
 
     def outcome(self, interactive_s: float, victims: list[str], resumed: list[str]) -> Outcome:
-        from provisioning.guest import boots
-        from vjob.store import jobs as store_jobs
-        from vjob.store.db import Store
-
         store = Store(f"sqlite:///{self.data / 'vjob.sqlite'}")
         counter_pairs: dict[str, tuple[int, int]] = {}
         lost = 0.0
@@ -312,9 +312,6 @@ class Scenario:
                 if not res.stdout.split():
                     break
                 time.sleep(0.5)
-        from provisioning.driver import Driver
-        from vjob.config import load
-
         cfg = load(self.config)
         driver = Driver(cfg.provisioning, data_dir=cfg.data_path)
         try:
@@ -328,8 +325,6 @@ class Scenario:
 
 def split_counters(console_log: Path, offset: int) -> tuple[list[int], list[int]]:
     """The guest's counters printed before byte `offset` of its console log, and after."""
-    from provisioning.guest import counters
-
     seq = counters(console_log)
     printed_before = console_log.read_bytes()[:offset].count(b"COUNTER ") if seq else 0
     return seq[:printed_before], seq[printed_before:]
@@ -338,8 +333,6 @@ def split_counters(console_log: Path, offset: int) -> tuple[list[int], list[int]
 def run_demo(work: Path, *, keep_cluster: bool = False, plot: Path | None = None) -> Outcome:
     """The README's main command: cluster up, scenario, timeline, cluster down (if we started it)."""
     from rich.console import Console
-
-    from devkit.devcluster import DevCluster, Settings
 
     console = Console(stderr=True)
     log.configure("warning", "console", sys.stderr)

@@ -45,8 +45,9 @@ def configure(level: str = "info", fmt: str = "auto", stream: Any = None) -> Non
 
 
 def get(name: str) -> Any:
-    """A logger bound to the component `name` (e.g. "agent", "planner")."""
-    return structlog.get_logger().bind(component=name)
+    """A logger bound to the component `name` (e.g. "agent", "planner"). Lazy: the stream is the
+    one standard error is when the logger first logs, not when the module was imported."""
+    return structlog.get_logger(component=name)
 
 
 # Modules log before any CLI has called configure(): send that to stderr too, never stdout.
