@@ -33,8 +33,10 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from provisioning import guest, libvirtd, transfer
-from provisioning.driver import Driver, VMSpec, wait_for_counter
+from devkit import guest_probe, libvirtd
+from devkit.guest_probe import wait_for_counter
+from provisioning import guest, transfer
+from provisioning.driver import Driver, VMSpec
 from vjob.config import ProvisioningConfig
 
 FILL_SHARE = 0.5
@@ -70,12 +72,12 @@ def measure(driver: Driver, files: guest.GuestFiles, image: Path, mib: int, work
         transfer.sha256_file(snap.memory_path)
         hash_s = time.perf_counter() - started
         (work / f"copy-{mib}.bin").unlink()
-        before = guest.last_counter(log) or 0
+        before = guest_probe.last_counter(log) or 0
         started = time.perf_counter()
         driver.restore(name, "local")
         restore_s = time.perf_counter() - started
         wait_for_counter(log, before + 1, 60)
-        continued = guest.counters(log)[before] == before + 1 and guest.boots(log) == 1
+        continued = guest_probe.counters(log)[before] == before + 1 and guest_probe.boots(log) == 1
     finally:
         driver.delete(name, "local")
     size = snap.size_bytes

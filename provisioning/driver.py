@@ -17,116 +17,70 @@ clear error and the VM is not started from a broken state.
 
 Every libvirt call runs with a timeout (`operation_timeout_s`) and every error names the VM,
 the node, its URI and libvirt's own message.
+
+This module is the life cycle only: the types are in `vm_types`, the manifests and their
+check in `integrity`, the domain XML in `domain_xml`.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import pwd
-import re
 import threading
-import time
-import xml.etree.ElementTree as ET
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import libvirt
 from sqlalchemy import select
 
-from provisioning import transfer
+from provisioning import domain_xml as domxml
+from provisioning import integrity, safe_dirs, transfer
 from provisioning.transfer import Endpoint
+from provisioning.vm_types import (
+    MANIFEST_SUFFIX,
+    NAME_RE,
+    OVERLAY_COPY_SUFFIX,
+    STATE_SUFFIX,
+    DriverError,
+    Snapshot,
+    SnapshotError,
+    VMInfo,
+    VMSpec,
+    check_name,
+)
 from vjob import log, proc
 from vjob.config import ProvisioningConfig
-from vjob.errors import InputError, VjobError
+from vjob.errors import InputError
 from vjob.model import VMState
 from vjob.store.db import Store, now
 from vjob.store.schema import SnapshotRecord, VMRecord
 
 T = TypeVar("T")
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-STATE_SUFFIX = ".state"
-MANIFEST_SUFFIX = ".json"
-OVERLAY_COPY_SUFFIX = ".overlay.qcow2"
-
 # libvirt prints every error on stderr even when the caller handles it; we raise them instead.
 libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
 
 _log = log.get("provisioning")
 
-
-class DriverError(VjobError):
-    """A VM operation failed; the message names the VM, the node and libvirt's error."""
-
-    def __init__(self, what: str, vm: str, node: str, message: str) -> None:
-        self.vm = vm
-        self.node = node
-        subject = f" of VM {vm}" if vm != "-" else ""
-        super().__init__(f"{what}{subject} on node {node}: {message}")
-
-
-class SnapshotError(DriverError):
-    """A snapshot is missing, altered or unknown: restoring it would start a broken state."""
-
-
-@dataclass(frozen=True)
-class VMSpec:
-    """What a VM is made of: an OS image (backing file), memory, CPUs, optional direct boot."""
-
-    name: str
-    image: Path
-    memory_mib: int = 128
-    vcpus: int = 1
-    image_format: str = "qcow2"
-    kernel: Path | None = None
-    initrd: Path | None = None
-    cmdline: str = ""
-
-    def __post_init__(self) -> None:
-        check_name("vm", self.name)
-        if self.memory_mib < 16:
-            raise InputError(f"vm {self.name}: memory_mib = {self.memory_mib}: must be >= 16")
-        if self.vcpus < 1:
-            raise InputError(f"vm {self.name}: vcpus = {self.vcpus}: must be >= 1")
-        if self.image_format not in ("qcow2", "raw"):
-            raise InputError(f"vm {self.name}: image_format = {self.image_format!r}: must be qcow2 or raw")
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """A saved VM: its memory state (and, for `full`, a copy of its overlay) on one node."""
-
-    vm: str
-    node: str
-    kind: str
-    memory_path: Path
-    overlay_path: Path | None
-    size_bytes: int
-    sha256: str
-    created_at: float
-    record_id: int | None = None
-
-
-@dataclass(frozen=True)
-class VMInfo:
-    """One domain as a node's libvirt reports it."""
-
-    name: str
-    node: str
-    state: VMState
-    memory_mib: int
-    vcpus: int
-    persistent: bool
-
-
-def check_name(kind: str, value: str) -> str:
-    """Names end up in paths and libvirt XML: letters, digits, '_', '.', '-' only."""
-    if not isinstance(value, str) or not NAME_RE.match(value) or ".." in value:
-        raise InputError(f"{kind} name {value!r}: must match {NAME_RE.pattern} (letters, digits, _ . -)")
-    return value
+# The names other modules import from here: the types live in vm_types, the manifests in
+# integrity; both stay importable from the driver so callers can move at their own pace.
+_manifest = integrity.manifest_path
+_read_manifest = integrity.read_manifest
+_write_manifest = integrity.write_manifest
+__all__ = [
+    "MANIFEST_SUFFIX",
+    "NAME_RE",
+    "OVERLAY_COPY_SUFFIX",
+    "STATE_SUFFIX",
+    "Driver",
+    "DriverError",
+    "Snapshot",
+    "SnapshotError",
+    "VMInfo",
+    "VMSpec",
+    "check_name",
+]
 
 
 class Driver:
@@ -174,11 +128,11 @@ class Driver:
         return self.snapshot_dir(node) / f"{check_name('vm', vm)}{STATE_SUFFIX}"
 
     def _ensure_dirs(self, node: str) -> None:
-        vm_dir = self.vm_dir(node)
-        vm_dir.mkdir(parents=True, exist_ok=True)
+        """Create or check the node's VM and snapshot directories: ours only (safe_dirs), since
+        root writes users' overlays and memory states there and restores VMs from them."""
+        vm_dir = safe_dirs.ensure_dir(self.vm_dir(node), 0o711)
         vm_dir.chmod(0o711)  # QEMU (libvirt-qemu) must traverse it; nobody may list it
-        snap = self.snapshot_dir(node)
-        snap.mkdir(parents=True, exist_ok=True)
+        snap = safe_dirs.ensure_dir(self.snapshot_dir(node), 0o700)
         snap.chmod(0o700)
 
     # -- libvirt plumbing --------------------------------------------------------------------
@@ -341,42 +295,12 @@ class Driver:
 
     def domain_xml(self, spec: VMSpec, node: str) -> str:
         """The libvirt domain XML of `spec` on `node` (type test on test:// URIs)."""
-        dom_type = "test" if self._is_test(node) else self.config.domain_type
-        root = ET.Element("domain", type=dom_type)
-        ET.SubElement(root, "name").text = spec.name
-        ET.SubElement(root, "memory", unit="MiB").text = str(spec.memory_mib)
-        ET.SubElement(root, "currentMemory", unit="MiB").text = str(spec.memory_mib)
-        ET.SubElement(root, "vcpu").text = str(spec.vcpus)
-        os_el = ET.SubElement(root, "os")
-        ET.SubElement(os_el, "type", arch="x86_64", machine="pc").text = "hvm"
-        if spec.kernel is not None:
-            ET.SubElement(os_el, "kernel").text = str(spec.kernel)
-            if spec.initrd is not None:
-                ET.SubElement(os_el, "initrd").text = str(spec.initrd)
-            ET.SubElement(os_el, "cmdline").text = spec.cmdline
-        else:
-            ET.SubElement(os_el, "boot", dev="hd")
-        ET.SubElement(ET.SubElement(root, "features"), "acpi")
-        ET.SubElement(root, "clock", offset="utc")
-        for event in ("on_poweroff", "on_reboot", "on_crash"):
-            ET.SubElement(root, event).text = "destroy"
-        devices = ET.SubElement(root, "devices")
-        if dom_type != "test":
-            ET.SubElement(devices, "emulator").text = "/usr/bin/qemu-system-x86_64"
-        disk = ET.SubElement(devices, "disk", type="file", device="disk")
-        ET.SubElement(disk, "driver", name="qemu", type="qcow2")
-        source = ET.SubElement(disk, "source", file=str(self.overlay_path(spec.name, node)))
-        if dom_type != "test":
-            ET.SubElement(source, "seclabel", model="dac", relabel="no")
-        ET.SubElement(disk, "target", dev="vda", bus="virtio")
-        serial = ET.SubElement(devices, "serial", type="pty")
-        ET.SubElement(serial, "log", file=str(self.console_log(spec.name, node)), append="on")
-        ET.SubElement(serial, "target", port="0")
-        console = ET.SubElement(devices, "console", type="pty")
-        ET.SubElement(console, "target", type="serial", port="0")
-        if dom_type != "test":
-            ET.SubElement(devices, "memballoon", model="none")
-        return ET.tostring(root, encoding="unicode")
+        return domxml.domain_xml(
+            spec,
+            dom_type="test" if self._is_test(node) else self.config.domain_type,
+            overlay=self.overlay_path(spec.name, node),
+            console_log=self.console_log(spec.name, node),
+        )
 
     def boot(self, vm: str, node: str) -> None:
         """Start the VM; a VM already running is left alone, a saved one is refused."""
@@ -407,7 +331,8 @@ class Driver:
             if dom.isPersistent():
                 flags = libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE | libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA
                 self._call("delete", vm, node, lambda: dom.undefineFlags(flags))
-        for path in (self.overlay_path(vm, node), self.state_path(vm, node), _manifest(self.state_path(vm, node))):
+        state = self.state_path(vm, node)
+        for path in (self.overlay_path(vm, node), state, integrity.manifest_path(state)):
             transfer.remove(Endpoint(path, self.host(node)))
         self._forget_snapshot(self.state_path(vm, node))
         if self.store is not None:
@@ -433,7 +358,7 @@ class Driver:
             os.chmod(partial, 0o600)
             os.replace(partial, path)
             path.with_name(path.name + ".part").unlink(missing_ok=True)
-            _manifest(path).unlink(missing_ok=True)  # an older manifest does not describe this file
+            integrity.manifest_path(path).unlink(missing_ok=True)  # an older manifest does not describe this file
         elif not path.exists():
             partial = path.with_name(path.name + ".part")
             if dom is not None and partial.exists() and self._save_image_ok(partial, node):
@@ -496,19 +421,7 @@ class Driver:
         """The saved domain XML with this node's overlay and log paths, or None if unchanged."""
         conn = self.connection(node)
         xml = self._call("restore", vm, node, lambda: conn.saveImageGetXMLDesc(str(state), 0))
-        root = ET.fromstring(xml)
-        changed = False
-        want_disk = str(self.overlay_path(vm, node))
-        for source in root.findall("./devices/disk[@device='disk']/source"):
-            if source.get("file") and source.get("file") != want_disk:
-                source.set("file", want_disk)
-                changed = True
-        want_log = str(self.console_log(vm, node))
-        for log_el in root.findall("./devices/serial/log"):
-            if log_el.get("file") != want_log:
-                log_el.set("file", want_log)
-                changed = True
-        return ET.tostring(root, encoding="unicode") if changed else None
+        return domxml.retarget(xml, overlay=self.overlay_path(vm, node), console_log=self.console_log(vm, node))
 
     def _copy_between(self, vm: str, src: str, dst: str) -> None:
         method = self.config.copy_method
@@ -522,8 +435,8 @@ class Driver:
         )
         self._own_overlay(vm, dst)
         transfer.copy(
-            Endpoint(_manifest(state_src), self.host(src)),
-            Endpoint(_manifest(state_dst), self.host(dst)),
+            Endpoint(integrity.manifest_path(state_src), self.host(src)),
+            Endpoint(integrity.manifest_path(state_dst), self.host(dst)),
             method=method,
             timeout_s=timeout,
         )
@@ -544,7 +457,7 @@ class Driver:
         if not transfer.same_file(state_src, Endpoint(self.state_path(vm, dst), host_dst)):
             self._forget_snapshot(state_src.path)
             transfer.remove(state_src)
-            transfer.remove(Endpoint(_manifest(state_src.path), host_src))
+            transfer.remove(Endpoint(integrity.manifest_path(state_src.path), host_src))
 
     def _discard_state(self, vm: str, node: str) -> None:
         """A memory state is stale once the VM runs again: restoring it later would pair it
@@ -552,7 +465,7 @@ class Driver:
         path = self.state_path(vm, node)
         self._forget_snapshot(path)
         transfer.remove(Endpoint(path, self.host(node)))
-        transfer.remove(Endpoint(_manifest(path), self.host(node)))
+        transfer.remove(Endpoint(integrity.manifest_path(path), self.host(node)))
 
     # -- migrate ---------------------------------------------------------------------------
     def migrate(self, vm: str, src: str, dst: str) -> None:
@@ -607,14 +520,14 @@ class Driver:
         snap_dir = self.snapshot_dir(node)
         memory = snap_dir / f"{vm}@{label}{STATE_SUFFIX}"
         overlay_copy = snap_dir / f"{vm}@{label}{OVERLAY_COPY_SUFFIX}"
-        if memory.exists() and _manifest(memory).exists():
+        if memory.exists() and integrity.manifest_path(memory).exists():
             return self._describe(vm, node, "full", memory, overlay_copy, job_id)
         state = self.state_path(vm, node)
         self.save(vm, node)
         try:
             transfer.copy(Endpoint(self.overlay_path(vm, node)), Endpoint(overlay_copy), method="local")
             os.replace(state, memory)
-            _manifest(state).unlink(missing_ok=True)
+            integrity.manifest_path(state).unlink(missing_ok=True)
             self._forget_snapshot(state)
             if keep_running:
                 conn = self.connection(node)
@@ -652,7 +565,7 @@ class Driver:
             Endpoint(memory_src, self.host(src)), Endpoint(state, self.host(node)), method=method, timeout_s=timeout
         )
         if src != node or memory_src != state:
-            self._verify_against(vm, node, state, _read_manifest(memory_src) or {})
+            integrity.check_against(vm, node, state, integrity.read_manifest(memory_src) or {})
         self._restore_state_file(vm, node, state)
         transfer.remove(Endpoint(state, self.host(node)))
         self._update_vm(vm, node=node, state=VMState.RUNNING)
@@ -663,14 +576,14 @@ class Driver:
         return self._verify_file(vm, node, self.state_path(vm, node), kind="memory")
 
     def _verify_file(self, vm: str, node: str, path: Path, *, kind: str) -> Snapshot:
-        manifest = _read_manifest(path)
+        manifest = integrity.read_manifest(path)
         record = self._snapshot_record(path)
         expected = record or manifest
         if not path.exists():
             raise SnapshotError("restore", vm, node, f"snapshot {path} is missing")
         if expected is None:
             raise SnapshotError("restore", vm, node, f"snapshot {path} has no manifest and no store record")
-        self._verify_against(vm, node, path, expected)
+        integrity.check_against(vm, node, path, expected)
         return Snapshot(
             vm,
             node,
@@ -683,33 +596,16 @@ class Driver:
             record.get("id") if record else None,
         )
 
-    def _verify_against(self, vm: str, node: str, path: Path, expected: dict[str, Any]) -> None:
-        if not path.exists():
-            raise SnapshotError("restore", vm, node, f"snapshot {path} is missing")
-        size = path.stat().st_size
-        if "size_bytes" in expected and size != int(expected["size_bytes"]):
-            raise SnapshotError(
-                "restore", vm, node, f"snapshot {path} is {size} bytes, {expected['size_bytes']} were recorded"
-            )
-        digest = transfer.sha256_file(path)
-        if "sha256" in expected and digest != expected["sha256"]:
-            raise SnapshotError(
-                "restore",
-                vm,
-                node,
-                f"snapshot {path} is corrupt: sha256 {digest[:12]}…, recorded {expected['sha256'][:12]}…",
-            )
-
     def _describe(
         self, vm: str, node: str, kind: str, path: Path, overlay: Path | None, job_id: int | None
     ) -> Snapshot:
         """Hash a fresh state file, write its manifest and its store row (once)."""
-        existing = _read_manifest(path)
+        existing = integrity.read_manifest(path)
         if existing is not None and existing.get("size_bytes") == path.stat().st_size:
             size, digest, created = int(existing["size_bytes"]), str(existing["sha256"]), float(existing["created_at"])
         else:
             size, digest, created = path.stat().st_size, transfer.sha256_file(path), now()
-            _write_manifest(
+            integrity.write_manifest(
                 path,
                 {
                     "vm": vm,
@@ -787,42 +683,5 @@ class Driver:
             rec.updated_at = now()
 
 
-def _manifest(path: Path) -> Path:
-    return path.with_name(path.name + MANIFEST_SUFFIX)
-
-
-def _read_manifest(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(_manifest(path).read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError):
-        return {"sha256": "unreadable manifest"}
-    return data if isinstance(data, dict) else {"sha256": "unreadable manifest"}
-
-
-def _write_manifest(path: Path, data: dict[str, Any]) -> None:
-    target = _manifest(path)
-    tmp = target.with_name(target.name + ".part")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh, indent=1)
-    os.replace(tmp, target)
-
-
 def _qemu_img(args: list[str], vm: str, timeout_s: float = 120.0) -> str:
     return proc.run(["qemu-img", *args], timeout_s=timeout_s, job=f"VM {vm}")
-
-
-def wait_for_counter(console_log: Path, at_least: int, timeout_s: float) -> int:
-    """Wait until the tiny guest's counter reaches `at_least`; returns the value seen."""
-    from provisioning.guest import last_counter
-
-    deadline = time.monotonic() + timeout_s
-    value: int | None = None
-    while time.monotonic() < deadline:
-        value = last_counter(console_log)
-        if value is not None and value >= at_least:
-            return value
-        time.sleep(0.1)
-    raise VjobError(f"guest console {console_log}: counter {value} did not reach {at_least} within {timeout_s:.0f} s")

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from provisioning import distribution, transfer
-from provisioning.driver import check_name
+from provisioning import distribution, safe_dirs, transfer
 from provisioning.transfer import Endpoint
+from provisioning.vm_types import check_name
 from vjob.config import ProvisioningConfig
 from vjob.errors import CommandError, InputError, VjobError
 from vjob.store.db import Store, now
@@ -73,7 +73,7 @@ class Catalogue:
             if s.scalar(select(ImageRecord).where(ImageRecord.name == name, ImageRecord.version == version)):
                 raise InputError(f"image {name} version {version} is already in the catalogue (remove it first)")
         target = self.image_path(self.head, name, version, fmt)
-        target.parent.mkdir(parents=True, exist_ok=True)
+        safe_dirs.ensure_dir(target.parent, 0o755)  # root's only: every VM's disk is built on these
         target.parent.chmod(0o755)  # QEMU (libvirt-qemu) reads base images
         transfer.copy(Endpoint(file), Endpoint(target), method="local", mode=0o644)
         digest = transfer.sha256_file(target)
@@ -253,7 +253,7 @@ class Catalogue:
         where = f"image {info.name} {info.version}: copy {t.source} -> {t.target}"
         try:
             if local:
-                dst.parent.mkdir(parents=True, exist_ok=True)
+                safe_dirs.ensure_dir(dst.parent, 0o755)
             transfer.copy(
                 Endpoint(src, None if local else self.config.hosts.get(t.source, t.source)),
                 Endpoint(dst, None if local else self.config.hosts.get(t.target, t.target)),
@@ -264,7 +264,7 @@ class Catalogue:
             if local and transfer.sha256_file(dst) != info.sha256:
                 dst.unlink(missing_ok=True)
                 raise VjobError(f"{where} has a wrong sha256")
-        except OSError as exc:
+        except (OSError, safe_dirs.UnsafePathError) as exc:
             raise VjobError(f"{where}: {exc}") from None
 
     def _record_holder(self, info: ImageInfo, node: str, source: str) -> None:

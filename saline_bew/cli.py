@@ -2,24 +2,37 @@
 
 Users submit with `vjob besteffort submit [OAR options] -- COMMAND` and otherwise keep using
 oarstat (their OAR job is named after the vjob key); the site runs `vjob besteffort manager`.
+
+Why `submit`, `list`, `show` and `cancel` talk to the manager's socket (saline_bew.server)
+instead of opening the store: the store's credentials are the operator's, and the manager
+learns who the caller is from the kernel, so it can act for that user only.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
-import pwd
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
-from vjob.errors import CommandError, UsageError
+from saline_bew import lease, server, sites
+from vjob.cli import load_config
+from vjob.errors import UsageError
+from vjob.store.db import open_store
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("besteffort", help="Saline: best-effort OAR jobs that survive being killed")
+    p.add_argument(
+        "--socket",
+        default=None,
+        help="the manager's socket (default $VJOB_SALINE_SOCKET, else /run/vjob/saline.sock)",
+    )
     bsub = p.add_subparsers(dest="besteffort_command", metavar="ACTION", required=True)
 
     s = bsub.add_parser("submit", help="submit a best-effort vjob: vjob besteffort submit [options] -- COMMAND ...")
@@ -29,40 +42,47 @@ def register(sub: Any) -> None:
     s.add_argument("--memory", type=int, default=128, help="MiB per VM")
     s.add_argument("-l", "--walltime", dest="walltime", default=None, help="H:MM:SS (default saline.default_walltime)")
     s.add_argument("--site", default=None, help="site to start at (default: the first with free resources)")
-    s.add_argument("--user", default=None, help="submit for this user (root only)")
+    s.add_argument("--user", default=None, help="submit for this user (root only, checked by the manager)")
     s.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARG ...], run inside the VMs")
     s.set_defaults(func=_submit)
 
     m = bsub.add_parser("manager", help="run the job manager (snapshots, kill detection, resubmission)")
-    m.add_argument("--once", action="store_true", help="one pass, then exit")
+    m.add_argument("--once", action="store_true", help="one pass, then exit (no socket)")
+    m.add_argument(
+        "--socket-group",
+        default=None,
+        help="only this group (and root) may use the socket (mode 0660); default: everyone (0666)",
+    )
     m.set_defaults(func=_manager)
 
-    ls = bsub.add_parser("list", help="best-effort vjobs and their state")
+    ls = bsub.add_parser("list", help="your best-effort vjobs and their state (root: everyone's)")
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=_list)
 
-    sh = bsub.add_parser("show", help="one vjob with its journal")
+    sh = bsub.add_parser("show", help="one of your vjobs with its journal")
     sh.add_argument("key")
     sh.set_defaults(func=_show)
 
-    c = bsub.add_parser("cancel", help="end a vjob: delete its OAR job, VMs and snapshots")
+    c = bsub.add_parser("cancel", help="end one of your vjobs: delete its OAR job, VMs and snapshots")
     c.add_argument("key")
     c.set_defaults(func=_cancel)
 
 
 def build(args: argparse.Namespace) -> Any:
-    """The manager of the configured sites (imports kept here: `vjob --help` stays fast)."""
-    from provisioning.driver import Driver
-    from saline_bew import sites
-    from saline_bew.manager import Manager
-    from saline_bew.vms import SalineVMs
-    from vjob.cli import load_config
-    from vjob.store.db import open_store
+    """The manager of the configured sites (imports kept here: the driver loads libvirt, and
+    `vjob --help` stays fast)."""
+    from provisioning.driver import Driver  # heavy: libvirt
+    from saline_bew.manager import Manager  # heavy: libvirt (through the driver)
+    from saline_bew.vms import SalineVMs  # heavy: libvirt (through the driver)
 
     config = load_config(args)
     store = open_store(config)
     driver = Driver(config.provisioning, data_dir=config.data_path, store=store)
-    return Manager(config, store, sites.from_config(config), SalineVMs(driver, store))
+    return Manager(config, store, sites.from_config(config), SalineVMs(driver, store), owner=lease.host_owner())
+
+
+def _call(args: argparse.Namespace, request: dict[str, Any]) -> Any:
+    return server.call(server.socket_path(args.socket), request)
 
 
 def _submit(args: argparse.Namespace) -> int:
@@ -71,34 +91,30 @@ def _submit(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise UsageError("vjob besteffort submit: missing COMMAND after --")
-    me = pwd.getpwuid(os.getuid()).pw_name
-    user = args.user or me
-    if args.user and os.geteuid() != 0 and args.user != me:
-        raise UsageError(f"--user {args.user}: only root may submit for another user")
-    manager = build(args)
-    try:
-        job = manager.submit(
-            user=user,
-            image=args.image,
-            command=command,
-            vm_count=args.vms,
-            vcpus=args.vcpus,
-            memory_mb=args.memory,
-            walltime=args.walltime,
-            site=args.site,
-        )
-    except CommandError as exc:
-        raise CommandError(
-            exc.command, f"{exc} — the vjob is recorded and the manager will submit it when OAR answers"
-        ) from None
-    print(f"{job.key} oar_job={job.oar_job_id} site={job.site}")
+    request: dict[str, Any] = {
+        "op": "submit",
+        "image": args.image,
+        "command": command,
+        "vms": args.vms,
+        "vcpus": args.vcpus,
+        "memory": args.memory,
+        "walltime": args.walltime,
+        "site": args.site,
+        "user": args.user,
+    }
+    job = _call(args, request)
+    print(f"{job['key']} oar_job={job['oar_job_id']} site={job['site']}")
     return 0
 
 
 def _manager(args: argparse.Namespace) -> int:
     manager = build(args)
+    _one_manager_per_host(manager.config.data_path)
     if args.once:
-        manager.step()
+        try:
+            manager.step()
+        finally:
+            lease.release_all(manager.store, manager.owner)
         return 0
     stopping: list[int] = []
 
@@ -107,19 +123,33 @@ def _manager(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    manager.run(stop=lambda: bool(stopping))
+    with server.Server(manager, server.socket_path(args.socket), group=args.socket_group):
+        manager.run(stop=lambda: bool(stopping))
     return 0
 
 
-def _list(args: argparse.Namespace) -> int:
-    from saline_bew import journal
-    from vjob.cli import load_config
-    from vjob.store.db import open_store
+def _one_manager_per_host(data_dir: Path) -> None:
+    """Hold an exclusive lock for the life of the process: two managers on one host would
+    share the host's lease owner name, and so would both act on the same vjobs."""
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(data_dir / "saline-manager.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise UsageError(
+            f"another Saline manager runs on this host ({data_dir / 'saline-manager.lock'} is locked)"
+        ) from None
+    _HELD.append(fd)  # kept open (and locked) until the process ends
 
-    store = open_store(load_config(args))
-    rows = journal.all_jobs(store)
+
+_HELD: list[int] = []
+
+
+def _list(args: argparse.Namespace) -> int:
+    rows = _call(args, {"op": "list"})
     if args.json:
-        json.dump([_row(j) for j in rows], sys.stdout, indent=2)
+        json.dump(rows, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
     from rich.console import Console
@@ -128,54 +158,35 @@ def _list(args: argparse.Namespace) -> int:
     table = Table("key", "user", "phase", "site", "oar job", "kills", "from scratch", "safe snapshot")
     for j in rows:
         safe = (
-            f"{j.snapshot_label}@{j.snapshot_site} ({time.strftime('%H:%M:%S', time.localtime(j.snapshot_at))})"
-            if (j.snapshot_label and j.snapshot_at)
+            f"{j['snapshot_label']}@{j['snapshot_site']} "
+            f"({time.strftime('%H:%M:%S', time.localtime(j['snapshot_at']))})"
+            if (j["snapshot_label"] and j["snapshot_at"])
             else "none"
         )
         table.add_row(
-            j.key, j.user, j.phase, j.site, j.oar_job_id or "-", str(j.kills), str(j.restarts_from_scratch), safe
+            j["key"],
+            j["user"],
+            j["phase"],
+            j["site"],
+            j["oar_job_id"] or "-",
+            str(j["kills"]),
+            str(j["restarts_from_scratch"]),
+            safe,
         )
     Console().print(table)
     return 0
 
 
-def _row(j: Any) -> dict[str, Any]:
-    return {
-        "key": j.key,
-        "user": j.user,
-        "phase": j.phase,
-        "site": j.site,
-        "oar_job_id": j.oar_job_id,
-        "hosts": list(j.hosts),
-        "kills": j.kills,
-        "restarts_from_scratch": j.restarts_from_scratch,
-        "snapshot_label": j.snapshot_label,
-        "snapshot_site": j.snapshot_site,
-        "snapshot_at": j.snapshot_at,
-        "error": j.error,
-    }
-
-
 def _show(args: argparse.Namespace) -> int:
-    from saline_bew import journal
-    from vjob.cli import load_config
-    from vjob.store.db import open_store
-
-    store = open_store(load_config(args))
-    job = journal.get(store, args.key)
-    out = _row(job)
-    out["journal"] = [
-        {"at": e.at, "kind": e.kind, "site": e.site, "oar_job_id": e.oar_job_id, **e.detail}
-        for e in journal.events(store, args.key)
-    ]
-    json.dump(out, sys.stdout, indent=2)
+    json.dump(_call(args, {"op": "show", "key": args.key}), sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0
 
 
 def _cancel(args: argparse.Namespace) -> int:
-    manager = build(args)
-    job = manager.cancel(args.key)
-    manager.step()  # cleans the snapshots and identities at once
-    print(f"{job.key} cancelled")
+    out = _call(args, {"op": "cancel", "key": args.key})
+    if out["phase"] == "cancelled":
+        print(f"{out['key']} cancelled")
+    else:
+        print(f"{out['key']} cancel requested (the manager holding it carries it out within a pass)")
     return 0

@@ -4,6 +4,11 @@ Why every change goes through `record`: the row (phase, OAR job, site, latest sa
 and the event explaining it are written in one transaction, so a manager killed at any point
 restarts from a row that matches its journal, and an operator can read the whole life of a
 vjob (`vjob besteffort show KEY`) across kills, sites and manager restarts.
+
+Why rows are checked when read (`scan`): the store is shared between the site masters, and
+whoever can write to it could forge a row. A row whose fields do not match their grammar
+(saline_bew.grammar) is reported, never returned as a vjob to act on, and never stops the
+others from being read.
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ from typing import Any
 
 from sqlalchemy import select
 
-from vjob.errors import InputError
+from saline_bew import grammar
+from vjob.errors import InputError, VjobError
 from vjob.model import Job, JobClass
 from vjob.store import jobs as store_jobs
 from vjob.store.db import Store, now
@@ -22,6 +28,10 @@ from vjob.store.schema import SalineEventRecord, SalineJobRecord
 
 ACTIVE_PHASES = ("submitted", "running", "killed")
 RMS = "saline"
+
+
+class LeaseLost(VjobError):
+    """Another site master holds the vjob's lease now: this one must not change it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,13 +79,23 @@ class Event:
     detail: dict[str, Any]
 
 
+def _json_list(field: str, text: str) -> tuple[Any, ...]:
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        raise InputError(f"{field} = {grammar.short(text)}: not JSON") from None
+    if not isinstance(value, list):
+        raise InputError(f"{field} = {grammar.short(text)}: not a JSON list")
+    return tuple(value)
+
+
 def _plain(rec: SalineJobRecord) -> SalineJob:
     return SalineJob(
         key=rec.key,
         job_id=rec.job_id,
         user=rec.user,
         image=rec.image,
-        command=tuple(json.loads(rec.command_json)),
+        command=_json_list("command_json", rec.command_json),
         vm_count=rec.vm_count,
         vcpus=rec.vcpus,
         memory_mb=rec.memory_mb,
@@ -84,7 +104,7 @@ def _plain(rec: SalineJobRecord) -> SalineJob:
         site=rec.site,
         oar_job_id=rec.oar_job_id,
         phase=rec.phase,
-        hosts=tuple(json.loads(rec.hosts_json)),
+        hosts=_json_list("hosts_json", rec.hosts_json),
         kills=rec.kills,
         restarts_from_scratch=rec.restarts_from_scratch,
         snapshot_label=rec.snapshot_label,
@@ -111,6 +131,15 @@ def create(
     site: str,
 ) -> SalineJob:
     """Record a new vjob (before anything is asked of OAR: a failed submission loses nothing)."""
+    grammar.word("key", key, grammar.KEY)
+    grammar.word("user", user, grammar.USER)
+    grammar.word("image", image, grammar.IMAGE)
+    grammar.command(command)
+    grammar.number("vms", vm_count, 1, grammar.MAX_VMS)
+    grammar.number("vcpus", vcpus, 1, grammar.MAX_VCPUS)
+    grammar.number("memory", memory_mb, 1, grammar.MAX_MEMORY_MB)
+    grammar.word("walltime", walltime, grammar.WALLTIME)
+    grammar.word("site", site, grammar.SITE)
     job_id = store_jobs.track(
         store,
         Job(
@@ -166,39 +195,78 @@ def create(
     return get(store, key)
 
 
+def checked(rec: SalineJobRecord) -> SalineJob:
+    """The row as a vjob, every field checked against its grammar (InputError otherwise)."""
+    job = _plain(rec)
+    grammar.check_job(job)
+    return job
+
+
 def get(store: Store, key: str) -> SalineJob:
     with store.session() as s:
         rec = s.get(SalineJobRecord, key)
         if rec is None:
-            raise InputError(f"best-effort vjob {key!r}: unknown (see 'vjob besteffort list')")
-        return _plain(rec)
+            raise InputError(f"best-effort vjob {grammar.short(key)}: unknown (see 'vjob besteffort list')")
+        return checked(rec)
 
 
-def all_jobs(store: Store, *, active_only: bool = False) -> list[SalineJob]:
+Refused = tuple[str, str]
+"""A row that failed its checks: (its key, cut to 80 characters, and why)."""
+
+
+def scan(store: Store, *, active_only: bool = False, cleanup: bool = False) -> tuple[list[SalineJob], list[Refused]]:
+    """Every vjob row (the active ones, or the ended ones not yet cleaned up) split into the
+    vjobs that pass their checks and the refused rows."""
     with store.session() as s:
         q = select(SalineJobRecord).order_by(SalineJobRecord.created_at)
         if active_only:
             q = q.where(SalineJobRecord.phase.in_(ACTIVE_PHASES))
-        return [_plain(r) for r in s.scalars(q)]
+        if cleanup:
+            cleaned = select(SalineEventRecord.id).where(
+                SalineEventRecord.job_key == SalineJobRecord.key, SalineEventRecord.kind == "cleaned"
+            )
+            q = q.where(SalineJobRecord.phase.not_in(ACTIVE_PHASES), ~cleaned.exists())
+        good: list[SalineJob] = []
+        bad: list[Refused] = []
+        for rec in s.scalars(q):
+            try:
+                good.append(checked(rec))
+            except InputError as exc:
+                bad.append((str(rec.key)[:80], str(exc)))
+        return good, bad
+
+
+def all_jobs(store: Store, *, active_only: bool = False) -> list[SalineJob]:
+    """The vjobs that pass their checks (refused rows are left out: see `scan`)."""
+    return scan(store, active_only=active_only)[0]
 
 
 def needing_cleanup(store: Store) -> list[SalineJob]:
     """Ended vjobs whose VMs, snapshots and identities were not yet removed (no `cleaned` event)."""
-    cleaned = select(SalineEventRecord.id).where(
-        SalineEventRecord.job_key == SalineJobRecord.key, SalineEventRecord.kind == "cleaned"
-    )
-    with store.session() as s:
-        q = select(SalineJobRecord).where(SalineJobRecord.phase.not_in(ACTIVE_PHASES), ~cleaned.exists())
-        return [_plain(r) for r in s.scalars(q)]
+    return scan(store, cleanup=True)[0]
 
 
-def record(store: Store, key: str, kind: str, detail: dict[str, Any] | None = None, **changes: Any) -> SalineJob:
-    """Change the vjob's row and journal why, in one transaction."""
+def record(
+    store: Store,
+    key: str,
+    kind: str,
+    detail: dict[str, Any] | None = None,
+    *,
+    owner: str | None = None,
+    **changes: Any,
+) -> SalineJob:
+    """Change the vjob's row and journal why, in one transaction.
+
+    With `owner`, the change is made only while that manager holds the vjob's lease (the row
+    is locked for the check on PostgreSQL); otherwise it is LeaseLost and nothing changes.
+    """
     t = now()
     with store.session() as s:
-        rec = s.get(SalineJobRecord, key)
+        rec = s.get(SalineJobRecord, key, with_for_update=owner is not None)
         if rec is None:
-            raise InputError(f"best-effort vjob {key!r}: unknown")
+            raise InputError(f"best-effort vjob {grammar.short(key)}: unknown")
+        if owner is not None and rec.lease_owner != owner:
+            raise LeaseLost(f"best-effort vjob {key}: its lease is held by {rec.lease_owner or 'nobody'} now")
         for name, value in changes.items():
             if name == "hosts":
                 rec.hosts_json = json.dumps(list(value))
@@ -216,7 +284,7 @@ def record(store: Store, key: str, kind: str, detail: dict[str, Any] | None = No
             )
         )
         s.flush()
-        return _plain(rec)
+        return checked(rec)
 
 
 def events(store: Store, key: str) -> list[Event]:
@@ -224,4 +292,13 @@ def events(store: Store, key: str) -> list[Event]:
         rows = s.scalars(
             select(SalineEventRecord).where(SalineEventRecord.job_key == key).order_by(SalineEventRecord.id)
         )
-        return [Event(r.id, r.at, r.kind, r.site, r.oar_job_id, json.loads(r.detail or "{}")) for r in rows]
+        return [Event(r.id, r.at, r.kind, r.site, r.oar_job_id, _detail(r.detail)) for r in rows]
+
+
+def _detail(text: str | None) -> dict[str, Any]:
+    """An event's detail; a forged or damaged one is shown as such, never raised."""
+    try:
+        value = json.loads(text or "{}")
+    except (ValueError, RecursionError):
+        return {"unreadable": grammar.short(text)}
+    return value if isinstance(value, dict) else {"unreadable": grammar.short(text)}

@@ -1,6 +1,7 @@
 """The Saline job manager: keeps every best-effort vjob alive across OAR's kills.
 
-For each vjob, on every pass (`step`):
+For each vjob, on every pass (`step`), what to do is decided by `saline_bew.phases.decide`
+(a pure function of the vjob's record, its OAR job and the clock) and carried out here:
 
 * submitted → when its OAR job runs, deploy the VMs on the nodes OAR chose: from the latest
   safe snapshot when there is one (a resume, possibly at another site), else from the image
@@ -16,25 +17,32 @@ For each vjob, on every pass (`step`):
   the snapshots and the network identities.
 
 Every change is journalled with the row it changes (saline_bew.journal), so a manager that
-is stopped and started again carries on from where its predecessor left off. A failure on
-one vjob is journalled on that vjob and never stops the others.
+is stopped and started again carries on from where its predecessor left off. A manager acts
+on a vjob only while it holds the vjob's lease (saline_bew.lease), so two site masters on one
+store never both act on one vjob. A failure on one vjob is journalled on that vjob and never
+stops the others; a vjob that fails `max_failures` times in a row is marked failed. Rows that
+fail their checks (saline_bew.grammar) are refused with a logged error and never acted on.
 """
 
 from __future__ import annotations
 
-import re
+import contextlib
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from plugins.oar.client import SubmitRequest
-from plugins.oar.parse import CHECKPOINT_EVENTS, OarJob
+from sqlalchemy import update
+
+from plugins.oar.client import OarUnavailable, SubmitRequest
+from plugins.oar.parse import OarJob
+from provisioning import transfer
 from provisioning.transfer import sha256_file
-from saline_bew import identity, journal
+from saline_bew import grammar, identity, journal, lease, phases
 from saline_bew.gathering import REPOSITORY, Gathering
-from saline_bew.journal import SalineJob
+from saline_bew.journal import LeaseLost, SalineJob
 from saline_bew.repository import RepositoryError
 from saline_bew.sites import Site
 from saline_bew.vms import SalineVMs, snapshot_files, suspend_to_stage
@@ -43,12 +51,16 @@ from vjob.config import Config
 from vjob.errors import CommandError, ConfigError, InputError, StoreError, VjobError
 from vjob.store import jobs as store_jobs
 from vjob.store.db import Store
+from vjob.store.schema import JobRecord
 
 _log = log.get("saline")
-_WALLTIME = re.compile(r"^\d{1,4}(:\d{1,2}){0,2}$")
 HOLDER = Path(__file__).resolve().with_name("holder.sh")
 """Run by the OAR job as the user: it must be readable by every user (package data)."""
-RUN_EVENTS = ("deployed", "resumed", "restarted_from_scratch", "snapshot")
+RUN_EVENTS = phases.SAFE_POINT_EVENTS
+MAX_FAILURES = 5
+"""Failures in a row (not counting OAR being unreachable) after which a vjob is failed."""
+FAILURE_BACKOFF_S = 30.0
+"""Wait after a first failure before trying the vjob again; doubles with each failure."""
 
 
 class Manager:
@@ -60,6 +72,10 @@ class Manager:
         vms: SalineVMs,
         *,
         clock: Callable[[], float] = time.time,
+        owner: str | None = None,
+        lease_s: float | None = None,
+        max_failures: int = MAX_FAILURES,
+        failure_backoff_s: float = FAILURE_BACKOFF_S,
     ) -> None:
         if config.saline.checkpoint_signal == signal.SIGUSR1:
             raise ConfigError("saline.checkpoint_signal = 10 (SIGUSR1): reserved for ending the holder; use 12")
@@ -69,6 +85,17 @@ class Manager:
         self.sites = sites
         self.vms = vms
         self.clock = clock
+        self.owner = owner or lease.new_owner()
+        self.lease_s = lease_s if lease_s is not None else max(120.0, 30 * self.cfg.poll_interval_s)
+        """How long a lease outlives its last renewal: a dead manager's vjobs wait this long."""
+        self.max_failures = max_failures
+        self.failure_backoff_s = failure_backoff_s
+        self.refused: dict[str, str] = {}
+        """Rows refused by their checks since this manager started: key → why."""
+        self.failures: dict[str, int] = {}
+        """Per-vjob failures (step_failed) counted by this manager since it started."""
+        self._lock = threading.RLock()
+        """Serialises acting on vjobs between the loop and the socket server's requests."""
 
     # -- submission ----------------------------------------------------------------------
     def submit(
@@ -87,37 +114,45 @@ class Manager:
         submitted, no OAR job) and the manager submits it later; the CommandError is raised."""
         if not command:
             raise InputError("command: missing (vjob besteffort submit [options] -- COMMAND ...)")
-        if not 1 <= vm_count <= 254:
-            raise InputError(f"vms = {vm_count}: must be between 1 and 254 (one subnet)")
+        grammar.word("user", user, grammar.USER)
+        grammar.command(command)
+        if isinstance(vm_count, bool) or not isinstance(vm_count, int) or not 1 <= vm_count <= grammar.MAX_VMS:
+            raise InputError(f"vms = {grammar.short(vm_count)}: must be between 1 and 254 (one subnet)")
+        grammar.number("vcpus", vcpus, 1, grammar.MAX_VCPUS)
+        grammar.number("memory", memory_mb, 1, grammar.MAX_MEMORY_MB)
         walltime = walltime or self.cfg.default_walltime
-        if not _WALLTIME.match(walltime):
-            raise InputError(f"walltime = {walltime!r}: must be H[:MM[:SS]]")
+        if not isinstance(walltime, str) or not grammar.WALLTIME.fullmatch(walltime):
+            raise InputError(f"walltime = {grammar.short(walltime)}: must be H[:MM[:SS]]")
         if site is not None and site not in self.sites:
-            raise InputError(f"site = {site!r}: not a configured site ({', '.join(self.sites)})")
-        self.vms.image(image)
-        chosen = site or self._choose_site(vm_count, prefer=None)
-        key = f"be{uuid.uuid4().hex[:10]}"
-        job = journal.create(
-            self.store,
-            key=key,
-            user=user,
-            image=image,
-            command=command,
-            vm_count=vm_count,
-            vcpus=vcpus,
-            memory_mb=memory_mb,
-            walltime=walltime,
-            site=chosen,
-        )
-        identity.assign(
-            self.store,
-            site=chosen,
-            job_key=key,
-            vm_names=job.vm_names,
-            mac_prefix=self.cfg.mac_prefix,
-            network=self.cfg.network,
-        )
-        return self._submit_oar(job, chosen)
+            raise InputError(f"site = {grammar.short(site)}: not a configured site ({', '.join(self.sites)})")
+        grammar.word("image", image, grammar.IMAGE)
+        with self._lock:
+            self.vms.image(image)
+            chosen = site or self._choose_site(vm_count * vcpus, prefer=None)
+            key = f"be{uuid.uuid4().hex[:10]}"
+            job = journal.create(
+                self.store,
+                key=key,
+                user=user,
+                image=image,
+                command=command,
+                vm_count=vm_count,
+                vcpus=vcpus,
+                memory_mb=memory_mb,
+                walltime=walltime,
+                site=chosen,
+            )
+            if not self._lease(key):  # a brand-new key: nobody else can hold it
+                raise VjobError(f"best-effort vjob {key}: could not take its lease")
+            identity.assign(
+                self.store,
+                site=chosen,
+                job_key=key,
+                vm_names=job.vm_names,
+                mac_prefix=self.cfg.mac_prefix,
+                network=self.cfg.network,
+            )
+            return self._submit_oar(job, chosen)
 
     def _request(self, job: SalineJob, site: Site) -> SubmitRequest:
         return SubmitRequest(
@@ -136,8 +171,7 @@ class Manager:
         try:
             oar_id = site.client.submit(self._request(job, site), user=job.user)
         except CommandError as exc:
-            journal.record(
-                self.store,
+            self._record(
                 job.key,
                 "submit_failed",
                 {"site": site_name, "error": str(exc)},
@@ -148,8 +182,7 @@ class Manager:
             )
             raise
         _log.info("vjob submitted", jobs=[job.key], site=site_name, oar_job=oar_id)
-        return journal.record(
-            self.store,
+        return self._record(
             job.key,
             "submitted",
             {"site": site_name},
@@ -182,59 +215,174 @@ class Manager:
     # -- the loop ------------------------------------------------------------------------
     def run(self, *, stop: Callable[[], bool] = lambda: False) -> None:
         """Pass after pass until `stop()`. Without its journal the manager does nothing: an
-        unreachable store is logged and retried, never worked around."""
-        while not stop():
+        unreachable store is logged and retried, never worked around. On the way out the
+        leases are given back, so another site master takes the vjobs over at once."""
+        try:
+            while not stop():
+                try:
+                    self.step()
+                except StoreError as exc:
+                    _log.error("state store unreachable: no action this pass", error=str(exc))
+                deadline = time.monotonic() + self.cfg.poll_interval_s
+                while not stop() and time.monotonic() < deadline:
+                    time.sleep(min(0.2, self.cfg.poll_interval_s))
+        finally:
             try:
-                self.step()
+                lease.release_all(self.store, self.owner)
             except StoreError as exc:
-                _log.error("state store unreachable: no action this pass", error=str(exc))
-            deadline = time.monotonic() + self.cfg.poll_interval_s
-            while not stop() and time.monotonic() < deadline:
-                time.sleep(min(0.2, self.cfg.poll_interval_s))
+                _log.warning("leases not released (they expire)", error=str(exc))
 
     def step(self) -> None:
-        for job in journal.all_jobs(self.store, active_only=True):
-            try:
-                self._advance(job)
-            except VjobError as exc:
-                _log.warning("vjob step failed", jobs=[job.key], error=str(exc))
-                if str(exc) != journal.get(self.store, job.key).error:
-                    journal.record(self.store, job.key, "error", {"error": str(exc)}, error=str(exc))
+        """One pass over every active vjob this manager holds (or can take) the lease of."""
+        jobs, refused = journal.scan(self.store, active_only=True)
+        self._refuse(refused)
+        for job in jobs:
+            self.process(job.key)
         self._cleanup_ended()
 
-    def _advance(self, job: SalineJob) -> None:
-        if job.phase == "killed" or job.oar_job_id is None:
+    def _refuse(self, refused: list[journal.Refused]) -> None:
+        """Rows that fail their checks are never acted on; each is logged once per process."""
+        for key, reason in refused:
+            if key not in self.refused:
+                _log.error("vjob row refused: not acted on", jobs=[key], error=reason)
+            self.refused[key] = reason
+
+    def _lease(self, key: str) -> bool:
+        return lease.acquire(self.store, key, self.owner, now=self.clock(), ttl_s=self.lease_s)
+
+    def _record(self, key: str, kind: str, detail: dict[str, object] | None = None, **changes: object) -> SalineJob:
+        """journal.record, only while this manager holds the vjob's lease (else LeaseLost)."""
+        return journal.record(self.store, key, kind, detail, owner=self.owner, **changes)
+
+    def process(self, key: str) -> None:
+        """Observe, decide and act for one vjob, if its lease is ours.
+
+        A failure of this vjob never stops the pass: OAR unreachable (OarUnavailable) is
+        journalled and retried next pass, as OAR comes back by itself; anything else (a
+        garbled OAR answer, a refusal, an unknown user, a bug) is journalled as
+        `step_failed`, retried after a doubling wait, and after `max_failures` in a row the
+        vjob is marked failed with the reason. Only an unreachable store ends the pass.
+        """
+        with self._lock:
+            if not self._lease(key):
+                return
+            try:
+                job = journal.get(self.store, key)  # fresh: another master may have acted before
+            except InputError as exc:
+                self._refuse([(key[:80], str(exc))])
+                return
+            if not job.active:
+                return
+            events = journal.events(self.store, key)
+            failures, not_before = phases.backoff(events, base_s=self.failure_backoff_s)
+            if self.clock() < not_before and not phases.cancel_requested(events):
+                return
+            try:
+                self._advance(job, events)
+            except StoreError:
+                raise
+            except LeaseLost as exc:
+                _log.warning("vjob lease lost: another manager acts on it", jobs=[key], error=str(exc))
+            except OarUnavailable as exc:  # OAR comes back by itself: retried every pass, not counted
+                _log.warning("vjob step failed", jobs=[key], error=str(exc))
+                if str(exc) != journal.get(self.store, key).error:
+                    self._record(key, "error", {"error": str(exc)}, error=str(exc))
+            except Exception as exc:  # noqa: BLE001 - one vjob's failure must not stop the others
+                self._step_failed(job, exc, failures + 1)
+
+    def _step_failed(self, job: SalineJob, exc: Exception, failures: int) -> None:
+        reason = str(exc) if isinstance(exc, VjobError) else f"{type(exc).__name__}: {exc}"
+        reason = reason[:1000]
+        self.failures[job.key] = self.failures.get(job.key, 0) + 1
+        if failures >= self.max_failures:
+            _log.error("vjob failed", jobs=[job.key], failures=failures, error=reason)
+            for vm, node in zip(job.vm_names, job.hosts, strict=False):
+                with contextlib.suppress(Exception):  # best effort: OAR takes the node back anyway
+                    self.vms.stop(vm, node)
+            self._record(
+                job.key,
+                "failed",
+                {"error": reason, "failures": failures},
+                phase="failed",
+                hosts=[],
+                error=f"failed {failures} times in a row: {reason}",
+            )
+            return
+        _log.error("vjob step failed: retried later", jobs=[job.key], failures=failures, error=reason)
+        self._record(job.key, phases.STEP_FAILED, {"error": reason, "failures": failures}, error=reason)
+
+    def _observe(self, job: SalineJob, events: list[journal.Event]) -> phases.Observed:
+        cancel = phases.cancel_requested(events)
+        oj = None
+        finished = False
+        if phases.needs_oar(job, cancel):
+            oj = self._site(job.site).client.job(job.oar_job_id or "", user=job.user)
+            if job.phase == "running" and oj is not None and not oj.killed_for_besteffort:
+                finished = all(self.vms.finished(vm, node) for vm, node in zip(job.vm_names, job.hosts, strict=True))
+        return phases.Observed(
+            oar_job=oj,
+            vms_finished=finished,
+            last_safe_point=phases.last_at(events, phases.SAFE_POINT_EVENTS, job.updated_at),
+            last_deploy=phases.last_at(events, phases.DEPLOY_EVENTS, job.created_at),
+            cancel_requested=cancel,
+        )
+
+    def _advance(self, job: SalineJob, events: list[journal.Event]) -> None:
+        seen = self._observe(job, events)
+        self._act(job, seen, phases.decide(job, seen, now=self.clock(), timing=self.cfg))
+
+    def _act(self, job: SalineJob, seen: phases.Observed, action: phases.Action) -> None:
+        """Carry out what `phases.decide` chose."""
+        kind = action.kind
+        if kind is phases.Kind.WAIT:
+            return
+        if kind is phases.Kind.CANCEL:
+            self.cancel(job.key)
+        elif kind is phases.Kind.RESUBMIT:
             self._resubmit(job)
-            return
-        site = self._site(job.site)
-        oj = site.client.job(job.oar_job_id, user=job.user)
-        if job.phase == "submitted":
-            if oj is None or oj.finished:
-                self._ended(job, oj)
-            elif oj.state == "Running" and oj.hosts:
-                self._deploy(job, oj)
-            elif oj.state == "Waiting" and self.clock() - job.updated_at > self.cfg.requeue_after_s:
-                self._maybe_move(job)
-            return
-        # running
-        if oj is None or oj.finished:
-            self._ended(job, oj)
-            return
-        checkpoints = [e for e in oj.events if e.type in CHECKPOINT_EVENTS and e.event_id > job.last_event_id]
-        if checkpoints:
-            self._evacuate(job, max(e.event_id for e in checkpoints))
-            return
-        if all(self.vms.finished(vm, node) for vm, node in zip(job.vm_names, job.hosts, strict=True)):
+        elif kind is phases.Kind.FORGET_OAR_JOB:
+            self._record(job.key, "oar_job_vanished", {"oar_job_id": job.oar_job_id}, oar_job_id=None)
+        elif kind is phases.Kind.KILLED:
+            if job.phase == "running":
+                for vm, node in zip(job.vm_names, job.hosts, strict=True):
+                    self.vms.stop(vm, node)  # its QEMU is outside the job's cpuset: free the node
+            self._count_kill(job, cause=action.cause, lost_s=action.lost_s)
+        elif kind is phases.Kind.COMPLETE:
             self._complete(job)
-            return
-        if self.clock() - self._last_safe_point(job) >= self.cfg.snapshot_period_s:
+        elif kind is phases.Kind.CANCELLED_IN_OAR:
+            for vm, node in zip(job.vm_names, job.hosts, strict=False):
+                self.vms.stop(vm, node)
+            oj = seen.oar_job
+            types = sorted({e.type for e in oj.events}) if oj else []
+            self._record(
+                job.key,
+                "cancelled",
+                {"oar_state": oj.state if oj else None, "events": types},
+                phase="cancelled",
+                hosts=[],
+            )
+            _log.info("vjob cancelled (its OAR job was deleted)", jobs=[job.key])
+        elif kind is phases.Kind.DEPLOY and seen.oar_job is not None:
+            self._deploy(job, seen.oar_job)
+        elif kind is phases.Kind.MOVE:
+            self._maybe_move(job)
+        elif kind is phases.Kind.EVACUATE:
+            self._evacuate(job, action.event_id or 0)
+        elif kind is phases.Kind.SNAPSHOT:
             self.snapshot(job, reason="periodic")
 
-    def _last_safe_point(self, job: SalineJob) -> float:
-        for ev in reversed(journal.events(self.store, job.key)):
-            if ev.kind in RUN_EVENTS:
-                return ev.at
-        return job.updated_at
+    def _ended(self, job: SalineJob, oj: OarJob | None) -> None:
+        """Act on the end of the vjob's OAR job `oj` (None: OAR forgot it)."""
+        events = journal.events(self.store, job.key)
+        finished = job.phase == "running" and all(
+            self.vms.finished(vm, node) for vm, node in zip(job.vm_names, job.hosts, strict=True)
+        )
+        seen = phases.Observed(
+            oar_job=oj,
+            vms_finished=finished,
+            last_deploy=phases.last_at(events, phases.DEPLOY_EVENTS, job.created_at),
+        )
+        self._act(job, seen, phases.decide(job, seen, now=self.clock(), timing=self.cfg))
 
     # -- deploy ---------------------------------------------------------------------------
     def _deploy(self, job: SalineJob, oj: OarJob) -> None:
@@ -245,8 +393,7 @@ class Manager:
             for vm, node in zip(job.vm_names, placement, strict=True):
                 self.vms.restore(vm, node, job.snapshot_label, repo.label_dir(job.key, job.snapshot_label))
             store_jobs.record_resume(self.store, journal.RMS, job.key)
-            journal.record(
-                self.store,
+            self._record(
                 job.key,
                 "resumed",
                 {"label": job.snapshot_label, "from_site": job.snapshot_site, "hosts": placement},
@@ -275,8 +422,7 @@ class Manager:
         if job.kills:
             store_jobs.record_resume(self.store, journal.RMS, job.key)
         if job.kills and self._ever_ran(job):  # killed before a first snapshot: its work is gone
-            journal.record(
-                self.store,
+            self._record(
                 job.key,
                 "restarted_from_scratch",
                 {"hosts": placement, "kills": job.kills},
@@ -288,8 +434,7 @@ class Manager:
             )
             _log.warning("vjob restarted from scratch (killed before its first snapshot)", jobs=[job.key])
         else:
-            journal.record(
-                self.store,
+            self._record(
                 job.key,
                 "deployed",
                 {"hosts": placement},
@@ -333,8 +478,7 @@ class Manager:
                 for n in set(job.hosts):
                     self.vms.drop_staged(vm, n, label)
             message = str(exc) if isinstance(exc, RepositoryError) else f"repository copy failed: {exc}"
-            journal.record(
-                self.store,
+            self._record(
                 job.key,
                 "snapshot_failed",
                 {"label": label, "reason": reason, "error": message},
@@ -346,8 +490,7 @@ class Manager:
             for n in set(job.hosts):
                 self.vms.drop_staged(vm, n, label)
         previous = (job.snapshot_label, job.snapshot_site)
-        journal.record(
-            self.store,
+        self._record(
             job.key,
             "snapshot",
             {
@@ -398,58 +541,15 @@ class Manager:
         self._count_kill(job, cause="checkpoint", lost_s=lost, event_id=event_id)
 
     # -- end of an OAR job ----------------------------------------------------------------
-    def _ended(self, job: SalineJob, oj: OarJob | None) -> None:
-        types = {e.type for e in oj.events} if oj else set()
-        if oj is None and job.phase == "submitted":  # gone before it ran (OAR lost it): just ask again
-            journal.record(self.store, job.key, "oar_job_vanished", {"oar_job_id": job.oar_job_id}, oar_job_id=None)
-            return
-        if oj is None or oj.killed_for_besteffort or "WALLTIME" in types:
-            cause = "vanished" if oj is None else ("besteffort_kill" if oj.killed_for_besteffort else "walltime")
-            kill_at = next(
-                (e.date for e in (oj.events if oj else ()) if e.type in ("BESTEFFORT_KILL", "WALLTIME")), self.clock()
-            )
-            lost = 0.0
-            if job.phase == "running":
-                lost = max(0.0, kill_at - max(job.snapshot_at or 0.0, self._last_deploy(job)))
-                for vm, node in zip(job.vm_names, job.hosts, strict=True):
-                    self.vms.stop(vm, node)  # its QEMU is outside the job's cpuset: free the node
-            self._count_kill(job, cause=cause, lost_s=lost)
-            return
-        if job.phase == "running" and all(
-            self.vms.finished(vm, node) for vm, node in zip(job.vm_names, job.hosts, strict=True)
-        ):
-            self._complete(job)
-            return
-        for vm, node in zip(job.vm_names, job.hosts, strict=True):
-            self.vms.stop(vm, node)
-        journal.record(
-            self.store,
-            job.key,
-            "cancelled",
-            {"oar_state": oj.state, "events": sorted(types)},
-            phase="cancelled",
-            hosts=[],
-        )
-        _log.info("vjob cancelled (its OAR job was deleted)", jobs=[job.key])
-
     def _ever_ran(self, job: SalineJob) -> bool:
-        return any(
-            e.kind in ("deployed", "resumed", "restarted_from_scratch") for e in journal.events(self.store, job.key)
-        )
-
-    def _last_deploy(self, job: SalineJob) -> float:
-        for ev in reversed(journal.events(self.store, job.key)):
-            if ev.kind in ("deployed", "resumed", "restarted_from_scratch"):
-                return ev.at
-        return job.created_at
+        return any(e.kind in phases.DEPLOY_EVENTS for e in journal.events(self.store, job.key))
 
     def _count_kill(self, job: SalineJob, *, cause: str, lost_s: float, event_id: int | None = None) -> None:
         store_jobs.record_preemption(self.store, journal.RMS, job.key)
         changes: dict[str, object] = {"phase": "killed", "kills": job.kills + 1, "hosts": []}
         if event_id is not None:
             changes["last_event_id"] = event_id
-        job = journal.record(
-            self.store,
+        job = self._record(
             job.key,
             "killed",
             {"cause": cause, "lost_s": round(lost_s, 3), "snapshot": job.snapshot_label},
@@ -466,7 +566,7 @@ class Manager:
         except VjobError:
             free = -1
         if 0 <= free < need:  # (-1: OAR unreachable, which the submission below reports)
-            journal.record(self.store, job.key, "waiting_for_resources", {"site": site, "need": need})
+            self._record(job.key, "waiting_for_resources", {"site": site, "need": need})
         self._submit_oar(job, site)
 
     def _maybe_move(self, job: SalineJob) -> None:
@@ -484,14 +584,14 @@ class Manager:
                     self._site(job.site).client.delete(job.oar_job_id or "", user=job.user)
                 except CommandError as exc:
                     _log.warning("oardel of the waiting job failed", jobs=[job.key], error=str(exc))
-                journal.record(self.store, job.key, "moved", {"from": job.site, "to": name})
-                self._submit_oar(journal.get(self.store, job.key), name)
+                moved = self._record(job.key, "moved", {"from": job.site, "to": name})
+                self._submit_oar(moved, name)
                 return
-        journal.record(self.store, job.key, "waiting_for_resources", {"site": job.site, "need": need})
+        self._record(job.key, "waiting_for_resources", {"site": job.site, "need": need})
 
     # -- the end --------------------------------------------------------------------------
     def _complete(self, job: SalineJob) -> None:
-        journal.record(self.store, job.key, "finished", {"hosts": list(job.hosts)}, phase="done")
+        self._record(job.key, "finished", {"hosts": list(job.hosts)}, phase="done")
         if job.oar_job_id:
             try:
                 self._site(job.site).client.signal(job.oar_job_id, signal.SIGUSR1, user=job.user)
@@ -499,34 +599,61 @@ class Manager:
                 _log.warning("could not release the OAR job", jobs=[job.key], error=str(exc))
         _log.info("vjob finished", jobs=[job.key])
 
-    def cancel(self, key: str) -> SalineJob:
+    def request_cancel(self, key: str, *, by: str) -> SalineJob:
+        """Cancel `key` for a user (the socket server checked that they may): journalled as a
+        request that whichever master holds the vjob's lease carries out; done here at once
+        when this master can take the lease."""
         job = journal.get(self.store, key)
         if not job.active:
             return job  # already ended: cancelling again changes nothing
-        if job.oar_job_id:
-            self._site(job.site).client.delete(job.oar_job_id, user=job.user)
-        for vm, node in zip(job.vm_names, job.hosts, strict=True):
-            self.vms.stop(vm, node)
-        return journal.record(
-            self.store, key, "cancelled", {"by": "vjob besteffort cancel"}, phase="cancelled", hosts=[]
-        )
+        if not phases.cancel_requested(journal.events(self.store, key)):
+            journal.record(self.store, key, phases.CANCEL_REQUESTED, {"by": by})
+        self.process(key)
+        return journal.get(self.store, key)
 
-    def _cleanup_ended(self) -> None:
-        for job in journal.needing_cleanup(self.store):
+    def cancel(self, key: str) -> SalineJob:
+        """End `key` now: delete its OAR job, its VMs; the next pass cleans the rest."""
+        with self._lock:
+            if not self._lease(key):
+                holder = lease.holder(self.store, key)[0]
+                raise LeaseLost(f"best-effort vjob {key}: handled by the manager {holder}; try again later")
+            job = journal.get(self.store, key)
+            if not job.active:
+                return job  # already ended: cancelling again changes nothing
+            if job.oar_job_id:
+                self._site(job.site).client.delete(job.oar_job_id, user=job.user)
             for vm, node in zip(job.vm_names, job.hosts, strict=False):
                 self.vms.stop(vm, node)
+            return self._record(key, "cancelled", {"by": "vjob besteffort cancel"}, phase="cancelled", hosts=[])
+
+    def _cleanup_ended(self) -> None:
+        jobs, refused = journal.scan(self.store, cleanup=True)
+        self._refuse(refused)
+        for job in jobs:
+            with self._lock:
+                if not self._lease(job.key):
+                    continue
+                try:
+                    self._clean(job)
+                except (StoreError, LeaseLost):
+                    raise
+                except Exception as exc:  # noqa: BLE001 - one vjob's cleanup must not stop the others
+                    _log.error("vjob cleanup failed: retried next pass", jobs=[job.key], error=str(exc)[:1000])
+
+    def _clean(self, job: SalineJob) -> None:
+        for vm, node in zip(job.vm_names, job.hosts, strict=False):
+            self.vms.stop(vm, node)
+        keep = job.phase == "failed"  # a failed vjob's snapshot is kept for the operator
+        if not keep:
             for site in self.sites.values():
                 site.repository.remove_job(job.key)
-            identity.release(self.store, job.key)
-            store_jobs_terminate(self.store, job.key)
-            journal.record(self.store, job.key, "cleaned", {"snapshots_removed": True})
+        identity.release(self.store, job.key)
+        store_jobs_terminate(self.store, job.key)
+        self._record(job.key, "cleaned", {"snapshots_removed": not keep})
+        lease.release(self.store, job.key, self.owner)
 
 
 def store_jobs_terminate(store: Store, key: str) -> None:
-    from sqlalchemy import update
-
-    from vjob.store.schema import JobRecord
-
     with store.session() as s:
         s.execute(
             update(JobRecord)
@@ -536,6 +663,4 @@ def store_jobs_terminate(store: Store, key: str) -> None:
 
 
 def _copy_file(src: Path, dest: Path) -> None:
-    from provisioning import transfer
-
     transfer.copy(transfer.Endpoint(src), transfer.Endpoint(dest), method="local")

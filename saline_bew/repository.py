@@ -5,17 +5,26 @@ back. It counts as safe only when every file of every VM is in the repository wi
 and sha256 it had on the node; a repository that is missing, read-only or too small is a
 `RepositoryError` before or during the copy, and the previous safe snapshot stays the one the
 vjob will resume from. Files are owner-only (0600 in 0700 directories): they hold memory.
+
+Why every key and label is checked here too: they come back from the shared store, and the
+manager runs as root. A key `../victim` once made it delete a directory outside the
+repository. So a key or label must match its grammar (saline_bew.grammar), every directory on
+the way is checked with `os.lstat` to be a real directory (never a symlink), and the resolved
+path must stay under the repository root; anything else is a RepositoryError and nothing is
+touched.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import stat
 from pathlib import Path
 
 from provisioning import transfer
 from provisioning.transfer import Endpoint
-from vjob.errors import VjobError
+from saline_bew import grammar
+from vjob.errors import InputError, VjobError
 
 MARGIN = 1.05
 """Ask for 5 % more free space than the files need (filesystem metadata, other writers)."""
@@ -57,7 +66,42 @@ class Repository:
                 f"site {self.site}: repository {self.root}: {free} bytes free, {int(needed_bytes * MARGIN)} needed"
             )
 
+    def _under_root(self, *parts: str) -> Path | None:
+        """root/parts… when every step is a real directory inside the root; None when the
+        last one does not exist yet. A symlink, a non-directory or a path escaping the root
+        is a RepositoryError: the caller touches nothing."""
+        path = self.root
+        for part in parts:
+            path = path / part
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                raise RepositoryError(f"site {self.site}: {path}: {exc.strerror}") from None
+            if not stat.S_ISDIR(st.st_mode):
+                raise RepositoryError(f"site {self.site}: {path}: not a plain directory (a symlink?): refused")
+        real_root = os.path.realpath(self.root)
+        if os.path.commonpath([real_root, os.path.realpath(path)]) != real_root:
+            raise RepositoryError(f"site {self.site}: {path}: outside the repository {self.root}: refused")
+        return path
+
+    def _key(self, key: str) -> str:
+        try:
+            return grammar.word("key", key, grammar.KEY)
+        except InputError as exc:
+            raise RepositoryError(f"site {self.site}: repository {self.root}: {exc}: refused") from None
+
+    def _label(self, label: str) -> str:
+        try:
+            return grammar.word("snapshot label", label, grammar.LABEL)
+        except InputError as exc:
+            raise RepositoryError(f"site {self.site}: repository {self.root}: {exc}: refused") from None
+
     def label_dir(self, key: str, label: str) -> Path:
+        """Where a snapshot lives; the key and label are checked (RepositoryError otherwise)."""
+        key, label = self._key(key), self._label(label)
+        self._under_root(key, label)
         return self.root / key / label
 
     def put(self, src: Path, key: str, label: str) -> Path:
@@ -65,7 +109,9 @@ class Repository:
         dest_dir = self.label_dir(key, label)
         try:
             dest_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-            os.chmod(dest_dir.parent, 0o700)
+            if self._under_root(key, label) is None:
+                raise RepositoryError(f"site {self.site}: {dest_dir}: vanished while being created")
+            os.chmod(dest_dir.parent, 0o700, follow_symlinks=False)
             dest = dest_dir / src.name
             transfer.copy(Endpoint(src), Endpoint(dest), method="local")
         except OSError as exc:
@@ -92,11 +138,21 @@ class Repository:
                 )
 
     def remove_label(self, key: str, label: str) -> None:
-        shutil.rmtree(self.label_dir(key, label), ignore_errors=True)
+        found = self._under_root(self._key(key), self._label(label))
+        if found is not None:
+            _rmtree(found)
 
     def remove_job(self, key: str) -> None:
-        shutil.rmtree(self.root / key, ignore_errors=True)
+        found = self._under_root(self._key(key))
+        if found is not None:
+            _rmtree(found)
 
     def labels(self, key: str) -> list[str]:
-        d = self.root / key
-        return sorted(p.name for p in d.iterdir()) if d.is_dir() else []
+        d = self._under_root(self._key(key))
+        return sorted(p.name for p in d.iterdir()) if d is not None else []
+
+
+def _rmtree(path: Path) -> None:
+    """Delete a checked directory. shutil.rmtree works through directory descriptors on Linux
+    and never follows a symlink inside the tree (it unlinks the link itself)."""
+    shutil.rmtree(path, ignore_errors=True)

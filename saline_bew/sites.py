@@ -12,6 +12,7 @@ from typing import Any
 
 import plugins.oar as oar
 from plugins.oar.client import OarClient
+from plugins.oar.parse import resource_id
 from saline_bew.repository import Repository
 from vjob.errors import ConfigError
 
@@ -28,7 +29,7 @@ class Site:
         resources = self.client.resources()
         busy = {r for j in self.client.jobs() if not j.finished and j.state != "Waiting" for r in j.resources}
         mine = [r for r in resources if _belongs(r, self)]
-        return sum(1 for r in mine if r["state"] == "Alive" and int(r.get("resource_id", r.get("id", -1))) not in busy)
+        return sum(1 for r in mine if r["state"] == "Alive" and resource_id(r) not in busy)
 
 
 def _belongs(resource: dict[str, Any], site: Site) -> bool:

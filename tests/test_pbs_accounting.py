@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from plugins.pbs import units
 from plugins.pbs.convert import parse_nodes_spec
+from simulator import torque_accounting
 from simulator.torque_accounting import read_torque_accounting
 
 
@@ -64,3 +66,23 @@ def test_every_recorded_nodes_request_parses(end_records: tuple[Counter[str], li
         assert parsed.cores >= parsed.nodes
         checked += 1
     assert checked > 10_000
+
+
+def test_the_one_pbs_reader_agrees_with_the_accounting_reader(
+    end_records: tuple[Counter[str], list[dict[str, str]]],
+) -> None:
+    """Issue 22 item 9: plugins.pbs.units is the one duration/size reader. On every recorded
+    walltime and memory value of the archive it gives what simulator.torque_accounting's own
+    copy gives (memory there is at least 1 MiB), so that copy can be replaced by it."""
+    _types, ends = end_records
+    compared = 0
+    for attrs in ends:
+        for key, value in attrs.items():
+            if key.endswith("walltime") or key.endswith("cput"):
+                assert units.duration_s(value, where=key) == torque_accounting.duration_s(value, key, "x")
+            elif key.endswith("mem"):
+                assert max(1, units.size_mb(value, where=key)) == torque_accounting.memory_mb(value, key, "x")
+            else:
+                continue
+            compared += 1
+    assert compared > 30_000

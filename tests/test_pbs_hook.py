@@ -88,12 +88,13 @@ def test_queuejob_tags_a_batch_job(hook: Hook) -> None:
     [
         ({"interactive": True}, "interactive"),  # qsub -I
         ({"queue": "interactive"}, "interactive"),  # the site's interactive queue
-        ({"Variable_List": {"VJOB_CLASS": "besteffort"}}, "besteffort"),
+        ({"queue": "scavenger"}, "besteffort"),  # the site's best-effort queue
         ({"interactive": True, "Variable_List": {"VJOB_CLASS": "batch"}}, "interactive"),
         ({"Variable_List": None}, "batch"),
     ],
 )
 def test_queuejob_class(hook: Hook, attrs: dict[str, Any], expected: str) -> None:
+    hook.config["besteffort_queues"] = ["scavenger"]
     result = hook.run("QUEUEJOB", _job(**attrs))
     assert result["outcome"] == "accept" and result["Variable_List"]["VJOB_CLASS"] == expected
 
@@ -116,13 +117,25 @@ def test_queuejob_os_from_variable_or_aoe(hook: Hook) -> None:
         ({"Variable_List": {"VJOB_OS": "windows95"}}, "OS image 'windows95' is not offered here; choose one of rocky9"),
         ({"Variable_List": {"VJOB_OS": "$(reboot)"}}, "OS image '$(reboot)': a name has only letters"),
         ({"Resource_List": {"aoe": "rocky9;rm -rf /"}}, "a name has only letters"),
-        ({"Variable_List": {"VJOB_CLASS": "urgent"}}, "VJOB_CLASS = 'urgent': must be one of batch"),
     ],
 )
 def test_queuejob_refuses_what_the_site_does_not_offer(hook: Hook, attrs: dict[str, Any], message: str) -> None:
     hook.config["os_images"] = ["rocky9"]
     result = hook.run("QUEUEJOB", _job(**attrs))
     assert result["outcome"] == "reject" and message in result["message"]
+
+
+@pytest.mark.parametrize("claimed", ["interactive", "besteffort", "urgent", "interactive\nqueued as batch"])
+def test_queuejob_ignores_the_class_a_user_sets(hook: Hook, claimed: str) -> None:
+    """Issue 23 item 10: `qsub -v VJOB_CLASS=interactive` (or `-V` with it in the environment)
+    made a batch job interactive. The hook now overwrites it with the derived class and logs
+    the attempt (repr'd: a newline in it cannot forge a log line)."""
+    result = hook.run("QUEUEJOB", _job(Variable_List={"VJOB_CLASS": claimed, "PBS_O_HOME": "/home/ann"}))
+    assert result["outcome"] == "accept" and result["Variable_List"]["VJOB_CLASS"] == "batch"
+    warnings = [message for level, message in result["log"] if level == 2]
+    assert warnings == [f"vjob: VJOB_CLASS {claimed!r} set by the user ignored, queued as batch"]
+    result = hook.run("RUNJOB", _job(Variable_List={"VJOB_CLASS": "interactive"}))
+    assert "class=batch" in str(result["log"])  # the audit trail shows the derived class too
 
 
 def test_queuejob_fails_open_on_a_broken_configuration(hook: Hook) -> None:
@@ -134,7 +147,7 @@ def test_queuejob_fails_open_on_a_broken_configuration(hook: Hook) -> None:
 
 
 def test_runjob_logs_and_never_refuses(hook: Hook) -> None:
-    result = hook.run("RUNJOB", _job(Variable_List={"VJOB_CLASS": "interactive", "VJOB_OS": "rocky9"}))
+    result = hook.run("RUNJOB", _job(interactive=True, Variable_List={"VJOB_OS": "rocky9"}))
     assert result["outcome"] == "accept"
     assert "vjob: starting 12.pbs-01 class=interactive os=rocky9" in str(result["log"])
 

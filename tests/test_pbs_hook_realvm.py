@@ -19,8 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from devkit import guest_probe
+from devkit.guest_probe import wait_for_counter
 from provisioning import guest
-from provisioning.driver import Driver, VMSpec, wait_for_counter
+from provisioning.driver import Driver, VMSpec
 from tests.test_pbs_hook import HOOK, Hook
 from vjob import config as vconfig
 from vjob.model import VMState
@@ -31,7 +33,6 @@ pytestmark = [pytest.mark.libvirt, pytest.mark.realvm]
 
 JOB = "4242.pbs-server"
 NODE = socket.gethostname().split(".")[0]  # what the hook's {node} becomes without PBS
-VJOB = str(Path(sys.executable).with_name("vjob"))
 
 
 @pytest.fixture
@@ -73,16 +74,16 @@ def test_suspend_saves_the_vm_and_resume_restores_it(site: tuple[Path, Driver], 
     shipped = json.loads((HOOK.parents[2] / "deploy" / "pbs" / "vjob_hook.json").read_text())
     (tmp_path / "hook").mkdir()
     hook = Hook(tmp_path / "hook")
-    for key in ("checkpoint_command", "restore_command"):  # the shipped lines, with this venv's vjob
-        assert shipped[key][0] == "/usr/local/bin/vjob"
-        hook.config[key] = [VJOB, "--config", str(toml), *shipped[key][1:]]
+    for key in ("checkpoint_command", "restore_command"):  # the shipped lines, with this venv's python
+        assert shipped[key][:4] == ["/usr/bin/python3", "-I", "-m", "plugins.pbs.hook_vm"]
+        hook.config[key] = [sys.executable, *shipped[key][1:4], "--config", str(toml), *shipped[key][4:]]
     hook.config["command_timeout_s"] = 200
     job = {"id": JOB, "queue": "workq", "interactive": None, "Variable_List": {}}
 
     result = hook.run("EXECJOB_POSTSUSPEND", job)
     assert result["outcome"] == "accept", result
     assert driver.state(vm, NODE) is VMState.SAVED, result["log"]
-    before = guest.last_counter(driver.console_log(vm, NODE))
+    before = guest_probe.last_counter(driver.console_log(vm, NODE))
     marker = tmp_path / "hook" / "state" / f"{JOB}.saved"
     assert marker.exists() and marker.stat().st_mode & 0o777 == 0o600
 
@@ -91,7 +92,7 @@ def test_suspend_saves_the_vm_and_resume_restores_it(site: tuple[Path, Driver], 
     assert driver.state(vm, NODE) is VMState.RUNNING
     log = driver.console_log(vm, NODE)
     wait_for_counter(log, before + 2, 60)
-    seen = guest.counters(log)
+    seen = guest_probe.counters(log)
     assert seen == list(range(1, len(seen) + 1)), f"the counter did not continue: {seen}"
-    assert guest.boots(log) == 1
+    assert guest_probe.boots(log) == 1
     assert not marker.exists()

@@ -277,7 +277,7 @@ def test_openpbs_text_nodes() -> None:
         (
             "jobs",
             "Job Id: 1.s\n    job_state = R\n    Job_Owner = u@h\n    Resource_List.nodes = 0:ppn=2\n",
-            "must be >= 1",
+            "node count and ppn must be in 1..",
         ),
     ],
 )
@@ -319,14 +319,48 @@ def test_os_and_class_from_tags_and_properties() -> None:
     text += "\nJob Id: 9.s\n    job_state = Q\n    Job_Owner = cy@h\n    Resource_List.select = 2:ncpus=4:aoe=rocky9\n"
     first, second, third = parse_output("jobs", text, source="x")
     assert third.os_image == "rocky9"
-    assert first.os_image == "centos7" and first.job_class is JobClass.BESTEFFORT and first.cores == 8
+    assert first.os_image == "centos7" and first.job_class is JobClass.BATCH and first.cores == 8
     assert second.os_image == "rocky9" and second.job_class is JobClass.BATCH
-    bad = text.replace("VJOB_CLASS=batch", "VJOB_CLASS=urgent")
-    with pytest.raises(InputError, match="VJOB_CLASS = 'urgent'"):
-        parse_output("jobs", bad, source="x")
+    # An unknown VJOB_CLASS (a later `qalter -v`) no longer fails the whole qstat read either.
+    (bad, _, _) = parse_output("jobs", text.replace("VJOB_CLASS=besteffort", "VJOB_CLASS=urgent"), source="x")
+    assert bad.job_class is JobClass.BATCH
+    # An ill-formed VJOB_OS is ignored, never passed on as an image name.
+    (evil, _, _) = parse_output("jobs", text.replace("os_centos7", "x").replace("PBS_O", "VJOB_OS=../x,A"), source="x")
+    assert evil.os_image == ""
     node_text = "n1\n     state = free\n     np = 4\n     properties = fast,os_rocky9\n"
     (node,) = parse_output("nodes", node_text, source="x")
     assert node.os_image == "rocky9" and node.state is NodeState.IDLE
+
+
+_CLASS_JOB = "Job Id: 5.s\n    job_state = Q\n    Job_Owner = mal@h\n    queue = {queue}\n{extra}"
+
+
+@pytest.mark.parametrize(
+    ("queue", "extra", "expected"),
+    [
+        # the user's word, in every place a Torque or OpenPBS user can put it: ignored
+        ("batch", "    Variable_List = VJOB_CLASS=interactive\n", JobClass.BATCH),  # -v, -V, qalter -v
+        ("batch", "    Variable_List = PBS_O_HOME=/h,VJOB_CLASS=interactive,VJOB_OS=rocky9\n", JobClass.BATCH),
+        ("batch", "    Variable_List = VJOB_CLASS=besteffort\n", JobClass.BATCH),
+        ("batch", "    Job_Name = VJOB_CLASS=interactive\n", JobClass.BATCH),
+        # what the server and the operator decide
+        ("batch", "    interactive = True\n", JobClass.INTERACTIVE),  # qsub -I
+        ("interactive", "", JobClass.INTERACTIVE),  # [pbs] interactive_queues
+        ("scavenger", "    Variable_List = VJOB_CLASS=interactive\n", JobClass.BESTEFFORT),
+    ],
+)
+def test_class_is_derived_never_claimed(queue: str, extra: str, expected: JobClass) -> None:
+    """Issue 23 item 10: a batch job with `VJOB_CLASS=interactive` was seen as interactive."""
+    conventions = Conventions(interactive_queues=("interactive",), besteffort_queues=("scavenger",))
+    (job,) = parse_jobs(_CLASS_JOB.format(queue=queue, extra=extra), source="x", conventions=conventions)
+    assert job.job_class is expected
+    as_json = {"Jobs": {"5.s": {"job_state": "Q", "Job_Owner": "mal@h", "queue": queue}}}
+    if "Variable_List" in extra:
+        as_json["Jobs"]["5.s"]["Variable_List"] = {"VJOB_CLASS": "interactive"}
+    if "interactive = True" in extra:
+        as_json["Jobs"]["5.s"]["interactive"] = "True"
+    (job,) = parse_jobs(json.dumps(as_json), source="x", conventions=conventions)
+    assert job.job_class is expected
 
 
 def test_vjob_rms_parse_cli(fixtures: Path) -> None:

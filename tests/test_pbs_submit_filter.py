@@ -33,8 +33,10 @@ def config(tmp_path: Path) -> Path:
     return path
 
 
-def run_filter(script: bytes, *args: str, config: Path | None = None) -> subprocess.CompletedProcess[bytes]:
-    env = {**os.environ, "VJOB_CONFIG": str(config) if config else "/nonexistent/vjob.toml"}
+def run_filter(
+    script: bytes, *args: str, config: Path | None = None, environ: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    env = {**os.environ, **(environ or {}), "VJOB_CONFIG": str(config) if config else "/nonexistent/vjob.toml"}
     return subprocess.run(
         [sys.executable, str(FILTER), *args], input=script, capture_output=True, env=env, timeout=60, check=False
     )
@@ -55,8 +57,8 @@ def test_tags_class_and_os_after_the_shebang(config: Path) -> None:
         (b"#!/bin/sh\nhostname\n", ("-q", "interactive"), b"VJOB_CLASS=interactive"),
         (b"#!/bin/sh\nhostname\n", ("-qinteractive@server",), b"VJOB_CLASS=interactive"),
         (b"#!/bin/sh\n#PBS -q scavenger\nhostname\n", (), b"VJOB_CLASS=besteffort"),
-        (b"#!/bin/sh\n#VJOB class=besteffort\nhostname\n", (), b"VJOB_CLASS=besteffort"),
         (b"#!/bin/sh\n#VJOB class=batch\nhostname\n", ("-I",), b"VJOB_CLASS=interactive"),
+        (b"#!/bin/sh\n#PBS -q interactive\nhostname\n", (), b"VJOB_CLASS=interactive"),
         (b"#!/bin/sh\nhostname\n", ("-v", "VJOB_OS=rocky9"), b"VJOB_CLASS=batch,VJOB_OS=rocky9"),
         (b"", ("-I",), b"VJOB_CLASS=interactive"),  # qsub -I with no script at all
     ],
@@ -87,7 +89,6 @@ def test_merges_into_an_existing_variable_directive(config: Path) -> None:
         (b"#!/bin/sh\n#VJOB os=$(reboot)\n", b"os = '$(reboot)': an OS image name has only letters"),
         (b"#!/bin/sh\n#VJOB os=centos7;rm\n", b"an OS image name has only letters"),
         (b"#!/bin/sh\n#VJOB os=-rf\n", b"an OS image name has only letters"),
-        (b"#!/bin/sh\n#VJOB class=urgent\n", b"class = 'urgent': must be one of batch, interactive, besteffort"),
         (b"#!/bin/sh\n#VJOB colour=red\n", b"line 2: 'colour=red': #VJOB takes class=NAME and os=NAME"),
     ],
 )
@@ -95,6 +96,36 @@ def test_refuses_with_a_clear_message(config: Path, script: bytes, message: byte
     done = run_filter(script, config=config)
     assert done.returncode == 1 and done.stdout == b""
     assert done.stderr.startswith(b"qsub: job rejected by vjob: ") and message in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "environ"),
+    [
+        (b"#!/bin/sh\n#VJOB class=interactive\nhostname\n", (), {}),  # the script's own word
+        (b"#!/bin/sh\n#PBS -v VJOB_CLASS=interactive\nhostname\n", (), {}),
+        (b"#!/bin/sh\nhostname\n", ("-v", "VJOB_CLASS=interactive"), {}),
+        (b"#!/bin/sh\nhostname\n", ("-V",), {"VJOB_CLASS": "interactive"}),  # the environment, exported by -V
+        (b"#!/bin/sh\n#PBS -I\nhostname\n", (), {}),  # -I in a batch script opens no session
+        (b"#!/bin/sh\n#VJOB class=urgent\nhostname\n", (), {}),  # no longer a refusal: ignored too
+    ],
+)
+def test_a_user_cannot_choose_the_interactive_class(
+    config: Path, script: bytes, args: tuple[str, ...], environ: dict[str, str]
+) -> None:
+    """Issue 23 item 10: `#VJOB class=interactive` or `VJOB_CLASS=interactive` made any batch job
+    interactive. The class now comes from `qsub -I` and the operator's queues only; the user's
+    word is dropped from the tag (with a notice), whatever the adapter is later shown."""
+    done = run_filter(script, *args, config=config, environ=environ)
+    assert done.returncode == 0, done.stderr
+    assert b"VJOB_CLASS=batch" in done.stdout and b"VJOB_CLASS=interactive" not in done.stdout
+    if b"VJOB" in script + " ".join(args).encode() and b"#PBS -I" not in script:
+        assert b"ignored, this job is batch: the class comes from qsub -I or the queue" in done.stderr
+
+
+def test_a_matching_class_word_is_accepted_silently(config: Path) -> None:
+    done = run_filter(b"#!/bin/sh\n#VJOB class=interactive os=rocky9\nhostname\n", "-I", config=config)
+    assert done.returncode == 0 and done.stderr == b""
+    assert b"#PBS -v VJOB_CLASS=interactive,VJOB_OS=rocky9\n" in done.stdout
 
 
 def test_directives_after_the_first_command_are_ignored(config: Path) -> None:

@@ -15,6 +15,7 @@ from sqlalchemy import select
 
 from provisioning.driver import Driver, DriverError, SnapshotError, VMSpec
 from provisioning.performer import DriverPerformer
+from provisioning.safe_dirs import UnsafePathError
 from provisioning.transfer import sha256_file
 from vjob.config import ProvisioningConfig
 from vjob.errors import InputError
@@ -196,7 +197,7 @@ def test_errors_name_the_vm_the_node_and_libvirt(tmp_path: Path, driver: Driver,
         broken.state("vm1", "far")
 
 
-@pytest.mark.parametrize("name", ["", "../etc", "a b", "x;rm", "-flag", "é"])
+@pytest.mark.parametrize("name", ["", "../etc", "a b", "x;rm", "-flag", "é", "vm1\n", "a" * 129])
 def test_bad_names_are_refused(name: str, base_image: Path) -> None:
     with pytest.raises(InputError, match="vm name"):
         VMSpec(name, base_image)
@@ -218,3 +219,15 @@ def test_the_performer_carries_out_the_entropy_actions(driver: Driver, base_imag
     assert (driver.state("vm1", "n1"), driver.state("vm1", "n2")) == (None, VMState.RUNNING)
     perf.stop("vm1", "n2")
     assert driver.state("vm1", "n2") in (VMState.STOPPED, VMState.DEFINED)
+
+
+def test_a_vm_directory_others_can_write_is_refused(
+    tmp_path: Path, test_nodes: dict[str, str], base_image: Path
+) -> None:
+    """Root writes users' overlays and memory states there: a 0777 parent (non-sticky) would let
+    anyone swap the directory for a symlink to wherever they like."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data").chmod(0o777)
+    with make_driver(tmp_path, test_nodes) as drv, pytest.raises(UnsafePathError, match=r"data: is writable by"):
+        drv.define(VMSpec("vm1", base_image), "n1")
+    assert not (tmp_path / "data" / "vms").exists()

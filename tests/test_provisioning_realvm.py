@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from devkit import guest_probe
+from devkit.guest_probe import wait_for_counter
 from provisioning import guest
-from provisioning.driver import Driver, SnapshotError, VMSpec, wait_for_counter
+from provisioning.driver import Driver, SnapshotError, VMSpec
 from vjob.config import ProvisioningConfig
 from vjob.model import VMState
 
@@ -44,9 +46,9 @@ class Guest:
     def assert_continued(self, before: int) -> None:
         """The first counter printed after the checkpoint is before+1, and it never rebooted."""
         wait_for_counter(self.log, before + 2, TICK_TIMEOUT_S)
-        seen = guest.counters(self.log)
+        seen = guest_probe.counters(self.log)
         assert seen == list(range(1, len(seen) + 1)), f"counter sequence broken: {seen}"
-        assert guest.boots(self.log) == 1
+        assert guest_probe.boots(self.log) == 1
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +86,7 @@ def running_guest(libvirt_system: str, libvirt_second_node: str, tiny_guest: gue
 def test_counter_continues_after_save_and_restore(running_guest: Guest) -> None:
     g = running_guest
     snap = g.driver.save(VM, g.node)
-    before = guest.last_counter(g.log)
+    before = guest_probe.last_counter(g.log)
     assert before is not None and snap.size_bytes > 32 << 20  # a real memory image
     assert g.driver.state(VM, g.node) == VMState.SAVED
     g.driver.restore(VM, g.node)
@@ -95,7 +97,7 @@ def test_counter_continues_after_resume_on_a_second_node(running_guest: Guest) -
     g = running_guest
     src, dst = g.node, g.other()
     g.driver.save(VM, src)
-    before = guest.last_counter(g.log)
+    before = guest_probe.last_counter(g.log)
     assert before is not None
     g.driver.restore(VM, dst, from_node=src)
     g.node = dst
@@ -107,7 +109,7 @@ def test_counter_continues_after_resume_on_a_second_node(running_guest: Guest) -
 def test_counter_continues_after_live_migration(running_guest: Guest) -> None:
     g = running_guest
     src, dst = g.node, g.other()
-    before = guest.last_counter(g.log)
+    before = guest_probe.last_counter(g.log)
     assert before is not None
     g.driver.migrate(VM, src, dst)
     g.node = dst
@@ -119,7 +121,7 @@ def test_counter_continues_after_live_migration(running_guest: Guest) -> None:
 def test_a_corrupted_memory_state_is_refused_and_nothing_is_lost(running_guest: Guest) -> None:
     g = running_guest
     snap = g.driver.save(VM, g.node)
-    before = guest.last_counter(g.log)
+    before = guest_probe.last_counter(g.log)
     assert before is not None
     offset = snap.size_bytes // 2
     with open(snap.memory_path, "r+b") as fh:
@@ -130,7 +132,7 @@ def test_a_corrupted_memory_state_is_refused_and_nothing_is_lost(running_guest: 
     with pytest.raises(SnapshotError, match="is corrupt"):
         g.driver.restore(VM, g.node)
     assert g.driver.state(VM, g.node) == VMState.SAVED
-    assert guest.last_counter(g.log) == before  # the guest did not run from the broken state
+    assert guest_probe.last_counter(g.log) == before  # the guest did not run from the broken state
     with open(snap.memory_path, "r+b") as fh:
         fh.seek(offset)
         fh.write(original)

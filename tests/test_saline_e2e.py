@@ -18,9 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from devkit import guest_probe
+from devkit.guest_probe import wait_for_counter
 from plugins.oar.client import OarCommands, SubmitRequest
 from provisioning import guest
-from provisioning.driver import Driver, wait_for_counter
+from provisioning.driver import Driver
 from provisioning.images import Catalogue
 from saline_bew import journal
 from saline_bew.manager import Manager
@@ -79,7 +81,8 @@ class Env:
             for sc in cfg.saline.sites
         }
         driver = Driver(cfg.provisioning, data_dir=self.work, store=self.store)
-        return Manager(cfg, self.store, sites, SalineVMs(driver, self.store))
+        # One site master restarting: the same lease owner, so it takes its vjobs back at once.
+        return Manager(cfg, self.store, sites, SalineVMs(driver, self.store), owner="e2e-master")
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +108,7 @@ def _until(manager: Manager, key: str, predicate, timeout: float, what: str) -> 
 
 
 def _counters(manager: Manager, job: journal.SalineJob, node: str) -> list[int]:
-    return guest.counters(manager.vms.console_log(job.vm_names[0], node))
+    return guest_probe.counters(manager.vms.console_log(job.vm_names[0], node))
 
 
 def _saline_settings(manager: Manager) -> dict[str, object]:
@@ -137,7 +140,7 @@ def _run_kill_resume(env: Env, manager: Manager) -> tuple[list[int], list[int], 
     counting_at = time.time()
     if manager.cfg.snapshot_period_s < 600:  # wait for a snapshot of a counting guest, then 2 more ticks
         _until(manager, job.key, lambda j: (j.snapshot_at or 0) > counting_at, 60, "a snapshot while counting")
-        wait_for_counter(log_a, (guest.last_counter(log_a) or 0) + 2, 30)
+        wait_for_counter(log_a, (guest_probe.last_counter(log_a) or 0) + 2, 30)
     blocker = _fill_site_a(env)
     manager.vms.driver.close()
     manager = env.manager(**_saline_settings(manager))  # the manager restarts: state comes from the store
@@ -147,9 +150,9 @@ def _run_kill_resume(env: Env, manager: Manager) -> tuple[list[int], list[int], 
         before = _counters(manager, job, "localhost")
         log_b = manager.vms.console_log(job.vm_names[0], "127.0.0.1")
         deadline = time.monotonic() + 60
-        while len(guest.counters(log_b)) < 2 and time.monotonic() < deadline:
+        while len(guest_probe.counters(log_b)) < 2 and time.monotonic() < deadline:
             time.sleep(0.5)
-        after = guest.counters(log_b)
+        after = guest_probe.counters(log_b)
         return before, after, resumed
     finally:
         OarCommands().delete(blocker, user=env.oar.user)
@@ -170,7 +173,7 @@ def test_killed_vjob_resumes_at_the_other_site_from_its_last_snapshot(env: Env) 
     assert after[0] > 1, "the guest restarted from scratch instead of resuming"
     lost = before[-1] - (after[0] - 1)
     assert 0 <= lost <= PERIOD_S + 3, f"lost {lost} counter ticks (period {PERIOD_S} s): {before[-5:]} → {after[:3]}"
-    assert guest.boots(manager.vms.console_log(job.vm_names[0], "127.0.0.1")) == 0  # restored, never booted there
+    assert guest_probe.boots(manager.vms.console_log(job.vm_names[0], "127.0.0.1")) == 0  # restored, never booted there
     print(f"\nwork lost at kill (periodic snapshots every {PERIOD_S} s): {lost} s; journal {kinds}")
 
 

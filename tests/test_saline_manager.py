@@ -7,6 +7,7 @@ repository that is full or read-only is a real tmpfs mounted for the test.
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 from collections.abc import Iterator
@@ -62,7 +63,7 @@ def _running(manager: Manager, node: str = "n1") -> journal.SalineJob:
     """A vjob whose VM runs on `node`, as after a deployment."""
     job = journal.create(
         manager.store,
-        key="bejob",
+        key="be0123456789",
         user="alice",
         image="empty",
         command=["true"],
@@ -72,6 +73,7 @@ def _running(manager: Manager, node: str = "n1") -> journal.SalineJob:
         walltime="1:00:00",
         site="a",
     )
+    assert manager._lease(job.key)  # as after manager.submit: this manager acts on it
     ids = identity.assign(
         manager.store, site="a", job_key=job.key, vm_names=job.vm_names, mac_prefix="52:54:00", network="10.0.0.0/8"
     )
@@ -144,6 +146,9 @@ def test_a_full_or_unwritable_repository_is_not_reported_safe(manager: Manager, 
 
 
 def test_cli_submit_errors_and_the_kept_record(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The user commands through the manager's socket; the manager built from the file."""
+    from saline_bew import server
+    from saline_bew.cli import build
     from vjob.cli import main
 
     image = tmp_path / "img.qcow2"
@@ -158,24 +163,31 @@ def test_cli_submit_errors_and_the_kept_record(tmp_path: Path, capsys: pytest.Ca
     assert main(["--config", str(conf), "db", "upgrade"]) == 0
     store = Store(f"sqlite:///{tmp_path / 'v.sqlite'}")
     Catalogue(store, ProvisioningConfig(), data_dir=tmp_path).add("empty", image)
+    manager = build(argparse.Namespace(config=str(conf), debug=False))
+    sock = tmp_path / "run" / "saline.sock"
     capsys.readouterr()
-    base = ["--config", str(conf), "besteffort", "submit", "--user", "alice"]
-    assert main([*base, "--image", "nope", "--", "true"]) == 2
-    assert "image nope: not in the catalogue" in capsys.readouterr().err
-    assert main([*base, "--image", "empty"]) == 2
-    assert "missing COMMAND" in capsys.readouterr().err
-    assert main([*base, "--image", "empty", "--", "sleep", "5"]) == 1
-    err = capsys.readouterr().err
-    assert "OAR API unreachable" in err and "the vjob is recorded" in err
-    assert main(["--config", str(conf), "besteffort", "list", "--json"]) == 0
-    listed = capsys.readouterr().out
-    assert '"phase": "submitted"' in listed and '"oar_job_id": null' in listed
-    assert main(["--config", str(conf), "besteffort", "manager", "--once"]) == 0  # retries, journals, goes on
-    key = json.loads(listed)[0]["key"]
-    assert main(["--config", str(conf), "besteffort", "show", key]) == 0
-    out = capsys.readouterr().out
-    shown = json.loads(out[out.index("{") :])  # after the manager's log lines, if the test's capture got them
-    assert [e["kind"] for e in shown["journal"]] == ["created", "submit_failed", "submit_failed"]
+    with server.Server(manager, sock):
+        base = ["besteffort", "--socket", str(sock), "submit", "--user", "nobody"]
+        assert main([*base, "--image", "nope", "--", "true"]) == 2
+        assert "image nope: not in the catalogue" in capsys.readouterr().err
+        assert main([*base, "--image", "empty"]) == 2
+        assert "missing COMMAND" in capsys.readouterr().err
+        assert main([*base, "--image", "empty", "--", "sleep", "5"]) == 1
+        err = capsys.readouterr().err
+        assert "OAR API unreachable" in err and "the vjob is recorded" in err
+        assert main(["besteffort", "--socket", str(sock), "list", "--json"]) == 0
+        listed = capsys.readouterr().out
+        assert '"phase": "submitted"' in listed and '"oar_job_id": null' in listed
+        manager.step()  # retries, journals, goes on
+        key = json.loads(listed)[0]["key"]
+        assert main(["besteffort", "--socket", str(sock), "show", key]) == 0
+        out = capsys.readouterr().out
+        shown = json.loads(out[out.index("{") :])  # after the manager's log lines, if the test's capture got them
+        assert [e["kind"] for e in shown["journal"]] == ["created", "submit_failed", "submit_failed"]
+    assert not sock.exists()
+    assert main(["besteffort", "--socket", str(sock), "list"]) == 1
+    assert "no Saline manager listens there" in capsys.readouterr().err
+    assert main(["--config", str(conf), "besteffort", "manager", "--once"]) == 0
     store.close()
 
 

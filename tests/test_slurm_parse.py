@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from devkit.devcluster import Settings
 from plugins.slurm import hostlist, parse_output
-from plugins.slurm.devcluster import Settings
 from plugins.slurm.images import parse_tag, read_image_list, requested_image, write_image_list
 from plugins.slurm.states import Partition, duration_s, node_state, size_mb
 from vjob.cli import main
@@ -27,6 +28,8 @@ FIXTURES = [
     ("ood_owens_scontrol_show_partitions.txt", "partitions", 15),
     ("rivos_squeue_fallback.txt", "jobs", 6),
     ("rivos_sinfo_fallback.txt", "nodes", 4),
+    ("rivos_sinfo_dataparser_23.02.json", "nodes", 1),
+    ("zocalo_slurmrestd_23.11_v0.0.40_jobs.json", "jobs", 1),
 ]
 
 
@@ -114,9 +117,9 @@ def test_wrong_kind_and_garbage_are_named(fixtures: Path) -> None:
         parse_output("jobs", '{"id": xx}\n', source="g")
 
 
-def test_newer_json_layout_is_refused_with_the_way_out() -> None:
-    doc = {"meta": {"plugins": {"data_parser": "data_parser/v0.0.40"}}, "jobs": []}
-    with pytest.raises(InputError, match=r"data_parser/v0.0.40.*not supported.*scontrol show job"):
+def test_unknown_json_layout_is_refused_with_the_way_out() -> None:
+    doc = {"meta": {"plugin": {"data_parser": "data_parser/v0.0.43"}, "slurm": {"release": "25.05.1"}}, "jobs": []}
+    with pytest.raises(InputError, match=r"data_parser/v0.0.43.*Slurm 25.05.1.*not supported.*--json=v0.0.42"):
         parse_output("jobs", json.dumps(doc), source="new.json")
 
 
@@ -153,6 +156,33 @@ def test_hostlist_errors() -> None:
         hostlist.expand("node[1-2")
     with pytest.raises(InputError, match="backwards"):
         hostlist.expand("node[5-2]")
+    with pytest.raises(InputError, match=r"bad range '²'"):
+        hostlist.expand("node[²]")  # str.isdigit() says yes, int() says no
+
+
+def test_hostlist_counts_before_expanding() -> None:
+    """`n[0-3000000]` took 4 s and 300 MB before its length was checked; now it is refused at once."""
+    started = time.perf_counter()
+    with pytest.raises(InputError, match=r"3000001 hosts, more than 100000"):
+        hostlist.expand("n[0-3000000]")
+    with pytest.raises(InputError, match=r"more than 100000"):
+        hostlist.expand("r[0-999]-n[0-999]")  # 10^6 from two small ranges
+    assert time.perf_counter() - started < 0.1
+
+
+def test_validators_refuse_a_trailing_newline() -> None:
+    """`^...$` with re.match accepts 'x\n': every Slurm validator now uses fullmatch."""
+    from plugins.slurm.commands import check_job_id
+    from plugins.slurm.images import check_image_name
+
+    for bad in ("123\n", "123\nscancel 1"):
+        with pytest.raises(InputError, match="not a Slurm job id"):
+            check_job_id(bad)
+    with pytest.raises(InputError, match="must be 1-64 letters"):
+        check_image_name("debian\n")
+    assert requested_image("", "#!/bin/sh\n#VJOB os=alpine\n") == "alpine"
+    with pytest.raises(InputError, match="not part of a node name"):
+        hostlist.expand("node1\nnode2")
 
 
 def test_values() -> None:

@@ -38,16 +38,19 @@ Array level (build the columns yourself, no Job objects)::
     )
     terms = compute_arrays(jobs, cluster, cfg.priority)   # -> TermArrays; terms.priority
 
-Helpers: `interactive_allowed(view, job, cfg)` (the cap check, for the scheduler that is
-about to start an interactive job), `slurm_site_factor` / `pbs_priority` (integer mapping),
-`target_shares` / `usage_shares`, and `ubis_priority.usage` (decayed node-seconds kept in the
+Rules written once here and used by the live decision and the simulator alike: the
+interactive cap (`cap_limit`, `within_cap`, `allowed`, `interactive_allowed(view, job, cfg)`),
+targets (`share_entities`, `target_shares`), usage shares (`usage_shares`, `usage_total`) and
+usage decay (`decay_factor`, `decayed`). Also `slurm_site_factor` / `pbs_priority` (integer
+mapping), and `ubis_priority.usage` (decayed node-seconds kept in the
 state store: `charge`, `load_usage`, `load_targets`, `sync_targets`, `with_history`).
 """
 
+from ubis_priority.decay import decay_factor, decayed
 from ubis_priority.integers import integer_priority, pbs_priority, slurm_site_factor
-from ubis_priority.interactive import interactive_allowed
+from ubis_priority.interactive import allowed, cap_limit, interactive_allowed, within_cap
 from ubis_priority.kernel import ClusterArrays, JobArrays, TermArrays, compute_arrays
-from ubis_priority.shares import target_shares, usage_shares
+from ubis_priority.shares import share_entities, target_shares, usage_shares, usage_total
 from ubis_priority.terms import SCALES, TERMS
 from ubis_priority.view import Explanation, Priorities, TermExplanation, arrays_from_view, compute
 
@@ -60,13 +63,20 @@ __all__ = [
     "Priorities",
     "TermArrays",
     "TermExplanation",
+    "allowed",
     "arrays_from_view",
+    "cap_limit",
     "compute",
     "compute_arrays",
-    "interactive_allowed",
+    "decay_factor",
+    "decayed",
     "integer_priority",
+    "interactive_allowed",
     "pbs_priority",
+    "share_entities",
     "slurm_site_factor",
     "target_shares",
     "usage_shares",
+    "usage_total",
+    "within_cap",
 ]

@@ -22,6 +22,7 @@ import numba
 import numpy as np
 from numpy.typing import NDArray
 
+from ubis_priority.interactive import cap_limit
 from ubis_priority.terms import weight_vector
 from vjob.config import PriorityConfig
 
@@ -45,7 +46,7 @@ def scalars(cfg: PriorityConfig, total_nodes: int) -> NDArray[np.float64]:
     """The configuration as the float vector the compiled kernel reads: the seven weights,
     the three term scales, the cluster scale, the interactive cap and the per-user cap in
     nodes (inf when there is none); computed once per run."""
-    user_cap = math.inf if cfg.interactive_user_cap is None else cfg.interactive_user_cap * float(total_nodes)
+    user_cap = math.inf if cfg.interactive_user_cap is None else cap_limit(cfg.interactive_user_cap, total_nodes)
     return np.array(
         [
             *weight_vector(cfg.weights),
@@ -53,7 +54,7 @@ def scalars(cfg: PriorityConfig, total_nodes: int) -> NDArray[np.float64]:
             float(cfg.max_preempt_count),
             cfg.max_preempt_time_s,
             float(max(total_nodes, 1)),
-            cfg.interactive_cap * float(total_nodes),
+            cap_limit(cfg.interactive_cap, total_nodes),
             user_cap,
         ],
         dtype=np.float64,
@@ -152,8 +153,11 @@ def queue_priorities(
     `free_nodes`); `usage` is each share entity's decayed node-seconds (the usage share is
     its ratio to their sum, summed as NumPy does, 0 when the sum is 0);
     `conf` is `scalars(...)`. `as_batch` rates every job as a batch job (a running job rated
-    as if it were checkpointed, for victim choice). The per-user interactive cap, when set,
-    counts the job alone (the simulator does not keep per-user holdings).
+    as if it were checkpointed, for victim choice). The cap test `held + nodes <= conf[11]` is
+    the numba twin of `interactive.within_cap` (tests/test_decision_differential.py holds the
+    simulator's passes equal to the shared decision). The per-user interactive cap, when set,
+    counts the job alone (the simulator does not keep per-user holdings; docs/simulator.md,
+    "Live and simulated").
     """
     n = queue.shape[0]
     out = np.empty(n, dtype=np.float64)

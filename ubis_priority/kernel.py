@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from ubis_priority.interactive import cap_limit, within_cap
 from ubis_priority.terms import TERMS, weight_vector
 from vjob.config import PriorityConfig
 from vjob.errors import InputError
@@ -209,12 +210,12 @@ def _within_caps(jobs: JobArrays, cluster: ClusterArrays, cfg: PriorityConfig, n
     """Whether starting each job now would keep interactive jobs within their share(s).
 
     The cap is what stops a user who marks every job interactive: beyond it the job is an
-    ordinary job again, it is not refused.
+    ordinary job again, it is not refused. The rule is `ubis_priority.interactive`'s.
     """
-    limit = cfg.interactive_cap * float(cluster.total_nodes)
-    ok: BoolArray = (float(cluster.interactive_held) + nodes) <= limit
+    limit = cap_limit(cfg.interactive_cap, cluster.total_nodes)
+    ok: BoolArray = np.asarray(within_cap(float(cluster.interactive_held), nodes, limit))
     if cfg.interactive_user_cap is not None:
-        user_limit = cfg.interactive_user_cap * float(cluster.total_nodes)
+        user_limit = cap_limit(cfg.interactive_user_cap, cluster.total_nodes)
         held = cluster.user_interactive_held.astype(np.float64)[jobs.user_index]
-        ok = ok & ((held + nodes) <= user_limit)
+        ok = ok & np.asarray(within_cap(held, nodes, user_limit))  # type: ignore[arg-type]
     return ok

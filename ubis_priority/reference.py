@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ubis_priority.interactive import held_by_interactive
-from ubis_priority.shares import target_shares, usage_shares
+from ubis_priority.interactive import allowed, held_by_interactive
+from ubis_priority.shares import share_entities, target_shares, usage_shares
 from ubis_priority.terms import weight_vector
 from ubis_priority.view import preempted_seconds
 from vjob.config import PriorityConfig
@@ -39,7 +39,7 @@ def context(view: ClusterView, cfg: PriorityConfig) -> Context:
     free_by_os: dict[str, int] = {}
     for node in free:
         free_by_os[node.os_image] = free_by_os.get(node.os_image, 0) + 1
-    entities = {(j.user, j.account) for j in view.jobs} | {(u, "") for u in (*view.usage, *view.targets)}
+    entities = share_entities(view.jobs, (*view.usage, *view.targets))
     held, user_held = held_by_interactive(view.running)
     return Context(
         now=view.now,
@@ -72,10 +72,7 @@ def priority_of(job: Job, ctx: Context, cfg: PriorityConfig) -> float:
 
     interactive = 0.0
     if job.interactive:
-        ok = float(ctx.interactive_held) + nodes <= cfg.interactive_cap * float(ctx.total_nodes)
-        if cfg.interactive_user_cap is not None:
-            mine = float(ctx.user_interactive_held.get(job.user, 0))
-            ok = ok and mine + nodes <= cfg.interactive_user_cap * float(ctx.total_nodes)
+        ok = allowed(cfg, ctx.total_nodes, ctx.interactive_held, ctx.user_interactive_held.get(job.user, 0), job.nodes)
         interactive = 1.0 if ok else 0.0
 
     normalised = (

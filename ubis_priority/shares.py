@@ -15,8 +15,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 
+import numpy as np
+
 from vjob.config import PriorityConfig
 from vjob.errors import InputError
+from vjob.model import Job
 
 
 def _checked(values: Mapping[str, float], what: str, upper: float | None) -> dict[str, float]:
@@ -30,13 +33,39 @@ def _checked(values: Mapping[str, float], what: str, upper: float | None) -> dic
     return out
 
 
+def usage_total(values: Iterable[float]) -> float:
+    """The sum of everybody's usage, added as NumPy adds (pairwise, in the given order).
+
+    Why not `math.fsum`: the simulator's compiled kernel sums its usage vector this way
+    (`compiled.numpy_sum`, held bit-equal to NumPy by tests/test_priority_compiled.py), and the
+    live decision and the simulator must give the same priorities to the last bit on the same
+    state (tests/test_decision_differential.py).
+    """
+    return float(np.sum(np.fromiter(values, dtype=np.float64)))
+
+
 def usage_shares(usage: Mapping[str, float]) -> dict[str, float]:
     """Each user's part (0..1) of the decayed usage of all users; all 0 when nobody used anything."""
     checked = _checked(usage, "usage", None)
-    total = math.fsum(checked.values())
+    total = usage_total(checked.values())
     if total <= 0:
         return dict.fromkeys(checked, 0.0)
     return {name: value / total for name, value in checked.items()}
+
+
+def share_entities(jobs: Iterable[Job], names: Iterable[str]) -> list[tuple[str, str]]:
+    """The (user, account) entities that share the cluster, sorted: one per user and account
+    seen in `jobs`, plus (name, "") for the users in `names` (usage or target records) who
+    have no job in `jobs`.
+
+    Why not always (name, ""): a user whose jobs run under an account with an
+    `account_targets` share would then also count among the users who split what is left over,
+    taking a part nobody's job uses.
+    """
+    pairs = {(j.user, j.account) for j in jobs}
+    users = {u for u, _ in pairs}
+    pairs |= {(u, "") for u in names if u not in users}
+    return sorted(pairs)
 
 
 def target_shares(

@@ -3,8 +3,8 @@
 Why in the store: usage is history the RMS forgets (a finished job disappears from squeue),
 and the agent must survive its own restarts without handing everybody a clean slate.
 
-Decay: usage halves every `usage_half_life_s` (exponential decay, as Slurm's
-PriorityDecayHalfLife). Each row holds the value at `decayed_at`; readers decay it to their
+Decay: usage halves every `usage_half_life_s` (`ubis_priority.decay`, the rule the simulator
+uses too). Each row holds the value at `decayed_at`; readers decay it to their
 own instant, writers decay it to now before adding.
 
 Charging: `charge(store, view, cfg)` adds, for every running job and every finished job in
@@ -20,26 +20,18 @@ the numbers it returns, through ClusterView.usage and ClusterView.targets.
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 from sqlalchemy import delete, select, text
 
+from ubis_priority.decay import decayed
 from vjob.config import PriorityConfig
-from vjob.errors import InputError
 from vjob.model import ClusterView, JobState
 from vjob.store.db import Store
 from vjob.store.schema import TargetRecord, UsageRecord
 
 USER = "user"
 ACCOUNT = "account"
-
-
-def decayed(node_seconds: float, elapsed_s: float, half_life_s: float) -> float:
-    """`node_seconds` after `elapsed_s` of exponential decay (no growth for negative time)."""
-    if half_life_s <= 0:
-        raise InputError(f"usage half-life = {half_life_s}: must be > 0")
-    return node_seconds * math.pow(0.5, max(elapsed_s, 0.0) / half_life_s)
 
 
 def _consumed(view: ClusterView, since: float | None) -> dict[tuple[str, str], float]:

@@ -15,7 +15,7 @@ import numpy as np
 
 from ubis_priority.interactive import held_by_interactive
 from ubis_priority.kernel import ClusterArrays, JobArrays, TermArrays, compute_arrays
-from ubis_priority.shares import target_shares, usage_shares
+from ubis_priority.shares import share_entities, target_shares, usage_shares
 from ubis_priority.terms import SCALES, TERMS
 from vjob.config import PriorityConfig
 from vjob.model import ClusterView, Job, JobClass, JobState
@@ -150,7 +150,7 @@ def arrays_from_view(view: ClusterView, cfg: PriorityConfig) -> tuple[tuple[Job,
             free_by_os[image_index[node.os_image]] += 1
     image_index[""] = -1
 
-    entities = sorted({(j.user, j.account) for j in view.jobs} | {(u, "") for u in (*view.usage, *view.targets)})
+    entities = share_entities(view.jobs, (*view.usage, *view.targets))
     users = sorted({u for u, _ in entities} | {j.user for j in running})
     share_of = {e: k for k, e in enumerate(entities)}
     targets = target_shares(entities, view.targets, cfg)

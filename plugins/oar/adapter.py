@@ -12,6 +12,9 @@ from plugins.oar.client import OarClient, OarCommands, check_job_id
 from plugins.oar.parse import nodes_from_resources
 from vjob.errors import VjobError
 from vjob.model import Job, Node
+from vjob.rms import Abilities, JobEnvironment
+
+ENVIRONMENT = JobEnvironment(job_id="OAR_JOB_ID", node_name="OAR_NODENAME", node_list="OAR_NODEFILE")
 
 
 class OarAdapter:
@@ -21,6 +24,16 @@ class OarAdapter:
 
     def __init__(self, client: OarClient) -> None:
         self.client = client
+        commands = isinstance(client, OarCommands)  # oarhold/oarresume have no REST equivalent here
+        self.abilities = Abilities(
+            priority=None,
+            requeue_hold=False,
+            hold_release=commands,
+            suspend=False,
+            pin_nodes=False,
+            start_now=False,
+            environment=ENVIRONMENT,
+        )
 
     def jobs(self) -> list[Job]:
         return [j.to_job() for j in self.client.jobs() if not j.finished]

@@ -17,34 +17,67 @@ import pwd
 import re
 import signal
 import subprocess
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import requests
 
-from plugins.oar.parse import OarJob, job_from_dict, parse_jobs, parse_resources, resources_from_data
+from plugins.oar.parse import MAX_TEXT, OarJob, job_from_dict, parse_jobs, parse_resources, resources_from_data
 from vjob.errors import CommandError, InputError
 
-_USER = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
-_JOB_ID = re.compile(r"^[0-9]{1,12}$")
-_RESOURCE = re.compile(r"^[A-Za-z0-9_/=,:{}' .-]+$")
-_PROPERTIES = re.compile(r"^[A-Za-z0-9_=<>!' ().,-]*$")
-_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+# Every grammar is applied with re.fullmatch: `$` would accept a trailing newline, and a
+# newline in a word handed to oarsub adds a second command to the line OAR runs in a shell.
+_USER = re.compile(r"[a-z_][a-z0-9_.-]{0,31}")
+_JOB_ID = re.compile(r"[0-9]{1,12}")
+_RESOURCE = re.compile(r"[A-Za-z0-9_/=,:{}' .-]{1,512}")
+_PROPERTIES = re.compile(r"[A-Za-z0-9_=<>!' ().,-]{0,1024}")
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_WORD = re.compile(r"[A-Za-z0-9_/.=:,+@%-]{1,1024}")
+_WALLTIME = re.compile(r"\d{1,4}(:\d{1,2}){0,2}")
 _JOB_ID_LINE = re.compile(r"OAR_JOB_ID=(\d+)")
 TYPES = frozenset({"besteffort", "idempotent", "timesharing", "deploy", "cosystem", "noop"})
 
 
+class OarUnavailable(CommandError):
+    """OAR could not be asked at all (unreachable, timed out, server error, commands missing):
+    it comes back by itself, so a caller retries. Any other CommandError is an answer that
+    makes no sense (a refusal, garbage), which retrying the same way will not mend."""
+
+
 def check_user(user: str) -> str:
-    if not _USER.match(user):
-        raise InputError(f"user = {user!r}: not a valid login name")
+    if not isinstance(user, str) or not _USER.fullmatch(user):
+        raise InputError(f"user = {_short(user)}: not a valid login name")
     return user
 
 
 def check_job_id(job_id: str) -> str:
-    if not _JOB_ID.match(str(job_id)):
-        raise InputError(f"OAR job id = {job_id!r}: must be a number")
+    if not _JOB_ID.fullmatch(str(job_id)):
+        raise InputError(f"OAR job id = {_short(job_id)}: must be a number")
     return str(job_id)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def mask_url(url: str) -> str:
+    """`url` with its password (and user name) replaced by `***`, for errors, logs and the
+    shared journal: an OAR API URL may carry credentials (http://user:pw@host/oarapi).
+
+    Why not vjob.config's masking: it masks a configuration dict (and its non-SQLAlchemy
+    fallback splits at the first `@`, which half-masks a password holding one).
+    """
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "<unparsable URL>"
+    if "@" not in parts.netloc:
+        return url
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"***@{host}"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,20 +97,24 @@ class SubmitRequest:
     def __post_init__(self) -> None:
         if not self.command:
             raise InputError("command: must not be empty")
+        if len(self.command) > 256:
+            raise InputError(f"command: {len(self.command)} words, at most 256")
         for i, word in enumerate(self.command):
-            if not re.match(r"^[A-Za-z0-9_/.=:,+@%-]+$", word):
-                raise InputError(f"command[{i}] = {word!r}: only plain words (no spaces or shell characters)")
-        if not _RESOURCE.match(self.resource):
-            raise InputError(f"resource = {self.resource!r}: not an OAR resource request like /nodes=1/core=2")
-        if not re.match(r"^\d{1,4}(:\d{1,2}){0,2}$", self.walltime):
-            raise InputError(f"walltime = {self.walltime!r}: must be H[:MM[:SS]]")
-        if self.name and not _NAME.match(self.name):
-            raise InputError(f"name = {self.name!r}: letters, digits, '_', '.', '-' only (at most 64)")
+            if not isinstance(word, str) or not _WORD.fullmatch(word):
+                raise InputError(f"command[{i}] = {_short(word)}: only plain words (no spaces or shell characters)")
+        if not isinstance(self.resource, str) or not _RESOURCE.fullmatch(self.resource):
+            raise InputError(f"resource = {_short(self.resource)}: not an OAR resource request like /nodes=1/core=2")
+        if not isinstance(self.walltime, str) or not _WALLTIME.fullmatch(self.walltime):
+            raise InputError(f"walltime = {_short(self.walltime)}: must be H[:MM[:SS]]")
+        if self.name and (not isinstance(self.name, str) or not _NAME.fullmatch(self.name)):
+            raise InputError(f"name = {_short(self.name)}: letters, digits, '_', '.', '-' only (at most 64)")
         for t in self.types:
             if t not in TYPES:
-                raise InputError(f"type = {t!r}: must be one of {', '.join(sorted(TYPES))}")
-        if not _PROPERTIES.match(self.properties):
-            raise InputError(f"properties = {self.properties!r}: unexpected characters")
+                raise InputError(f"type = {_short(t)}: must be one of {', '.join(sorted(TYPES))}")
+        if not isinstance(self.properties, str) or not _PROPERTIES.fullmatch(self.properties):
+            raise InputError(f"properties = {_short(self.properties)}: unexpected characters")
+        if self.directory and (not isinstance(self.directory, str) or not _WORD.fullmatch(self.directory)):
+            raise InputError(f"directory = {_short(self.directory)}: only a plain path")
         if self.checkpoint_s < 0 or not 0 <= self.signal <= 64:
             raise InputError(f"checkpoint = {self.checkpoint_s}, signal = {self.signal}: out of range")
 
@@ -158,7 +195,10 @@ class OarCommands:
         env = None
         cwd = None
         if user and os.geteuid() == 0 and user != "root":
-            home = pwd.getpwnam(check_user(user)).pw_dir
+            try:
+                home = pwd.getpwnam(check_user(user)).pw_dir
+            except KeyError:
+                raise InputError(f"user = {user!r}: no such user on this host (OAR runs jobs as the user)") from None
             # oarsub takes the launching directory from $PWD, not getcwd() (notes/oar.md).
             env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PWD": home, "HOME": home, "LANG": "C"}
             cwd = home
@@ -168,9 +208,9 @@ class OarCommands:
                 args, capture_output=True, text=True, timeout=self.timeout_s, env=env, cwd=cwd, check=False
             )
         except FileNotFoundError:
-            raise CommandError(args, "not found: is OAR's user package installed (oar-user)?", job=job) from None
+            raise OarUnavailable(args, "not found: is OAR's user package installed (oar-user)?", job=job) from None
         except subprocess.TimeoutExpired:
-            raise CommandError(args, f"no answer after {self.timeout_s:.0f} s", job=job) from None
+            raise OarUnavailable(args, f"no answer after {self.timeout_s:.0f} s", job=job) from None
         if proc.returncode != 0:
             message = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
             raise CommandError(args, f"exit {proc.returncode}: {message}", job=job)
@@ -221,31 +261,39 @@ class OarRest:
     """OAR through its REST API (oarapi), with the user's identity in X-Remote-Ident."""
 
     def __init__(self, base_url: str, *, timeout_s: float = 30.0, session: requests.Session | None = None) -> None:
-        if not re.match(r"^https?://", base_url):
-            raise InputError(f"oar_api_url = {base_url!r}: must start with http:// or https://")
+        if not re.match(r"https?://", base_url) or any(c.isspace() for c in base_url):
+            raise InputError(f"oar_api_url = {mask_url(base_url)!r}: must start with http:// or https://")
         self.base_url = base_url.rstrip("/")
+        self.safe_url = mask_url(self.base_url)
+        """What errors, logs and the journal show: the URL without its credentials."""
         self.timeout_s = timeout_s
-        self.where = self.base_url
+        self.where = self.safe_url
         self._http = session or requests.Session()
 
     def _call(self, method: str, path: str, *, user: str = "", job: str | None = None, body: Any = None) -> Any:
         url = f"{self.base_url}/{path}"
+        shown = f"{self.safe_url}/{path}"
         headers = {"Accept": "application/json"}
         if user:
             headers["X-Remote-Ident"] = check_user(user)
         try:
             resp = self._http.request(method, url, headers=headers, json=body, timeout=self.timeout_s)
         except requests.RequestException as exc:
-            raise CommandError([f"{method} {url}"], f"OAR API unreachable: {type(exc).__name__}", job=job) from None
+            raise OarUnavailable([f"{method} {shown}"], f"OAR API unreachable: {type(exc).__name__}", job=job) from None
         if resp.status_code == 404 and method == "GET":
             return None
         if resp.status_code >= 400:
             text = " ".join(resp.text.split())[:200]
-            raise CommandError([f"{method} {url}"], f"HTTP {resp.status_code}: {text}", job=job)
+            error = OarUnavailable if resp.status_code >= 500 else CommandError
+            raise error([f"{method} {shown}"], f"HTTP {resp.status_code}: {text}", job=job)
+        if len(resp.content) > MAX_TEXT:
+            raise CommandError([f"{method} {shown}"], f"answer of {len(resp.content)} bytes: too large", job=job)
         try:
             return resp.json()
+        except RecursionError:
+            raise CommandError([f"{method} {shown}"], "answer is JSON nested too deeply", job=job) from None
         except ValueError:
-            raise CommandError([f"{method} {url}"], f"answer is not JSON: {resp.text[:120]!r}", job=job) from None
+            raise CommandError([f"{method} {shown}"], f"answer is not JSON: {resp.text[:120]!r}", job=job) from None
 
     def version(self) -> dict[str, Any]:
         return dict(self._call("GET", "version.json") or {})
@@ -253,8 +301,8 @@ class OarRest:
     def submit(self, request: SubmitRequest, *, user: str) -> str:
         out = self._call("POST", "jobs.json", user=user, body=request.api_body())
         if not isinstance(out, dict) or "id" not in out:
-            raise CommandError([f"POST {self.base_url}/jobs.json"], f"no job id in the answer: {out!r}")
-        return str(out["id"])
+            raise CommandError([f"POST {self.safe_url}/jobs.json"], f"no job id in the answer: {_short(out)}")
+        return check_job_id(str(out["id"]))
 
     def job(self, job_id: str, *, user: str) -> OarJob | None:
         out = self._call("GET", f"jobs/{check_job_id(job_id)}.json", user=user, job=job_id)
@@ -263,23 +311,21 @@ class OarRest:
         if isinstance(out, dict) and out.get("state") in ("Launching", "Running", "Finishing", "Suspended"):
             # GET /jobs/ID has no hosts: they are a collection of their own.
             found = self._call("GET", f"jobs/{job_id}/resources.json", user=user, job=job_id) or {}
-            items = [i for i in found.get("items", []) if isinstance(i, dict)]
-            out = {
-                **out,
-                "resources": items,
-                "nodes": [{"network_address": i["network_address"]} for i in items if "network_address" in i],
-            }
-            out["nodes"] = list({n["network_address"]: n for n in out["nodes"]}.values())
-        return job_from_dict(job_id, out, source=f"{self.base_url}/jobs/{job_id}")
+            items = _items(found, source=f"{self.safe_url}/jobs/{job_id}/resources")
+            addresses = [i["network_address"] for i in items if "network_address" in i]
+            if not all(isinstance(a, str) for a in addresses):
+                raise InputError(f"{self.safe_url}/jobs/{job_id}/resources: network_address: not a string")
+            out = {**out, "resources": items, "nodes": [{"network_address": a} for a in dict.fromkeys(addresses)]}
+        return job_from_dict(job_id, out, source=f"{self.safe_url}/jobs/{job_id}")
 
     def jobs(self) -> list[OarJob]:
-        out = self._call("GET", "jobs/details.json")
-        items = (out or {}).get("items", [])
-        return [job_from_dict(str(d.get("id")), d, source=f"{self.base_url}/jobs/details") for d in items]
+        source = f"{self.safe_url}/jobs/details"
+        items = _items(self._call("GET", "jobs/details.json") or {}, source=source)
+        return [job_from_dict(str(d.get("id")), d, source=source) for d in items]
 
     def resources(self) -> list[dict[str, Any]]:
         out = self._call("GET", "resources/full.json")
-        return resources_from_data(out or {}, source=f"{self.base_url}/resources/full")
+        return resources_from_data(out or {}, source=f"{self.safe_url}/resources/full")
 
     def delete(self, job_id: str, *, user: str) -> None:
         self._call("DELETE", f"jobs/{check_job_id(job_id)}.json", user=user, job=job_id)
@@ -289,3 +335,11 @@ class OarRest:
 
     def checkpoint(self, job_id: str, *, user: str) -> None:
         self._call("POST", f"jobs/{check_job_id(job_id)}/checkpoints/new.json", user=user, job=job_id)
+
+
+def _items(answer: Any, *, source: str) -> list[dict[str, Any]]:
+    """The `items` of an API collection, each an object (anything else is an InputError)."""
+    items = answer.get("items", []) if isinstance(answer, dict) else answer
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        raise InputError(f"{source}: expected a collection of objects, got {_short(answer)}")
+    return items

@@ -16,27 +16,29 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+from plugins.pbs import names
 from plugins.pbs.convert import Conventions
 from plugins.pbs.parse import parse_jobs, parse_nodes
 from vjob import log, proc
 from vjob.config import Config, PbsConfig
 from vjob.errors import CommandError, InputError
 from vjob.model import Job, Node
+from vjob.rms import Abilities, JobEnvironment, PriorityKnob
+
+ENVIRONMENT = JobEnvironment(job_id="PBS_JOBID", node_name="PBS_NODENAME", node_list="PBS_NODEFILE")
 
 T = TypeVar("T")
 
 PRIORITY_MIN, PRIORITY_MAX = -1024, 1023
 """The range `qalter -p` accepts on Torque and OpenPBS."""
 
-JOB_ID = re.compile(r"[0-9]+(\[[0-9]*\])?(\.[A-Za-z0-9][A-Za-z0-9._-]*)?")
+JOB_ID = names.JOB_ID
 """`123`, `123.server.domain`, `673175[]`, `673175[19].server` — and nothing that starts with '-'."""
 
 
 def check_job_id(job_id: str) -> str:
     """The job id, or InputError when it is not PBS id syntax (never passed on to a command)."""
-    if not isinstance(job_id, str) or not JOB_ID.fullmatch(job_id) or len(job_id) > 255:
-        raise InputError(f"job id {job_id!r}: not a PBS job id like 123 or 123.server")
-    return job_id
+    return names.job_id(job_id)
 
 
 def _array_parent(job_id: str) -> str:
@@ -48,6 +50,15 @@ class PbsAdapter:
     """RMSAdapter for Torque (dialect "torque") and OpenPBS / PBS Pro (dialect "openpbs")."""
 
     name = "pbs"
+    abilities = Abilities(
+        priority=PriorityKnob(PRIORITY_MIN, PRIORITY_MAX),
+        requeue_hold=True,  # qhold, then qrerun
+        hold_release=True,
+        suspend=True,  # qsig -s suspend|resume
+        pin_nodes=False,
+        start_now=False,
+        environment=ENVIRONMENT,
+    )
 
     def __init__(self, config: PbsConfig | None = None, *, timeout_s: float = 30.0) -> None:
         self.config = config or PbsConfig()

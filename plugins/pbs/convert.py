@@ -14,12 +14,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
+from plugins.pbs import names
 from plugins.pbs.records import Record
+from plugins.pbs.units import duration_s, size_mb
 from vjob.errors import InputError
 from vjob.model import Job, JobClass, JobState, Node, NodeState
 
+__all__ = ["Conventions", "duration_s", "exec_hosts", "parse_nodes_spec", "size_mb", "to_job"]
+
 RMS = "pbs"
-CLASS_VARIABLE = "VJOB_CLASS"
 OS_VARIABLE = "VJOB_OS"
 UNKNOWN_MEMORY_MB = 1
 """Memory of a node whose pbs_mom sends no status (a down node): the model needs >= 1."""
@@ -53,34 +56,6 @@ _JOB_STATES = {
 QDEL_EXIT = 271
 """Exit status Torque and OpenPBS record for a job killed by qdel (256 + SIGTERM)."""
 
-_SIZE = re.compile(r"^(\d+)\s*([kmgtp]?)(b|w)?$", re.IGNORECASE)
-_SIZE_FACTOR_MB = {"": 1 / (1024 * 1024), "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024**2, "p": 1024**3}
-
-
-def size_mb(value: str, *, where: str) -> int:
-    """A PBS size ("4gb", "17592kb", "512mb", "1024") in MiB; a bare number is bytes."""
-    match = _SIZE.match(value.strip())
-    if not match:
-        raise InputError(f"{where} = {value!r}: not a PBS size like 4gb or 512mb")
-    number, unit, word = int(match.group(1)), match.group(2).lower(), (match.group(3) or "b").lower()
-    megabytes = number * _SIZE_FACTOR_MB[unit] * (8 if word == "w" else 1)
-    return max(0, round(megabytes))
-
-
-def duration_s(value: str, *, where: str) -> float:
-    """A PBS duration ("23:59:00", "335:34:49", "1:30", "3600") in seconds."""
-    parts = value.strip().split(":")
-    try:
-        numbers = [float(p) for p in parts]
-    except ValueError:
-        raise InputError(f"{where} = {value!r}: not a duration like HH:MM:SS") from None
-    if len(numbers) > 4 or any(n < 0 for n in numbers):
-        raise InputError(f"{where} = {value!r}: not a duration like HH:MM:SS")
-    seconds = 0.0
-    for factor, number in zip((1, 60, 3600, 86400), reversed(numbers), strict=False):
-        seconds += factor * number
-    return seconds
-
 
 def timestamp(value: object, *, where: str) -> float:
     """POSIX seconds of an epoch number (Torque XML) or a ctime date (text and JSON forms).
@@ -88,19 +63,26 @@ def timestamp(value: object, *, where: str) -> float:
     The ctime form carries no zone: it is read in the local zone of the process, which for
     the agent is the zone of the site whose server printed it.
     """
-    if isinstance(value, int | float) and not isinstance(value, bool):
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < MAX_EPOCH:
         return float(value)
-    text = str(value).strip()
-    if re.fullmatch(r"\d+(\.\d+)?", text):
+    text = str(value).strip()[:80] if isinstance(value, str | int | float) else repr(value)[:80]
+    if _EPOCH.fullmatch(text) and float(text) < MAX_EPOCH:
         return float(text)
-    parts = text.split()
-    if len(parts) == 5 and parts[1] in _MONTHS and parts[2].isdigit() and parts[4].isdigit():
-        clock = parts[3].split(":")
-        if len(clock) == 3 and all(c.isdigit() for c in clock):
-            hour, minute, second = (int(c) for c in clock)
-            fields = (int(parts[4]), _MONTHS[parts[1]], int(parts[2]), hour, minute, second, 0, 0, -1)
+    date = _CTIME.fullmatch(text)
+    if date and date.group(1) in _MONTHS:
+        month, day, hour, minute, second, year = date.group(1), *(int(g) for g in date.groups()[1:])
+        fields = (year, _MONTHS[month], day, hour, minute, second, 0, 0, -1)
+        try:
             return time.mktime(fields)
+        except (OverflowError, ValueError):
+            pass  # a day or hour out of range on this platform: the error below
     raise InputError(f"{where} = {text!r}: not an epoch or a date like 'Tue Sep  9 10:27:01 2014'")
+
+
+MAX_EPOCH = 1e11
+"""Year 5138: a later "epoch" is garbage (and would overflow the date arithmetic downstream)."""
+_EPOCH = re.compile(r"[0-9]{1,12}(\.[0-9]{1,9})?")
+_CTIME = re.compile(r"[A-Z][a-z]{2} +([A-Z][a-z]{2}) +([0-9]{1,2}) ([0-9]{1,2}):([0-9]{2}):([0-9]{2}) ([0-9]{4})")
 
 
 _MONTHS = {
@@ -108,11 +90,22 @@ _MONTHS = {
 }
 
 
+_INTEGER = re.compile(r"-?[0-9]{1,18}")
+
+
 def _int(value: object, *, where: str) -> int:
-    try:
-        return int(str(value).strip())
-    except ValueError:
-        raise InputError(f"{where} = {value!r}: not an integer") from None
+    """A decimal integer of at most 18 digits (ASCII only: no `1_000`, `²` or 5000-digit strings)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 10**18:
+        return value
+    text = value.strip() if isinstance(value, str) else None
+    if text is None or not _INTEGER.fullmatch(text):
+        shown = repr(value)
+        raise InputError(f"{where} = {shown if len(shown) <= 80 else shown[:77] + '...'}: not an integer")
+    return int(text)
+
+
+MAX_COUNT = 1 << 24
+"""More nodes or cores per node than any cluster has: garbage, not a request."""
 
 
 @dataclass(frozen=True)
@@ -134,16 +127,16 @@ def parse_nodes_spec(spec: str, *, where: str) -> NodeSpec:
             raise InputError(f"{where} = {spec!r}: empty part between '+' signs")
         count, ppn = 1, 1
         options = tokens
-        if tokens[0].isdigit():
-            count, options = int(tokens[0]), tokens[1:]
+        if tokens[0].isascii() and tokens[0].isdigit():
+            count, options = _int(tokens[0], where=f"{where} count"), tokens[1:]
         for token in options:
             key, eq, value = token.partition("=")
             if not eq:
                 properties.append(token)  # a property, or a host name given instead of a count
             elif key == "ppn":
                 ppn = _int(value, where=f"{where} ppn")
-        if count < 1 or ppn < 1:
-            raise InputError(f"{where} = {spec!r}: node count and ppn must be >= 1")
+        if not (1 <= count <= MAX_COUNT and 1 <= ppn <= MAX_COUNT):
+            raise InputError(f"{where} = {spec[:80]!r}: node count and ppn must be in 1..{MAX_COUNT}")
         nodes += count
         cores += count * ppn
     return NodeSpec(nodes=nodes, cores=cores, properties=tuple(dict.fromkeys(properties)))
@@ -152,23 +145,35 @@ def parse_nodes_spec(spec: str, *, where: str) -> NodeSpec:
 _EXEC_HOST = re.compile(r"(?:^|\+)\s*([^+/\s]+)")
 
 
-def exec_hosts(value: str) -> tuple[str, ...]:
+def exec_hosts(value: str, *, where: str = "exec_host") -> tuple[str, ...]:
     """Node names of `exec_host` ("r7i3n1/0+r7i3n1/1", "charon24/0*2+charon21/0*2"), in order."""
-    return tuple(dict.fromkeys(_EXEC_HOST.findall(value)))
+    hosts = tuple(dict.fromkeys(_EXEC_HOST.findall(value)))
+    for host in hosts:
+        names.node(host, field=where)
+    return hosts
 
 
-def job_class(record: Record, conventions: Conventions, *, where: str) -> JobClass:
-    """Interactive when submitted with `qsub -I`; else the filter's tag; else by queue."""
+def variables(record: Record, *, where: str) -> dict[str, str]:
+    """The job's Variable_List as a dict (records.py already split the text forms)."""
+    value = record.get("Variable_List")
+    if value is None or value == "":
+        return {}
+    if not isinstance(value, dict):
+        raise InputError(f"{where}: Variable_List is {type(value).__name__}, expected KEY=VALUE pairs")
+    return value
+
+
+def job_class(record: Record, conventions: Conventions) -> JobClass:
+    """Interactive when submitted with `qsub -I` (the server sets `interactive`), else by the
+    operator's queue lists, else batch.
+
+    Never from the user's word: `VJOB_CLASS` in the Variable_List is whatever the user's
+    environment (`qsub -V`), `-v` list or a later `qalter -v` put there, so it is ignored here,
+    exactly as Slurm's class comes from salloc/srun and the partition, not from the job.
+    """
     if str(record.get("interactive", "")).strip().lower() in ("true", "1"):
         return JobClass.INTERACTIVE
-    tag = (record.get("Variable_List") or {}).get(CLASS_VARIABLE)
-    if tag:
-        try:
-            return JobClass(tag.strip().lower())
-        except ValueError:
-            allowed = ", ".join(c.value for c in JobClass)
-            raise InputError(f"{where}: Variable_List {CLASS_VARIABLE} = {tag!r}: must be one of {allowed}") from None
-    queue = str(record.get("queue", ""))
+    queue = str(record.get("queue", "")).strip()
     if queue in conventions.interactive_queues:
         return JobClass.INTERACTIVE
     if queue in conventions.besteffort_queues:
@@ -183,14 +188,15 @@ _SELECT_AOE = re.compile(r"(?:^|:)aoe=([^:+]+)")
 def job_os(record: Record, properties: Iterable[str], conventions: Conventions) -> str:
     """The OS image a job asks for: the filter/hook tag, an OpenPBS `aoe` (job-wide or in a
     select chunk), or a Torque node property."""
-    tag = (record.get("Variable_List") or {}).get(OS_VARIABLE)
-    if tag:
-        return tag.strip()
+    tag = str((record.get("Variable_List") or {}).get(OS_VARIABLE, "")).strip()
+    if names.is_os_image(tag):
+        return tag  # an ill-formed name (a later `qalter -v`) is ignored, never passed on
     for key in ("Resource_List.aoe", "Resource_List.vjob_os"):
-        if record.get(key):
-            return str(record[key]).strip()
+        value = str(record.get(key) or "").strip()
+        if names.is_os_image(value):
+            return value
     chunk_aoe = _SELECT_AOE.search(str(record.get("Resource_List.select", "")))
-    if chunk_aoe:
+    if chunk_aoe and names.is_os_image(chunk_aoe.group(1)):
         return chunk_aoe.group(1)
     prefix = conventions.os_property_prefix
     for prop in properties:
@@ -224,12 +230,15 @@ def _account(record: Record) -> str:
 def to_job(record: Record, conventions: Conventions, *, source: str) -> Job:
     """A vjob Job from one qstat record (Torque XML/text or OpenPBS JSON)."""
     job_id = str(record.get("Job_Id", "")).strip()
-    where = f"{source}: job {job_id or '?'}"
     if not job_id:
         raise InputError(f"{source}: a job record without Job_Id")
+    names.job_id(job_id, field=f"{source}: Job_Id")
+    where = f"{source}: job {job_id}"
     owner = str(record.get("euser") or record.get("Job_Owner", "")).split("@", 1)[0].strip()
     if not owner:
         raise InputError(f"{where}: no Job_Owner")
+    names.user(owner, field=f"{where}: Job_Owner")
+    record["Variable_List"] = variables(record, where=where)
     spec = NodeSpec(nodes=1, cores=1, properties=())
     if record.get("Resource_List.nodes"):
         spec = parse_nodes_spec(str(record["Resource_List.nodes"]), where=f"{where}: Resource_List.nodes")
@@ -254,11 +263,11 @@ def to_job(record: Record, conventions: Conventions, *, source: str) -> Job:
     started = record.get("start_time") or record.get("stime")
     ended = record.get("comp_time") or record.get("obittime")
     walltime = record.get("Resource_List.walltime")
-    hosts = exec_hosts(str(record["exec_host"])) if record.get("exec_host") else ()
+    hosts = exec_hosts(str(record["exec_host"]), where=f"{where}: exec_host") if record.get("exec_host") else ()
     return Job(
         id=job_id,
         user=owner,
-        job_class=job_class(record, conventions, where=where),
+        job_class=job_class(record, conventions),
         rms=RMS,
         account=_account(record),
         nodes=max(nodes, 1),
@@ -324,6 +333,7 @@ def torque_node(record: Record, conventions: Conventions, *, source: str) -> Nod
     where = f"{source}: node {name or '?'}"
     if not name:
         raise InputError(f"{source}: a node record without a name")
+    names.node(name, field=f"{source}: node name")
     if "np" not in record:
         raise InputError(f"{where}: no np (number of processors)")
     status = _status(record)
@@ -344,7 +354,7 @@ def torque_node(record: Record, conventions: Conventions, *, source: str) -> Nod
 
 def openpbs_node(record: Record, conventions: Conventions, *, source: str) -> Node:
     """A Node from one `pbsnodes -av -F json` vnode: OS from current_aoe, features from booleans."""
-    name = str(record.get("name", "")).strip()
+    name = names.node(str(record.get("name", "")).strip(), field=f"{source}: node name")
     where = f"{source}: node {name}"
     cpus = record.get("resources_available.ncpus", record.get("pcpus"))
     if cpus is None:
@@ -409,6 +419,8 @@ _MOAB_NODE_STATES = {
 def moab_job(record: Record, *, source: str, year: int) -> Job:
     """A Job from one showq row. showq prints no year and no node count: `year` is supplied."""
     where = f"{source}:{record['line']}: job {record['id']}"
+    names.job_id(record["id"], field=f"{source}:{record['line']}: JOBID")
+    names.user(record["user"], field=f"{where}: USERNAME")
     state_word = record["state"].lower()
     if state_word not in _MOAB_JOB_STATES:
         raise InputError(f"{where}: STATE = {record['state']!r}: not a Moab job state")
@@ -425,7 +437,7 @@ def moab_job(record: Record, *, source: str, year: int) -> Job:
         id=record["id"],
         user=record["user"],
         rms=RMS,
-        cores=max(1, int(record["procs"])),
+        cores=max(1, _int(record["procs"], where=f"{where}: PROCS")),
         state=state,
         submit_time=0.0 if running else when,
         start_time=when if running else None,
@@ -435,7 +447,7 @@ def moab_job(record: Record, *, source: str, year: int) -> Job:
 
 def moab_node(record: Record, conventions: Conventions, *, source: str) -> Node:
     """A Node from one checknode record; Moab's node OS (Opsys) is UBIS's VM_os."""
-    name = record["NODEID"]
+    name = names.node(record["NODEID"], field=f"{source}: NODEID")
     where = f"{source}: node {name}"
     state_word = str(record.get("NODESTATE", "")).lower()
     if state_word not in _MOAB_NODE_STATES:

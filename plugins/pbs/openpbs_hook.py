@@ -3,12 +3,15 @@
 
 One hook script, four events (install: deploy/pbs/README.md):
 
-* queuejob (server): reads what the job asks for — `qsub -I`, the queue, `-v VJOB_CLASS=...,
-  VJOB_OS=...`, `-l aoe=...` — refuses an OS image or class the site does not offer with a
-  message qsub shows the user, and writes VJOB_CLASS / VJOB_OS into the job's Variable_List,
-  where the vjob adapter and the pilot read them.
-* runjob (server): logs the class and OS of every job PBS starts (the audit trail for the
-  agent's decisions); it never refuses a start.
+* queuejob (server): derives the job's class from what the user cannot forge — `qsub -I`
+  (`job.interactive`) or a queue in the operator's `interactive_queues` / `besteffort_queues`,
+  else batch — and takes the OS image from `-v VJOB_OS=...` or `-l aoe=...`; refuses an OS
+  image the site does not offer with a message qsub shows the user, and writes VJOB_CLASS /
+  VJOB_OS into the job's Variable_List for the pilot. A VJOB_CLASS the user set (`-v`, `-V`)
+  is overwritten, never obeyed (the adapter, too, derives the class again from `interactive`
+  and the queue): otherwise any batch job could claim interactive priority.
+* runjob (server): logs the derived class and OS of every job PBS starts (the audit trail for
+  the agent's decisions); it never refuses a start.
 * execjob_postsuspend (MoM, after `qsig -s suspend` or PBS's own suspend-preemption): runs
   `checkpoint_command` so a suspended vjob holds no memory on the node, and leaves a marker
   (state_dir/<job>.saved, 0600). If the checkpoint fails the job stays suspended in memory,
@@ -19,10 +22,13 @@ One hook script, four events (install: deploy/pbs/README.md):
   nodes. A job without the marker resumes exactly as PBS would resume it.
 
 The commands are argument lists; `{job_id}` becomes the checked job id and `{node}` this
-MoM's node name. deploy/pbs/vjob_hook.json ships `vjob vm save|restore vjob-pbs-{job_id}
---node {node}`: the job's VM (named by the pilot `vjob run --rms pbs`) is run by libvirtd, not
-by the job's processes, so it keeps running under a PBS suspend unless it is saved. Empty
-commands switch this off (PBS then suspends in memory).
+MoM's node name. deploy/pbs/vjob_hook.json ships `python3 -m plugins.pbs.hook_vm save|restore
+vjob-pbs-{job_id} --node {node}`: the job's VM (named by the pilot `vjob run --rms pbs`) is run
+by libvirtd, not by the job's processes, so it keeps running under a PBS suspend unless it is
+saved. That command needs no database: with the state store down it saves and restores from
+the node's own state file and manifest and records to the store once it is back, so a
+database outage never keeps suspended jobs suspended. Empty commands switch this off (PBS
+then suspends in memory).
 
 Fail open: any error inside the hook itself (a bug, an unreadable configuration) is logged
 to the PBS log and the event is accepted, so vjob can never stop PBS from queueing or
@@ -45,7 +51,7 @@ import pbs
 CLASSES = ("batch", "interactive", "besteffort")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
 SELECT_AOE = re.compile(r"(?:^|:)aoe=([^:+]+)")
-JOB_ID = re.compile(r"[0-9]+(\[[0-9]*\])?(\.[A-Za-z0-9][A-Za-z0-9._-]*)?")
+JOB_ID = re.compile(r"[0-9]{1,18}(\[[0-9]{0,9}\])?(\.[A-Za-z0-9][A-Za-z0-9._-]{0,235})?")
 DEFAULTS = {
     "os_images": [],
     "interactive_queues": ["interactive"],
@@ -90,17 +96,18 @@ def _variables(job: Any) -> Any:
     return job.Variable_List
 
 
+def job_class(job: Any, cfg: Dict[str, Any]) -> str:
+    """The class from `qsub -I` and the operator's queue lists, never from the user's VJOB_CLASS."""
+    queue = _text(job.queue)
+    if str(job.interactive).lower() in ("true", "1") or queue in cfg["interactive_queues"]:
+        return "interactive"
+    return "besteffort" if queue in cfg["besteffort_queues"] else "batch"
+
+
 def classify(job: Any, cfg: Dict[str, Any]) -> Tuple[str, str]:
     """(class, OS image) of a job being queued, or Refused naming what is wrong."""
     variables = _variables(job)
-    job_class = _text(variables.get("VJOB_CLASS")).lower()
-    queue = _text(job.queue)
-    if str(job.interactive).lower() in ("true", "1") or (not job_class and queue in cfg["interactive_queues"]):
-        job_class = "interactive"
-    elif not job_class:
-        job_class = "besteffort" if queue in cfg["besteffort_queues"] else "batch"
-    if job_class not in CLASSES:
-        raise Refused("VJOB_CLASS = %r: must be one of %s" % (job_class, ", ".join(CLASSES)))
+    derived = job_class(job, cfg)
     image = _text(variables.get("VJOB_OS"))
     if not image and job.Resource_List is not None:
         image = _text(job.Resource_List["aoe"])
@@ -111,21 +118,25 @@ def classify(job: Any, cfg: Dict[str, Any]) -> Tuple[str, str]:
         raise Refused("OS image %r: a name has only letters, digits and . _ + - (at most 64)" % image)
     if image and cfg["os_images"] and image not in cfg["os_images"]:
         raise Refused("OS image %r is not offered here; choose one of %s" % (image, ", ".join(cfg["os_images"])))
-    return job_class, image
+    return derived, image
 
 
 def queuejob(event: Any, cfg: Dict[str, Any]) -> Optional[str]:
     """Tag the job; the refusal message for the user, or None."""
     job = event.job
     try:
-        job_class, image = classify(job, cfg)
+        derived, image = classify(job, cfg)
     except Refused as exc:
         return "vjob: " + str(exc)
     variables = _variables(job)
-    variables["VJOB_CLASS"] = job_class
+    claimed = _text(variables.get("VJOB_CLASS"))
+    if claimed and claimed.lower() != derived:
+        message = "vjob: VJOB_CLASS %r set by the user ignored, queued as %s" % (claimed[:40], derived)
+        pbs.logmsg(pbs.LOG_WARNING, message)
+    variables["VJOB_CLASS"] = derived
     if image:
         variables["VJOB_OS"] = image
-    pbs.logmsg(pbs.LOG_DEBUG, "vjob: queued as %s, os %s" % (job_class, image or "(any)"))
+    pbs.logmsg(pbs.LOG_DEBUG, "vjob: queued as %s, os %s" % (derived, image or "(any)"))
     return None
 
 
@@ -135,7 +146,7 @@ def runjob(event: Any, cfg: Dict[str, Any]) -> Optional[str]:
     pbs.logmsg(
         pbs.LOG_DEBUG,
         "vjob: starting %s class=%s os=%s"
-        % (_text(job.id), _text(variables.get("VJOB_CLASS")) or "untagged", _text(variables.get("VJOB_OS")) or "(any)"),
+        % (_text(job.id)[:80], job_class(job, cfg), _text(variables.get("VJOB_OS"))[:64] or "(any)"),
     )
     return None
 
@@ -163,7 +174,9 @@ def pilot(command: List[str], job_id: str, timeout: float) -> Tuple[bool, str]:
         return False, "%s: no answer within %g s; killed" % (argv[0], timeout)
     except OSError as exc:
         return False, "%s: cannot run: %s" % (argv[0], exc.strerror)
-    said = (done.stderr or done.stdout or b"").decode("utf-8", "replace").strip().splitlines()
+    # What it says it did (stdout) on success; why it failed (stderr) otherwise.
+    first, second = (done.stdout, done.stderr) if done.returncode == 0 else (done.stderr, done.stdout)
+    said = (first.strip() or second or b"").decode("utf-8", "replace").strip().splitlines()
     last = said[-1][:300] if said else ""
     if done.returncode != 0:
         return False, "%s: exit status %d: %s" % (argv[0], done.returncode, last or "(no message)")

@@ -17,6 +17,7 @@ import re
 import xml.etree.ElementTree as ET
 from typing import Any
 
+from plugins.pbs.units import size_mb
 from vjob.errors import InputError
 
 Record = dict[str, Any]
@@ -147,11 +148,17 @@ def pbs_text_nodes(text: str, *, source: str) -> list[Record]:
 # -- OpenPBS / PBS Pro JSON (qstat -f -F json, pbsnodes -av -F json) --------------------------------
 
 
-def _flatten(prefix: str, value: Any, out: Record) -> None:
+MAX_JSON_DEPTH = 4
+"""OpenPBS nests at most `Resource_List.<name>`; deeper objects are not its output."""
+
+
+def _flatten(prefix: str, value: dict[str, Any], out: Record, *, where: str, depth: int = 1) -> None:
     for key, item in value.items():
         name = f"{prefix}.{key}" if prefix else str(key)
         if isinstance(item, dict) and name != "Variable_List":
-            _flatten(name, item, out)
+            if depth >= MAX_JSON_DEPTH:
+                raise InputError(f"{where}: attribute {name[:80]!r} nested deeper than {MAX_JSON_DEPTH} levels")
+            _flatten(name, item, out, where=where, depth=depth + 1)
         else:
             out[name] = item
 
@@ -160,8 +167,8 @@ def openpbs_json(text: str, *, source: str) -> tuple[str, list[Record]]:
     """("jobs" or "nodes", records) of an OpenPBS JSON document."""
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{source}: not valid JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, a 5000-digit number, [[[[...
+        raise InputError(f"{source}: not valid JSON: {str(exc)[:200]}") from None
     if not isinstance(data, dict):
         raise InputError(f"{source}: expected a JSON object at the top level")
     if "Jobs" in data or ("nodes" not in data and "pbs_version" in data):
@@ -178,12 +185,15 @@ def openpbs_json(text: str, *, source: str) -> tuple[str, list[Record]]:
         if not isinstance(attrs, dict):
             raise InputError(f"{source}: {key}[{ident!r}] is {type(attrs).__name__}, expected an object")
         record: Record = {}
-        _flatten("", attrs, record)
+        where = f"{source}: {key}[{str(ident)[:80]!r}]"
+        _flatten("", attrs, record, where=where)
         variables = record.get("Variable_List")
         if isinstance(variables, dict):
             record["Variable_List"] = {str(k): str(v) for k, v in variables.items()}
         elif isinstance(variables, str):
             record["Variable_List"] = variable_list(variables)
+        elif variables is not None:
+            raise InputError(f"{where}: Variable_List is {type(variables).__name__}, expected an object or a string")
         record[id_field] = ident
         records.append(record)
     return kind, records
@@ -202,9 +212,9 @@ def variable_list(text: str) -> dict[str, str]:
 
 # -- Moab (showq, checknode) --------------------------------------------------------------------
 
-_SHOWQ_SECTION = re.compile(r"^(active|eligible|blocked) jobs-+\s*$")
+_SHOWQ_SECTION = re.compile(r"(active|eligible|blocked) jobs-+\s*")
 _SHOWQ_ROW = re.compile(
-    r"^(?P<id>\S+)\s+(?P<user>\S+)\s+(?P<state>[A-Za-z]+)\s+(?P<procs>\d+)\s+(?P<time>-?[\d:]+)\s+(?P<when>.+?)\s*$"
+    r"(?P<id>\S+)\s+(?P<user>\S+)\s+(?P<state>[A-Za-z]+)\s+(?P<procs>[0-9]+)\s+(?P<time>-?[0-9:]+)\s+(?P<when>.+?)\s*"
 )
 
 
@@ -214,17 +224,17 @@ def moab_showq(text: str, *, source: str) -> list[Record]:
     section: str | None = None
     for number, line in enumerate(text.splitlines(), start=1):
         stripped = line.strip()
-        heading = _SHOWQ_SECTION.match(stripped)
+        heading = _SHOWQ_SECTION.fullmatch(stripped)
         if heading:
             section = heading.group(1)
             continue
-        if not stripped or stripped.startswith("JOBID") or re.match(r"^\d+ (active|eligible|blocked) jobs", stripped):
+        if not stripped or stripped.startswith("JOBID") or re.match(r"[0-9]+ (active|eligible|blocked) jobs", stripped):
             continue
-        if stripped.startswith("Total jobs:") or re.match(r"^\d+ of \d+ (processors|nodes)", stripped):
+        if stripped.startswith("Total jobs:") or re.match(r"[0-9]+ of [0-9]+ (processors|nodes)", stripped):
             continue
         if section is None:
             raise InputError(f"{source}:{number}: job row before any 'active/eligible/blocked jobs' heading")
-        row = _SHOWQ_ROW.match(stripped)
+        row = _SHOWQ_ROW.fullmatch(stripped)
         if not row:
             raise InputError(f"{source}:{number}: cannot read showq row: {stripped[:80]!r}")
         records.append({"section": section, "line": number, **row.groupdict()})
@@ -236,7 +246,7 @@ def moab_checknode_text(text: str, *, source: str) -> list[Record]:
     records: list[Record] = []
     current: Record | None = None
     for number, line in enumerate(text.splitlines(), start=1):
-        head = re.match(r"^node (\S+)\s*$", line)
+        head = re.fullmatch(r"node (\S+)\s*", line)
         if head:
             current = {"NODEID": head.group(1)}
             records.append(current)
@@ -244,28 +254,33 @@ def moab_checknode_text(text: str, *, source: str) -> list[Record]:
         if current is None or not line.strip():
             continue
         if line.startswith("State:"):
-            current["NODESTATE"] = line.split()[1]
+            current["NODESTATE"] = _word(line, source=source, number=number)
         elif line.startswith("Configured Resources:"):
-            procs = re.search(r"PROCS:\s*(\d+)", line)
-            mem = re.search(r"MEM:\s*(\d+)([KMGT]?)", line)
+            procs = re.search(r"PROCS:\s*([0-9]+)", line)
+            mem = re.search(r"MEM:\s*([0-9]+)([KMGT]?)", line)
             if not procs or not mem:
                 raise InputError(f"{source}:{number}: node {current['NODEID']}: no PROCS/MEM in {line.strip()!r}")
             current["RCPROC"] = procs.group(1)
-            current["RCMEM"] = str(_moab_mb(mem.group(1), mem.group(2)))
+            where = f"{source}:{number}: node {current['NODEID']}: MEM"
+            current["RCMEM"] = str(size_mb(mem.group(1) + mem.group(2), where=where, bare="m"))
         elif line.startswith("Opsys:"):
-            current["OS"] = line.split()[1]
+            current["OS"] = _word(line, source=source, number=number)
         elif line.startswith("Features:"):
             current["FEATURES"] = line.split(":", 1)[1].strip()
         elif line.startswith("Partition:"):
-            current["PARTITION"] = line.split()[1]
+            current["PARTITION"] = _word(line, source=source, number=number)
     if not records and text.strip():
         raise InputError(f"{source}: no 'node NAME' line: not the output of checknode")
     return records
 
 
-def _moab_mb(number: str, unit: str) -> int:
-    factor = {"": 1, "K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}[unit]
-    return int(int(number) * factor)
+def _word(line: str, *, source: str, number: int) -> str:
+    """The value after `Key:` on a checknode line (`State:  Idle  (in current state for ...)`)."""
+    key, _, rest = line.partition(":")
+    words = rest.split()
+    if not words:
+        raise InputError(f"{source}:{number}: {key}: no value")
+    return words[0]
 
 
 def moab_checknode_xml(text: str, *, source: str) -> list[Record]:

@@ -5,12 +5,16 @@ qsub runs the program named by SUBMITFILTER in torque.cfg with qsub's own argume
 the job script on stdin and submits what it prints on stdout; a non-zero exit refuses the
 job and shows the filter's stderr to the user. This filter:
 
-* reads `#VJOB class=... os=...` lines and the `#PBS -q` / `-I` / `-v VJOB_*` directives of
-  the script's header (and the same options on qsub's command line);
-* refuses a job asking for an OS image the site does not offer, or a class that does not
-  exist, saying which and what is allowed (a user's mistake: better now than at run time);
-* adds `#PBS -v VJOB_CLASS=...,VJOB_OS=...` (merged into an existing `#PBS -v` line), which
-  the vjob adapter reads back from the job's Variable_List;
+* derives the job's class from what the user cannot forge: `-I` among qsub's arguments
+  (interactive), or the queue (`-q`, `#PBS -q`) being one of the operator's
+  `interactive_queues` / `besteffort_queues`; otherwise batch. A user's own word —
+  `#VJOB class=...`, `-v VJOB_CLASS=...`, `VJOB_CLASS` in the environment — is ignored (with
+  a notice on stderr), since any batch job could otherwise claim interactive priority;
+* reads the OS image from `#VJOB os=...` or `-v VJOB_OS=...` and refuses one the site does
+  not offer, saying which and what is allowed (a user's mistake: better now than at run time);
+* adds `#PBS -v VJOB_CLASS=...,VJOB_OS=...` (merged into an existing `#PBS -v` line), for
+  the pilot and for people reading `qstat -f`; the adapter itself derives the class again
+  from the job's `interactive` attribute and queue, never from this variable;
 * fails open: on any internal error, an unreadable configuration, or when it needs longer
   than its time budget, it prints the script unchanged and exits 0, so a broken filter can
   never stop a site from submitting jobs.
@@ -103,13 +107,17 @@ def _variable_list(text: str) -> dict[str, str]:
     return out
 
 
-def _options(tokens: Sequence[str], request: Request) -> None:
-    """Read the qsub options vjob cares about from a directive or from qsub's argv."""
+def _options(tokens: Sequence[str], request: Request, *, argv: bool = False) -> None:
+    """Read the qsub options vjob cares about from a directive or from qsub's argv.
+
+    `-I` counts only on qsub's command line (`argv`): that is where qsub takes it from to open
+    an interactive session; a `#PBS -I` line in a batch script makes no session.
+    """
     i = 0
     while i < len(tokens):
         token = tokens[i]
         value = tokens[i + 1] if i + 1 < len(tokens) else ""
-        if token == "-I":
+        if token == "-I" and argv:
             request.interactive = True
         elif token == "-q" and value:
             request.queue, i = value.split("@", 1)[0], i + 1
@@ -124,7 +132,7 @@ def _options(tokens: Sequence[str], request: Request) -> None:
 def read_header(lines: list[str], argv: Sequence[str]) -> tuple[Request, int]:
     """The request, and the index of the first line after the directive header."""
     request = Request()
-    _options(argv, request)
+    _options(argv, request, argv=True)
     end = 0
     for index, line in enumerate(lines[:HEADER_LINES]):
         stripped = line.strip()
@@ -149,26 +157,38 @@ def read_header(lines: list[str], argv: Sequence[str]) -> tuple[Request, int]:
     return request, end
 
 
+def job_class(request: Request, settings: Settings) -> str:
+    """The class from the submission mode and the operator's queue lists, never from the user."""
+    if request.interactive or request.queue in settings.interactive_queues:
+        return "interactive"
+    return "besteffort" if request.queue in settings.besteffort_queues else "batch"
+
+
+def ignored_claim(request: Request, derived: str) -> str:
+    """The notice for a user who named a class of their own that differs from the derived one."""
+    claimed = (request.job_class or request.variables.get("VJOB_CLASS", "")).strip()
+    if not claimed or claimed.lower() == derived:
+        return ""
+    return (
+        f"vjob: class {claimed[:40]!r} ignored, this job is {derived}: the class comes from "
+        "qsub -I or the queue, not from #VJOB class= or VJOB_CLASS\n"
+    )
+
+
 def decide(request: Request, settings: Settings) -> tuple[str, str]:
     """(class, os image) to tag, or Rejected naming what is wrong and what is allowed."""
-    job_class = (request.job_class or request.variables.get("VJOB_CLASS", "")).strip().lower()
-    if request.interactive or (not job_class and request.queue in settings.interactive_queues):
-        job_class = "interactive"
-    elif not job_class:
-        job_class = "besteffort" if request.queue in settings.besteffort_queues else "batch"
-    if job_class not in CLASSES:
-        raise Rejected(f"class = {job_class!r}: must be one of {', '.join(CLASSES)}")
+    derived = job_class(request, settings)
     image = (request.os_image or request.variables.get("VJOB_OS", "")).strip()
     if image and not NAME.fullmatch(image):
         raise Rejected(f"os = {image!r}: an OS image name has only letters, digits and . _ + - (at most 64)")
     if image and settings.os_images and image not in settings.os_images:
         raise Rejected(f"os = {image!r}: unknown OS image; this site offers {', '.join(settings.os_images)}")
-    return job_class, image
+    return derived, image
 
 
-def tag(lines: list[str], header_end: int, job_class: str, image: str) -> list[str]:
+def tag(lines: list[str], header_end: int, derived: str, image: str) -> list[str]:
     """The script with the VJOB_* variables added to (or merged into) a `#PBS -v` directive."""
-    ours = {"VJOB_CLASS": job_class}
+    ours = {"VJOB_CLASS": derived}
     if image:
         ours["VJOB_OS"] = image
     newline = "\r\n" if lines and lines[0].endswith("\r\n") else "\n"
@@ -190,16 +210,18 @@ def tag(lines: list[str], header_end: int, job_class: str, image: str) -> list[s
     return out
 
 
-def filter_script(data: bytes, argv: Sequence[str], settings: Settings) -> bytes:
-    """The tagged script; raises Rejected for a user's mistake."""
+def filter_script(data: bytes, argv: Sequence[str], settings: Settings, notices: list[str] | None = None) -> bytes:
+    """The tagged script; raises Rejected for a user's mistake; appends notices for the user."""
     head = data[:HEADER_BYTES].decode("utf-8", errors="surrogateescape")
     if len(data) > HEADER_BYTES:
         head = head.rsplit("\n", 1)[0] + "\n" if "\n" in head else ""
     parts = head.split("\n")  # only \n ends a line for the shell (not \f, \v, U+2028, ...)
     lines = [p + "\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
     request, end = read_header(lines, argv)
-    job_class, image = decide(request, settings)
-    tagged = "".join(tag(lines[:end], end, job_class, image)).encode("utf-8", errors="surrogateescape")
+    derived, image = decide(request, settings)
+    if notices is not None and (notice := ignored_claim(request, derived)):
+        notices.append(notice)
+    tagged = "".join(tag(lines[:end], end, derived, image)).encode("utf-8", errors="surrogateescape")
     consumed = len("".join(lines[:end]).encode("utf-8", errors="surrogateescape"))
     return tagged + data[consumed:]
 
@@ -222,8 +244,11 @@ def main(argv: Sequence[str], stdin: BinaryIO, stdout: BinaryIO, stderr: BinaryI
             received += chunk
         if settings is None:
             raise BudgetExceeded  # already reported: just pass the script through
-        result = filter_script(bytes(received), argv, settings)
+        notices: list[str] = []
+        result = filter_script(bytes(received), argv, settings, notices)
         signal.setitimer(signal.ITIMER_REAL, 0)
+        for notice in notices:
+            stderr.write(notice.encode("utf-8", errors="replace"))
     except Rejected as exc:
         signal.setitimer(signal.ITIMER_REAL, 0)
         stderr.write(f"qsub: job rejected by vjob: {exc}\n".encode("utf-8", errors="replace"))

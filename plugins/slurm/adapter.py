@@ -7,8 +7,12 @@ Why these knobs (all verified on Slurm 22.05, see ../shared/notes/slurm.md):
 - checkpointed victims: `scontrol requeuehold J` (back to the queue, held, so Slurm does not
   restart them elsewhere before vjob decides), then `release` and `update StartTime=now` to
   skip the post-requeue delay when vjob resumes them.
-JSON is read where the Slurm version has a layout parse_json knows (20.11 to 22.05); every
-other version is observed through `scontrol show job|node -o`, which all versions print alike.
+Observation is JSON on every Slurm that has it (20.11 and later): there a job name or a
+comment is one JSON string and cannot pose as another field. From 23.02 the adapter asks for
+an explicit data_parser version (`squeue --json=v0.0.40`, as Slurm's docs advise, so an
+upgrade of Slurm does not silently change the layout under vjob). Only Slurm before 20.11 is
+observed through `scontrol show job -o`, whose records are checked (parse_text) and
+cross-checked against the job ids squeue prints, one digits-only id per line.
 """
 
 from __future__ import annotations
@@ -18,16 +22,25 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from plugins.slurm import parse_json, parse_text
+from plugins.slurm import hostlist, parse_json, parse_text
 from plugins.slurm.commands import SlurmCommands, check_job_id
+from plugins.slurm.environment import ENVIRONMENT, wake_file
+from vjob import log
 from vjob.config import Config
 from vjob.errors import CommandError, InputError
 from vjob.model import Job, Node
+from vjob.rms import Abilities, PriorityKnob
 
 SITE_FACTOR_LIMIT = 2_147_483_645
 """Largest |site factor| scontrol accepts (notes: range ±2147483645)."""
-JSON_VERSIONS = ((20, 11), (23, 2))
-"""Slurm versions [from, to) whose --json output uses the openapi v0.0.3x layouts."""
+JSON_SINCE = (20, 11)
+"""First Slurm version whose squeue/sinfo print --json."""
+DATA_PARSER_SINCE = (23, 2)
+"""First Slurm version that takes an explicit data_parser (`--json=v0.0.39`) and has `scontrol --json`."""
+DATA_PARSER_FOR = (((24, 11), "v0.0.42"), ((24, 5), "v0.0.41"), ((23, 11), "v0.0.40"), ((23, 2), "v0.0.39"))
+"""The newest data_parser vjob reads that each Slurm release prints (each release keeps the two
+before its own, so 25.05 and 25.11 still print v0.0.42)."""
+_JOB_ID_LINE = re.compile(r"[0-9]{1,10}")
 
 
 class SlurmAdapter:
@@ -40,15 +53,26 @@ class SlurmAdapter:
     ) -> None:
         self.cmd = commands or SlurmCommands()
         self._use_json = use_json
+        self._forced_json = use_json is True
         self.site_factor_max = min(site_factor_max, SITE_FACTOR_LIMIT)
         self._version: tuple[int, int] | None = None
+        self.abilities = Abilities(
+            priority=PriorityKnob(0, self.site_factor_max, min_step=max(1, self.site_factor_max // 1000)),
+            requeue_hold=True,
+            hold_release=True,
+            suspend=True,
+            pin_nodes=True,
+            start_now=True,
+            environment=ENVIRONMENT,
+            wake_files=(wake_file(self.cmd.conf),),
+        )
 
     # -- observe ---------------------------------------------------------------------------------
     def version(self) -> tuple[int, int]:
         """(major, minor) of the Slurm commands, e.g. (22, 5)."""
         if self._version is None:
             out = self.cmd.run("sinfo", ["--version"])
-            match = re.search(r"(\d+)\.(\d+)", out)
+            match = re.search(r"([0-9]{1,3})\.([0-9]{1,3})", out)
             if not match:
                 raise CommandError(["sinfo", "--version"], f"cannot read a version in {out.strip()!r}")
             self._version = (int(match.group(1)), int(match.group(2)))
@@ -57,45 +81,103 @@ class SlurmAdapter:
     @property
     def uses_json(self) -> bool:
         if self._use_json is None:
-            low, high = JSON_VERSIONS
-            self._use_json = low <= self.version() < high
+            self._use_json = self.version() >= JSON_SINCE
         return self._use_json
+
+    def data_parser(self) -> str | None:
+        """The data_parser version to ask for ('v0.0.40'), None before 23.02 (plain --json).
+
+        An adapter built with use_json=True and no version asked yet does not ask for one:
+        it was told the layout, and plain --json is what it reads."""
+        if self._forced_json and self._version is None:
+            return None
+        version = self.version()
+        return next((parser for since, parser in DATA_PARSER_FOR if version >= since), None)
+
+    def _json_flag(self) -> str:
+        parser = self.data_parser()
+        return f"--json={parser}" if parser else "--json"
 
     def all_jobs(self) -> list[Job]:
         """Every job slurmctld still remembers, finished ones included (within MinJobAge)."""
         if self.uses_json:
-            out = self.cmd.run("squeue", ["--json"])
-            return parse_json.jobs(_load(out, "squeue --json"), source="squeue --json")
+            flag = self._json_flag()
+            out = self.cmd.run("squeue", [flag])
+            return parse_json.jobs(_load(out, f"squeue {flag}"), source=f"squeue {flag}")
+        return self._jobs_from_text()
+
+    def _jobs_from_text(self) -> list[Job]:
+        """Slurm before 20.11: `scontrol show job -o`, checked record by record (see parse_text),
+        and only for ids squeue lists (a line break in a user's path could forge a whole record).
+        A record that cannot be trusted is logged and left out; the others are still seen."""
+        ids_out = self.cmd.run("squeue", ["-h", "-t", "all", "-o", "%A"])
+        ids = set()
+        for number, line in enumerate(ids_out.splitlines(), 1):
+            if line.strip() and not _JOB_ID_LINE.fullmatch(line.strip()):
+                raise CommandError(["squeue"], f"line {number}: {line.strip()[:40]!r} is not a job id")
+            ids.add(line.strip())
         out = self.cmd.run("scontrol", ["show", "job", "-o"])
         if out.strip().startswith("No jobs"):
             return []
-        return parse_text.jobs_from_scontrol(out, source="scontrol show job -o")
+        skipped: list[str] = []
+        found = parse_text.jobs_from_scontrol(out, source="scontrol show job -o", skipped=skipped)
+        counts: dict[str, int] = {}
+        for job in found:
+            counts[job.id] = counts.get(job.id, 0) + 1
+        kept = []
+        for job in found:
+            if job.id not in ids or counts[job.id] > 1:
+                skipped.append(f"job {job.id}: not (or not once) among squeue's job ids: a forged record")
+            else:
+                kept.append(job)
+        if skipped:
+            log.get("slurm").warning("unreadable job records left out", records=skipped[:20], count=len(skipped))
+        return kept
 
     def jobs(self) -> list[Job]:
         """Pending, held, running and suspended jobs."""
         return [j for j in self.all_jobs() if not j.state.finished]
 
     def job(self, job_id: str) -> Job:
-        """One job, read with scontrol (which, unlike squeue --json in 22.05, honours the id)."""
+        """One job: `scontrol --json show job J` from 23.02, squeue --json (which in 20.11-22.05
+        ignores the id) filtered here, or `scontrol show job -o J` before 20.11."""
         check_job_id(job_id)
-        out = self.cmd.run("scontrol", ["show", "job", "-o", job_id], job=job_id)
-        found = parse_text.jobs_from_scontrol(out, source=f"scontrol show job {job_id}")
-        if not found:
+        if self.uses_json:
+            if self.data_parser():
+                flag = self._json_flag()
+                out = self.cmd.run("scontrol", [flag, "show", "job", job_id], job=job_id)
+                found = parse_json.jobs(_load(out, f"scontrol {flag}"), source=f"scontrol {flag} show job {job_id}")
+            else:
+                found = self.all_jobs()
+        else:
+            out = self.cmd.run("scontrol", ["show", "job", "-o", job_id], job=job_id)
+            found = parse_text.jobs_from_scontrol(out, source=f"scontrol show job {job_id}")
+        match = [j for j in found if j.id == job_id]
+        if not match:
             raise CommandError(["scontrol", "show", "job", job_id], "no such job", job=job_id)
-        return found[0]
+        return match[0]
 
     def job_fields(self, job_id: str) -> dict[str, str]:
-        """Slurm's own fields of one job (Priority, AdminComment, Reason, ...), as text."""
+        """Slurm's own fields of one job (Priority, AdminComment, Reason, ...), as text; an
+        InputError when the record cannot be told apart from text its user wrote into it."""
         check_job_id(job_id)
         out = self.cmd.run("scontrol", ["show", "job", "-o", job_id], job=job_id)
-        for _line, fields in parse_text.records(out, "JobId"):
-            return fields
-        raise CommandError(["scontrol", "show", "job", job_id], "no such job", job=job_id)
+        found = list(parse_text.records(out, "JobId"))
+        if len(found) != 1 or found[0][1].get("JobId") != job_id.split("_")[0].split("+")[0]:
+            if not found:
+                raise CommandError(["scontrol", "show", "job", job_id], "no such job", job=job_id)
+            what = f"expected one record of job {job_id}, got {len(found)}"
+            raise CommandError(["scontrol", "show", "job", job_id], what, job=job_id)
+        return found[0][1]
 
     def nodes(self) -> list[Node]:
         if self.uses_json:
-            out = self.cmd.run("sinfo", ["--json"])
-            return parse_json.nodes(_load(out, "sinfo --json"), source="sinfo --json")
+            flag = self._json_flag()
+            if self.data_parser():  # data_parser sinfo groups nodes; scontrol lists each one
+                out = self.cmd.run("scontrol", [flag, "show", "node"])
+                return parse_json.nodes(_load(out, f"scontrol {flag}"), source=f"scontrol {flag} show node")
+            out = self.cmd.run("sinfo", [flag])
+            return parse_json.nodes(_load(out, f"sinfo {flag}"), source=f"sinfo {flag}")
         out = self.cmd.run("scontrol", ["show", "node", "-o"])
         return parse_text.nodes_from_scontrol(out, source="scontrol show node -o")
 
@@ -146,7 +228,7 @@ class SlurmAdapter:
     def require_nodes(self, job_id: str, nodes: Sequence[str]) -> None:
         """Pin a held job to `nodes` before its release: its VMs' saved state is there, so the
         resume is local (no copy). The agent calls this only for nodes it saw free."""
-        bad = [n for n in nodes if not _NODE_NAME.fullmatch(n)]
+        bad = [n for n in nodes if not isinstance(n, str) or not hostlist.NODE_NAME.fullmatch(n)]
         if not nodes or bad:
             raise InputError(f"ReqNodeList for job {job_id}: {bad or list(nodes)!r} are not Slurm node names")
         self._update(job_id, f"ReqNodeList={','.join(nodes)}")
@@ -167,7 +249,7 @@ class SlurmAdapter:
         """Submit a batch script with sbatch `args`; returns the job id (the user-facing path)."""
         out = self.cmd.run("sbatch", ["--parsable", *args], stdin=script)
         job_id = out.strip().split(";")[0]
-        if not job_id.isdigit():
+        if not _JOB_ID_LINE.fullmatch(job_id):
             raise CommandError(["sbatch", *args], f"unexpected answer {out.strip()!r}")
         return job_id
 
@@ -180,14 +262,11 @@ class SlurmAdapter:
         self.cmd.run("scontrol", ["update", f"JobId={job_id}", setting], job=job_id)
 
 
-_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-
-
 def _load(out: str, what: str) -> dict[str, Any]:
     try:
         doc = json.loads(out)
-    except ValueError as exc:
-        raise CommandError([what.split()[0]], f"{what} printed invalid JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:
+        raise CommandError([what.split()[0]], f"{what} printed invalid JSON: {str(exc)[:200]}") from None
     if not isinstance(doc, dict):
         raise CommandError([what.split()[0]], f"{what} printed JSON that is not an object")
     return doc

@@ -17,13 +17,13 @@ from vjob import proc
 from vjob.errors import CommandError, InputError
 
 # A Slurm job id as vjob passes it to scontrol: 123, an array task 123_4, a het component 123+1.
-_JOB_ID = re.compile(r"^[0-9]{1,10}(?:_[0-9]{1,10}|\+[0-9]{1,4})?$")
+_JOB_ID = re.compile(r"[0-9]{1,10}(?:_[0-9]{1,10}|\+[0-9]{1,4})?")
 
 
 def check_job_id(job_id: str) -> str:
     """The job id unchanged when it is a Slurm job id, else InputError naming it."""
-    if not isinstance(job_id, str) or not _JOB_ID.match(job_id):
-        raise InputError(f"job id {job_id!r}: not a Slurm job id (digits, optionally _TASK or +OFFSET)")
+    if not isinstance(job_id, str) or not _JOB_ID.fullmatch(job_id):
+        raise InputError(f"job id {str(job_id)[:40]!r}: not a Slurm job id (digits, optionally _TASK or +OFFSET)")
     return job_id
 
 

@@ -26,16 +26,17 @@ if TYPE_CHECKING:  # the submit-time helpers stay light to import (the pilot use
 
 SHIPPED_IMAGES = ("debian-tiny",)
 """Images every vjob installation can run without the catalogue (provisioning.guest's tiny guest)."""
-IMAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+IMAGE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _COMMENT_OS = re.compile(r"(?:^|[\s,;])vjob:os=([^\s,;]*)")
-_SCRIPT_OS = re.compile(r"^#VJOB\s+os=(\S*)\s*$")
+_SCRIPT_OS = re.compile(r"#VJOB\s+os=(\S*)\s*")
 _TAG = re.compile(r"vjob:class=([a-z]+),os=([A-Za-z0-9._-]*)")
 
 
 def check_image_name(name: str, where: str = "os image") -> str:
-    if not IMAGE_NAME.match(name):
+    if not isinstance(name, str) or not IMAGE_NAME.fullmatch(name):
         raise InputError(
-            f"{where} {name!r}: must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+            f"{where} {str(name)[:80]!r}: must be 1-64 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
         )
     return name
 
@@ -56,7 +57,7 @@ def requested_image(comment: str = "", script: str = "") -> str:
             continue
         if not stripped.startswith("#"):
             break
-        found = _SCRIPT_OS.match(stripped)
+        found = _SCRIPT_OS.fullmatch(stripped)
         if found:
             from_script = check_image_name(found.group(1), "script #VJOB os=")
     if from_comment and from_script and from_comment != from_script:

@@ -26,7 +26,7 @@ def parse_output(kind: str, text: str, *, source: str = "<slurm output>") -> lis
     if stripped.startswith("{"):
         try:
             doc = json.loads(stripped)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
             doc = None
         if isinstance(doc, dict):
             return _from_json(kind, doc, source)
@@ -61,7 +61,8 @@ def parse_output(kind: str, text: str, *, source: str = "<slurm output>") -> lis
     if first.startswith("No jobs in the system"):
         return _only(kind, ("jobs",), "`scontrol show job`", source, list)
     raise InputError(
-        f"{source}: not a Slurm output vjob reads (line 1 starts {first[:40]!r}); expected squeue/sinfo --json, "
+        f"{source}: not a Slurm output vjob reads (line 1 starts {first[:40]!r}); "
+        "expected squeue/sinfo/scontrol --json, "
         "`scontrol show job|node|partition` or JSON lines"
     )
 
@@ -69,9 +70,9 @@ def parse_output(kind: str, text: str, *, source: str = "<slurm output>") -> lis
 def _from_json(kind: str, doc: dict[str, Any], source: str) -> list[Any]:
     if "jobs" in doc:
         return _only(kind, ("jobs",), "squeue --json", source, lambda: parse_json.jobs(doc, source=source))
-    if "nodes" in doc:
+    if "nodes" in doc or "sinfo" in doc:
         return _only(kind, ("nodes",), "sinfo --json", source, lambda: parse_json.nodes(doc, source=source))
-    raise InputError(f"{source}: JSON with neither 'jobs' nor 'nodes': not squeue/sinfo --json output")
+    raise InputError(f"{source}: JSON with neither 'jobs' nor 'nodes'/'sinfo': not squeue/sinfo --json output")
 
 
 def _only(kind: str, holds: tuple[str, ...], what: str, source: str, read: Any) -> list[Any]:

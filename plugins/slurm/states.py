@@ -49,7 +49,7 @@ def job_state(state: str, reason: str = "", *, where: str) -> JobState:
     try:
         mapped = _JOB_STATES[word]
     except KeyError:
-        raise InputError(f"{where}: job state {state!r} is not a Slurm job state vjob knows") from None
+        raise InputError(f"{where}: job state {state[:40]!r} is not a Slurm job state vjob knows") from None
     if mapped is JobState.PENDING and any(r in (reason or "") for r in _HELD_REASONS):
         return JobState.HELD
     return mapped
@@ -75,18 +75,18 @@ def node_state(state: str, flags: tuple[str, ...] = (), *, where: str) -> NodeSt
         return NodeState.ALLOCATED
     if base in ("MIXED", "MIX"):
         return NodeState.MIXED
-    raise InputError(f"{where}: node state {state!r} is not a Slurm node state vjob knows")
+    raise InputError(f"{where}: node state {state[:40]!r} is not a Slurm node state vjob knows")
 
 
-_SIZE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([KMGTP]?)B?$", re.IGNORECASE)
+_SIZE = re.compile(r"([0-9]{1,15}(?:\.[0-9]{1,6})?)([KMGTP]?)B?", re.IGNORECASE)
 _FACTOR_MB = {"": 1.0, "K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0**2, "P": 1024.0**3}
 
 
 def size_mb(text: str, *, where: str) -> int:
     """Megabytes of a Slurm size ('4000M', '62.50G', '2000' = MB)."""
-    match = _SIZE.match((text or "").strip())
+    match = _SIZE.fullmatch((text or "").strip())
     if not match:
-        raise InputError(f"{where}: size {text!r} is not a Slurm size like 4000M or 62.5G")
+        raise InputError(f"{where}: size {text[:40]!r} is not a Slurm size like 4000M or 62.5G")
     return round(float(match.group(1)) * _FACTOR_MB[match.group(2).upper()])
 
 
@@ -99,7 +99,7 @@ def tres_memory_mb(tres: str, *, where: str) -> int | None:
     return None
 
 
-_DURATION = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+)(?::(\d+))?$")
+_DURATION = re.compile(r"(?:([0-9]{1,9})-)?(?:([0-9]{1,9}):)?([0-9]{1,12})(?::([0-9]{1,9}))?")
 
 
 def duration_s(text: str, *, where: str) -> float | None:
@@ -107,9 +107,9 @@ def duration_s(text: str, *, where: str) -> float | None:
     value = (text or "").strip()
     if value.upper() in ("", "UNLIMITED", "INFINITE", "NONE", "N/A", "PARTITION_LIMIT", "NOT_SET"):
         return None
-    match = _DURATION.match(value)
+    match = _DURATION.fullmatch(value)
     if not match:
-        raise InputError(f"{where}: time {text!r} is not a Slurm duration like 1-00:00:00")
+        raise InputError(f"{where}: time {text[:40]!r} is not a Slurm duration like 1-00:00:00")
     days, a, b, c = match.groups()
     if a is None and c is None:  # plain minutes, or D-HH
         total = int(b) * 60 if days is None else int(b) * 3600

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from provisioning import guest, libvirtd
+from devkit import libvirtd
+from provisioning import guest
 
 NODE_XML = """<node>
   <cpu><mhz>2000</mhz><model>fakecpu</model><active>{cpus}</active><nodes>1</nodes>

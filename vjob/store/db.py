@@ -7,9 +7,10 @@ a clear error telling the operator what to run, before anything is written.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +20,31 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
+from sqlalchemy.exc import (
+    ArgumentError,
+    DBAPIError,
+    DisconnectionError,
+    IntegrityError,
+    NoSuchModuleError,
+    PendingRollbackError,
+)
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session, sessionmaker
 
 import migrations
 from vjob.errors import ConfigError, SchemaOutdatedError, SchemaTooNewError, StoreError
+from vjob.secrets import mask_text, mask_url
+
+# What a lost or broken database looks like from SQLAlchemy: any DBAPI error (OperationalError,
+# InterfaceError, DatabaseError from a cut connection or a corrupt SQLite file...), a pool that
+# cannot hand out a connection, a session whose connection died under it. IntegrityError is a
+# DBAPIError too, but it is an answer, not an outage: callers catch it to retry (see below).
+CONNECTION_ERRORS: tuple[type[Exception], ...] = (
+    DBAPIError,
+    DisconnectionError,
+    PoolTimeoutError,
+    PendingRollbackError,
+)
 
 
 def now() -> float:
@@ -46,10 +67,8 @@ def head_revision() -> str:
 
 
 def _safe_url(url: str) -> str:
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return url
+    """`url` as it may be printed, logged or stored (vjob.secrets.mask_url)."""
+    return mask_url(url)
 
 
 def make_engine(url: str, *, connect_timeout_s: float = 5.0, busy_timeout_s: float = 30.0) -> Engine:
@@ -57,7 +76,7 @@ def make_engine(url: str, *, connect_timeout_s: float = 5.0, busy_timeout_s: flo
     try:
         parsed = make_url(url)
     except ArgumentError:
-        raise ConfigError(f"database.url = {url!r}: not a valid SQLAlchemy URL") from None
+        raise ConfigError(f"database.url = {_safe_url(url)!r}: not a valid SQLAlchemy URL") from None
     kwargs: dict[str, Any] = {"future": True}
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
@@ -122,8 +141,8 @@ class Store:
         try:
             with self.engine.connect() as conn:
                 return MigrationContext.configure(conn).get_current_revision()
-        except (OperationalError, DBAPIError) as exc:
-            raise StoreError(f"database {self.safe_url} is unreachable: {_first_line(exc)}") from None
+        except CONNECTION_ERRORS as exc:
+            raise StoreError(f"database {self.safe_url} is unreachable: {self._reason(exc)}") from None
 
     def check(self) -> str:
         """Refuse a database that is not exactly at the code's head revision."""
@@ -146,28 +165,50 @@ class Store:
 
     def upgrade(self, revision: str = "head") -> None:
         self.current_revision()  # reachability, with the clear error
-        command.upgrade(_alembic_config(self.url), revision)
+        try:
+            command.upgrade(_alembic_config(self.url), revision)
+        except CONNECTION_ERRORS as exc:  # cut mid-migration: Alembic ran it in one transaction
+            raise StoreError(f"database {self.safe_url}: upgrade to {revision}: {self._reason(exc)}") from None
 
     def downgrade(self, revision: str = "base") -> None:
         self.current_revision()
-        command.downgrade(_alembic_config(self.url), revision)
+        try:
+            command.downgrade(_alembic_config(self.url), revision)
+        except CONNECTION_ERRORS as exc:
+            raise StoreError(f"database {self.safe_url}: downgrade to {revision}: {self._reason(exc)}") from None
 
     # -- sessions -------------------------------------------------------------------------
+    def session(self, operation: str | None = None) -> AbstractContextManager[Session]:
+        """A transaction: committed when the block ends, rolled back on any exception.
+
+        A lost or broken database (CONNECTION_ERRORS) becomes a StoreError naming `operation`
+        (by default the calling function) and the masked URL, so that every caller's "store
+        unavailable" path sees one exception type and no caller logs a password.
+        IntegrityError passes through unchanged: it is how a racing insert learns it lost.
+        """
+        name = operation or sys._getframe(1).f_code.co_qualname  # the caller of session()
+        return self._session(name)
+
     @contextmanager
-    def session(self) -> Iterator[Session]:
-        """A transaction: committed when the block ends, rolled back on any exception."""
+    def _session(self, operation: str) -> Iterator[Session]:
         try:
             with self._sessions.begin() as session:
                 yield session
-        except OperationalError as exc:
-            raise StoreError(f"database {self.safe_url}: {_first_line(exc)}") from None
+        except IntegrityError:
+            raise
+        except CONNECTION_ERRORS as exc:
+            raise StoreError(f"database {self.safe_url}: {operation}: {self._reason(exc)}") from None
 
     def ping(self) -> None:
         try:
             with self.engine.connect() as conn:
                 conn.execute(text("SELECT 1"))
-        except (OperationalError, DBAPIError) as exc:
-            raise StoreError(f"database {self.safe_url} is unreachable: {_first_line(exc)}") from None
+        except CONNECTION_ERRORS as exc:
+            raise StoreError(f"database {self.safe_url} is unreachable: {self._reason(exc)}") from None
+
+    def _reason(self, exc: BaseException) -> str:
+        """The driver's first line, with any secret of this store's URL masked out of it."""
+        return mask_text(_first_line(exc), self.url)
 
     def close(self) -> None:
         self.engine.dispose()

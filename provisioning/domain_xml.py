@@ -1,0 +1,78 @@
+"""The libvirt domain XML of a vjob VM, and the paths rewritten in a saved one.
+
+Why ElementTree and never string formatting: names, paths and the kernel command line end up
+in the XML; building it as a tree makes every value text or an attribute, never markup.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from provisioning.vm_types import VMSpec
+
+EMULATOR = "/usr/bin/qemu-system-x86_64"
+
+
+def domain_xml(spec: VMSpec, *, dom_type: str, overlay: Path, console_log: Path) -> str:
+    """The domain of `spec` on a node of type `dom_type` ("test" for libvirt's test driver).
+
+    The disk is the VM's overlay, marked `relabel='no'` on real nodes (the driver owns it to
+    the QEMU user itself, see docs/provisioning.md); the serial console is logged to a file.
+    """
+    root = ET.Element("domain", type=dom_type)
+    ET.SubElement(root, "name").text = spec.name
+    ET.SubElement(root, "memory", unit="MiB").text = str(spec.memory_mib)
+    ET.SubElement(root, "currentMemory", unit="MiB").text = str(spec.memory_mib)
+    ET.SubElement(root, "vcpu").text = str(spec.vcpus)
+    os_el = ET.SubElement(root, "os")
+    ET.SubElement(os_el, "type", arch="x86_64", machine="pc").text = "hvm"
+    if spec.kernel is not None:
+        ET.SubElement(os_el, "kernel").text = str(spec.kernel)
+        if spec.initrd is not None:
+            ET.SubElement(os_el, "initrd").text = str(spec.initrd)
+        ET.SubElement(os_el, "cmdline").text = spec.cmdline
+    else:
+        ET.SubElement(os_el, "boot", dev="hd")
+    ET.SubElement(ET.SubElement(root, "features"), "acpi")
+    ET.SubElement(root, "clock", offset="utc")
+    for event in ("on_poweroff", "on_reboot", "on_crash"):
+        ET.SubElement(root, event).text = "destroy"
+    devices = ET.SubElement(root, "devices")
+    if dom_type != "test":
+        ET.SubElement(devices, "emulator").text = EMULATOR
+    disk = ET.SubElement(devices, "disk", type="file", device="disk")
+    ET.SubElement(disk, "driver", name="qemu", type="qcow2")
+    source = ET.SubElement(disk, "source", file=str(overlay))
+    if dom_type != "test":
+        ET.SubElement(source, "seclabel", model="dac", relabel="no")
+    ET.SubElement(disk, "target", dev="vda", bus="virtio")
+    serial = ET.SubElement(devices, "serial", type="pty")
+    ET.SubElement(serial, "log", file=str(console_log), append="on")
+    ET.SubElement(serial, "target", port="0")
+    console = ET.SubElement(devices, "console", type="pty")
+    ET.SubElement(console, "target", type="serial", port="0")
+    if dom_type != "test":
+        ET.SubElement(devices, "memballoon", model="none")
+    return ET.tostring(root, encoding="unicode")
+
+
+def retarget(saved_xml: str, *, overlay: Path, console_log: Path) -> str | None:
+    """A saved domain's XML with this node's overlay and console-log paths; None if unchanged.
+
+    Why: a state saved on one node records that node's paths; restoring it elsewhere must
+    point QEMU at the copies on the destination.
+    """
+    root = ET.fromstring(saved_xml)
+    changed = False
+    want_disk = str(overlay)
+    for source in root.findall("./devices/disk[@device='disk']/source"):
+        if source.get("file") and source.get("file") != want_disk:
+            source.set("file", want_disk)
+            changed = True
+    want_log = str(console_log)
+    for log_el in root.findall("./devices/serial/log"):
+        if log_el.get("file") != want_log:
+            log_el.set("file", want_log)
+            changed = True
+    return ET.tostring(root, encoding="unicode") if changed else None

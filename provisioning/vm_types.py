@@ -1,0 +1,98 @@
+"""The VM driver's vocabulary: what a VM is made of, a saved VM, a listed VM, and its errors.
+
+Why apart from the driver: the image catalogue, the executor's performer and Saline's VM
+manager need these types and the name rule without the libvirt life cycle (and without
+importing libvirt).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from vjob.errors import InputError, VjobError
+from vjob.model import VMState
+
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+"""VM, node, image and snapshot-label names (matched whole with `re.fullmatch`)."""
+STATE_SUFFIX = ".state"
+MANIFEST_SUFFIX = ".json"
+OVERLAY_COPY_SUFFIX = ".overlay.qcow2"
+
+
+class DriverError(VjobError):
+    """A VM operation failed; the message names the VM, the node and libvirt's error."""
+
+    def __init__(self, what: str, vm: str, node: str, message: str) -> None:
+        self.vm = vm
+        self.node = node
+        subject = f" of VM {vm}" if vm != "-" else ""
+        super().__init__(f"{what}{subject} on node {node}: {message}")
+
+
+class SnapshotError(DriverError):
+    """A snapshot is missing, altered or unknown: restoring it would start a broken state."""
+
+
+def check_name(kind: str, value: str) -> str:
+    """Names end up in paths and libvirt XML: letters, digits, '_', '.', '-' only.
+
+    `fullmatch`, not `match` with `$`: `$` also accepts a trailing newline, which would reach
+    file names and the XML.
+    """
+    if not isinstance(value, str) or not NAME_RE.fullmatch(value) or ".." in value:
+        raise InputError(
+            f"{kind} name {str(value)[:80]!r}: must match {NAME_RE.pattern} (letters, digits, _ . -; no '..')"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class VMSpec:
+    """What a VM is made of: an OS image (backing file), memory, CPUs, optional direct boot."""
+
+    name: str
+    image: Path
+    memory_mib: int = 128
+    vcpus: int = 1
+    image_format: str = "qcow2"
+    kernel: Path | None = None
+    initrd: Path | None = None
+    cmdline: str = ""
+
+    def __post_init__(self) -> None:
+        check_name("vm", self.name)
+        if self.memory_mib < 16:
+            raise InputError(f"vm {self.name}: memory_mib = {self.memory_mib}: must be >= 16")
+        if self.vcpus < 1:
+            raise InputError(f"vm {self.name}: vcpus = {self.vcpus}: must be >= 1")
+        if self.image_format not in ("qcow2", "raw"):
+            raise InputError(f"vm {self.name}: image_format = {self.image_format!r}: must be qcow2 or raw")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A saved VM: its memory state (and, for `full`, a copy of its overlay) on one node."""
+
+    vm: str
+    node: str
+    kind: str
+    memory_path: Path
+    overlay_path: Path | None
+    size_bytes: int
+    sha256: str
+    created_at: float
+    record_id: int | None = None
+
+
+@dataclass(frozen=True)
+class VMInfo:
+    """One domain as a node's libvirt reports it."""
+
+    name: str
+    node: str
+    state: VMState
+    memory_mib: int
+    vcpus: int
+    persistent: bool

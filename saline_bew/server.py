@@ -1,0 +1,354 @@
+"""The manager's Unix socket: how users submit, list, show and cancel best-effort vjobs.
+
+Why a socket and not the store: users used to need the shared store's credentials to run
+`vjob besteffort submit`, so anyone could write any row — another user's name in `user`, a
+`cancel` of anyone's vjob, a key that the root manager then used as a path. Now only the
+site master holds the credentials. A user's command connects to the manager's socket, and
+the kernel tells the manager who is calling (SO_PEERCRED: the caller's uid, which the caller
+cannot forge). The manager acts for that user only: root may act for anyone, everyone else
+only on their own vjobs, and `submit --user` for someone else is refused here, server-side.
+
+The protocol is one JSON object per line each way, at most `MAX_LINE` bytes, validated with
+pydantic (unknown fields and wrong types are refused with a message naming the field). The
+socket file is `DEFAULT_SOCKET` unless configured; its directory must be root's and not
+writable by others (checked with lstat before binding), the socket itself is mode 0666, or
+0660 with a group when the site restricts Saline to a group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import grp
+import json
+import os
+import pwd
+import socket
+import socketserver
+import stat
+import struct
+import threading
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
+
+from saline_bew import grammar, journal
+from saline_bew.journal import SalineJob
+from vjob import log
+from vjob.errors import CommandError, InputError, UsageError, VjobError
+
+_log = log.get("saline.socket")
+DEFAULT_SOCKET = Path("/run/vjob/saline.sock")
+ENV_VAR = "VJOB_SALINE_SOCKET"
+MAX_LINE = 256 * 1024
+"""Longest request or answer line, in bytes (a COMMAND is at most 64 KiB)."""
+TIMEOUT_S = 10.0
+"""How long the manager waits for a request line once a client connected."""
+CLIENT_TIMEOUT_S = 300.0
+"""How long a client waits for an answer (a submission waits for OAR)."""
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+Key = Annotated[str, StringConstraints(max_length=64)]
+"""Checked against saline_bew.grammar.KEY with re.fullmatch by the handler."""
+Word = Annotated[str, StringConstraints(min_length=1, max_length=grammar.MAX_WORD)]
+
+
+class Submit(_Request):
+    op: Literal["submit"]
+    image: Annotated[str, StringConstraints(min_length=1, max_length=128)]
+    command: Annotated[list[Word], Field(min_length=1, max_length=grammar.MAX_WORDS)]
+    vms: Annotated[int, Field(ge=1, le=grammar.MAX_VMS)] = 1
+    vcpus: Annotated[int, Field(ge=1, le=grammar.MAX_VCPUS)] = 1
+    memory: Annotated[int, Field(ge=1, le=grammar.MAX_MEMORY_MB)] = 128
+    walltime: Annotated[str, StringConstraints(max_length=16)] | None = None
+    site: Annotated[str, StringConstraints(max_length=64)] | None = None
+    user: Annotated[str, StringConstraints(max_length=32)] | None = None
+
+
+class ListJobs(_Request):
+    op: Literal["list"]
+
+
+class Show(_Request):
+    op: Literal["show"]
+    key: Key
+
+
+class Cancel(_Request):
+    op: Literal["cancel"]
+    key: Key
+
+
+Request = Annotated[Submit | ListJobs | Show | Cancel, Field(discriminator="op")]
+_REQUEST: TypeAdapter[Submit | ListJobs | Show | Cancel] = TypeAdapter(Request)
+
+
+class Refused(UsageError):
+    """The caller may not do this (another user's vjob, another user's name)."""
+
+
+def parse_request(line: bytes) -> Submit | ListJobs | Show | Cancel:
+    """One request line, validated; an InputError names the field that is wrong."""
+    if len(line) > MAX_LINE:
+        raise InputError(f"request: more than {MAX_LINE} bytes")
+    try:
+        data = json.loads(line)
+    except (ValueError, RecursionError):
+        raise InputError(f"request: not a JSON object: {grammar.short(line[:80])}") from None
+    try:
+        return _REQUEST.validate_python(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "request"
+        raise InputError(f"request: {where}: {first['msg']} (got {grammar.short(first.get('input'))})") from None
+
+
+def row(job: SalineJob) -> dict[str, Any]:
+    """What `list` and `show` tell about a vjob."""
+    return {
+        "key": job.key,
+        "user": job.user,
+        "phase": job.phase,
+        "site": job.site,
+        "oar_job_id": job.oar_job_id,
+        "hosts": list(job.hosts),
+        "kills": job.kills,
+        "restarts_from_scratch": job.restarts_from_scratch,
+        "snapshot_label": job.snapshot_label,
+        "snapshot_site": job.snapshot_site,
+        "snapshot_at": job.snapshot_at,
+        "error": job.error,
+    }
+
+
+class Handler:
+    """What a request does, for the caller the kernel named (uid). No socket in here: the
+    rules of who may do what are tested on their own."""
+
+    def __init__(self, manager: Any) -> None:
+        self.manager = manager
+
+    def __call__(self, request: Submit | ListJobs | Show | Cancel, uid: int) -> Any:
+        caller = _user_name(uid)
+        if isinstance(request, Submit):
+            return self.submit(request, uid, caller)
+        if isinstance(request, ListJobs):
+            jobs = journal.all_jobs(self.manager.store)
+            return [row(j) for j in jobs if uid == 0 or j.user == caller]
+        job = self._own(grammar.word("key", request.key, grammar.KEY), uid, caller)
+        if isinstance(request, Show):
+            out = row(job)
+            out["journal"] = [
+                {"at": e.at, "kind": e.kind, "site": e.site, "oar_job_id": e.oar_job_id, **e.detail}
+                for e in journal.events(self.manager.store, job.key)
+            ]
+            return out
+        after = self.manager.request_cancel(job.key, by=caller)
+        return {"key": after.key, "phase": after.phase}
+
+    def submit(self, request: Submit, uid: int, caller: str) -> dict[str, Any]:
+        user = request.user or caller
+        if user != caller and uid != 0:
+            raise Refused(f"--user {grammar.short(user)}: only root may submit for another user (you are {caller})")
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            raise InputError(f"user = {grammar.short(user)}: no such user on the site master") from None
+        try:
+            job = self.manager.submit(
+                user=user,
+                image=request.image,
+                command=list(request.command),
+                vm_count=request.vms,
+                vcpus=request.vcpus,
+                memory_mb=request.memory,
+                walltime=request.walltime,
+                site=request.site,
+            )
+        except CommandError as exc:
+            raise CommandError(
+                exc.command, f"{exc} — the vjob is recorded and the manager will submit it when OAR answers"
+            ) from None
+        return {"key": job.key, "oar_job_id": job.oar_job_id, "site": job.site}
+
+    def _own(self, key: str, uid: int, caller: str) -> SalineJob:
+        job = journal.get(self.manager.store, key)
+        if uid != 0 and job.user != caller:
+            raise Refused(f"best-effort vjob {key}: belongs to another user; you ({caller}) may act on yours only")
+        return job
+
+
+def _user_name(uid: int) -> str:
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        raise Refused(f"uid {uid}: no such user on the site master") from None
+    return grammar.word("user", name, grammar.USER) if uid != 0 else name
+
+
+def peer_uid(conn: socket.socket) -> int:
+    """The connecting process's uid, from the kernel (SO_PEERCRED: pid, uid, gid)."""
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return uid
+
+
+def answer(handler: Handler, line: bytes, uid: int) -> dict[str, Any]:
+    """The answer to one request line; every failure is an answer, never a dead server."""
+    try:
+        return {"ok": True, "result": handler(parse_request(line), uid)}
+    except VjobError as exc:
+        return {"ok": False, "error": str(exc), "exit": exc.exit_code}
+    except Exception as exc:  # noqa: BLE001 - one bad request must not end the server
+        _log.error("request failed", uid=uid, error=f"{type(exc).__name__}: {exc}"[:1000])
+        return {"ok": False, "error": "internal error in the Saline manager (logged there)", "exit": 1}
+
+
+class _Connection(socketserver.StreamRequestHandler):
+    timeout = TIMEOUT_S
+    server: _UnixServer
+
+    def handle(self) -> None:
+        uid = peer_uid(self.request)
+        try:
+            line = self.rfile.readline(MAX_LINE + 1)
+        except OSError:
+            return  # the client went away or was too slow
+        if not line.endswith(b"\n"):
+            reply: dict[str, Any] = {"ok": False, "error": f"request: one line of at most {MAX_LINE} bytes", "exit": 2}
+        else:
+            reply = answer(self.server.handler, line, uid)
+        with contextlib.suppress(OSError):
+            self.wfile.write(json.dumps(reply, default=str).encode() + b"\n")
+
+
+class _UnixServer(socketserver.ThreadingUnixStreamServer):
+    daemon_threads = True
+    handler: Handler
+
+
+class Server:
+    """The socket server of one manager, in threads beside its loop."""
+
+    def __init__(self, manager: Any, path: Path = DEFAULT_SOCKET, *, group: str | None = None) -> None:
+        self.path = Path(path)
+        self.group = group
+        self.manager = manager
+        self._server: _UnixServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> Server:
+        gid = _group_id(self.group) if self.group else None
+        _prepare(self.path)
+        server = _UnixServer(str(self.path), _Connection, bind_and_activate=False)
+        server.handler = Handler(self.manager)
+        old = os.umask(0o177)  # no window in which the socket is more open than configured
+        try:
+            server.server_bind()
+        finally:
+            os.umask(old)
+        if gid is not None:
+            os.chown(self.path, -1, gid, follow_symlinks=False)
+            os.chmod(self.path, 0o660)
+        else:
+            os.chmod(self.path, 0o666)
+        server.server_activate()
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
+        self._thread.start()
+        _log.info("listening", socket=str(self.path), group=self.group or "everyone")
+        return self
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISSOCK(os.lstat(self.path).st_mode):
+                os.unlink(self.path)
+
+    def __enter__(self) -> Server:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _group_id(name: str) -> int:
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        raise UsageError(f"--socket-group {name!r}: no such group") from None
+
+
+def _prepare(path: Path) -> None:
+    """The socket's directory is created root-owned 0755 when missing, and must not be
+    writable by others (who could replace the socket with their own); a stale socket from a
+    previous run is removed, anything else at that path is refused."""
+    parent = path.parent
+    if not parent.exists():
+        parent.mkdir(parents=True, mode=0o755)
+    st = os.lstat(parent)
+    if not stat.S_ISDIR(st.st_mode):
+        raise UsageError(f"socket directory {parent}: not a directory (a symlink?)")
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise UsageError(
+            f"socket directory {parent}: must be owned by uid {os.geteuid()} and not writable by others "
+            f"(owner {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o})"
+        )
+    try:
+        existing = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(existing.st_mode):
+        raise UsageError(f"socket {path}: something else is there; remove it")
+    os.unlink(path)
+
+
+# -- the client side ---------------------------------------------------------------------
+class RemoteError(VjobError):
+    """The manager refused or failed a request; carries its exit code (2: the caller's fault)."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code if exit_code in (1, 2) else 1
+
+
+def socket_path(given: str | None) -> Path:
+    return Path(given or os.environ.get(ENV_VAR) or DEFAULT_SOCKET)
+
+
+def call(path: Path, request: dict[str, Any], *, timeout_s: float = CLIENT_TIMEOUT_S) -> Any:
+    """Send one request to the manager at `path` and return its result (RemoteError if refused)."""
+    line = json.dumps(request).encode() + b"\n"
+    if len(line) > MAX_LINE:
+        raise InputError(f"request: more than {MAX_LINE} bytes (a shorter COMMAND?)")
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(timeout_s)
+            conn.connect(str(path))
+            conn.sendall(line)
+            with conn.makefile("rb") as reader:
+                reply_line = reader.readline(MAX_LINE + 1)
+    except (FileNotFoundError, ConnectionRefusedError):
+        raise VjobError(f"{path}: no Saline manager listens there (is 'vjob besteffort manager' running?)") from None
+    except PermissionError:
+        raise VjobError(f"{path}: permission denied (the site may restrict Saline to a group)") from None
+    except TimeoutError:
+        raise VjobError(f"{path}: the Saline manager did not answer within {timeout_s:.0f} s") from None
+    except OSError as exc:
+        raise VjobError(f"{path}: {exc.strerror or exc}") from None
+    try:
+        reply = json.loads(reply_line)
+    except (ValueError, RecursionError):
+        raise VjobError(f"{path}: the manager's answer is not JSON: {grammar.short(reply_line[:80])}") from None
+    if not isinstance(reply, dict) or not isinstance(reply.get("ok"), bool):
+        raise VjobError(f"{path}: unexpected answer {grammar.short(reply)}")
+    if not reply["ok"]:
+        raise RemoteError(str(reply.get("error", "refused")), int(reply.get("exit", 1)))
+    return reply.get("result")

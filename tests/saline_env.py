@@ -1,0 +1,149 @@
+"""Helpers for the Saline tests: a stand-in OAR REST API and a manager on test-driver nodes.
+
+The stand-in is a real HTTP server on 127.0.0.1 speaking the few OAR API calls the manager
+makes, with answers the test sets (including garbage): the manager's real REST client, real
+parsing and real store are what is tested. Real OAR is in test_saline_e2e (marker `oar`).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from plugins.oar.client import OarRest
+from provisioning.driver import Driver
+from provisioning.images import Catalogue
+from saline_bew import journal
+from saline_bew.manager import Manager
+from saline_bew.repository import Repository
+from saline_bew.sites import Site
+from saline_bew.vms import SalineVMs
+from vjob.config import ProvisioningConfig, parse
+from vjob.store.db import Store, now
+
+
+class FakeOar:
+    """OAR's REST API as the manager uses it. `jobs[id]` is what GET /jobs/ID.json answers
+    (a dict, or bytes sent as they are); POST /jobs.json hands out new ids, counted."""
+
+    def __init__(self, *, delay_s: float = 0.0) -> None:
+        self.jobs: dict[str, Any] = {}
+        self.resources = [{"resource_id": i, "id": i, "state": "Alive", "network_address": "n1"} for i in range(1, 5)]
+        self.submitted: list[dict[str, Any]] = []
+        self.deleted: list[str] = []
+        self.delay_s = delay_s
+        self._next = 100
+        self._lock = threading.Lock()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _send(self, status: int, body: Any) -> None:
+                data = body if isinstance(body, bytes) else json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                time.sleep(fake.delay_s)
+                path = self.path.removeprefix("/oarapi/")
+                if path == "resources/full.json":
+                    return self._send(200, {"items": fake.resources})
+                if path == "jobs/details.json":
+                    return self._send(200, {"items": []})
+                if path.startswith("jobs/") and path.endswith(".json"):
+                    found = fake.jobs.get(path[len("jobs/") : -len(".json")])
+                    return self._send(200, found) if found is not None else self._send(404, {})
+                return self._send(404, {})
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.path == "/oarapi/jobs.json":
+                    with fake._lock:
+                        fake._next += 1
+                        job_id = str(fake._next)
+                        fake.submitted.append(json.loads(body or b"{}"))
+                        fake.jobs[job_id] = {"id": job_id, "state": "Waiting", "owner": "x", "events": []}
+                    return self._send(201, {"id": job_id})
+                return self._send(200, {})
+
+            def do_DELETE(self) -> None:
+                fake.deleted.append(self.path)
+                return self._send(202, {})
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/oarapi"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> FakeOar:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def killed(self, job_id: str, user: str) -> None:
+        """OAR's scheduler killed this best-effort job (as oarstat/the API show it)."""
+        self.jobs[job_id] = {
+            "id": job_id,
+            "state": "Error",
+            "owner": user,
+            "types": ["besteffort"],
+            "events": [{"event_id": 7, "type": "BESTEFFORT_KILL", "date": now(), "description": "kill"}],
+        }
+
+
+def make_image(store: Store, tmp_path: Path) -> None:
+    image = tmp_path / "empty.qcow2"
+    if not image.exists():
+        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(image), "16M"], check=True, timeout=30)
+    Catalogue(store, ProvisioningConfig(), data_dir=tmp_path).add("empty", image)
+
+
+@contextmanager
+def manager_on(store: Store, tmp_path: Path, nodes: dict[str, str], api_url: str, **kwargs: Any) -> Iterator[Manager]:
+    """A manager of one site `a` whose OAR is `api_url`, VMs on the test-driver `nodes`."""
+    cfg = parse(
+        {
+            "data_dir": str(tmp_path),
+            "provisioning": {
+                "nodes": nodes,
+                "snapshot_dir": str(tmp_path / "snap" / "{node}"),
+                "vm_dir": str(tmp_path / "vms" / "{node}"),
+            },
+            "saline": {"sites": [{"name": "a", "oar_api_url": api_url, "repository": str(tmp_path / "repo")}]},
+        }
+    )
+    sites = {"a": Site("a", OarRest(api_url, timeout_s=5), Repository("a", str(tmp_path / "repo")))}
+    with Driver(cfg.provisioning, data_dir=tmp_path, store=store) as driver:
+        yield Manager(cfg, store, sites, SalineVMs(driver, store), **kwargs)
+
+
+def new_job(store: Store, key: str, *, user: str = "nobody", phase: str = "submitted", **changes: Any) -> None:
+    """A vjob row as a manager would have written it."""
+    journal.create(
+        store,
+        key=key,
+        user=user,
+        image="empty",
+        command=["true"],
+        vm_count=1,
+        vcpus=1,
+        memory_mb=128,
+        walltime="1:00:00",
+        site="a",
+    )
+    if phase != "submitted" or changes:
+        journal.record(store, key, "test", phase=phase, **changes)
