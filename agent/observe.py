@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select
 
 from ubis_priority import usage as ubis_usage
-from vjob.errors import StoreError, VjobError
+from vjob.errors import InputError, StoreError, VjobError
 from vjob.model import ClusterView, Job, JobState, VJobState
 from vjob.pilot_files import PilotDir, PilotState, PilotStatus, all_dirs
 from vjob.store import jobs as store_jobs
@@ -57,7 +57,7 @@ def observe(agent: Agent, *, track: bool = True) -> Observation:
         if track:
             for job in rms_jobs:
                 if job.id not in records:
-                    store_jobs.track(store, job)
+                    _track(agent, store, job)
             _remember_vms(agent, store, rms_jobs, pilots)
         agent.metrics.store_up.set(1)
     except StoreError as exc:
@@ -121,6 +121,16 @@ def read_pilots(agent: Agent, dirs: Sequence[PilotDir], users: dict[str, str]) -
     return out
 
 
+def _track(agent: Agent, store: Store, job: Job) -> None:
+    """Record a new job; one the store refuses (an odd id or user name) is logged and left out
+    of the store, never allowed to stop the tick for everybody."""
+    try:
+        store_jobs.track(store, job)
+    except InputError as exc:
+        agent.metrics.errors.labels(kind="job").inc()
+        agent.log.warning("job not recorded", jobs=[job.id[:64]], error=str(exc))
+
+
 def _remember_vms(agent: Agent, store: Store, rms_jobs: Sequence[Job], pilots: dict[str, PilotStatus]) -> None:
     """Record in the store which VM runs where for each running vjob, as the RMS confirms it.
 
@@ -133,7 +143,10 @@ def _remember_vms(agent: Agent, store: Store, rms_jobs: Sequence[Job], pilots: d
         if job.allocated_nodes and st.node not in job.allocated_nodes:
             agent.log.warning("pilot claims a node the RMS did not allocate", jobs=[job.id], node=st.node)
             continue
-        store_vms.remember(store, agent.rms, job, vm=st.vm, node=st.node, image=st.image, memory_mb=st.memory_mb)
+        try:
+            store_vms.remember(store, agent.rms, job, vm=st.vm, node=st.node, image=st.image, memory_mb=st.memory_mb)
+        except InputError as exc:
+            agent.log.warning("VM not recorded", jobs=[job.id[:64]], error=str(exc))
 
 
 def _shares(agent: Agent, store_ok: bool) -> tuple[dict[str, float], dict[str, float]]:

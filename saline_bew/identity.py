@@ -31,7 +31,7 @@ class NetworkIdentity:
 def mac_for(prefix: str, subnet_id: int, vm_id: int) -> str:
     """prefix (3 octets) + subnetID (2 octets) + vmID (1 octet)."""
     _check(subnet_id, vm_id)
-    return f"{prefix.lower()}:{subnet_id >> 8:02x}:{subnet_id & 0xFF:02x}:{vm_id:02x}"
+    return identities.mac_address(prefix, subnet_id, vm_id)
 
 
 def ip_for(network: str, subnet_id: int, vm_id: int) -> str:
@@ -56,16 +56,11 @@ def _check(subnet_id: int, vm_id: int) -> None:
 def assign(
     store: Store, *, site: str, job_key: str, vm_names: list[str], mac_prefix: str, network: str
 ) -> list[NetworkIdentity]:
-    """The identities of the job's VMs, allocated on first call and the same on every later one."""
-    subnet = identities.allocate_subnet(store, site, job_key)
-    out = []
-    for name in vm_names:
-        vm_id = identities.allocate_vm_id(store, subnet, name)
-        out.append(
-            NetworkIdentity(name, subnet, vm_id, mac_for(mac_prefix, subnet, vm_id), ip_for(network, subnet, vm_id))
-        )
-    return out
+    """The identities of the job's VMs, allocated on first call and the same on every later one
+    (one transaction: a release racing it runs wholly before or after, see vjob.store.identities)."""
+    got = identities.assign(store, site=site, job_key=job_key, vm_names=vm_names, mac_prefix=mac_prefix)
+    return [NetworkIdentity(a.vm_name, a.subnet_id, a.vm_id, a.mac, ip_for(network, a.subnet_id, a.vm_id)) for a in got]
 
 
 def release(store: Store, job_key: str) -> None:
-    identities.release_subnet(store, job_key)
+    identities.release(store, job_key)

@@ -4,7 +4,13 @@ Why an event loop over plain lists: 100,000 jobs on 1,056 nodes must replay in s
 per-job state lives in Python lists (fast scalar access) and NumPy is used where the work is
 vectorisable (UBIS priorities of the whole queue). The decisions themselves come from
 `preemption.scheduling` (queue orders, EASY reservation and backfilling, victim choice) and
-`ubis_priority` (the priority kernel): the same functions the live agent calls.
+`ubis_priority` (the priority kernel, the interactive cap, targets, usage decay). One pass
+(`_schedule`, `_preempt_for`, `_start`) is the scheduling pass the live agent runs,
+`preemption.scheduling.tick.decide`, written over arrays with compiled hot paths (the UBIS
+kernel and queue order, `ubis_priority.compiled`; EASY, `easy.backfill_arrays` and
+`backfill_leading`; the node choice, `node_pool.take_nodes`; the queue buffer,
+`queue_rows`): tests/test_decision_differential.py holds it equal to `tick.decide` on random
+cluster states. What still differs between live and simulated: docs/simulator.md.
 
 Cluster model (Entropy cost model, section 4.2 of the Entropy paper): a checkpoint writes each
 VM's memory (all VMs of a job in parallel, so it takes memory-per-node / bandwidth seconds);
@@ -48,6 +54,9 @@ from ubis_priority.compiled import (
     scalars,
     ubis_leading,
 )
+from ubis_priority.decay import decay_factor
+from ubis_priority.interactive import cap_limit, within_cap
+from ubis_priority.shares import target_shares
 from vjob.config import PriorityConfig
 from vjob.errors import InputError
 
@@ -161,7 +170,7 @@ class Simulation:
         self.usage = np.zeros(len(users))
         self.usage_t = 0.0
         self._half_life = self.prio_cfg.usage_half_life_s
-        self.target = np.full(len(users), 1.0 / max(len(users), 1))
+        self.target = user_targets(w, users, share, self.prio_cfg)
         # numpy mirrors for the queue orders and backfilling
         self.submit_a = w.submit.astype(np.float64)
         self.need_a = w.nodes.astype(np.int64)
@@ -227,7 +236,7 @@ class Simulation:
         """Sizes of the queued interactive jobs (size -> count), for `_may_start`."""
         self.batch_running_nodes = 0
         self.held_interactive = 0
-        self.cap_nodes = self.prio_cfg.interactive_cap * model.nodes
+        self.cap_nodes = cap_limit(self.prio_cfg.interactive_cap, model.nodes)
         self.events: list[tuple[float, int, int, int, int]] = []
         self.seq = 0
         self._pending_release: dict[int, np.ndarray] = {}
@@ -325,8 +334,10 @@ class Simulation:
             return True
         if not (self.preempts and self.queued_interactive):
             return False
-        limit = min(self.cap_nodes - self.held_interactive, self.free + self.batch_running_nodes)
-        return any(size <= limit for size in self.queued_interactive)
+        room = self.free + self.batch_running_nodes
+        return any(
+            size <= room and within_cap(self.held_interactive, size, self.cap_nodes) for size in self.queued_interactive
+        )
 
     def _hold(self, key: tuple[int, int], end: float, nodes: int) -> None:
         self.holds[key] = (end, nodes)
@@ -353,7 +364,7 @@ class Simulation:
         started: list[int] = []
         for pos, j in enumerate(_leading(order) if ranking is None else order.tolist()):
             n = self.need[j]
-            priv = self.inter[j] and self.held_interactive + n <= self.cap_nodes
+            priv = self.inter[j] and within_cap(self.held_interactive, n, self.cap_nodes)
             if n <= self.free:
                 self._start(j, now, priv)
                 started.append(j)
@@ -389,7 +400,7 @@ class Simulation:
                 )
                 late = self._late[:count]
             for j in late.tolist():
-                self._start(j, now, self.inter[j] and self.held_interactive + self.need[j] <= self.cap_nodes)
+                self._start(j, now, self.inter[j] and within_cap(self.held_interactive, self.need[j], self.cap_nodes))
                 started.append(j)
         if started:
             done = np.array(started, dtype=np.int64)
@@ -413,7 +424,7 @@ class Simulation:
         if self.policy == "fcfs-easy" or qa.shape[0] == 1:
             return qa, None
         if self.policy in ("mms", "mms-block"):
-            priv = self.inter_a[qa] & (self.held_interactive + self.need_a[qa] <= self.cap_nodes)
+            priv = self.inter_a[qa] & within_cap(self.held_interactive, self.need_a[qa], self.cap_nodes)
             if not priv.any():
                 return qa, None
             return qa[mms_order(self.submit_a[qa], priv)], None
@@ -458,7 +469,7 @@ class Simulation:
 
     def _decay(self, now: float) -> None:
         if now > self.usage_t:
-            factor = 0.5 ** ((now - self.usage_t) / self._half_life)
+            factor = decay_factor(now - self.usage_t, self._half_life)
             if self.usage.shape[0] == 1:  # the same multiplication, without a ufunc call
                 self.usage[0] = float(self.usage[0]) * factor
             else:
@@ -643,6 +654,33 @@ class Simulation:
         self.result.checkpoint_bytes += self.mem_bytes[v]
         self._push(now + ckpt, REQUEUE, v)
         return nodes
+
+
+def user_names(users: np.ndarray) -> list[str]:
+    """The names the configuration's `[priority] targets` use for a trace's integer user ids:
+    the id in decimal ("42"; "-1" for the unknown user)."""
+    return [str(int(u)) for u in users]
+
+
+def user_targets(w: Workload, users: np.ndarray, share: np.ndarray, cfg: PriorityConfig) -> np.ndarray:
+    """Each user's target share (0..1), by the live rule (`ubis_priority.shares`): the user's
+    own `[priority] targets` entry, else the user's account's `account_targets` share split
+    between the account's users, else an equal part of what is left over. A user's account is
+    the one of their first job in the trace (`Workload.account`, the SWF group; none when the
+    trace has none); a trace gives each job one user and each user one account here, so the
+    usage the simulator charges per user is the usage of that (user, account) entity.
+    With no targets configured every user gets 1/n, as before targets were honoured."""
+    names = user_names(users)
+    account = [""] * len(names)
+    if w.account is not None:
+        seen = [False] * len(names)
+        for k, acct in zip(share.tolist(), w.account.tolist(), strict=True):
+            if not seen[k]:
+                seen[k] = True
+                account[k] = str(acct) if acct >= 0 else ""
+    entities = list(zip(names, account, strict=True))
+    shares = target_shares(entities, {}, cfg)
+    return np.array([shares[e] for e in entities], dtype=np.float64)
 
 
 def _leading(order: np.ndarray) -> Iterator[int]:

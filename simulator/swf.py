@@ -2,7 +2,9 @@
 
 Why strict by default: a silently misread trace gives a plausible but wrong simulation, which
 is worse than none. A malformed line is an InputError naming the file, line and field; with
-`lenient=True` it is skipped and counted in `Workload.skipped["malformed"]` instead.
+`lenient=True` it is skipped and counted in `Workload.skipped["malformed"]` instead, logged, and
+the first one is named in the header (SKIPPED_HEADER): never lost silently. A damaged gzip
+stream is an InputError even then, since nothing after the damage can be read.
 
 The 18 standard fields (Feitelson's SWF v2): 1 job number, 2 submit time, 3 wait time, 4 run
 time, 5 allocated processors, 6 average CPU time, 7 used memory (KB per processor), 8 requested
@@ -16,6 +18,8 @@ from __future__ import annotations
 
 import gzip
 import io
+import math
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
@@ -23,7 +27,17 @@ from typing import TextIO
 import numpy as np
 
 from simulator.workload import STATUS_PARTIAL, Workload
+from vjob import log
 from vjob.errors import InputError
+
+_log = log.get("trace")
+
+MAX_LINE_CHARS = 64 * 1024
+"""An SWF line is well under a kilobyte; a longer one is garbage (and would be held in memory)."""
+MAX_VALUE = 1e15
+"""Above this no SWF field is meaningful (seconds: 30 million years); also keeps int() finite."""
+SKIPPED_HEADER = "VjobSkippedFirst"
+"""Header key under which a lenient read records where the first skipped line was and why."""
 
 FIELDS = (
     "job_number",
@@ -55,9 +69,11 @@ def open_text(path: Path) -> TextIO:
         raise InputError(f"{path}: cannot open the trace: {exc.strerror}") from None
     magic = raw.read(2)
     raw.seek(0)
+    # surrogateescape: a byte that is not UTF-8 is kept as a lone surrogate, so that it is the
+    # error of its own line (skipped under --lenient), not of the whole file.
     if magic == b"\x1f\x8b":
-        return io.TextIOWrapper(gzip.GzipFile(fileobj=raw), encoding="utf-8", errors="strict")
-    return io.TextIOWrapper(raw, encoding="utf-8", errors="strict")
+        return io.TextIOWrapper(gzip.GzipFile(fileobj=raw), encoding="utf-8", errors="surrogateescape")
+    return io.TextIOWrapper(raw, encoding="utf-8", errors="surrogateescape")
 
 
 def read_swf(path: str | Path, *, lenient: bool = False) -> Workload:
@@ -74,23 +90,26 @@ def read_swf(path: str | Path, *, lenient: bool = False) -> Workload:
     props: list[str] = []
     has_props = False
     skipped = {"malformed": 0, "partial": 0, "not_run": 0}
+    first_skipped = ""
+    lineno = 0
     with open_text(path) as fh:
         try:
             for lineno, line in _numbered(fh):
-                text = line.strip()
-                if not text:
-                    continue
-                if text.startswith(";"):
-                    key, sep, value = text[1:].partition(":")
-                    if sep and key.strip():
-                        header.setdefault(key.strip(), value.strip())
-                    continue
                 try:
+                    text = _checked_text(line, path, lineno)
+                    if not text:
+                        continue
+                    if text.startswith(";"):
+                        key, sep, value = text[1:].partition(":")
+                        if sep and key.strip():
+                            header.setdefault(key.strip(), value.strip())
+                        continue
                     values, extra = _parse_line(text, path, lineno)
-                except InputError:
+                except InputError as exc:
                     if not lenient:
                         raise
                     skipped["malformed"] += 1
+                    first_skipped = first_skipped or str(exc)
                     continue
                 status = int(values[10])
                 if status in STATUS_PARTIAL:
@@ -114,10 +133,13 @@ def read_swf(path: str | Path, *, lenient: bool = False) -> Workload:
                 if extra:
                     has_props = True
                 props.append(" ".join(extra))
-        except UnicodeDecodeError as exc:
-            raise InputError(f"{path}: not a text SWF file ({exc.reason})") from None
-        except (OSError, EOFError) as exc:
-            raise InputError(f"{path}: cannot read the trace: {exc}") from None
+        except (OSError, EOFError, zlib.error) as exc:
+            # A damaged gzip stream (BadGzipFile is an OSError, a truncated one an EOFError, a
+            # corrupt block a zlib.error): nothing after it can be read, so even --lenient stops.
+            raise InputError(f"{path}:{lineno + 1}: cannot read the trace beyond line {lineno}: {exc}") from None
+    if skipped["malformed"]:
+        header[SKIPPED_HEADER] = f"{skipped['malformed']} line(s), the first: {first_skipped}"
+        _log.warning("malformed trace lines skipped", source=str(path), count=skipped["malformed"], first=first_skipped)
     workload = Workload.from_columns(
         cols, header=header, source=str(path), skipped=skipped, properties=props if has_props else None
     )
@@ -126,6 +148,17 @@ def read_swf(path: str | Path, *, lenient: bool = False) -> Workload:
 
 def _numbered(fh: TextIO) -> Iterator[tuple[int, str]]:
     yield from enumerate(fh, start=1)
+
+
+def _checked_text(line: str, path: Path, lineno: int) -> str:
+    """The stripped line, or an InputError if it is too long or holds bytes that are not UTF-8."""
+    if len(line) > MAX_LINE_CHARS:
+        raise InputError(f"{path}:{lineno}: line of {len(line)} characters, at most {MAX_LINE_CHARS}")
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate: an undecodable byte (surrogateescape)
+        raise InputError(f"{path}:{lineno}: not text (a byte that is not UTF-8 at column {exc.start + 1})") from None
+    return line.strip()
 
 
 def _parse_line(text: str, path: Path, lineno: int) -> tuple[list[float], list[str]]:
@@ -138,10 +171,13 @@ def _parse_line(text: str, path: Path, lineno: int) -> tuple[list[float], list[s
         try:
             value = float(token)
         except ValueError:
-            raise InputError(f"{path}:{lineno}: field {i + 1} ({FIELDS[i]}) = {token!r}: not a number") from None
-        if value != value or value < -1:  # NaN or a negative other than the -1 'unknown'
+            shown = token if len(token) <= 40 else token[:37] + "..."
+            raise InputError(f"{path}:{lineno}: field {i + 1} ({FIELDS[i]}) = {shown!r}: not a number") from None
+        if not math.isfinite(value) or value < -1 or value > MAX_VALUE:  # NaN, inf, huge, or < -1
+            shown = token if len(token) <= 40 else token[:37] + "..."
             raise InputError(
-                f"{path}:{lineno}: field {i + 1} ({FIELDS[i]}) = {token!r}: must be >= 0 or -1 (--lenient skips it)"
+                f"{path}:{lineno}: field {i + 1} ({FIELDS[i]}) = {shown!r}: must be -1 or between 0 and "
+                f"{MAX_VALUE:.0e} (--lenient skips the line)"
             )
         values.append(value)
     if values[1] < 0:

@@ -9,20 +9,24 @@ never ran. The reader accepts one file, a directory of daily files, or a .tar.gz
 
 from __future__ import annotations
 
-import io
 import re
 import tarfile
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from plugins.pbs import units
 from simulator.workload import STATUS_COMPLETED, STATUS_FAILED, Workload
 from vjob.errors import InputError
 
 RECORD_TYPES = frozenset("QSEDARCT")
-_DURATION = re.compile(r"^(?:(\d+):)?(?:(\d+):)?(\d+)$")
-_MEMORY = re.compile(r"^(\d+)([kmgt]?)(b|w)?$", re.IGNORECASE)
+# fullmatch, ASCII digits and a length cap: int() of 5000 digits raises ValueError, and a size
+# or duration of more than 18 digits is not a real one.
+_INTEGER = re.compile(r"-?[0-9]{1,18}")
+MAX_MEMBER_BYTES = 1 << 30
+"""A daily accounting file is megabytes; a larger tar member is refused rather than read."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,33 +80,22 @@ def _parse_record(line: str, where: str) -> Record:
 
 
 def duration_s(text: str, field: str, where: str) -> float:
-    """Seconds from Torque's `[[HH:]MM:]SS` or plain seconds."""
-    m = _DURATION.match(text)
-    if not m:
-        raise InputError(f"{where}: field {field} = {text!r}: expected seconds or HH:MM:SS")
-    h, mnt, s = (int(g) if g else 0 for g in m.groups())
-    if m.group(2) is None and m.group(1) is not None:  # "MM:SS"
-        h, mnt = 0, h
-    return float(h * 3600 + mnt * 60 + s)
+    """Seconds from Torque's `[[HH:]MM:]SS` or plain seconds (the one PBS reader, plugins.pbs.units)."""
+    return units.duration_s(text, where=f"{where}: field {field}")
 
 
 def memory_mb(text: str, field: str, where: str) -> int:
-    """MB from Torque sizes such as `2500mb`, `37014168kb`, `4gb`."""
-    m = _MEMORY.match(text)
-    if not m:
-        raise InputError(f"{where}: field {field} = {text!r}: expected a size like 2500mb")
-    value = int(m.group(1))
-    scale = {"": 1 / (1024 * 1024), "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}[m.group(2).lower()]
-    if (m.group(3) or "b").lower() == "w":
-        value *= 8
-    return max(1, round(value * scale))
+    """MB from Torque sizes such as `2500mb`, `37014168kb`, `4gb` (plugins.pbs.units)."""
+    return max(1, units.size_mb(text, where=f"{where}: field {field}"))
 
 
 def _int(attrs: dict[str, str], key: str, where: str) -> int:
-    try:
-        return int(attrs[key])
-    except ValueError:
-        raise InputError(f"{where}: field {key} = {attrs[key]!r}: not an integer") from None
+    """An attribute as an integer of at most 18 digits (epoch seconds, counts)."""
+    value = attrs[key]
+    if not _INTEGER.fullmatch(value):
+        shown = value if len(value) <= 40 else value[:37] + "..."
+        raise InputError(f"{where}: field {key} = {shown!r}: not an integer of at most 18 digits")
+    return int(value)
 
 
 def read_torque_accounting(path: str | Path, *, lenient: bool = False) -> Workload:
@@ -188,18 +181,32 @@ def _sources(path: Path) -> Iterator[tuple[str, Iterable[str]]]:
             yield str(child), _read_lines(child)
         return
     if path.name.endswith((".tar.gz", ".tgz", ".tar")):
-        try:
-            with tarfile.open(path) as tar:
-                members = sorted((m for m in tar.getmembers() if m.isfile()), key=lambda m: m.name)
-                for member in members:
-                    fh = tar.extractfile(member)
-                    if fh is None:
-                        continue
-                    yield f"{path}!{member.name}", io.TextIOWrapper(fh, encoding="utf-8", errors="replace")
-        except (tarfile.TarError, OSError, EOFError) as exc:
-            raise InputError(f"{path}: not a readable tar archive: {exc}") from None
+        yield from _tar_members(path)
         return
     yield str(path), _read_lines(path)
+
+
+def _tar_members(path: Path) -> Iterator[tuple[str, list[str]]]:
+    """(archive!member, lines) for each regular file of a tar archive, in name order.
+
+    Why each member is read whole inside the try: a damaged archive fails while a member is
+    read (zlib.error, EOFError, tarfile.ReadError), and a lazy stream would raise that later,
+    in the caller, as a bare traceback. Links, devices and directories are not followed.
+    """
+    try:
+        with tarfile.open(path) as tar:
+            members = sorted((m for m in tar.getmembers() if m.isfile()), key=lambda m: m.name)
+            for member in members:
+                name = f"{path}!{member.name!r}" if not member.name.isprintable() else f"{path}!{member.name}"
+                if member.size > MAX_MEMBER_BYTES:
+                    raise InputError(f"{name}: member of {member.size} bytes, at most {MAX_MEMBER_BYTES}")
+                fh = tar.extractfile(member)
+                if fh is None:
+                    continue
+                data = fh.read(MAX_MEMBER_BYTES + 1)
+                yield name, data.decode("utf-8", errors="replace").splitlines()
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+        raise InputError(f"{path}: not a readable tar archive: {exc}") from None
 
 
 def _read_lines(path: Path) -> list[str]:

@@ -46,6 +46,9 @@ class Workload:
     """Records not turned into jobs, by reason (malformed, partial, not run, ...)."""
     properties: list[str] | None = None
     """Per-job free text from the trace (e.g. wagap's PBS resource request), or None."""
+    account: np.ndarray | None = None
+    """Per-job integer account (SWF's group id; -1 unknown), or None when the trace has none:
+    what `[priority] account_targets` names, in decimal."""
 
     def __len__(self) -> int:
         return int(self.job_id.shape[0])
@@ -72,6 +75,8 @@ class Workload:
             dtype = np.float64 if name in ("submit", "runtime", "walltime") else np.int64
             arrays[name] = np.asarray(value, dtype=dtype)
         arrays["interactive"] = np.asarray(cols.get("interactive", defaults["interactive"]), dtype=bool)
+        if "account" in cols and "account" not in kwargs:
+            kwargs["account"] = np.asarray(cols["account"], dtype=np.int64)
         # An estimate below the actual runtime (common in real logs) would make EASY's
         # reservations lie; use the runtime in that case, as most simulators do.
         arrays["walltime"] = np.where(arrays["walltime"] > 0, arrays["walltime"], arrays["runtime"])
@@ -97,6 +102,7 @@ class Workload:
             source=self.source,
             skipped=dict(self.skipped),
             properties=props,
+            account=None if self.account is None else self.account[index],
         )
 
 
@@ -120,11 +126,19 @@ def concat(a: Workload, b: Workload) -> Workload:
     props = None
     if a.properties is not None or b.properties is not None:
         props = (a.properties or [""] * len(a)) + (b.properties or [""] * len(b))
+    account = None
+    if a.account is not None or b.account is not None:
+        account = np.concatenate([_accounts(a), _accounts(b)])
     merged = Workload(
         **{name: np.concatenate([getattr(a, name), getattr(b, name)]) for name in ARRAY_FIELDS},
         header=dict(a.header),
         source=a.source,
         skipped=dict(a.skipped),
         properties=props,
+        account=account,
     )
     return merged.sorted_by_submit()
+
+
+def _accounts(w: Workload) -> np.ndarray:
+    return np.full(len(w), -1, dtype=np.int64) if w.account is None else w.account

@@ -43,7 +43,10 @@ def test_exhaustion_is_a_clear_error(store: Store) -> None:
     with store.session() as s:  # 253 VMs already there; the API hands out the last one
         s.execute(
             insert(VMIdRecord),
-            [{"subnet_id": sid, "vm_id": i, "vm_name": f"big-{i}", "allocated_at": now()} for i in range(1, 254)],
+            [
+                {"subnet_id": sid, "vm_id": i, "vm_name": f"big-{i}", "job_key": "big", "allocated_at": now()}
+                for i in range(1, 254)
+            ],
         )
     assert identities.allocate_vm_id(store, sid, "big-254") == 254
     with pytest.raises(ExhaustedError, match=f"no free vmID left in subnet {sid}"):

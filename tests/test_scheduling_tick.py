@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from preemption.scheduling.tick import decide
+from preemption.scheduling.tick import Release, decide
 from preemption.scheduling.victims import running_priorities
 from vjob.config import Config, parse
 from vjob.model import ClusterView, Job, JobClass, JobState, Node
@@ -106,13 +106,33 @@ def test_checkpointed_jobs_are_released_on_their_own_nodes_when_nodes_are_free()
     assert {r.job_id: r.preferred_nodes for r in d.releases} == {"7": ("node7",), "8": ("node8",)}
 
 
-def test_nothing_is_released_while_an_interactive_job_waits():
+def test_a_held_job_is_not_released_when_it_would_delay_the_waiting_interactive_job():
+    # The interactive job (2 nodes, within the cap) outranks the held job but cannot preempt
+    # (no checkpointable vjob): it is the head, and its EASY reservation is at the first end
+    # of a running job (start + 1 h). The held job would take the one free node past that
+    # time, so it is not released: it waits its turn, as in the simulator.
     held = Job(id="9", user="alice", rms="slurm", submit_time=NOW - 900, state=JobState.HELD, preempted_since=NOW)
     running = [_batch(str(i), f"node{i}") for i in range(1, 8)]
-    view = ClusterView(now=NOW, jobs=(*running, held, _interactive("100", 4)), nodes=_nodes())
+    view = ClusterView(now=NOW, jobs=(*running, held, _interactive("100", 2)), nodes=_nodes())
     d = decide(view, _cfg(cap=0.25), knob=SLURM_KNOB, checkpointable=set(), sleeping={"9": ("node8",)})
     assert d.waiting_interactive == ("100",)
+    assert d.reserved == "100"
     assert d.releases == ()
+
+
+def test_a_held_job_is_released_in_its_turn_after_the_interactive_job_ahead_of_it():
+    # One free node: the interactive job ahead takes it, nothing is left for the held job.
+    held = Job(id="9", user="alice", rms="slurm", submit_time=NOW - 900, state=JobState.HELD, preempted_since=NOW)
+    running = [_batch(str(i), f"node{i}") for i in range(1, 8)]
+    view = ClusterView(now=NOW, jobs=(*running, held, _interactive("100", 1)), nodes=_nodes())
+    d = decide(view, _cfg(), knob=SLURM_KNOB, checkpointable=set(), sleeping={"9": ("node8",)})
+    assert d.starts == ("100",)
+    assert d.releases == ()
+    # Two free nodes: both start, the held job on the node it was saved on.
+    view2 = ClusterView(now=NOW, jobs=(*running[:6], held, _interactive("100", 1)), nodes=_nodes())
+    d2 = decide(view2, _cfg(), knob=SLURM_KNOB, checkpointable=set(), sleeping={"9": ("node8",)})
+    assert d2.starts == ("100", "9")
+    assert d2.releases == (Release("9", ("node8",)),)
 
 
 def test_a_job_held_by_someone_else_is_never_released():

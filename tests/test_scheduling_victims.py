@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from preemption.scheduling.easy import backfill, reservation
-from preemption.scheduling.policies import decide
+from preemption.scheduling.tick import Decision, decide
 from preemption.scheduling.victims import (
     Candidate,
     choose_victims,
@@ -13,7 +13,7 @@ from preemption.scheduling.victims import (
     running_priorities,
     select_victims,
 )
-from vjob.config import PriorityConfig
+from vjob.config import Config, PriorityConfig
 from vjob.errors import InputError
 from vjob.model import VM, ClusterView, Job, JobClass, JobState, Node
 
@@ -108,15 +108,19 @@ def test_running_priorities_rank_the_later_job_lower():
     assert choice is not None and choice.victims == ("new",)
 
 
-def test_decide_live_ubis_preempts_mms_waits():
+def _decide(v: ClusterView, policy: str, cfg: PriorityConfig) -> Decision:
+    return decide(v, Config(priority=cfg), knob=None, checkpointable=None, sleeping={}, policy=policy)
+
+
+def test_the_one_pass_preempts_under_ubis_and_waits_under_mms():
     cfg = PriorityConfig(interactive_cap=1.0)
-    d = decide(view(), "ubis", cfg)
-    assert d.start == ("int",) and d.preemptions[0].victims == ("new",)
-    d = decide(view(), "mms", cfg)
-    assert d.start == () and d.preemptions == () and d.reserved == "int"
+    d = _decide(view(), "ubis", cfg)
+    assert d.starts == ("int",) and d.preemptions[0].victims == ("new",)
+    d = _decide(view(), "mms", cfg)
+    assert d.starts == () and d.preemptions == () and d.reserved == "int"
 
 
-def test_decide_live_starts_what_fits_and_backfills():
+def test_the_one_pass_starts_what_fits_and_backfills():
     nodes = tuple(Node(f"n{i}", cpus=1, memory_mb=1024) for i in range(4))
     jobs = (
         Job("r", "u", nodes=2, submit_time=0, start_time=0, walltime=100, state=JobState.RUNNING,
@@ -125,10 +129,10 @@ def test_decide_live_starts_what_fits_and_backfills():
         Job("long", "u", nodes=2, submit_time=2, walltime=500),
         Job("short", "u", nodes=2, submit_time=3, walltime=50),
     )  # fmt: skip
-    d = decide(ClusterView(now=10, nodes=nodes, jobs=jobs), "fcfs-easy", PriorityConfig())
-    assert d.start == ("short",) and d.reserved == "big"
+    d = _decide(ClusterView(now=10, nodes=nodes, jobs=jobs), "fcfs-easy", PriorityConfig())
+    assert d.starts == ("short",) and d.reserved == "big"
     with pytest.raises(InputError, match="--policy = 'lifo'"):
-        decide(ClusterView(now=10, nodes=nodes, jobs=jobs), "lifo", PriorityConfig())
+        _decide(ClusterView(now=10, nodes=nodes, jobs=jobs), "lifo", PriorityConfig())
 
 
 def test_backfill_follows_the_easy_rule_on_random_queues():

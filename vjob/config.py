@@ -36,6 +36,11 @@ def default_data_dir() -> Path:
     return Path.home() / ".local" / "share" / "vjob"
 
 
+# Checked with `fullmatch`: `$` would accept a trailing newline.
+_MAC_PREFIX = re.compile(r"[0-9a-fA-F]{2}(?::[0-9a-fA-F]{2}){2}")
+_SITE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
 class Section(BaseModel):
     """Base of every section: unknown keys are errors, values are validated on assignment."""
 
@@ -200,6 +205,14 @@ class PbsConfig(Section):
 class SiteConfig(Section):
     name: str
     """The site's name (its master allocates identities under it)."""
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _SITE_NAME.fullmatch(value):
+            raise ValueError(f"{value!r}: must be letters, digits, '.', '_' or '-' (at most 64, no newline)")
+        return value
+
     oar_api_url: str = ""
     """Base URL of the site's OAR REST API; empty: use the OAR commands."""
     oar_bin_dir: str = ""
@@ -232,8 +245,7 @@ class SalineConfig(Section):
     @field_validator("mac_prefix")
     @classmethod
     def _mac(cls, value: str) -> str:
-        parts = value.split(":")
-        if len(parts) != 3 or not all(len(p) == 2 and all(c in "0123456789abcdefABCDEF" for c in p) for p in parts):
+        if not _MAC_PREFIX.fullmatch(value):
             raise ValueError(f"{value!r}: must be three hex octets like 52:54:00")
         return value.lower()
 
@@ -379,6 +391,11 @@ def reference() -> str:
         "Generated from the configuration models by `vjob config reference`; a test keeps this page",
         "equal to the code. The file is TOML: `/etc/vjob/vjob.toml`, or `--config FILE`, or",
         "`$VJOB_CONFIG`. Every key is optional; unknown keys are errors.",
+        "",
+        "`vjob config show` and every message naming a URL mask its secrets: the password of",
+        "`user:password@host` (up to the last `@` before the host, so a raw `@` in it is masked",
+        "too) and query parameters named like `password`, `passwd`, `pass`, `secret`, `token`,",
+        '`key` (any case). See docs/security.md, "Secrets and the store".',
         "",
     ]
     _reference_section(Config, "", lines)

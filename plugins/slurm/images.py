@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from provisioning.images import Catalogue
 from vjob.errors import InputError
 
 if TYPE_CHECKING:  # the submit-time helpers stay light to import (the pilot uses them)
@@ -105,8 +106,6 @@ def sync_image_list(config: Config, store: Store) -> list[str] | None:
     """
     if not config.slurm.image_list:
         return None
-    from provisioning.images import Catalogue
-
     catalogue = Catalogue(store, config.provisioning, data_dir=config.data_path)
     names = sorted({info.name for info in catalogue.list()} | set(SHIPPED_IMAGES))
     path = Path(config.slurm.image_list)

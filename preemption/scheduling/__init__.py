@@ -1,7 +1,9 @@
-"""Scheduling policies (fcfs-easy, mms, ubis) and victim selection.
+"""The one scheduling pass (`tick.decide`) and its parts: policy orders (policies.py), EASY
+backfilling (easy.py), victim selection (victims.py), node choice (nodes.py).
 
 Why here and pure: the live agent and the simulator must make the same decisions from the
-same state. Every module in this package is a function of a ClusterView (or of the small
-arrays the simulator keeps, through the same core functions) and configuration; nothing in
-it talks to an RMS, libvirt or the store.
+same state. `tick.decide` is a function of a ClusterView and the configuration that the agent
+runs at every tick; the simulator runs the same pass over its own arrays with compiled hot
+paths, held equal to `tick.decide` by tests/test_decision_differential.py. Nothing in this
+package talks to an RMS, libvirt or the store.
 """

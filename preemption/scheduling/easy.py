@@ -3,7 +3,11 @@
 Why one core: fcfs-easy, mms and ubis differ only in the *order* of the queue and in what an
 interactive job may do; once the order is fixed, "start jobs in order while they fit, give the
 first that does not fit a reservation, then start any later job that does not delay that
-reservation" is the same rule. The simulator and the live agent both call these functions.
+reservation" is the same rule. The scheduling pass (`tick.decide`, which the live agent runs)
+calls `reservation` and `backfill`; the simulator calls `reservation`, `backfill_arrays` and
+`backfill_leading` from its compiled pass. Live, the RMS does the backfilling itself (Slurm's
+backfill scheduler, Maui, OAR): the agent's pass only predicts it, to know which nodes are left
+for interactive jobs.
 
 Numbers only: nodes are counted, times are seconds; `running` lists (estimated end, nodes)
 of what holds nodes now (running jobs, checkpoints in progress), in any order.
@@ -53,7 +57,8 @@ def backfill(
     A candidate starts when it fits in the free nodes and either ends (by its estimate) before
     the shadow time or uses only extra nodes. `depth` bounds how many candidates are looked
     at (like Slurm's bf_max_job_test). `nodes[i]` and `estimate[i]` belong to
-    `candidates[i]`. The live agent's entry point; the rule itself is `backfill_arrays`.
+    `candidates[i]`. The entry point of the scheduling pass (`tick.decide`); the rule itself is
+    `backfill_arrays`.
     """
     keys = np.asarray(candidates, dtype=np.int64)
     started = backfill_arrays(
@@ -81,7 +86,7 @@ def backfill_arrays(
     depth: int = -1,
 ) -> np.ndarray:  # pragma: no cover - compiled; the tests call it through numba
     """The backfilling rule over aligned arrays (keys, their nodes, their estimates), compiled:
-    the simulator calls it at every scheduling pass, the live agent through `backfill`.
+    the simulator calls it at every scheduling pass, `tick.decide` through `backfill`.
     `depth` < 0 = no bound. Returns the keys that start, in order.
     """
     count = keys.shape[0] if depth < 0 else min(depth, keys.shape[0])

@@ -1,35 +1,60 @@
-"""The agent's decision for one tick: a pure function of a ClusterView and the configuration.
+"""The scheduling decision: one pass of a policy over a ClusterView, pure.
 
-Why separate from the loop: this is the part the simulator and the tests can run without a
-resource manager, a VM or a database, and the part an operator wants explained. It composes
-the policies owned by their packages — UBIS priorities (`ubis_priority.compute`), victim
-selection (`preemption.scheduling.victims.select_victims`) — and adds only the agent's own
-rules:
+This is the one scheduling pass of vjob. The live agent runs it at every tick
+(agent/loop.py); the simulator runs the same pass with compiled hot paths
+(simulator/engine.py `_schedule` / `_preempt_for`), and tests/test_decision_differential.py
+holds the two equal on random cluster states: same jobs started, same victims, same nodes,
+the same priorities to the last bit. `policy` picks the queue order and what an interactive
+job may do (`policies.py`): `ubis` (the default, what the agent runs), `mms`, `mms-block`,
+`fcfs-easy`.
 
-* only vjobs whose pilot runs their VM (`checkpointable`) can be checkpointed: a batch job
-  that is not a vjob, or whose VM is still booting or saving, is never a victim;
-* a running job's priority, for the victim choice, is the priority it would have if it were
-  back in the queue now (the same equation, so the choice follows the site's weights);
-* interactive jobs are served highest priority first; each served job's nodes and victims
-  are taken out of the view before the next one is considered, so one tick never picks the
-  same node twice;
-* a job vjob checkpointed is released only while no interactive job waits for nodes, when
-  enough nodes are free for it, highest priority first; its saved node is named so that the
-  RMS can give it back (a local resume: restore without copying the memory state).
+One pass, as the UBIS paper schedules:
+
+* the queue (pending jobs, and the jobs vjob checkpointed and holds) in the policy's order;
+* in that order, a job that fits the free nodes starts; an interactive job within the
+  interactive cap (`ubis_priority.interactive`) that does not fit checkpoints the
+  lowest-priority batch jobs (`victims.choose_victims`) and starts once their checkpoints are
+  written (ubis only); the first job that can do neither is the head and gets the EASY
+  reservation, and later jobs that do not delay it are backfilled (`easy.py`);
+* each start takes its nodes (`nodes.py`) before the next job is looked at, so one pass never
+  counts the same node twice; a victim's nodes the interactive job does not take stay busy
+  until its checkpoint is written.
+
+What the agent does with the answer: it maps the priorities onto the RMS's integer knob,
+carries out the preemptions (only vjobs whose pilot runs their VM, `checkpointable`, can be
+victims), and releases the held jobs the pass starts, onto their saved nodes when all are
+free (a local resume). Pending jobs the pass starts are the RMS's to start (`starts` says
+which the pass expects). What still differs between live and simulated is listed in
+docs/simulator.md ("Live and simulated").
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+import math
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from preemption.scheduling.victims import running_priorities, select_victims
-from ubis_priority import compute, integer_priority
+from preemption.scheduling.easy import backfill, reservation
+from preemption.scheduling.nodes import pick_nodes, preemptor_nodes, swaps
+from preemption.scheduling.policies import (
+    blocks_behind_interactive,
+    check_policy,
+    fcfs_order,
+    mms_order,
+    preempts,
+    ubis_order,
+)
+from preemption.scheduling.victims import Candidate, checkpoint_bytes, choose_victims, running_priorities
+from ubis_priority import allowed, compute, integer_priority
+from ubis_priority.interactive import held_by_interactive
 from vjob.config import Config
-from vjob.model import ClusterView, Job, JobClass, JobState
+from vjob.model import ClusterView, Job, JobClass, JobState, Node
 from vjob.rms import PriorityKnob
+
+DEFAULT_ESTIMATE_S = 3600.0
+"""A job's run time estimate when it has no walltime (EASY needs one)."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +76,21 @@ class Release:
 
 
 @dataclass(frozen=True)
+class Costs:
+    """What moving work costs, for the estimated ends EASY's reservation reads (the Entropy
+    cost model the simulator uses): a checkpoint writes a job's memory per node at
+    `bandwidth_mb_s`, a resume reads it back (twice as long on other nodes), a node switching
+    OS image takes `os_swap_s`. The default, free and instantaneous, is the live agent's: its
+    RMS does the real backfilling, the pass's only predicts it."""
+
+    os_swap_s: float = 0.0
+    bandwidth_mb_s: float = math.inf
+
+    def checkpoint_s(self, job: Job) -> float:
+        return float(job.memory_mb) / self.bandwidth_mb_s
+
+
+@dataclass(frozen=True)
 class Decision:
     priorities: Mapping[str, float] = field(default_factory=dict)
     """UBIS priority of every pending or held job."""
@@ -60,7 +100,13 @@ class Decision:
     preemptions: tuple[Preemption, ...] = ()
     releases: tuple[Release, ...] = ()
     waiting_interactive: tuple[str, ...] = ()
-    """Interactive jobs that cannot start and get no victims (cap reached, too big, ...)."""
+    """Interactive jobs the pass does not start (cap reached, no victims, behind the head)."""
+    starts: tuple[str, ...] = ()
+    """Every job the pass starts, in order: fitting, by preemption, backfilled."""
+    reserved: str | None = None
+    """The head of the queue: the job holding the EASY reservation, if any."""
+    placements: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """The nodes the pass gives each job it starts (the node choice of `nodes.py`)."""
 
 
 def decide(
@@ -68,16 +114,26 @@ def decide(
     cfg: Config,
     *,
     knob: PriorityKnob | None,
-    checkpointable: Collection[str],
+    checkpointable: Collection[str] | None,
     sleeping: Mapping[str, tuple[str, ...]],
+    policy: str = "ubis",
+    costs: Costs | None = None,
+    backfill_depth: int | None = None,
+    bill_victims: bool = False,
 ) -> Decision:
-    """What the agent should do now.
+    """One scheduling pass of `policy` over `view` (see the module docstring).
 
     `knob`: the RMS's integer priority range (the adapter's `abilities.priority`), None when the
-    RMS has none. `checkpointable`: ids of running vjobs whose VM runs (the pilot's state file
-    says so). `sleeping`: ids of the jobs vjob checkpointed and holds, with the nodes they were
-    saved on.
+    RMS has none. `checkpointable`: ids of running vjobs that may be checkpointed (their pilot
+    runs their VM); None = every running batch job, including those the pass starts (the
+    simulator's model). `sleeping`: ids of the jobs vjob checkpointed and holds, with the nodes
+    they were saved on; only those of the held jobs are in the queue. `backfill_depth`: how many
+    jobs after the head EASY looks at (None: all). `bill_victims`: add a victim's run so far to
+    its user's usage when it is checkpointed, so that later victim choices of the same pass see
+    it — the simulator's accounting, which charges a run when it ends or is checkpointed; live,
+    the agent charges every running job before each tick, so the view's usage already holds it.
     """
+    check_policy(policy)
     prios = compute(view, cfg.priority)
     pending_prio = prios.as_dict()
     rms_prio: dict[str, int] = {}
@@ -86,66 +142,231 @@ def decide(
         ints = integer_priority(values, prios.terms.max_priority, knob.low, knob.high)
         rms_prio = {job_id: int(v) for job_id, v in zip(prios.job_ids, ints, strict=True)}
 
-    keep = set(checkpointable)
-    interactive = sorted(
-        (j for j in view.pending if j.interactive and j.state is JobState.PENDING),
-        key=lambda j: (-pending_prio.get(j.id, 0.0), j.submit_time, j.id),
-    )
+    state = _Pass(view, cfg, costs or Costs(), checkpointable, sleeping, bill_victims)
+    queue = [j for j in view.pending if j.state is JobState.PENDING or j.id in sleeping]
+    ordered = _order(policy, queue, pending_prio, state)
+    started: list[str] = []
     preemptions: list[Preemption] = []
-    waiting: list[str] = []
-    current = view
-    victim_prio: dict[str, float] | None = None
-    for job in interactive:
-        if job.nodes <= len(current.free_nodes()):
-            # The RMS starts it by itself; take its nodes out for the next interactive job.
-            current = _place(current, job, tuple(n.name for n in current.free_nodes()[: job.nodes]), ())
+    head: Job | None = None
+    head_at = 0
+    head_priv = False
+    for at, job in enumerate(ordered):
+        priv = job.interactive and state.within_caps(job)
+        if job.nodes <= state.free_count():
+            state.start(job, priv)
+            started.append(job.id)
             continue
-        if victim_prio is None:
-            victim_prio = running_priorities(view, cfg.priority)
-        choice = select_victims(
-            current,
-            job,
-            victim_prio,
-            interactive_cap=cfg.priority.interactive_cap,
-            preemptible=(JobClass.BATCH,),
-            exclude=[j.id for j in current.running if j.id not in keep],
-        )
-        if choice is None or not choice.victims:
-            waiting.append(job.id)
-            continue
-        preemptions.append(Preemption(job.id, choice.victims, choice.nodes, choice.checkpoint_bytes))
-        current = _place(current, job, choice.nodes, choice.victims)
-
-    releases: list[Release] = []
-    if not waiting and not preemptions:
-        free = {n.name for n in current.free_nodes()}
-        held = [j for j in current.pending if j.id in sleeping and j.state is JobState.HELD]
-        for job in sorted(held, key=lambda j: (-pending_prio.get(j.id, 0.0), j.submit_time, j.id)):
-            if job.nodes > len(free):
+        if priv and preempts(policy):
+            pre = state.preempt_for(job)
+            if pre is not None:
+                preemptions.append(pre)
+                started.append(job.id)
                 continue
-            saved_on = tuple(n for n in sleeping[job.id] if n in free)
-            chosen = saved_on if len(saved_on) == job.nodes else ()
-            releases.append(Release(job.id, chosen))
-            # Reserve the nodes it will take (its own first) before looking at the next one.
-            for name in (list(chosen) or sorted(free))[: job.nodes]:
-                free.discard(name)
+        head, head_at, head_priv = job, at, priv
+        break
+    free = state.free_count()
+    if head is not None and free > 0 and not (blocks_behind_interactive(policy) and head_priv):
+        shadow, extra = reservation(view.now, free, head.nodes, state.holds.values())
+        rest = ordered[head_at + 1 :]
+        if backfill_depth is not None:
+            rest = rest[:backfill_depth]
+        late = backfill(
+            view.now, free, shadow, extra, range(len(rest)), [j.nodes for j in rest], [_estimate(j) for j in rest]
+        )
+        for i in late:
+            job = rest[i]
+            state.start(job, job.interactive and state.within_caps(job))
+            started.append(job.id)
+
+    done = set(started)
+    releases = tuple(
+        Release(job_id, state.resumed_on.get(job_id, ()))
+        for job_id in started
+        if job_id in sleeping and view.job(job_id).state is JobState.HELD
+    )
     return Decision(
         priorities=pending_prio,
         rms_priorities=rms_prio,
         preemptions=tuple(preemptions),
-        releases=tuple(releases),
-        waiting_interactive=tuple(waiting),
+        releases=releases,
+        waiting_interactive=tuple(
+            j.id for j in queue if j.interactive and j.state is JobState.PENDING and j.id not in done
+        ),
+        starts=tuple(started),
+        reserved=None if head is None else head.id,
+        placements={job_id: state.jobs[job_id].allocated_nodes for job_id in started},
     )
 
 
-def _place(view: ClusterView, job: Job, nodes: tuple[str, ...], victims: tuple[str, ...]) -> ClusterView:
-    """The view after `victims` were requeued and `job` started on `nodes`."""
-    out = []
-    for j in view.jobs:
-        if j.id in victims:
-            out.append(replace(j, state=JobState.HELD, allocated_nodes=()))
-        elif j.id == job.id:
-            out.append(replace(j, state=JobState.RUNNING, allocated_nodes=nodes, start_time=view.now))
-        else:
-            out.append(j)
-    return replace(view, jobs=tuple(out))
+def _order(policy: str, queue: Sequence[Job], prio: Mapping[str, float], state: _Pass) -> list[Job]:
+    """The queue in `policy`'s order; equal keys keep the view's order."""
+    if not queue:
+        return []
+    submit = [j.submit_time for j in queue]
+    if policy == "fcfs-easy":
+        order = fcfs_order(submit)
+    elif policy in ("mms", "mms-block"):
+        order = mms_order(submit, [j.interactive and state.within_caps(j) for j in queue])
+    else:
+        order = ubis_order([prio[j.id] for j in queue], submit)
+    return [queue[int(i)] for i in order]
+
+
+def _estimate(job: Job) -> float:
+    """The run time EASY counts on: the job's walltime, else DEFAULT_ESTIMATE_S."""
+    return job.walltime if job.walltime is not None and job.walltime > 0 else DEFAULT_ESTIMATE_S
+
+
+class _Pass:
+    """The cluster as the pass changes it: who holds which node, which image each node runs,
+    what holds nodes until when (for EASY), and the nodes interactive jobs hold (the cap)."""
+
+    def __init__(
+        self,
+        view: ClusterView,
+        cfg: Config,
+        costs: Costs,
+        checkpointable: Collection[str] | None,
+        sleeping: Mapping[str, tuple[str, ...]],
+        bill_victims: bool,
+    ) -> None:
+        self.view = view
+        self.bill_victims = bill_victims
+        self.usage = dict(view.usage)
+        self.cfg = cfg.priority
+        self.costs = costs
+        self.now = view.now
+        self.checkpointable = None if checkpointable is None else set(checkpointable)
+        self.sleeping = sleeping
+        usable = [n for n in view.nodes if n.state.usable]
+        self.node_order = [n.name for n in usable]
+        self.node_os = {n.name: n.os_image for n in usable}
+        self.owner: dict[str, str | None] = dict.fromkeys(self.node_order)
+        """Node → the job holding it (a victim while its checkpoint is written), None if free."""
+        self.jobs: dict[str, Job] = {j.id: j for j in view.jobs}
+        self.holds: dict[tuple[str, str], tuple[float, int]] = {}
+        """What holds nodes, for the reservation: (kind, job id) → (estimated end, nodes)."""
+        self.checkpointing: dict[str, tuple[str, ...]] = {}
+        """Victims of this pass → their nodes still busy with the checkpoint."""
+        self.resumed_on: dict[str, tuple[str, ...]] = {}
+        """Held jobs the pass starts on the nodes they were saved on (a local resume)."""
+        for job in view.running:
+            nodes = [n for n in job.allocated_nodes if n in self.owner]
+            for n in nodes:
+                self.owner[n] = job.id
+            if nodes:
+                end = self.now if job.start_time is None else job.start_time + _estimate(job)
+                self.holds[("run", job.id)] = (end, len(nodes))
+        self.held, self.user_held = held_by_interactive(view.running)
+
+    def free_nodes(self) -> list[str]:
+        return [n for n in self.node_order if self.owner[n] is None]
+
+    def free_count(self) -> int:
+        return sum(1 for n in self.node_order if self.owner[n] is None)
+
+    def within_caps(self, job: Job) -> bool:
+        """Whether interactive `job` may start now as interactive (the one cap rule)."""
+        return allowed(self.cfg, len(self.node_order), self.held, self.user_held.get(job.user, 0), job.nodes)
+
+    def start(self, job: Job, privileged: bool, nodes: tuple[str, ...] | None = None, ready: float = 0.0) -> None:
+        """`job` starts now (`nodes` chosen by `nodes.pick_nodes` unless given), once `ready`."""
+        resumed = job.id in self.sleeping and job.state is JobState.HELD
+        local = False
+        if nodes is None:
+            previous = self.sleeping.get(job.id, ()) if resumed else ()
+            nodes, local = pick_nodes(self.free_nodes(), self.node_os, job.os_image, job.nodes, previous)
+            if local:
+                self.resumed_on[job.id] = nodes
+        switched = swaps(nodes, self.node_os, job.os_image)
+        for n in nodes:
+            self.owner[n] = job.id
+            if job.os_image:
+                self.node_os[n] = job.os_image
+        alloc = max(self.now, ready)
+        overhead = self.costs.os_swap_s if switched else 0.0
+        if resumed:  # read the checkpoint back: locally at full speed, remotely at half
+            overhead += self.costs.checkpoint_s(job) * (1.0 if local else 2.0)
+        pt, since = job.preempted_seconds, job.preempted_since
+        if since is not None:
+            pt += alloc - since
+        self.jobs[job.id] = replace(
+            job,
+            state=JobState.RUNNING,
+            allocated_nodes=nodes,
+            start_time=alloc,
+            preempted_seconds=pt,
+            preempted_since=None,
+        )
+        self.holds[("run", job.id)] = (alloc + overhead + _estimate(job), job.nodes)
+        if privileged:
+            self.held += job.nodes
+            self.user_held[job.user] = self.user_held.get(job.user, 0) + job.nodes
+
+    def preempt_for(self, job: Job) -> Preemption | None:
+        """Checkpoint the lowest-priority batch jobs so interactive `job` gets its nodes now."""
+        want = job.nodes - self.free_count()
+        cands = [
+            j
+            for j in self.jobs.values()
+            if j.state is JobState.RUNNING
+            and j.job_class is JobClass.BATCH
+            and j.id not in self.checkpointing
+            and (self.checkpointable is None or j.id in self.checkpointable)
+            and any(self.owner.get(n) == j.id for n in j.allocated_nodes)
+        ]
+        if sum(len(self._nodes_of(j)) for j in cands) < want:
+            return None
+        now_view = self._current_view()
+        prio = running_priorities(now_view, self.cfg, (JobClass.BATCH,), only={j.id for j in cands})
+        chosen = choose_victims(
+            want,
+            (
+                Candidate(
+                    j.id,
+                    prio[j.id],
+                    len(self._nodes_of(j)),
+                    sum(1 for n in self._nodes_of(j) if self.node_os[n] == job.os_image),
+                    checkpoint_bytes(now_view, j),
+                )
+                for j in cands
+            ),
+        )
+        if chosen is None:
+            return None
+        victims = tuple(c.job_id for c in chosen)
+        victim_nodes = [self._nodes_of(self.jobs[v]) for v in victims]
+        take = preemptor_nodes(self.free_nodes(), victim_nodes, self.node_os, job.os_image, job.nodes)
+        taken = set(take)
+        ready = self.now
+        for v, nodes in zip(victims, victim_nodes, strict=True):
+            done_at = self.now + self.costs.checkpoint_s(self.jobs[v])
+            ready = max(ready, done_at)
+            del self.holds[("run", v)]
+            if self.bill_victims:
+                victim = self.jobs[v]
+                ran = self.now - (self.now if victim.start_time is None else victim.start_time)
+                self.usage[victim.user] = self.usage.get(victim.user, 0.0) + ran * victim.nodes
+            busy = tuple(n for n in nodes if n not in taken)
+            self.checkpointing[v] = busy
+            if busy:
+                self.holds[("checkpoint", v)] = (done_at, len(busy))
+        self.start(job, True, nodes=take, ready=ready)
+        return Preemption(job.id, victims, take, sum(c.checkpoint_bytes for c in chosen))
+
+    def _nodes_of(self, job: Job) -> tuple[str, ...]:
+        """The usable nodes `job` holds now, in its allocation order."""
+        return tuple(n for n in job.allocated_nodes if self.owner.get(n) == job.id)
+
+    def _current_view(self) -> ClusterView:
+        """The view as the pass has changed it so far: started jobs running on their nodes,
+        this pass's victims holding only the nodes their checkpoint still occupies, nodes on
+        the images they were switched to."""
+        jobs = []
+        for j in self.jobs.values():
+            busy = self.checkpointing.get(j.id)
+            jobs.append(j if busy is None else replace(j, allocated_nodes=busy))
+        nodes: list[Node] = [
+            replace(n, os_image=self.node_os[n.name]) if n.name in self.node_os else n for n in self.view.nodes
+        ]
+        return replace(self.view, jobs=tuple(jobs), nodes=tuple(nodes), usage=self.usage)

@@ -9,18 +9,22 @@ Entropy cost model). Victims are chosen greedily in that order until together wi
 nodes they cover the request, then victims that turned out unnecessary are released again,
 highest priority first, so no job is checkpointed for nothing.
 
-The core, `choose_victims`, works on plain `Candidate` tuples so that the simulator can call it
-on every event without building a ClusterView; `select_victims` is the ClusterView entry point
-the live agent uses. Both take the same decisions from the same numbers.
+The core, `choose_victims`, works on plain `Candidate` tuples: the shared scheduling pass
+(`tick.decide`, which the agent runs) and the simulator's compiled pass both call it.
+`select_victims` answers the same question for one interactive job on a ClusterView as it is
+(for `vjob` tools and tests); the pass builds its candidates itself, as the state changes
+within a pass.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
+from preemption.scheduling.nodes import preemptor_nodes, swaps
+from ubis_priority.interactive import cap_limit, within_cap
+from ubis_priority.view import compute
 from vjob.config import PriorityConfig
 from vjob.errors import InputError
 from vjob.model import ClusterView, Job, JobClass, JobState
@@ -92,11 +96,21 @@ def interactive_cap_allows(in_use: int, request: int, total_nodes: int, cap: flo
     """Whether interactive jobs holding `in_use` nodes may take `request` more under `cap`.
 
     `cap` is the share of the machine interactive jobs may hold at once (0..1; None = no cap);
-    the bound is floor(cap × total_nodes), so a 5 % cap on 1,056 nodes allows 52 nodes.
+    the rule is `ubis_priority.interactive`'s (cap × total nodes, compared as a float, so a
+    5 % cap on 1,056 nodes, 52.8, allows 52 nodes).
     """
     if cap is None:
         return True
-    return in_use + request <= math.floor(cap * total_nodes + 1e-9)
+    return bool(within_cap(float(in_use), float(request), cap_limit(cap, total_nodes)))
+
+
+def checkpoint_bytes(view: ClusterView, job: Job) -> float:
+    """What checkpointing `job` writes: the memory of its VMs in the view, else `memory_mb`
+    per allocated node (the Entropy cost model: a suspend writes the whole memory)."""
+    vm = [v.memory_mb * MIB for v in view.vms if v.job_id == job.id]
+    if vm:
+        return float(sum(vm))
+    return float(job.memory_mb) * MIB * len(job.allocated_nodes)
 
 
 def select_victims(
@@ -137,9 +151,6 @@ def select_victims(
     free = [n.name for n in usable if n.name not in busy]
     prio = _as_mapping(priorities)
     excluded = set(exclude)
-    vm_memory: dict[str, float] = {}
-    for vm in view.vms:
-        vm_memory[vm.job_id] = vm_memory.get(vm.job_id, 0.0) + vm.memory_mb * MIB
     candidates: list[Candidate] = []
     for j in running:
         if j.job_class not in preemptible or not j.allocated_nodes or j.id in excluded:
@@ -149,24 +160,20 @@ def select_victims(
                 f"select_victims: running job {j.id} has no priority; pass running_priorities(view, cfg) too"
             )
         on_os = sum(1 for n in j.allocated_nodes if n in by_name and by_name[n].os_image == job.os_image)
-        ckpt = vm_memory.get(j.id, float(j.memory_mb) * MIB * len(j.allocated_nodes))
-        candidates.append(Candidate(j.id, float(prio[j.id]), len(j.allocated_nodes), on_os, ckpt))
+        candidates.append(Candidate(j.id, float(prio[j.id]), len(j.allocated_nodes), on_os, checkpoint_bytes(view, j)))
     chosen = choose_victims(job.nodes - len(free), candidates)
     if chosen is None:
         return None
-    victims = {c.job_id for c in chosen}
-    pool = free + [n for j in running if j.id in victims for n in j.allocated_nodes if n in by_name]
-    # Nodes already on the job's OS first (no provisioning), then free before freed, by name.
-    pool_rank = {name: i for i, name in enumerate(pool)}
-    pool.sort(key=lambda name: (by_name[name].os_image != job.os_image, pool_rank[name]))
-    nodes = tuple(pool[: job.nodes])
-    swaps = sum(1 for name in nodes if by_name[name].os_image != job.os_image)
+    by_id = {j.id: j for j in running}
+    node_os = {name: node.os_image for name, node in by_name.items()}
+    victim_nodes = [[n for n in by_id[c.job_id].allocated_nodes if n in by_name] for c in chosen]
+    nodes = preemptor_nodes(free, victim_nodes, node_os, job.os_image, job.nodes)
     return VictimChoice(
         job_id=job.id,
         victims=tuple(c.job_id for c in chosen),
         nodes=nodes,
         checkpoint_bytes=sum(c.checkpoint_bytes for c in chosen),
-        os_swaps=swaps,
+        os_swaps=swaps(nodes, node_os, job.os_image),
     )
 
 
@@ -174,26 +181,25 @@ def running_priorities(
     view: ClusterView,
     cfg: PriorityConfig,
     preemptible: Sequence[JobClass] = (JobClass.BATCH, JobClass.BESTEFFORT),
+    *,
+    only: Collection[str] | None = None,
 ) -> dict[str, float]:
-    """The UBIS priority of every running preemptible job of `view` (job id → priority).
+    """The UBIS priority of every running preemptible job of `view` (job id → priority), or of
+    those in `only`.
 
     `ubis_priority.compute` ranks queued jobs; a victim needs a priority too. A running job's
     priority is equation 1 evaluated as if it were back in the queue now, which is exactly the
     situation it would be in once checkpointed: its queue time counts from its submission,
-    its Pn/Pt carry over, and the free-node terms see its nodes as free.
+    its Pn/Pt carry over, and the free-node terms see the nodes of all the jobs rated together
+    as free. Every other job of the view stays as it is, so the targets are split between the
+    same users as for the queue's priorities.
     """
-    from ubis_priority import compute
-
-    ids = {j.id for j in view.running if j.job_class in preemptible}
+    ids = {j.id for j in view.running if j.job_class in preemptible and (only is None or j.id in only)}
     if not ids:
         return {}
-    as_queued = tuple(
-        replace(j, state=JobState.PENDING, allocated_nodes=()) if j.id in ids else j
-        for j in view.jobs
-        if j.id in ids or j.state is JobState.RUNNING
-    )
-    prios = compute(replace(view, jobs=as_queued), cfg).as_dict()
-    return {k: v for k, v in prios.items() if k in ids}
+    as_queued = tuple(replace(j, state=JobState.PENDING, allocated_nodes=()) if j.id in ids else j for j in view.jobs)
+    prios = compute(replace(view, jobs=as_queued), cfg)
+    return {job_id: float(prios.values[prios.index(job_id)]) for job_id in ids}
 
 
 def _as_mapping(priorities: Mapping[str, float] | Any) -> Mapping[str, float]:

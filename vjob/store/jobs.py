@@ -7,17 +7,46 @@ PostgreSQL alike, whereas read-then-write in Python loses updates.
 
 from __future__ import annotations
 
+import re
+
 from sqlalchemy import case, select, update
 from sqlalchemy.exc import IntegrityError
 
-from vjob.errors import VjobError
+from vjob.errors import InputError, VjobError
 from vjob.model import Job
 from vjob.store.db import Store, now
 from vjob.store.schema import JobRecord
 
+# What the RMS may call a job, its user and account (Slurm 123_4 / 123+1, PBS 12[3].server,
+# OAR 42, Saline be0123abcd): a closed ASCII set capped at the column width. `fullmatch`, so a
+# trailing newline (a forged second log line or status row) is refused.
+RMS = re.compile(r"[a-z][a-z0-9_]{0,15}")
+JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+\[\]@:-]{0,63}")
+USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._@$-]{0,63}")
+SITE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def check(field: str, value: object, pattern: re.Pattern[str]) -> str:
+    """`value` if it is a string matching `pattern` in full, else an InputError naming `field`."""
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+        raise InputError(f"{field} = {shown}: must match {pattern.pattern}")
+    return value
+
+
+def _check_key(rms: str, rms_job_id: str) -> None:
+    check("job.rms", rms, RMS)
+    check("job.id", rms_job_id, JOB_ID)
+
 
 def track(store: Store, job: Job, *, site: str = "default") -> int:
-    """Record `job` if it is new (idempotent); returns its row id."""
+    """Record `job` if it is new (idempotent); returns its row id. The job's id, RMS, user,
+    account and the site are validated first: they are printed and logged from the store."""
+    _check_key(job.rms, job.id)
+    check("job.user", job.user, USER)
+    if job.account:
+        check("job.account", job.account, USER)
+    check("site", site, SITE)
     with store.session() as s:
         row = s.scalar(select(JobRecord).where(JobRecord.rms == job.rms, JobRecord.rms_job_id == job.id))
         if row is not None:
@@ -62,6 +91,7 @@ def _where(rms: str, rms_job_id: str):  # noqa: ANN202 - a SQLAlchemy clause
 def record_preemption(store: Store, rms: str, rms_job_id: str, *, at: float | None = None) -> None:
     """Pn += 1 and start the preempted-time clock, atomically; a second call while the job is
     still preempted does not count twice (idempotent after a crash)."""
+    _check_key(rms, rms_job_id)
     t = now() if at is None else at
     with store.session() as s:
         res = s.execute(
@@ -77,6 +107,7 @@ def record_preemption(store: Store, rms: str, rms_job_id: str, *, at: float | No
 
 def record_resume(store: Store, rms: str, rms_job_id: str, *, at: float | None = None) -> None:
     """Pt += time since the preemption, atomically, and stop the clock (idempotent)."""
+    _check_key(rms, rms_job_id)
     t = now() if at is None else at
     with store.session() as s:
         s.execute(
@@ -94,7 +125,8 @@ def record_resume(store: Store, rms: str, rms_job_id: str, *, at: float | None =
 
 def add_preempted_seconds(store: Store, rms: str, rms_job_id: str, seconds: float) -> None:
     """Pn += 1 and Pt += seconds in one atomic statement (when the duration is known)."""
-    if seconds < 0:
+    _check_key(rms, rms_job_id)
+    if not seconds >= 0:  # also refuses NaN
         raise VjobError(f"preempted seconds = {seconds}: must be >= 0")
     with store.session() as s:
         s.execute(
@@ -109,5 +141,6 @@ def add_preempted_seconds(store: Store, rms: str, rms_job_id: str, seconds: floa
 
 
 def get(store: Store, rms: str, rms_job_id: str) -> JobRecord | None:
+    _check_key(rms, rms_job_id)
     with store.session() as s:
         return s.scalar(select(JobRecord).where(_where(rms, rms_job_id)))
