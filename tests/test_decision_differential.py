@@ -87,7 +87,7 @@ def states(draw: st.DrawFn, crowded: bool = False) -> State:
     n_nodes = draw(st.integers(2, 8))
     images = draw(st.integers(1, 3))
     nodes_os = draw(st.lists(st.integers(0, images - 1), min_size=n_nodes, max_size=n_nodes))
-    n_users = draw(st.integers(1, 4))
+    n_users = draw(st.integers(1, 6))
     accounts = draw(st.lists(st.integers(-1, 1), min_size=n_users, max_size=n_users))
     policy = "ubis" if crowded else draw(st.sampled_from(["ubis", "ubis", "ubis", "mms", "mms-block", "fcfs-easy"]))
     caps = st.sampled_from([0.0, 0.2, 0.25, 0.29, 0.5, 1.0, 1.0])

@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import provisioning.driver  # noqa: F401 - see below
 from provisioning import distribution
 from provisioning.images import Catalogue
 from tests.services.libvirt import make_test_node
@@ -22,12 +21,6 @@ from vjob.model import Job
 from vjob.store import jobs
 from vjob.store.db import Store, now
 from vjob.store.schema import VMRecord
-
-# provisioning.driver is imported here, outside any test: vjob.log.get binds its logger to the
-# sys.stderr of import time, so a first import inside a capsys test would leave the driver
-# logging to a closed stream in later tests ("I/O operation on closed file"). To drop once
-# vjob.log.get returns structlog.get_logger(component=name) (resolved at each call).
-
 
 def qcow2(path: Path, size: str = "16M") -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)

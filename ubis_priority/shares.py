@@ -47,7 +47,7 @@ def usage_total(values: Iterable[float]) -> float:
 def usage_shares(usage: Mapping[str, float]) -> dict[str, float]:
     """Each user's part (0..1) of the decayed usage of all users; all 0 when nobody used anything."""
     checked = _checked(usage, "usage", None)
-    total = math.fsum(checked.values())
+    total = usage_total(checked.values())
     if total <= 0:
         return dict.fromkeys(checked, 0.0)
     return {name: value / total for name, value in checked.items()}
