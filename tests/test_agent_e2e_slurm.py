@@ -9,6 +9,7 @@ the switch and restarts it: no VM may be lost and no job may stay running with i
 
 from __future__ import annotations
 
+import random
 import shutil
 import signal
 import sqlite3
@@ -19,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.services import wait_for
 from devkit.demo import Scenario, split_counters
+from tests.services import wait_for
 from vjob.pilot_files import PilotState
 
 pytestmark = [pytest.mark.slurm, pytest.mark.realvm]
@@ -91,6 +92,18 @@ def _switch_running(db: Path) -> bool:
 
 
 def test_agent_killed_mid_switch_finishes_it_after_restart_and_loses_no_vm(scenario):
+    _kill_mid_switch(scenario, kill_delay_s=0.0)
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("round_", range(6))
+def test_agent_killed_at_random_points_of_a_switch_loses_nothing(scenario, round_):
+    """Soak: the same, with the kill at a random point of the switch (before the request, while
+    the pilot saves, after the save but before the requeue-hold)."""
+    _kill_mid_switch(scenario, kill_delay_s=random.Random(round_).uniform(0.0, 2.5))
+
+
+def _kill_mid_switch(scenario, *, kill_delay_s: float) -> None:
     sc = scenario(batch_jobs=2, nodes_per_batch=4, interactive_nodes=4)
     sc.start_agent()
     sc.submit_batch()
@@ -99,6 +112,7 @@ def test_agent_killed_mid_switch_finishes_it_after_restart_and_loses_no_vm(scena
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         wait_for(lambda: _switch_running(sc.data / "vjob.sqlite"), 120, "a switch in progress", interval=0.05)
+        time.sleep(kill_delay_s)
         sc.stop_agent(signal.SIGKILL)
         time.sleep(2)  # the victim's pilot saves its VM meanwhile and waits to be requeued
 
