@@ -89,8 +89,11 @@ class Agent:
         rms: str,
         metrics: AgentMetrics | None = None,
         owner: str | None = None,
+        dry_run: bool = False,
     ) -> None:
         self.cfg = cfg
+        self.dry_run = dry_run
+        """Observe and decide each tick, log what would be done, change nothing (`--dry-run`)."""
         self.adapter = adapter
         self.rms = rms
         self.metrics = metrics or AgentMetrics()
@@ -166,6 +169,8 @@ class Agent:
     def tick(self) -> TickReport:
         report = TickReport(at=time.time())
         self.metrics.ticks.inc()
+        if self.dry_run:
+            return self._dry_tick(report)
         try:
             active: bool | None = self.hold_lease()
         except StoreError as exc:
@@ -224,6 +229,34 @@ class Agent:
         self.metrics.last_tick.set(time.time())
         return report
 
+    def _dry_tick(self, report: TickReport) -> TickReport:
+        """A dry-run tick: the decision an active agent would take, logged and returned; no
+        lease, no recovery, no job tracked, no priority sent, no checkpoint, no release."""
+        try:
+            obs = self.observe(track=False)
+        except VjobError as exc:
+            self.log.error("dry run: cannot observe the RMS, retrying next tick", error=str(exc))
+            report.errors.append(str(exc))
+            return report
+        report.store_ok = obs.store_ok
+        report.decision = decision = decide(
+            obs.view,
+            self.cfg,
+            knob=self.adapter.abilities.priority,
+            checkpointable=self._checkpointable(obs),
+            sleeping=obs.sleeping,
+        )
+        self.log.info(
+            "dry run: would do",
+            priorities=dict(decision.rms_priorities),
+            preemptions=[{"job": p.job_id, "victims": list(p.victims), "nodes": list(p.nodes)}
+                         for p in decision.preemptions],
+            releases=[r.job_id for r in decision.releases],
+            waiting_interactive=list(decision.waiting_interactive),
+        )  # fmt: skip
+        self.metrics.last_tick.set(time.time())
+        return report
+
     def _checkpointable(self, obs: Observation) -> set[str]:
         """Running vjobs whose VM runs on a node the RMS allocated them — and none at all when
         the RMS cannot requeue a running job (the victim would have nowhere to go)."""
@@ -278,7 +311,7 @@ class Agent:
                 if stop.is_set():
                     return
         finally:
-            if not once:
+            if not once and not self.dry_run:
                 self.give_up_lease()
 
     def _observe_interactive_starts(self, view: ClusterView) -> None:

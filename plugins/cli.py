@@ -1,9 +1,10 @@
-"""`vjob rms parse --rms slurm|pbs|oar --kind jobs|nodes FILE`: what an adapter reads.
+"""`vjob rms parse` (what an adapter reads) and `vjob deploy` (the files an operator installs).
 
 Each adapter package (plugins.slurm, plugins.pbs, plugins.oar) exposes
 `parse_output(kind: str, text: str, *, source: str) -> list[Job] | list[Node]`, raising
-InputError naming the file and what is wrong. Operators use this to debug an adapter against
-their own RMS's output; the tests use it on the recorded fixtures.
+InputError naming the file and what is wrong. Operators use `vjob rms parse` to debug an
+adapter against their own RMS's output; the tests use it on the recorded fixtures. `vjob
+deploy` lists and installs the hooks, units and examples shipped in the package (plugins.deploy).
 """
 
 from __future__ import annotations
@@ -15,18 +16,86 @@ from pathlib import Path
 from typing import Any
 
 from plugins import RMS_PACKAGES, rms_package
+from plugins import deploy as deploy_files
 from vjob.errors import InputError
 from vjob.model import to_plain
 
+RMS_EPILOG = """\
+examples:
+  vjob rms parse --rms slurm --kind jobs <(squeue --json)
+  vjob rms parse --rms pbs --kind nodes <(pbsnodes -av -F json)
+  oarstat -J | vjob rms parse --rms oar --kind jobs -"""
+
+DEPLOY_EPILOG = """\
+examples:
+  vjob deploy list
+  vjob deploy install agent-unit slurm-job-submit        # to their usual places (as root)
+  vjob deploy install slurm-config --dest /tmp/review     # look before installing
+  vjob deploy install all --dest ./vjob-files
+  less "$(vjob deploy path alert-rules)"
+
+An existing file with other content is kept (--force replaces it); a destination that is a
+symbolic link is refused. Units are rewritten to name the vjob command that installs them."""
+
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("rms", help="RMS adapter tools")
+    _register_rms(sub)
+    _register_deploy(sub)
+
+
+def _register_rms(sub: Any) -> None:
+    p = sub.add_parser(
+        "rms",
+        help="RMS adapter tools: parse a recorded RMS output",
+        description="Show what an RMS adapter reads from its resource manager's output.",
+        epilog=RMS_EPILOG,
+    )
     rsub = p.add_subparsers(dest="rms_command", metavar="ACTION", required=True)
-    parse = rsub.add_parser("parse", help="print, as JSON, the jobs or nodes an adapter reads from a recorded output")
-    parse.add_argument("--rms", required=True, choices=sorted(RMS_PACKAGES))
-    parse.add_argument("--kind", required=True, choices=("jobs", "nodes", "partitions"))
+    parse = rsub.add_parser(
+        "parse",
+        help="print, as JSON, the jobs or nodes an adapter reads from a recorded output",
+        description="Parse one recorded command output (squeue/scontrol, qstat/pbsnodes, oarstat/oarnodes) "
+        "with the adapter's reader and print the jobs or nodes as JSON; a malformed output is one error line.",
+        epilog=RMS_EPILOG,
+    )
+    parse.add_argument("--rms", required=True, choices=sorted(RMS_PACKAGES), help="the resource manager's dialect")
+    parse.add_argument(
+        "--kind", required=True, choices=("jobs", "nodes", "partitions"), help="what the output lists"
+    )
     parse.add_argument("file", help="recorded command output ('-' for standard input)")
     parse.set_defaults(func=_parse)
+
+
+def _register_deploy(sub: Any) -> None:
+    p = sub.add_parser(
+        "deploy",
+        help="list and install the files an operator deploys (units, hooks, examples)",
+        description="The systemd units, RMS hooks, example configurations, Grafana dashboard and Prometheus "
+        "rules shipped in the package (docs/operator.md).",
+        epilog=DEPLOY_EPILOG,
+    )
+    dsub = p.add_subparsers(dest="deploy_command", metavar="ACTION", required=True)
+    lst = dsub.add_parser(
+        "list", help="the installable files: name, usual destination, what it is", epilog=DEPLOY_EPILOG
+    )
+    lst.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+    lst.set_defaults(func=_deploy_list)
+    path = dsub.add_parser(
+        "path", help="print where the packaged file NAME is (to read or diff it)", epilog=DEPLOY_EPILOG
+    )
+    path.add_argument("name", metavar="NAME", help="a name from `vjob deploy list`")
+    path.set_defaults(func=_deploy_path)
+    ins = dsub.add_parser(
+        "install",
+        help="copy files to their usual places, or into --dest DIR",
+        description="Install each NAME (or `all`, with --dest) with its mode; an existing different file is "
+        "kept unless --force, a symbolic link at the destination is refused.",
+        epilog=DEPLOY_EPILOG,
+    )
+    ins.add_argument("names", nargs="+", metavar="NAME", help="names from `vjob deploy list`, or all (needs --dest)")
+    ins.add_argument("--dest", type=Path, metavar="DIR", help="install into DIR (same file names) instead")
+    ins.add_argument("--force", action="store_true", help="replace an existing file whose content differs")
+    ins.set_defaults(func=_deploy_install)
 
 
 def _parse(args: argparse.Namespace) -> int:
@@ -42,4 +111,43 @@ def _parse(args: argparse.Namespace) -> int:
     items = rms_package(args.rms).parse_output(args.kind, text, source=source)
     json.dump([to_plain(x) for x in items], sys.stdout, indent=2)
     sys.stdout.write("\n")
+    return 0
+
+
+def _deploy_list(args: argparse.Namespace) -> int:
+    entries = deploy_files.CATALOGUE
+    if args.json:
+        rows = [{"name": e.name, "target": e.target, "mode": f"{e.mode:04o}", "what": e.what} for e in entries]
+        print(json.dumps(rows, indent=2))
+        return 0
+    width = max(len(e.name) for e in entries)
+    target = max(len(e.target) for e in entries)
+    for e in entries:
+        print(f"{e.name:<{width}}  {e.target:<{target}}  {e.what}")
+    return 0
+
+
+def _deploy_path(args: argparse.Namespace) -> int:
+    print(deploy_files.find(args.name).packaged())
+    return 0
+
+
+def _deploy_install(args: argparse.Namespace) -> int:
+    if "all" in args.names:
+        if args.dest is None:
+            raise InputError("vjob deploy install all: give --dest DIR (the examples of every RMS share one name)")
+        entries = list(deploy_files.CATALOGUE)
+    else:
+        entries = [deploy_files.find(n) for n in dict.fromkeys(args.names)]
+    targets = [deploy_files.destination(e, args.dest) for e in entries]
+    clashes = {t for t in targets if targets.count(t) > 1}
+    if clashes and args.dest is None:
+        raise InputError(f"these names install to the same file {', '.join(map(str, sorted(clashes)))}: give one")
+    for entry in entries:
+        if args.dest is not None and targets.count(deploy_files.destination(entry, args.dest)) > 1:
+            dest = args.dest / entry.name  # the three example vjob.toml files: one directory each
+        else:
+            dest = args.dest
+        path, verdict = deploy_files.install(entry, dest, force=args.force)
+        print(f"{verdict:<9} {path}  ({entry.name}, mode {entry.mode:04o})")
     return 0

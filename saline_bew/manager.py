@@ -39,6 +39,7 @@ from sqlalchemy import update
 from plugins.oar.client import OarUnavailable, SubmitRequest
 from plugins.oar.parse import OarJob
 from provisioning import transfer
+from provisioning.driver import DriverError
 from provisioning.transfer import sha256_file
 from saline_bew import grammar, identity, journal, lease, phases
 from saline_bew.gathering import REPOSITORY, Gathering
@@ -257,8 +258,9 @@ class Manager:
     def process(self, key: str) -> None:
         """Observe, decide and act for one vjob, if its lease is ours.
 
-        A failure of this vjob never stops the pass: OAR unreachable (OarUnavailable) is
-        journalled and retried next pass, as OAR comes back by itself; anything else (a
+        A failure of this vjob never stops the pass: OAR or a node's libvirt unreachable
+        (`unavailable`) is journalled and retried next pass, as they come back by themselves,
+        without counting against the vjob; anything else (a
         garbled OAR answer, a refusal, an unknown user, a bug) is journalled as
         `step_failed`, retried after a doubling wait, and after `max_failures` in a row the
         vjob is marked failed with the reason. Only an unreachable store ends the pass.
@@ -283,12 +285,13 @@ class Manager:
                 raise
             except LeaseLost as exc:
                 _log.warning("vjob lease lost: another manager acts on it", jobs=[key], error=str(exc))
-            except OarUnavailable as exc:  # OAR comes back by itself: retried every pass, not counted
+            except Exception as exc:  # noqa: BLE001 - one vjob's failure must not stop the others
+                if not unavailable(exc):
+                    self._step_failed(job, exc, failures + 1)
+                    return
                 _log.warning("vjob step failed", jobs=[key], error=str(exc))
                 if str(exc) != journal.get(self.store, key).error:
                     self._record(key, "error", {"error": str(exc)}, error=str(exc))
-            except Exception as exc:  # noqa: BLE001 - one vjob's failure must not stop the others
-                self._step_failed(job, exc, failures + 1)
 
     def _step_failed(self, job: SalineJob, exc: Exception, failures: int) -> None:
         reason = str(exc) if isinstance(exc, VjobError) else f"{type(exc).__name__}: {exc}"
@@ -651,6 +654,15 @@ class Manager:
         store_jobs_terminate(self.store, job.key)
         self._record(job.key, "cleaned", {"snapshots_removed": not keep})
         lease.release(self.store, job.key, self.owner)
+
+
+def unavailable(exc: BaseException) -> bool:
+    """A failure of the infrastructure rather than of the vjob: OAR unreachable (or timing out,
+    or answering 5xx), or no connection to a node's libvirt (the driver's connection errors name
+    no VM). Such failures mend by themselves; they are retried every pass, never counted."""
+    if isinstance(exc, OarUnavailable):
+        return True
+    return isinstance(exc, DriverError) and exc.vm == "-"
 
 
 def store_jobs_terminate(store: Store, key: str) -> None:

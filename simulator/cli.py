@@ -8,15 +8,26 @@ weights. Fractions and caps are numbers between 0 and 1; sizes are in nodes.
 from __future__ import annotations
 
 import argparse
+import gzip
+import io
 import itertools
 import json
 import os
+import re
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
+from preemption.scheduling.policies import check_policy
+from simulator.lublin import generate
+from simulator.setup import UbisSetup, apply
+from simulator.sweep import write_sweep
+from simulator.swf import open_text, read_swf, summarise, write_swf
+from simulator.torque_accounting import read_torque_accounting
+from vjob.cli import load_config
+from vjob.config import PriorityConfig
 from vjob.errors import InputError
 
 
@@ -69,9 +80,6 @@ def register(sub: Any) -> None:
 # -- trace ---------------------------------------------------------------------------------
 def read_trace(path: str, *, lenient: bool = False) -> Any:
     """A Workload from an SWF file or a Torque accounting log (told apart by content)."""
-    from simulator.swf import read_swf
-    from simulator.torque_accounting import read_torque_accounting
-
     p = Path(path)
     if not p.exists():
         raise InputError(f"--trace {path}: no such file or directory")
@@ -81,10 +89,6 @@ def read_trace(path: str, *, lenient: bool = False) -> Any:
 
 
 def _looks_like_torque(p: Path) -> bool:
-    import re
-
-    from simulator.swf import open_text
-
     try:
         with open_text(p) as fh:
             for line in itertools.islice(fh, 50):
@@ -96,12 +100,6 @@ def _looks_like_torque(p: Path) -> bool:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    import gzip
-    import io
-
-    from simulator.lublin import generate
-    from simulator.swf import write_swf
-
     workload = generate(args.nodes, args.jobs, args.seed, load=args.load)
     if args.output == "-":
         write_swf(workload, sys.stdout)
@@ -119,8 +117,6 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from simulator.swf import summarise
-
     info = summarise(read_trace(args.file, lenient=args.lenient), args.nodes)
     if args.json:
         print(json.dumps(info, indent=2))
@@ -161,9 +157,6 @@ def _floats(text: str, option: str, low: float, high: float | None) -> list[floa
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from preemption.scheduling.policies import check_policy
-    from vjob.cli import load_config
-
     cfg = load_config(args)
     policies = [check_policy(p.strip()) for p in args.policy.split(",")]
     fracs = _floats(args.interactive_frac, "--interactive-frac", 0.0, 0.99)
@@ -203,10 +196,9 @@ def _simulate(args: argparse.Namespace) -> int:
 
 def run_one(spec: dict[str, Any], show: bool = False) -> dict[str, Any]:
     """One simulation from a plain dict (picklable, so --sweep can run it in a worker)."""
+    # heavy: numba (the engine compiles its passes on import; `vjob trace` never needs it)
     from simulator.engine import ClusterModel, simulate
-    from simulator.metrics import write_all
-    from simulator.setup import UbisSetup, apply
-    from vjob.config import PriorityConfig
+    from simulator.metrics import write_all  # heavy: numba (metrics reads engine results)
 
     workload = _cached_trace(spec["trace"], spec["lenient"])
     if spec["max_jobs"]:
@@ -267,7 +259,7 @@ def _print_table(doc: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from simulator.metrics import table_rows
+    from simulator.metrics import table_rows  # heavy: numba (simulator.metrics imports the engine)
 
     table = Table(title="simulation", show_header=False)
     for key, value in table_rows(doc):
@@ -277,8 +269,6 @@ def _print_table(doc: dict[str, Any]) -> None:
 
 def _sweep(base: dict[str, Any], grid: list[tuple[str, float, float, float]], out: Path, workers: int | None) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from simulator.sweep import write_sweep
 
     out.mkdir(parents=True, exist_ok=True)
     specs = []

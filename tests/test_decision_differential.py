@@ -328,7 +328,7 @@ def assert_same(s: State) -> None:
 
 
 @settings(
-    max_examples=400,
+    max_examples=300,
     derandomize=True,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],

@@ -8,6 +8,7 @@ import pytest
 from ubis_priority import (
     ClusterArrays,
     JobArrays,
+    arrays_from_view,
     compute,
     compute_arrays,
     interactive_allowed,
@@ -258,3 +259,22 @@ def test_the_kernel_refuses_a_nan_submit_time_and_a_share_above_one():
     over = ClusterArrays(**{**cluster.__dict__, "usage": np.array([1.5])})
     with pytest.raises(InputError, match=r"cluster\.usage\[0\] = 1\.5: must be a share in 0\.\.1"):
         compute_arrays(jobs, over, CFG)
+
+
+def test_a_user_with_usage_under_a_targeted_account_does_not_also_take_a_leftover_part():
+    """alice's jobs run under `physics` (target 0.5) and she has recorded usage; bob has no
+    target. bob gets all that is left (0.5): alice is not also counted among the users who
+    split the rest (the ("alice", "") entity her usage record used to add took half of it)."""
+    view = ClusterView(
+        now=1000.0,
+        nodes=(Node("n1", cpus=1, memory_mb=1024),),
+        jobs=(
+            Job("1", "alice", account="physics", submit_time=0.0),
+            Job("2", "bob", submit_time=0.0),
+        ),
+        usage={"alice": 10.0, "bob": 10.0},
+    )
+    _, jobs, cluster = arrays_from_view(view, PriorityConfig(account_targets={"physics": 0.5}))
+    assert cluster.target[jobs.share_index].tolist() == [0.5, 0.5]
+    ref = reference.priorities(view, PriorityConfig(account_targets={"physics": 0.5}))
+    assert ref == compute(view, PriorityConfig(account_targets={"physics": 0.5})).as_dict()

@@ -315,3 +315,16 @@ def test_an_unknown_user_fails_that_vjob_only(manager: Manager, tmp_path: Path) 
     manager.step()
     ev = journal.events(manager.store, "be0000000001")[-1]
     assert ev.kind == "step_failed" and "nosuchuser42" in ev.detail["error"] and "no such user" in ev.detail["error"]
+
+
+def test_an_unreachable_oar_or_node_is_retried_not_counted() -> None:
+    from plugins.oar.client import OarUnavailable
+    from provisioning.driver import DriverError
+    from saline_bew.manager import unavailable
+    from vjob.errors import CommandError
+
+    assert unavailable(OarUnavailable(["GET x"], "OAR API unreachable"))
+    assert unavailable(DriverError("connection", "-", "n9", "Failed to connect socket"))
+    assert not unavailable(DriverError("boot", "be0000000001-vm0", "n1", "no such image"))
+    assert not unavailable(CommandError(["oarsub"], "exit 1: refused"))
+    assert not unavailable(KeyError("x"))

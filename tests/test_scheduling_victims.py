@@ -13,6 +13,7 @@ from preemption.scheduling.victims import (
     running_priorities,
     select_victims,
 )
+from ubis_priority.interactive import cap_limit, within_cap
 from vjob.config import Config, PriorityConfig
 from vjob.errors import InputError
 from vjob.model import VM, ClusterView, Job, JobClass, JobState, Node
@@ -45,11 +46,18 @@ def test_not_enough_preemptible_nodes_or_nothing_needed():
     assert choose_victims(0, [c("a", 0.1, 2)]) == []
 
 
-def test_interactive_cap_is_a_floor_of_the_share():
+def test_interactive_cap_is_the_one_rule_of_ubis_priority():
     assert interactive_cap_allows(0, 52, 1056, 0.05)
     assert not interactive_cap_allows(0, 53, 1056, 0.05)
     assert not interactive_cap_allows(40, 13, 1056, 0.05)
     assert interactive_cap_allows(1000, 56, 1056, None)
+    # 0.29 × 100 is 28.999999999999996 in floating point: the kernel (I term), the simulator
+    # and victim selection all admit 28 nodes, not 29 (victim selection used to round up to
+    # 29, so an interactive job could preempt with its I term already taken away).
+    assert 0.29 * 100 < 29
+    assert interactive_cap_allows(0, 28, 100, 0.29)
+    assert not interactive_cap_allows(0, 29, 100, 0.29)
+    assert within_cap(0.0, 29.0, cap_limit(0.29, 100)) is False
 
 
 def test_reservation_and_backfill_by_hand():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simulator.engine import ClusterModel, Result, simulate
+from simulator.engine import ClusterModel, Result, Simulation, simulate
 from simulator.lublin import generate
 from simulator.setup import UbisSetup, apply
 from simulator.workload import Workload
@@ -216,3 +216,52 @@ def test_take_nodes_prefers_the_previous_nodes_then_the_jobs_image():
     nodes, local, swaps = take_nodes(owner, node_os, free_by_os, 8, 1, 2, np.array([4, 2], dtype=np.int64))
     assert nodes.tolist() == [4, 2] and local and swaps == 2
     assert free_by_os.tolist() == [0, 0]
+
+
+def _two_users(accounts: list[int] | None = None) -> Workload:
+    """40 one-node-at-a-time jobs on a 1-node machine, users 0 and 1 in turn, all queued at 0:
+    who goes first is decided by the Target - Usage term alone (ties: submission order)."""
+    n = 40
+    cols: dict[str, list[float] | np.ndarray] = {
+        "submit": [0.0] * n,
+        "runtime": [100.0] * n,
+        "nodes": [1] * n,
+        "user": [k % 2 for k in range(n)],
+        "os": [0] * n,
+    }
+    if accounts is not None:
+        cols["account"] = [accounts[k % 2] for k in range(n)]
+    return Workload.from_columns(cols)
+
+
+def _mean_start(result: Result, user: int) -> float:
+    w = result.workload
+    return float(result.first_start[w.user == user].mean())
+
+
+def test_the_simulator_honours_user_targets():
+    """[priority] targets names a trace's users by their id: user 1 with a 0.9 target gets the
+    higher Target - Usage term, so its jobs start earlier than with the equal 1/n split."""
+    equal = simulate(_two_users(), one_os(1), "ubis", PriorityConfig())
+    targeted = simulate(_two_users(), one_os(1), "ubis", PriorityConfig(targets={"1": 0.9}))
+    assert _mean_start(targeted, 1) < _mean_start(equal, 1)
+    assert _mean_start(targeted, 0) > _mean_start(equal, 0)
+    # With 1/n, usage alternates the two users; with the target, user 1 runs most jobs first.
+    first_ten = targeted.workload.user[np.argsort(targeted.first_start, kind="stable")[:10]]
+    assert int((first_ten == 1).sum()) >= 8
+
+
+def test_the_simulator_honours_account_targets():
+    """`account_targets` names a trace's accounts (Workload.account, the SWF group) by id."""
+    equal = simulate(_two_users([5, 7]), one_os(1), "ubis", PriorityConfig())
+    targeted = simulate(_two_users([5, 7]), one_os(1), "ubis", PriorityConfig(account_targets={"7": 0.9}))
+    assert _mean_start(targeted, 1) < _mean_start(equal, 1)
+
+
+def test_no_targets_is_the_equal_split():
+    """Without targets every user's share is 1/n, to the bit, as before targets were honoured
+    (the schedules of earlier versions stay the same)."""
+    sim = Simulation(_two_users(), one_os(1), "ubis", PriorityConfig())
+    assert sim.target.tolist() == [0.5, 0.5]
+    sim = Simulation(_two_users(), one_os(1), "ubis", PriorityConfig(targets={"0": 0.2}))
+    assert sim.target.tolist() == [0.2, 0.8]

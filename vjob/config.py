@@ -10,6 +10,7 @@ when it exists; with none of them the embedded defaults apply (SQLite under the 
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import sys
@@ -118,7 +119,18 @@ class AgentConfig(Section):
     rms: Literal["slurm", "pbs", "oar", "sim"] = "slurm"
     """The resource manager `vjob agent` and `vjob status` use when not given --rms."""
     metrics_port: int = Field(0, ge=0, le=65535)
-    """Prometheus metrics port; 0 disables the exporter."""
+    """Prometheus metrics port (TCP); 0 disables the exporter."""
+    metrics_address: str = "127.0.0.1"
+    """IP address the Prometheus exporter listens on: 127.0.0.1 (this host only), an interface's
+    address, or 0.0.0.0 / :: for every interface (then restrict the port with a firewall)."""
+
+    @field_validator("metrics_address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        try:
+            return str(ipaddress.ip_address(value))
+        except ValueError:
+            raise ValueError(f"{value[:80]!r}: must be an IPv4 or IPv6 address, e.g. 127.0.0.1 or 0.0.0.0") from None
     command_timeout_s: float = Field(30.0, gt=0, le=600)
     """Timeout of one RMS command (squeue, qstat, oarstat...)."""
     checkpoint_timeout_s: float = Field(120.0, gt=0, le=3600)

@@ -2,8 +2,12 @@
 
 Why a registry of modules: each capability (priority, simulator, images, planner, RMS
 adapters, best-effort wrapper) owns its subcommands in its own package, and this module only
-knows their names. Exit codes are uniform: 0 success, 2 bad usage or configuration, 1 a
-runtime failure; an error is one line on stderr, with the traceback only under --debug.
+knows their names. `vjob --help` lists the commands from this registry without importing any
+of them (fast, and it works on a base install without the heavy extras); only the module of the
+command being run is imported. Exit codes are uniform: 0 success, 2 bad usage, bad
+configuration or a missing extra, 1 a runtime failure; an error is one line on stderr, with the
+traceback only under --debug. The global options `--config` and `--debug` are accepted
+anywhere on the line (every parser of the tree carries them).
 """
 
 from __future__ import annotations
@@ -13,55 +17,166 @@ import importlib
 import sys
 import traceback
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from vjob import __version__, log
 from vjob import config as vconfig
 from vjob.errors import UsageError, VjobError
 
-# Top-level command -> (module whose `register(sub)` adds it, one-line help). Only the module of
-# the command being run is imported, so `vjob db upgrade` works even when an optional
-# capability's dependencies (OR-Tools, libvirt) cannot be imported on this host.
-COMMANDS: dict[str, tuple[str, str]] = {
-    "db": ("vjob.cli.db", "state store schema: upgrade, downgrade, current, check"),
-    "config": ("vjob.cli.config_cmd", "check a configuration file, show the effective configuration"),
-    "status": ("agent.status_cmd", "vjobs, VMs and recent preemptions"),
-    "agent": ("agent.cli", "run the vjob agent next to an RMS"),
-    "run": ("agent.run_cmd", "the in-job pilot: run this job inside a VM that survives checkpoints"),
-    "prio": ("agent.prio_cmd", "UBIS priorities of pending jobs, per term (like sprio)"),
-    "simulate": ("simulator.cli", "replay a workload trace under a scheduling policy"),
-    "trace": ("simulator.cli", "generate and inspect workload traces"),
-    "image": ("provisioning.cli", "OS image catalogue and distribution"),
-    "vm": ("provisioning.cli", "inspect and operate job VMs (debugging)"),
-    "plan": ("preemption.cli", "plan a cluster-wide context switch"),
-    "rms": ("plugins.cli", "RMS adapter tools"),
-    "besteffort": ("saline_bew.cli", "Saline best-effort jobs on OAR"),
+
+@dataclass(frozen=True)
+class Command:
+    """One top-level command: where it lives, its one-line help, the extra it needs."""
+
+    module: str
+    """The module whose `register(sub)` adds it (imported only when the command runs)."""
+    help: str
+    extra: str | None = None
+    """The pip extra (setup.cfg) without which the command cannot run; None: the base install."""
+
+
+COMMANDS: dict[str, Command] = {
+    "db": Command("vjob.cli.db", "state store schema: upgrade, downgrade, current, check"),
+    "config": Command("vjob.cli.config_cmd", "check a configuration file, show the effective configuration"),
+    "schema": Command("vjob.cli.schema_cmd", "print the JSON Schema of a JSON input (cluster view, instance, plan)"),
+    "completion": Command("vjob.cli.completion", "print a bash or zsh completion script"),
+    "status": Command("agent.status_cmd", "vjobs, VMs and recent preemptions"),
+    "agent": Command("agent.cli", "run the vjob agent next to an RMS (observe, decide, act)"),
+    "run": Command("agent.run_cmd", "the in-job pilot: run this job inside a VM that survives checkpoints", "vm"),
+    "prio": Command("agent.prio_cmd", "UBIS priorities of pending jobs, per term (like sprio)"),
+    "simulate": Command("simulator.cli", "replay a workload trace under a scheduling policy", "sim"),
+    "trace": Command("simulator.cli", "generate and inspect workload traces", "sim"),
+    "image": Command("provisioning.cli", "OS image catalogue and distribution", "vm"),
+    "vm": Command("provisioning.cli", "inspect and operate job VMs (debugging)", "vm"),
+    "plan": Command("preemption.cli", "plan a cluster-wide context switch (CP-SAT needs the planner extra)"),
+    "rms": Command("plugins.cli", "RMS adapter tools: parse a recorded RMS output"),
+    "deploy": Command("plugins.cli", "list and install the files an operator deploys (units, hooks, examples)"),
+    "besteffort": Command("saline_bew.cli", "Saline best-effort jobs on OAR"),
 }
+
+EXTRAS: dict[str, tuple[str, str]] = {
+    "libvirt": ("vm", "libvirt-python"),
+    "ortools": ("planner", "ortools"),
+    "numba": ("sim", "numba"),
+    "llvmlite": ("sim", "numba"),
+    "matplotlib": ("sim", "matplotlib"),
+    "optuna": ("tune", "optuna"),
+    "argparse_manpage": ("dev", "argparse-manpage"),
+}
+"""Top-level module of an optional dependency → (the extra that installs it, its PyPI name)."""
+
+
+class MissingExtraError(UsageError):
+    """A command needs an optional dependency this installation lacks (exit 2, one line)."""
+
+    def __init__(self, what: str, module: str) -> None:
+        extra, dist = EXTRAS.get(module, ("all", module))
+        super().__init__(f"{what} needs {dist}, which is not installed: pip install 'vjob[{extra}]'")
+
+
+def require_extra(what: str, *modules: str) -> None:
+    """Fail at the start of `what` (a command) with the extra to install when one of `modules`
+    cannot be imported, instead of a traceback half-way through the work."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            raise MissingExtraError(what, name.split(".")[0]) from None
+
+
+def missing_extra(exc: ImportError) -> str | None:
+    """The optional dependency whose absence `exc` reports, or None when it is not one."""
+    name = (getattr(exc, "name", None) or "").split(".")[0]
+    return name if name in EXTRAS else None
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that raises UsageError instead of printing usage and exiting by itself."""
+    """argparse that raises UsageError instead of printing usage and exiting by itself, and
+    gives every (sub)command the global options so they are accepted anywhere on the line."""
+
+    def __init__(self, *args: Any, global_defaults: bool = False, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
+        # In a subcommand the defaults are SUPPRESS, so an option given before the command is
+        # not reset by the subparser that does not see it.
+        default: dict[str, Any] = {} if global_defaults else {"default": argparse.SUPPRESS}
+        group = self.add_argument_group("global options")
+        group.add_argument(
+            "--config",
+            metavar="FILE",
+            help="configuration file (default $VJOB_CONFIG, then /etc/vjob/vjob.toml, then built-in defaults)",
+            **default,
+        )
+        group.add_argument("--debug", action="store_true", help="show tracebacks and debug logs", **default)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(f"{self.prog}: {message}")
 
 
-def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
-    parser = _Parser(prog="vjob", description="Virtualized jobs: checkpoint and resume instead of kill.")
-    parser.add_argument("--version", action="version", version=f"vjob {__version__}")
-    parser.add_argument(
-        "--config", metavar="FILE", help="configuration file (default $VJOB_CONFIG, /etc/vjob/vjob.toml)"
+EPILOG = """\
+examples:
+  vjob config check /etc/vjob/vjob.toml     check a configuration file
+  vjob agent --dry-run --once               one tick: log what the agent would do, change nothing
+  vjob deploy list                          the files an operator installs
+  vjob prio --rms slurm                     UBIS priorities of the pending jobs
+  vjob COMMAND --help                       a command's options and examples
+
+Exit codes: 0 success, 2 bad usage, configuration or a missing extra, 1 runtime failure.
+Documentation: docs/operator.md (install, extras, units, metrics), docs/configuration.md."""
+
+
+def _top_parser() -> tuple[_Parser, Any]:
+    parser = _Parser(
+        prog="vjob",
+        description="Virtualized jobs: checkpoint and resume batch jobs instead of killing them.",
+        epilog=EPILOG,
+        global_defaults=True,
     )
-    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    parser.add_argument("--version", action="version", version=f"vjob {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    return parser, sub
+
+
+def _listed_help(cmd: Command) -> str:
+    return f"{cmd.help} [extra: {cmd.extra}]" if cmd.extra else cmd.help
+
+
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The parser for `argv`: the requested command's module only; the others as names."""
+    parser, sub = _top_parser()
     wanted = _requested_command(argv)
-    every = list(dict.fromkeys(m for m, _ in COMMANDS.values()))
-    modules = [COMMANDS[wanted][0]] if wanted in COMMANDS else every
-    for name, (module, help_text) in COMMANDS.items():
-        if module not in modules:
-            sub.add_parser(name, help=help_text)  # listed in --help; its options load when it runs
-    for module in modules:
-        importlib.import_module(module).register(sub)
+    module = COMMANDS[wanted].module if wanted in COMMANDS else None
+    for name, cmd in COMMANDS.items():
+        if cmd.module != module:
+            sub.add_parser(name, help=_listed_help(cmd))  # listed in --help; its options load when it runs
+    if module is not None:
+        try:
+            importlib.import_module(module).register(sub)
+        except ImportError as exc:
+            heavy = missing_extra(exc)
+            if heavy is None:
+                raise
+            raise MissingExtraError(f"vjob {wanted}", heavy) from None
+    return parser
+
+
+def build_full_parser(*, strict: bool = False) -> argparse.ArgumentParser:
+    """Every command's parser (for shell completion, man pages and the help test). A command
+    whose module cannot be imported for a missing extra is listed with its one-line help only,
+    unless `strict`."""
+    parser, sub = _top_parser()
+    done: set[str] = set()
+    for name, cmd in COMMANDS.items():
+        if cmd.module in done:
+            continue
+        try:
+            importlib.import_module(cmd.module).register(sub)
+            done.add(cmd.module)
+        except ImportError as exc:
+            if strict or missing_extra(exc) is None:
+                raise
+            sub.add_parser(name, help=_listed_help(cmd))
     return parser
 
 
@@ -80,8 +195,8 @@ def _requested_command(argv: Sequence[str]) -> str | None:
 
 def load_config(args: argparse.Namespace) -> vconfig.Config:
     """The configuration named by --config / $VJOB_CONFIG, with logging set up from it."""
-    cfg = vconfig.load(args.config)
-    log.configure("debug" if args.debug else cfg.logging.level, cfg.logging.format)
+    cfg = vconfig.load(getattr(args, "config", None))
+    log.configure("debug" if getattr(args, "debug", False) else cfg.logging.level, cfg.logging.format)
     return cfg
 
 
@@ -95,7 +210,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if func is None:
             parser.print_help(sys.stderr)
             return 2
-        result = func(args)
+        try:
+            result = func(args)
+        except ImportError as exc:
+            heavy = missing_extra(exc)
+            if heavy is None:
+                raise
+            raise MissingExtraError(f"vjob {args.command}", heavy) from exc
         return int(result or 0)
     except VjobError as exc:
         if debug:

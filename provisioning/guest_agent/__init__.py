@@ -1,0 +1,16 @@
+"""What runs inside a real vjob guest: its init (`vjob-init`) and the guest agent.
+
+Why files here and not code imported by vjob: both are copied into every image by
+provisioning.image_build and run inside the guest with the guest's own Python (stdlib only);
+the host imports `agent` only in tests, to check the job description it reads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+AGENT = HERE / "agent.py"
+"""Installed as /usr/sbin/vjob-guest-agent."""
+INIT = HERE / "vjob-init"
+"""Installed as /sbin/vjob-init, the guest's PID 1 (kernel command line `init=/sbin/vjob-init`)."""
