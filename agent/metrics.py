@@ -2,7 +2,10 @@
 
 Why a registry of our own rather than the global default: tests and the demo create several
 agents in one process, and each must count only its own events. The exporter is started only
-when `[agent] metrics_port` is set (0 disables it).
+when `[agent] metrics_port` is set (0 disables it), on `[agent] metrics_address` (127.0.0.1 by
+default: the metrics name jobs and nodes, so exposing them is the operator's choice). The
+shipped Grafana dashboard and alert rules use these names; tests/test_operator_deploy.py holds
+them to `AgentMetrics().names()`.
 """
 
 from __future__ import annotations
@@ -59,7 +62,17 @@ class AgentMetrics:
             self.queue.labels(job_class=job_class, state=state).set(n)
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> None:
+        """Serve /metrics on `addr`:`port` (a daemon thread); OSError when the port is taken."""
         start_http_server(port, addr=addr, registry=self.registry)
+
+    def names(self) -> set[str]:
+        """Every series name this registry exports (counters with _total and _created,
+        histograms with _bucket, _sum, _count and _created), for checking dashboards."""
+        suffixes = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count", "_created")}
+        out: set[str] = set()
+        for family in self.registry.collect():
+            out.update(family.name + s for s in suffixes.get(family.type, ("",)))
+        return out
 
     def text(self) -> str:
         return generate_latest(self.registry).decode()

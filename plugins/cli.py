@@ -59,9 +59,7 @@ def _register_rms(sub: Any) -> None:
         epilog=RMS_EPILOG,
     )
     parse.add_argument("--rms", required=True, choices=sorted(RMS_PACKAGES), help="the resource manager's dialect")
-    parse.add_argument(
-        "--kind", required=True, choices=("jobs", "nodes", "partitions"), help="what the output lists"
-    )
+    parse.add_argument("--kind", required=True, choices=("jobs", "nodes", "partitions"), help="what the output lists")
     parse.add_argument("file", help="recorded command output ('-' for standard input)")
     parse.set_defaults(func=_parse)
 

@@ -14,11 +14,22 @@ from provisioning.vm_types import VMSpec
 EMULATOR = "/usr/bin/qemu-system-x86_64"
 
 
-def domain_xml(spec: VMSpec, *, dom_type: str, overlay: Path, console_log: Path) -> str:
+def domain_xml(
+    spec: VMSpec,
+    *,
+    dom_type: str,
+    overlay: Path,
+    console_log: Path,
+    job_disk: Path | None = None,
+    output_logs: tuple[Path, Path] | None = None,
+) -> str:
     """The domain of `spec` on a node of type `dom_type` ("test" for libvirt's test driver).
 
     The disk is the VM's overlay, marked `relabel='no'` on real nodes (the driver owns it to
     the QEMU user itself, see docs/provisioning.md); the serial console is logged to a file.
+    A real job's VM also has its job disk (vdb) and two serial ports logged to files, the
+    job's stdout and stderr (`output_logs`): serial logs go through virtlogd and, unlike a
+    file chardev, are reopened in append mode by every restore.
     """
     root = ET.Element("domain", type=dom_type)
     ET.SubElement(root, "name").text = spec.name
@@ -35,6 +46,9 @@ def domain_xml(spec: VMSpec, *, dom_type: str, overlay: Path, console_log: Path)
     else:
         ET.SubElement(os_el, "boot", dev="hd")
     ET.SubElement(ET.SubElement(root, "features"), "acpi")
+    if spec.cpu_model and dom_type != "test":
+        cpu = ET.SubElement(root, "cpu", mode="custom", match="exact", check="none")
+        ET.SubElement(cpu, "model", fallback="forbid").text = spec.cpu_model
     ET.SubElement(root, "clock", offset="utc")
     for event in ("on_poweroff", "on_reboot", "on_crash"):
         ET.SubElement(root, event).text = "destroy"
@@ -47,9 +61,17 @@ def domain_xml(spec: VMSpec, *, dom_type: str, overlay: Path, console_log: Path)
     if dom_type != "test":
         ET.SubElement(source, "seclabel", model="dac", relabel="no")
     ET.SubElement(disk, "target", dev="vda", bus="virtio")
-    serial = ET.SubElement(devices, "serial", type="pty")
-    ET.SubElement(serial, "log", file=str(console_log), append="on")
-    ET.SubElement(serial, "target", port="0")
+    if job_disk is not None:
+        disk = ET.SubElement(devices, "disk", type="file", device="disk")
+        ET.SubElement(disk, "driver", name="qemu", type="qcow2")
+        source = ET.SubElement(disk, "source", file=str(job_disk))
+        if dom_type != "test":
+            ET.SubElement(source, "seclabel", model="dac", relabel="no")
+        ET.SubElement(disk, "target", dev="vdb", bus="virtio")
+    for port, path in enumerate([console_log, *(output_logs or ())]):
+        serial = ET.SubElement(devices, "serial", type="pty")
+        ET.SubElement(serial, "log", file=str(path), append="on")
+        ET.SubElement(serial, "target", port=str(port))
     console = ET.SubElement(devices, "console", type="pty")
     ET.SubElement(console, "target", type="serial", port="0")
     if dom_type != "test":
@@ -57,22 +79,36 @@ def domain_xml(spec: VMSpec, *, dom_type: str, overlay: Path, console_log: Path)
     return ET.tostring(root, encoding="unicode")
 
 
-def retarget(saved_xml: str, *, overlay: Path, console_log: Path) -> str | None:
-    """A saved domain's XML with this node's overlay and console-log paths; None if unchanged.
+def retarget(
+    saved_xml: str,
+    *,
+    overlay: Path,
+    console_log: Path,
+    job_disk: Path | None = None,
+    output_logs: tuple[Path, Path] | None = None,
+) -> str | None:
+    """A saved domain's XML with this node's disk and log paths; None if unchanged.
 
     Why: a state saved on one node records that node's paths; restoring it elsewhere must
-    point QEMU at the copies on the destination.
+    point QEMU at the copies on the destination. Disks are matched by target (vda the
+    overlay, vdb the job disk), serial logs by port (0 console, 1 stdout, 2 stderr).
     """
     root = ET.fromstring(saved_xml)
     changed = False
-    want_disk = str(overlay)
-    for source in root.findall("./devices/disk[@device='disk']/source"):
-        if source.get("file") and source.get("file") != want_disk:
-            source.set("file", want_disk)
+    disks = {"vda": overlay, "vdb": job_disk}
+    for disk in root.findall("./devices/disk[@device='disk']"):
+        source, target = disk.find("source"), disk.find("target")
+        dev = target.get("dev") if target is not None else "vda"
+        want = disks.get(dev or "vda", overlay)
+        if source is not None and source.get("file") and want is not None and source.get("file") != str(want):
+            source.set("file", str(want))
             changed = True
-    want_log = str(console_log)
-    for log_el in root.findall("./devices/serial/log"):
-        if log_el.get("file") != want_log:
+    logs = [console_log, *(output_logs or ())]
+    for serial in root.findall("./devices/serial"):
+        log_el, target = serial.find("log"), serial.find("target")
+        port = int(target.get("port", "0")) if target is not None else 0
+        want_log = str(logs[port] if port < len(logs) else console_log)
+        if log_el is not None and log_el.get("file") != want_log:
             log_el.set("file", want_log)
             changed = True
     return ET.tostring(root, encoding="unicode") if changed else None

@@ -60,6 +60,12 @@ class VMSpec:
     kernel: Path | None = None
     initrd: Path | None = None
     cmdline: str = ""
+    job_disk: Path | None = None
+    """A second disk (vdb) holding the job's files (provisioning.job_disk), part of the VM."""
+    output_ports: bool = False
+    """Two more serial ports logged to files: the job's stdout (ttyS1) and stderr (ttyS2)."""
+    cpu_model: str = ""
+    """A named CPU model (e.g. qemu64) so that a saved state restores on any host; "" = libvirt's."""
 
     def __post_init__(self) -> None:
         check_name("vm", self.name)

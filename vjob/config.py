@@ -131,6 +131,7 @@ class AgentConfig(Section):
             return str(ipaddress.ip_address(value))
         except ValueError:
             raise ValueError(f"{value[:80]!r}: must be an IPv4 or IPv6 address, e.g. 127.0.0.1 or 0.0.0.0") from None
+
     command_timeout_s: float = Field(30.0, gt=0, le=600)
     """Timeout of one RMS command (squeue, qstat, oarstat...)."""
     checkpoint_timeout_s: float = Field(120.0, gt=0, le=3600)
