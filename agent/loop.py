@@ -43,6 +43,7 @@ from vjob.errors import CommandError, StoreError, VjobError
 from vjob.model import ClusterView
 from vjob.pilot_files import PilotDir, PilotState, pilot_root
 from vjob.rms import RMSAdapter
+from vjob.sdnotify import Notifier
 from vjob.store import leases
 from vjob.store.db import Store, open_store
 
@@ -109,6 +110,8 @@ class Agent:
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lease_name = f"agent:{rms}"
         self._lease_until = 0.0
+        self.notify = Notifier()
+        """systemd's watchdog (Type=notify units): pinged after every tick and while waiting."""
 
     # -- store ----------------------------------------------------------------------------
     def store(self) -> Store:
@@ -294,6 +297,7 @@ class Agent:
                     self.metrics.errors.labels(kind="unexpected").inc()
                     self.log.exception("unexpected error in a tick, retrying")
                     self._recovered = False
+                self.notify.watchdog()
                 if once:
                     return
                 interval = self.cfg.agent.interval_s
@@ -308,6 +312,7 @@ class Agent:
                         self.log.info("woken before the next tick", files=changed)
                         break
                     stop.wait(min(0.5, max(0.0, deadline - time.monotonic())))
+                    self.notify.watchdog()
                 if stop.is_set():
                     return
         finally:

@@ -21,12 +21,19 @@ controls then mean the right thing for a vjob:
 
 The VM itself is handled by provisioning.driver; this module decides when to boot, save,
 restore and delete, and keeps the state file true.
+
+A real job (a catalogue image such as `debian12`, docs/realjobs.md) differs in three ways: its
+VM has a job disk built from the working directory at the first boot
+(provisioning.job_disk), the guest's stdout and stderr serial logs are copied to the pilot's
+stdout and stderr, and when the guest ends the job's files are copied back and the pilot exits
+with the script's exit status (so the RMS records it).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import stat
 import sys
 import threading
 import time
@@ -36,6 +43,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
+from provisioning import job_disk
 from vjob import log
 from vjob.errors import VjobError
 from vjob.model import VMState
@@ -77,6 +85,13 @@ class DriverVM:
     def delete(self) -> None:
         self.driver.delete(self.name, self.node)
 
+    def output_logs(self) -> tuple[Path, Path]:
+        return self.driver.output_logs(self.name, self.node)
+
+    def collect(self, workdir: Path) -> int | None:
+        """A real job's exit status, after copying its files back (None: it never ended)."""
+        return job_disk.collect(self.driver.job_disk_path(self.name, self.node), workdir).exit_code
+
     def forget(self, node: str) -> None:
         """Delete whatever an older job of the same name left on `node` (VM, disk, state)."""
         self.driver.delete(self.name, node)
@@ -97,6 +112,9 @@ class PilotSettings:
     restart_count: int | None = None
     """How often the RMS restarted the job (Slurm: SLURM_RESTART_COUNT); None when unknown.
     0 means a first start: state left under the same job id belongs to an older job."""
+    workdir: Path | None = None
+    """A real job's working directory (staged into its job disk, results copied back); None
+    for the counter guest."""
 
 
 class _Signals:
@@ -161,11 +179,21 @@ class ConsoleTail(threading.Thread):
 class Pilot:
     """One vjob's pilot: boot or restore, then watch for the end, a request or SIGTERM."""
 
-    def __init__(self, settings: PilotSettings, pdir: PilotDir, vm: DriverVM, *, out: IO[str] | None = None) -> None:
+    def __init__(
+        self,
+        settings: PilotSettings,
+        pdir: PilotDir,
+        vm: DriverVM,
+        *,
+        out: IO[str] | None = None,
+        err: IO[str] | None = None,
+    ) -> None:
         self.s = settings
         self.pdir = pdir
         self.vm = vm
         self.out = out or sys.stdout
+        self.err = err or sys.stderr
+        self.real = settings.workdir is not None
         self.signals = _Signals()
         self.log = log.get("pilot").bind(job=settings.job_id, vm=vm.name, node=settings.node)
         self.status: PilotStatus | None = None
@@ -177,21 +205,30 @@ class Pilot:
         self.pdir.write_state(self.status)
 
     def _say(self, text: str) -> None:
-        self.out.write(f"vjob: {text}\n")
-        self.out.flush()
+        stream = self.err if self.real else self.out  # a real job's stdout is the job's own
+        stream.write(f"vjob: {text}\n")
+        stream.flush()
 
     # -- main ---------------------------------------------------------------------------
     def run(self) -> int:
         self.pdir.ensure()
         self.signals.install()
+        replay = _empty_file(self.out)  # the RMS truncated the output at a requeue: copy it all again
         try:
             self._start()
-            tail = ConsoleTail(self.vm.console_log(), self.out, start_at_end=self._resumed)
-            tail.start()
+            if self.real:
+                out_log, err_log = self.vm.output_logs()
+                tails = [ConsoleTail(out_log, self.out, start_at_end=self._resumed and not replay),
+                         ConsoleTail(err_log, self.err, start_at_end=self._resumed and not replay)]  # fmt: skip
+            else:
+                tails = [ConsoleTail(self.vm.console_log(), self.out, start_at_end=self._resumed)]
+            for tail in tails:
+                tail.start()
             try:
                 return self._watch()
             finally:
-                tail.stop()
+                for tail in tails:
+                    tail.stop()
         except VjobError as exc:
             self.log.error("pilot failed", error=str(exc))
             if self.status is not None:
@@ -271,13 +308,28 @@ class Pilot:
                     return EXIT_CHECKPOINTED
                 continue
             if not self.vm.active():
-                self._say("guest ended")
-                self.vm.delete()
-                self._move(PilotState.FINISHED)
-                self.log.info("finished")
-                return EXIT_FINISHED
+                return self._finish()
             self.signals.wake.wait(self.s.poll_s)
             self.signals.wake.clear()
+
+    def _finish(self) -> int:
+        """The guest powered off: a real job's files come back and its exit status is ours."""
+        code = EXIT_FINISHED
+        if self.s.workdir is not None:
+            exit_code = self.vm.collect(self.s.workdir)
+            if exit_code is None:
+                self._say(f"the job ended without an exit status; guest console: {self.vm.console_log()}")
+                self._say("last console lines: " + " | ".join(_last_lines(self.vm.console_log(), 8)))
+                self._move(PilotState.FAILED, message="the guest ended without the job's exit status")
+                return EXIT_FAILED  # VM kept (powered off) for a look; deleted with the job's next run
+            code = exit_code
+            self._say(f"job exited with status {code}; files copied back to {self.s.workdir}")
+        else:
+            self._say("guest ended")
+        self.vm.delete()
+        self._move(PilotState.FINISHED)
+        self.log.info("finished", exit_code=code)
+        return code
 
     def _save(self, request_id: str, nodes: tuple[str, ...] = ()) -> None:
         self._move(PilotState.SAVING, request_id=request_id)
@@ -324,3 +376,22 @@ class Pilot:
         self.pdir.withdraw_request()
         self._restore(self.s.node)
         return False
+
+
+def _empty_file(stream: IO[str]) -> bool:
+    """Whether `stream` is an empty regular file (a fresh or truncated job output file)."""
+    try:
+        st = os.fstat(stream.fileno())
+    except (OSError, ValueError, AttributeError):
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_size == 0
+
+
+def _last_lines(path: Path, count: int) -> list[str]:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, os.fstat(fh.fileno()).st_size - 8192))
+            text = fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return []
+    return [line.strip() for line in text.splitlines() if line.strip()][-count:]

@@ -67,16 +67,32 @@ VIEW_SOURCES: dict[str, Callable[[str, Config], ClusterView]] = {"snapshot": vie
 """Option dest → loader; exactly one source option is given on the command line."""
 
 
+EPILOG = """\
+examples:
+  vjob prio --rms slurm                      live, as the agent would compute them now
+  vjob prio --from view.json --format csv    a saved cluster view (docs/clusterview.md)
+  vjob prio --rms pbs --explain 1234.server  raw -> normalised -> weighted, per term
+
+Columns: PRIORITY (0..sum of the weights), SITE (Slurm site factor sent), PBS (qalter -p value),
+then each weighted term."""
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "prio",
         help="show the UBIS priority of pending jobs (like sprio)",
         description="UBIS priorities of the pending jobs, each weighted term shown; see docs/priority.md.",
+        epilog=EPILOG,
     )
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--from", dest="snapshot", metavar="SNAPSHOT.json", help="a saved ClusterView ('-': stdin)")
+    source.add_argument(
+        "--from",
+        dest="snapshot",
+        metavar="SNAPSHOT.json",
+        help="a saved ClusterView ('-': stdin; `vjob schema clusterview`)",
+    )
     source.add_argument("--rms", choices=("slurm", "pbs", "oar"), help="the live jobs of this RMS")
-    p.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    p.add_argument("--format", choices=("table", "json", "csv"), default="table", help="output format (default table)")
     p.add_argument("--explain", metavar="JOBID", help="show raw → normalised → weighted for every term of one job")
     p.set_defaults(func=_prio)
 

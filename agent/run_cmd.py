@@ -5,6 +5,11 @@
     #VJOB os=debian-tiny
     vjob run                      # or: vjob run --os debian-tiny --payload work.sh
 
+A real job (docs/realjobs.md) runs an unchanged script in a Debian guest of the catalogue:
+
+    vjob run --os debian12 --script job.sh -- arg1 arg2
+    vjob run --os debian12 --script - --base64 < job.b64     # what job_submit.lua's wrapper does
+
 The job id and node come from the RMS's environment (the variables its adapter declares,
 plugins.job_environment: SLURM_JOB_ID and SLURMD_NODENAME; PBS and OAR equivalents), or
 --job-id/--node. The OS image comes from --os, $VJOB_OS, or the
@@ -14,24 +19,35 @@ plugins.job_environment: SLURM_JOB_ID and SLURMD_NODENAME; PBS and OAR equivalen
 from __future__ import annotations
 
 import argparse
+import base64
+import binascii
 import os
+import pwd
+import re
 import socket
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 from agent.pilot import DriverVM, Pilot, PilotSettings
 from plugins import RMS_PACKAGES, job_environment
 from plugins.slurm.images import requested_image
-from provisioning import guest
+from provisioning import guest, images, job_disk, safe_dirs
 from vjob.cli import load_config
-from vjob.config import Config
+from vjob.config import Config, ProvisioningConfig
 from vjob.errors import CommandError, InputError, UsageError
 from vjob.pilot_files import PilotDir, pilot_root, vm_name
 from vjob.rms import JobEnvironment
 
 TINY_IMAGE = "debian-tiny"
 """The tiny counter guest (provisioning.guest): the image vjob can always offer."""
+REAL_MIN_MEMORY_MIB = 256
+"""A Debian guest with Python needs more than the counter guest's 128 MiB."""
+MAX_SCRIPT_READ = 8 << 20
+USER_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
+HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]{0,62}")
 
 
 def register(sub: Any) -> None:
@@ -42,6 +58,11 @@ def register(sub: Any) -> None:
     p.add_argument("--os", dest="os_image", help="OS image (default: $VJOB_OS or the script's #VJOB os= line)")
     p.add_argument("--memory", type=int, default=128, metavar="MIB", help="VM memory in MiB (default 128)")
     p.add_argument("--payload", metavar="FILE", help="shell script the guest runs instead of its counter")
+    p.add_argument(
+        "--script", metavar="FILE", help="real image: the job's script, run unchanged in the guest ('-': stdin)"
+    )
+    p.add_argument("--base64", action="store_true", help="the script is base64 (the Slurm wrapper's encoding)")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="-- then the script's arguments")
     p.add_argument(
         "--orphan-resume",
         type=float,
@@ -68,10 +89,40 @@ def _run(args: argparse.Namespace) -> int:
             payload = Path(args.payload).read_text()
         except OSError as exc:
             raise InputError(f"--payload {args.payload}: cannot read: {exc.strerror}") from None
-    check_image(image)
     name = vm_name(args.rms, job_id)
+    if image == TINY_IMAGE:
+        return _run_tiny(args, cfg, env, job_id, node, name, payload)
+    local = check_image(image, cfg, node)
+    prov = user_provisioning(cfg.provisioning)
+    script = _read_script(args)
+    workdir = Path.cwd()
+    job_disk.measure(workdir, prov.stage_limit_mb * 2**20)  # refused before anything starts
+    job = job_description(script, _script_args(args.args), node)
     settings = PilotSettings(
-        rms=args.rms, job_id=job_id, node=node, image=image, memory_mb=args.memory,
+        rms=args.rms, job_id=job_id, node=node, image=image, memory_mb=max(args.memory, REAL_MIN_MEMORY_MIB),
+        orphan_resume_s=args.orphan_resume, restart_count=_restart_count(args, env), workdir=workdir,
+    )  # fmt: skip
+    driver = _driver(cfg, prov)
+    try:
+
+        def spec() -> Any:
+            disk = driver.job_disk_path(name, node)
+            safe_dirs.ensure_dir(disk.parent, 0o711)
+            job_disk.build(workdir, job, disk, limit_bytes=prov.stage_limit_mb * 2**20,
+                           free_bytes=prov.job_disk_free_mb * 2**20)  # fmt: skip
+            return real_spec(local, name, settings.memory_mb, disk, cpu_model=prov.cpu_model)
+
+        vm = DriverVM(driver, name, node, spec)
+        return Pilot(settings, PilotDir(pilot_root(cfg), args.rms, job_id), vm).run()
+    finally:
+        driver.close()
+
+
+def _run_tiny(
+    args: argparse.Namespace, cfg: Config, env: JobEnvironment, job_id: str, node: str, name: str, payload: str | None
+) -> int:
+    settings = PilotSettings(
+        rms=args.rms, job_id=job_id, node=node, image=TINY_IMAGE, memory_mb=args.memory,
         orphan_resume_s=args.orphan_resume, restart_count=_restart_count(args, env),
     )  # fmt: skip
     driver = _driver(cfg)
@@ -80,11 +131,68 @@ def _run(args: argparse.Namespace) -> int:
             driver,
             name,
             node,
-            lambda: guest_spec(image, name, args.memory, payload, qemu_user=cfg.provisioning.qemu_user),
+            lambda: guest_spec(TINY_IMAGE, name, args.memory, payload, qemu_user=cfg.provisioning.qemu_user),
         )
         return Pilot(settings, PilotDir(pilot_root(cfg), args.rms, job_id), vm).run()
     finally:
         driver.close()
+
+
+def user_provisioning(prov: ProvisioningConfig) -> ProvisioningConfig:
+    """The provisioning settings of a pilot that is not root: the user's own libvirt.
+
+    Why: a job runs as its user, who cannot use root's libvirt (qemu:///system) nor write its
+    VM directories. With qemu:///session QEMU runs as the user, the VM's disks and memory
+    states are the user's own files (under $XDG_DATA_HOME/vjob, normally on the shared home,
+    so a resume on another node finds them), and no privilege is involved anywhere.
+    """
+    if os.geteuid() == 0:
+        return prov
+    base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "vjob"
+    return prov.model_copy(
+        update={"default_uri": "qemu:///session", "nodes": {}, "vm_dir": str(base / "vms"),
+                "snapshot_dir": str(base / "snapshots"), "copy_method": "local"}
+    )  # fmt: skip
+
+
+def _read_script(args: argparse.Namespace) -> bytes:
+    if not args.script:
+        raise UsageError("vjob run: a real image runs a script: give --script FILE (or - for stdin)")
+    try:
+        data = sys.stdin.buffer.read(MAX_SCRIPT_READ) if args.script == "-" else Path(args.script).read_bytes()
+    except OSError as exc:
+        raise InputError(f"--script {args.script}: cannot read: {exc.strerror}") from None
+    if args.base64:
+        try:
+            data = base64.b64decode(b"".join(data.split()), validate=True)
+        except (binascii.Error, ValueError):
+            raise InputError(f"--script {args.script}: not valid base64") from None
+    return data
+
+
+def _script_args(raw: list[str]) -> list[str]:
+    return raw[1:] if raw and raw[0] == "--" else list(raw)
+
+
+def job_description(script: bytes, args: list[str], node: str) -> job_disk.JobDescription:
+    """The job as the guest agent runs it: this process's user (the kernel's word, not the
+    environment's), its working directory, environment and the node name as host name."""
+    uid, gid = os.getuid(), os.getgid()
+    try:
+        pw = pwd.getpwuid(uid)
+        user, home = pw.pw_name, os.path.normpath(pw.pw_dir or "/")
+    except KeyError:
+        user, home = f"u{uid}", "/"
+    if not USER_NAME.fullmatch(user):
+        user = f"u{uid}"
+    if home == "/":
+        home = f"/home/{user}"
+    env = {k: v for k, v in os.environ.items() if ENV_NAME.fullmatch(k) and "\0" not in v}
+    env.update({"VJOB_IMAGE_GUEST": "1", "VJOB_NODE": node})
+    host = node if HOST_NAME.fullmatch(node) else "vjob"
+    job = job_disk.JobDescription(script=script, args=args, env=env, uid=uid, gid=gid, user=user, home=home,
+                                  cwd=os.path.normpath(os.getcwd()), hostname=host)  # fmt: skip
+    return job_disk.check_description(job)
 
 
 def _restart_count(args: argparse.Namespace, env: JobEnvironment) -> int | None:
@@ -94,17 +202,43 @@ def _restart_count(args: argparse.Namespace, env: JobEnvironment) -> int | None:
     return env.restarts_from(os.environ, in_job=in_job)
 
 
-def _driver(cfg: Config) -> Any:
+def _driver(cfg: Config, prov: ProvisioningConfig | None = None) -> Any:
     from provisioning.driver import Driver  # heavy: libvirt-python
 
-    return Driver(cfg.provisioning, data_dir=cfg.data_path)
+    return Driver(prov or cfg.provisioning, data_dir=cfg.data_path)
 
 
-def check_image(image: str) -> str:
-    """Refuse an image this node cannot run before anything is started."""
-    if image != TINY_IMAGE:
-        raise InputError(f"OS image {image!r}: unknown on this node; known images: {TINY_IMAGE}")
-    return image
+def known_images(cfg: Config, node: str) -> list[str]:
+    directory = images.node_image_dir(cfg.provisioning, cfg.data_path, node)
+    try:
+        names = [
+            p.name[: -len(images.INDEX_SUFFIX)] for p in directory.iterdir() if p.name.endswith(images.INDEX_SUFFIX)
+        ]
+    except OSError:
+        names = []
+    return sorted({TINY_IMAGE, *names})
+
+
+def check_image(image: str, cfg: Config | None = None, node: str = "") -> images.LocalImage | None:
+    """The image as this node holds it (None for the counter guest); refused before anything
+    is started when the node does not hold it."""
+    if image == TINY_IMAGE:
+        return None
+    local = images.local_image(cfg.provisioning, cfg.data_path, node, image) if cfg is not None else None
+    if local is None or local.kernel is None or local.initrd is None:
+        known = ", ".join(known_images(cfg, node)) if cfg is not None else TINY_IMAGE
+        raise InputError(f"OS image {image!r}: unknown on this node; known images: {known}")
+    return local
+
+
+def real_spec(local: images.LocalImage, vm: str, memory_mib: int, disk: Path, *, cpu_model: str = "") -> Any:
+    """The VMSpec of a real job: the image's own kernel and initrd, its job disk, output ports."""
+    from provisioning.driver import VMSpec  # heavy: libvirt-python
+
+    return VMSpec(
+        name=vm, image=local.path, image_format=local.format, memory_mib=memory_mib, kernel=local.kernel,
+        initrd=local.initrd, cmdline=local.cmdline, job_disk=disk, output_ports=True, cpu_model=cpu_model,
+    )  # fmt: skip
 
 
 def guest_spec(image: str, vm: str, memory_mib: int, payload: str | None, *, qemu_user: str = "libvirt-qemu") -> Any:

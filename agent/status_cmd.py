@@ -18,9 +18,23 @@ from vjob.store import jobs as store_jobs
 from vjob.store import journal
 from vjob.store.db import open_store
 
+EPILOG = """\
+examples:
+  vjob status                      vjobs of [agent] rms and the last 10 context switches
+  vjob status --rms pbs --switches 50
+  vjob status --json | jq '.vjobs[] | select(.pilot == "saved")'
+
+Works with the RMS or the database down: each source that fails is a warning."""
+
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("status", help="vjobs, VMs and recent preemptions")
+    p = sub.add_parser(
+        "status",
+        help="vjobs, VMs and recent preemptions",
+        description="The vjobs (from their pilots' state files and the store: node, state, saves, Pn, Pt) and "
+        "the recent context switches with their victims.",
+        epilog=EPILOG,
+    )
     p.add_argument("--rms", choices=("slurm", "pbs", "oar"), help="only this RMS's vjobs (default: [agent] rms)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--switches", type=int, default=10, metavar="N", help="recent switches to show (default 10)")

@@ -23,9 +23,9 @@ from pathlib import Path
 
 from rich.console import Console
 
+from devkit.demo import Scenario
 from devkit.devcluster import DevCluster, Settings
 from vjob import log
-from devkit.demo import Scenario
 
 
 def one_run(cluster: DevCluster, work: Path, *, agent: bool, batch_seconds: int, console: Console) -> dict:

@@ -18,9 +18,9 @@ from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
+from devkit.devcluster import DevCluster, Settings
 from plugins.slurm.adapter import SlurmAdapter
 from plugins.slurm.commands import SlurmCommands
-from devkit.devcluster import DevCluster, Settings
 
 
 def main() -> None:

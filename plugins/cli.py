@@ -74,12 +74,18 @@ def _register_deploy(sub: Any) -> None:
     )
     dsub = p.add_subparsers(dest="deploy_command", metavar="ACTION", required=True)
     lst = dsub.add_parser(
-        "list", help="the installable files: name, usual destination, what it is", epilog=DEPLOY_EPILOG
+        "list",
+        help="the installable files: name, usual destination, what it is",
+        description="List the files shipped for operators: their names, usual destinations and purpose.",
+        epilog=DEPLOY_EPILOG,
     )
     lst.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     lst.set_defaults(func=_deploy_list)
     path = dsub.add_parser(
-        "path", help="print where the packaged file NAME is (to read or diff it)", epilog=DEPLOY_EPILOG
+        "path",
+        help="print where the packaged file NAME is (to read or diff it)",
+        description="Print the path of the packaged file NAME inside the installed vjob.",
+        epilog=DEPLOY_EPILOG,
     )
     path.add_argument("name", metavar="NAME", help="a name from `vjob deploy list`")
     path.set_defaults(func=_deploy_path)

@@ -15,6 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from provisioning import image_build
 from provisioning.distribution import Plan, Transfer, routing_tables
 from provisioning.driver import Driver
 from provisioning.images import Catalogue
@@ -32,6 +33,11 @@ def register(sub: Any) -> None:
     add.add_argument("--file", required=True, type=Path, help="qcow2 or raw disk image")
     add.add_argument("--version", default="1")
     add.set_defaults(func=_image_add)
+    bld = isub.add_parser("build", help="build a bootable Debian 12 guest for real jobs (or import one)")
+    bld.add_argument("name", nargs="?", default="debian12", help="image name (default debian12)")
+    bld.add_argument("--packages", help="comma-separated Debian packages the site's jobs need")
+    bld.add_argument("--from", dest="from_file", type=Path, help="import this qcow2/raw image (ext4 on the whole disk)")
+    bld.set_defaults(func=_image_build)
     lst = isub.add_parser("list", help="images, sizes, checksums and the nodes holding them")
     lst.add_argument("--json", action="store_true")
     lst.set_defaults(func=_image_list)
@@ -85,6 +91,16 @@ def _catalogue(args: argparse.Namespace) -> Catalogue:
 def _image_add(args: argparse.Namespace) -> int:
     info = _catalogue(args).add(args.name, args.file, version=args.version)
     print(f"image {info.name} version {info.version}: {info.format}, {info.size_bytes} bytes, sha256 {info.sha256}")
+    return 0
+
+
+def _image_build(args: argparse.Namespace) -> int:
+    console = Console(stderr=True)
+    with console.status(f"building image {args.name}") as status:
+        result = image_build.build(
+            _catalogue(args), args.name, packages=args.packages, from_file=args.from_file, say=status.update
+        )
+    print(image_build.describe(result))
     return 0
 
 

@@ -22,6 +22,7 @@ def domain_xml(
     console_log: Path,
     job_disk: Path | None = None,
     output_logs: tuple[Path, Path] | None = None,
+    seclabels: bool = True,
 ) -> str:
     """The domain of `spec` on a node of type `dom_type` ("test" for libvirt's test driver).
 
@@ -29,8 +30,10 @@ def domain_xml(
     the QEMU user itself, see docs/provisioning.md); the serial console is logged to a file.
     A real job's VM also has its job disk (vdb) and two serial ports logged to files, the
     job's stdout and stderr (`output_logs`): serial logs go through virtlogd and, unlike a
-    file chardev, are reopened in append mode by every restore.
+    file chardev, are reopened in append mode by every restore. A user's own libvirt
+    (qemu:///session, `seclabels=False`) has no DAC driver: QEMU runs as the disks' owner.
     """
+    seclabels = seclabels and dom_type != "test"
     root = ET.Element("domain", type=dom_type)
     ET.SubElement(root, "name").text = spec.name
     ET.SubElement(root, "memory", unit="MiB").text = str(spec.memory_mib)
@@ -58,14 +61,14 @@ def domain_xml(
     disk = ET.SubElement(devices, "disk", type="file", device="disk")
     ET.SubElement(disk, "driver", name="qemu", type="qcow2")
     source = ET.SubElement(disk, "source", file=str(overlay))
-    if dom_type != "test":
+    if seclabels:
         ET.SubElement(source, "seclabel", model="dac", relabel="no")
     ET.SubElement(disk, "target", dev="vda", bus="virtio")
     if job_disk is not None:
         disk = ET.SubElement(devices, "disk", type="file", device="disk")
         ET.SubElement(disk, "driver", name="qemu", type="qcow2")
         source = ET.SubElement(disk, "source", file=str(job_disk))
-        if dom_type != "test":
+        if seclabels:
             ET.SubElement(source, "seclabel", model="dac", relabel="no")
         ET.SubElement(disk, "target", dev="vdb", bus="virtio")
     for port, path in enumerate([console_log, *(output_logs or ())]):

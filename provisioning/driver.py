@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import pwd
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -35,7 +36,7 @@ import libvirt
 from sqlalchemy import select
 
 from provisioning import domain_xml as domxml
-from provisioning import integrity, safe_dirs, transfer
+from provisioning import guest, integrity, kvm_probe, safe_dirs, transfer
 from provisioning.transfer import Endpoint
 from provisioning.vm_types import (
     MANIFEST_SUFFIX,
@@ -123,6 +124,15 @@ class Driver:
 
     def console_log(self, vm: str, node: str) -> Path:
         return self.vm_dir(node) / f"{check_name('vm', vm)}.console.log"
+
+    def job_disk_path(self, vm: str, node: str) -> Path:
+        """The VM's job disk (provisioning.job_disk): a real job's files, part of the VM."""
+        return self.vm_dir(node) / f"{check_name('vm', vm)}.job.qcow2"
+
+    def output_logs(self, vm: str, node: str) -> tuple[Path, Path]:
+        """Where the guest's second and third serial ports (the job's stdout, stderr) are logged."""
+        base = self.vm_dir(node) / check_name("vm", vm)
+        return base.with_name(base.name + ".stdout.log"), base.with_name(base.name + ".stderr.log")
 
     def state_path(self, vm: str, node: str) -> Path:
         return self.snapshot_dir(node) / f"{check_name('vm', vm)}{STATE_SUFFIX}"
@@ -263,6 +273,10 @@ class Driver:
             )
             overlay.chmod(0o600)
             self._own_overlay(spec.name, node)
+        if spec.job_disk is not None:
+            if spec.job_disk != self.job_disk_path(spec.name, node) or not spec.job_disk.is_file():
+                raise DriverError("define", spec.name, node, f"job disk {spec.job_disk}: missing or not in the VM dir")
+            self._own_overlay(spec.name, node, spec.job_disk)
         if self._domain(spec.name, node) is None:
             xml = self.domain_xml(spec, node)
             conn = self.connection(node)
@@ -270,7 +284,7 @@ class Driver:
         self._record_vm(spec, node, job_id, overlay)
         _log.info("vm defined", vm=spec.name, node=node, overlay=str(overlay))
 
-    def _own_overlay(self, vm: str, node: str) -> None:
+    def _own_overlay(self, vm: str, node: str, disk: Path | None = None) -> None:
         """Give the overlay to the QEMU user, 0600, and keep libvirt from relabelling it.
 
         Why: with dynamic ownership, the libvirtd a VM leaves restores the file's original
@@ -278,9 +292,9 @@ class Driver:
         reopen it: "Permission denied" at resume, or a failed save later. A fixed owner and
         `relabel='no'` on the disk make every node agree.
         """
-        if self._is_test(node):
-            return
-        overlay = self.overlay_path(vm, node)
+        if self._is_test(node) or (self.host(node) is None and os.geteuid() != 0):
+            return  # a user's own libvirt (qemu:///session): QEMU runs as the user, who owns the disk
+        overlay = disk or self.overlay_path(vm, node)
         host = self.host(node)
         user = self.config.qemu_user
         if host is None:
@@ -297,10 +311,61 @@ class Driver:
         """The libvirt domain XML of `spec` on `node` (type test on test:// URIs)."""
         return domxml.domain_xml(
             spec,
-            dom_type="test" if self._is_test(node) else self.config.domain_type,
+            dom_type="test" if self._is_test(node) else self.domain_type(node),
             overlay=self.overlay_path(spec.name, node),
             console_log=self.console_log(spec.name, node),
+            job_disk=spec.job_disk,
+            output_logs=self.output_logs(spec.name, node) if spec.output_ports else None,
+            seclabels=not self.uri(node).endswith("/session"),
         )
+
+    def domain_type(self, node: str) -> str:
+        """ "kvm" or "qemu" for `node`: as configured, or for "auto" the probe's cached verdict."""
+        configured = self.config.domain_type
+        if configured != "auto":
+            return configured
+        if not kvm_probe.kvm_usable():
+            return "qemu"
+        verdict = kvm_probe.cached(self.config.cpu_model)
+        if verdict is None:
+            t0 = time.monotonic()
+            verdict = "kvm" if self._probe_kvm(node) else "qemu"
+            kvm_probe.remember(self.config.cpu_model, verdict, time.monotonic() - t0)
+            _log.info("kvm probe", node=node, domain_type=verdict, seconds=round(time.monotonic() - t0, 1))
+        return verdict
+
+    def _probe_kvm(self, node: str) -> bool:
+        """Boot the counter guest under KVM (transient) until its first COUNTER, or give up."""
+        self._ensure_dirs(node)
+        files = guest.build()
+        name = f"vjob-kvm-probe-{os.getpid()}"
+        overlay, console = self.overlay_path(name, node), self.console_log(name, node)
+        _qemu_img(["create", "-q", "-f", "qcow2", str(overlay), "16M"], name)
+        self._own_overlay(name, node)
+        spec = VMSpec(name=name, image=overlay, memory_mib=128, kernel=files.kernel, initrd=files.initrd,
+                      cmdline=files.cmdline, cpu_model=self.config.cpu_model)  # fmt: skip
+        xml = domxml.domain_xml(spec, dom_type="kvm", overlay=overlay, console_log=console)
+        conn = self.connection(node)
+        dom = None
+        try:
+            dom = self._call("kvm probe", name, node, lambda: conn.createXML(xml, 0))
+            deadline = time.monotonic() + kvm_probe.PROBE_TIMEOUT_S
+            while time.monotonic() < deadline:
+                if kvm_probe.saw_counter(console):
+                    return True
+                time.sleep(0.25)
+            return False
+        except DriverError as exc:
+            _log.info("kvm probe failed to start", node=node, error=str(exc))
+            return False
+        finally:
+            if dom is not None:
+                try:
+                    dom.destroy()
+                except libvirt.libvirtError:
+                    pass
+            overlay.unlink(missing_ok=True)
+            console.unlink(missing_ok=True)
 
     def boot(self, vm: str, node: str) -> None:
         """Start the VM; a VM already running is left alone, a saved one is refused."""
@@ -332,7 +397,9 @@ class Driver:
                 flags = libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE | libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA
                 self._call("delete", vm, node, lambda: dom.undefineFlags(flags))
         state = self.state_path(vm, node)
-        for path in (self.overlay_path(vm, node), state, integrity.manifest_path(state)):
+        paths = (self.overlay_path(vm, node), self.job_disk_path(vm, node), *self.output_logs(vm, node), state,
+                 integrity.manifest_path(state))  # fmt: skip
+        for path in paths:
             transfer.remove(Endpoint(path, self.host(node)))
         self._forget_snapshot(self.state_path(vm, node))
         if self.store is not None:
@@ -421,7 +488,13 @@ class Driver:
         """The saved domain XML with this node's overlay and log paths, or None if unchanged."""
         conn = self.connection(node)
         xml = self._call("restore", vm, node, lambda: conn.saveImageGetXMLDesc(str(state), 0))
-        return domxml.retarget(xml, overlay=self.overlay_path(vm, node), console_log=self.console_log(vm, node))
+        return domxml.retarget(
+            xml,
+            overlay=self.overlay_path(vm, node),
+            console_log=self.console_log(vm, node),
+            job_disk=self.job_disk_path(vm, node),
+            output_logs=self.output_logs(vm, node),
+        )
 
     def _copy_between(self, vm: str, src: str, dst: str) -> None:
         method = self.config.copy_method
@@ -434,6 +507,11 @@ class Driver:
             timeout_s=timeout,
         )
         self._own_overlay(vm, dst)
+        job_src = Endpoint(self.job_disk_path(vm, src), self.host(src))
+        if transfer.exists(job_src):
+            job_dst = self.job_disk_path(vm, dst)
+            transfer.copy(job_src, Endpoint(job_dst, self.host(dst)), method=method, timeout_s=timeout)
+            self._own_overlay(vm, dst, job_dst)
         transfer.copy(
             Endpoint(integrity.manifest_path(state_src), self.host(src)),
             Endpoint(integrity.manifest_path(state_dst), self.host(dst)),
@@ -453,6 +531,7 @@ class Driver:
         overlay_src = Endpoint(self.overlay_path(vm, src), host_src)
         if not transfer.same_file(overlay_src, Endpoint(self.overlay_path(vm, dst), host_dst)):
             transfer.remove(overlay_src)
+            transfer.remove(Endpoint(self.job_disk_path(vm, src), host_src))
         state_src = Endpoint(self.state_path(vm, src), host_src)
         if not transfer.same_file(state_src, Endpoint(self.state_path(vm, dst), host_dst)):
             self._forget_snapshot(state_src.path)

@@ -9,7 +9,9 @@ live in `image_dir` on each node (the head node's copy is the catalogue's).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -25,6 +27,9 @@ from vjob.errors import CommandError, InputError, VjobError
 from vjob.store.db import Store, now
 from vjob.store.schema import ImageRecord, NodeImageRecord, VMRecord
 
+INDEX_SUFFIX = ".image.json"
+"""`<image_dir>/<name>.image.json`: the node's copy of an image, for pilots that have no store."""
+MAX_INDEX_BYTES = 64 * 1024
 VERSION_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
 
@@ -39,6 +44,87 @@ class ImageInfo:
     created_at: float
     holders: dict[str, str | None] = field(default_factory=dict)
     """node -> the node it received the image from (None for the head)."""
+
+
+@dataclass(frozen=True)
+class LocalImage:
+    """An image as a node holds it: the disk and, for a real guest, its kernel and initrd."""
+
+    name: str
+    version: str
+    format: str
+    path: Path
+    sha256: str
+    kernel: Path | None
+    initrd: Path | None
+    cmdline: str
+
+
+def boot_paths(image: Path) -> tuple[Path, Path]:
+    """Where an image's kernel and initrd sit: beside it, same stem (they travel with it)."""
+    return image.with_suffix(".vmlinuz"), image.with_suffix(".initrd")
+
+
+def node_image_dir(config: ProvisioningConfig, data_dir: Path, node: str) -> Path:
+    raw = config.image_dir or str(Path(data_dir) / "images")
+    return Path(raw.replace("{node}", check_name("node", node)))
+
+
+def local_image(config: ProvisioningConfig, data_dir: Path, node: str, name: str) -> LocalImage | None:
+    """The image `name` as this node holds it (its index file), None when it holds none.
+
+    The index is root's (image_dir is checked by safe_dirs when written); it is still read as
+    data: a bounded JSON object whose files must lie in the image directory.
+    """
+    check_name("image", name)
+    directory = node_image_dir(config, data_dir, node)
+    index = directory / f"{name}{INDEX_SUFFIX}"
+    try:
+        raw = index.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise InputError(f"image {name}: cannot read {index}: {exc.strerror}") from None
+    try:
+        if len(raw) > MAX_INDEX_BYTES:
+            raise ValueError("too large")
+        data = json.loads(raw)
+        path = Path(data["path"])
+        kernel = Path(data["kernel"]) if data.get("kernel") else None
+        initrd = Path(data["initrd"]) if data.get("initrd") else None
+        for p in (path, kernel, initrd):
+            if p is not None and (p.parent != directory or not p.is_file()):
+                raise ValueError(f"{p} is not a file in {directory}")
+        return LocalImage(
+            name, str(data["version"]), str(data["format"]), path, str(data["sha256"]), kernel, initrd,
+            str(data.get("cmdline", "")),
+        )  # fmt: skip
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InputError(f"image {name}: {index} is damaged ({exc}): run `vjob image distribute` again") from None
+
+
+def write_index(directory: Path, info: ImageInfo, *, cmdline: str = "") -> None:
+    """Write `<name>.image.json` in a node's image directory (ours, 0644), atomically."""
+    path = Path(info.path)
+    image = directory / path.name
+    kernel, initrd = boot_paths(image)
+    data = {
+        "name": info.name, "version": info.version, "format": info.format, "path": str(image),
+        "sha256": info.sha256, "size_bytes": info.size_bytes,
+        "kernel": str(kernel) if kernel.exists() else "", "initrd": str(initrd) if initrd.exists() else "",
+        "cmdline": cmdline or _read_cmdline(directory, info.name),
+    }  # fmt: skip
+    tmp = directory / f".{info.name}{INDEX_SUFFIX}.{os.getpid()}"
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, directory / f"{info.name}{INDEX_SUFFIX}")
+
+
+def _read_cmdline(directory: Path, name: str) -> str:
+    try:
+        return str(json.loads((directory / f"{name}{INDEX_SUFFIX}").read_text()).get("cmdline", ""))
+    except (OSError, ValueError, AttributeError):
+        return ""
 
 
 class Catalogue:
@@ -61,6 +147,22 @@ class Catalogue:
         return self.image_dir(node) / f"{name}-{version}.{fmt}"
 
     # -- add / list / remove ---------------------------------------------------------------
+    def add_or_reuse(self, name: str, file: Path, *, kernel: Path, initrd: Path, cmdline: str) -> ImageInfo:
+        """Add a bootable image (disk + kernel + initrd), or keep the one the catalogue already
+        has with the same content; the head's index file then points at it."""
+        digest = transfer.sha256_file(file)
+        try:
+            info = self.get(name)
+        except InputError:
+            info = None
+        if info is None or info.sha256 != digest or not Path(info.path).is_file():
+            info = self.add(name, file, version=time.strftime("%Y%m%d.%H%M%S"))
+        target = Path(info.path)
+        for src, dst in zip((kernel, initrd), boot_paths(target), strict=True):
+            transfer.copy(Endpoint(src), Endpoint(dst), method="local", mode=0o644)
+        write_index(target.parent, info, cmdline=cmdline)
+        return info
+
     def add(self, name: str, file: Path, *, version: str = "1") -> ImageInfo:
         """Copy `file` into the head node's image directory and record it with its sha256."""
         check_name("image", name)
@@ -146,6 +248,11 @@ class Catalogue:
                 s.delete(r)
         for info in removed:
             Path(info.path).unlink(missing_ok=True)
+            for extra in boot_paths(Path(info.path)):
+                extra.unlink(missing_ok=True)
+            index = Path(info.path).parent / f"{info.name}{INDEX_SUFFIX}"
+            if _index_version(index) == info.version:
+                index.unlink(missing_ok=True)
         return removed
 
     def verify(self, name: str | None = None) -> list[str]:
@@ -261,9 +368,14 @@ class Catalogue:
                 mode=0o644,
                 timeout_s=self.config.operation_timeout_s,
             )
+            for extra_src, extra_dst in zip(boot_paths(src), boot_paths(dst), strict=True):
+                if local and extra_src.exists():
+                    transfer.copy(Endpoint(extra_src), Endpoint(extra_dst), method="local", mode=0o644)
             if local and transfer.sha256_file(dst) != info.sha256:
                 dst.unlink(missing_ok=True)
                 raise VjobError(f"{where} has a wrong sha256")
+            if local:
+                write_index(dst.parent, info, cmdline=_read_cmdline(src.parent, info.name))
         except (OSError, safe_dirs.UnsafePathError) as exc:
             raise VjobError(f"{where}: {exc}") from None
 
@@ -292,6 +404,13 @@ class Catalogue:
             for node, name in rows:
                 out.setdefault(node, []).append(name)
         return {node: sorted(names) for node, names in sorted(out.items())}
+
+
+def _index_version(index: Path) -> str | None:
+    try:
+        return str(json.loads(index.read_text()).get("version"))
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def detect_format(file: Path) -> str:

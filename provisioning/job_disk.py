@@ -45,6 +45,11 @@ MAX_ARGS = 4096
 _log = log.get("provisioning")
 
 
+def _tool(name: str) -> str:
+    """mkfs.ext4 and debugfs live in /usr/sbin, often not on a user's PATH (a job's)."""
+    return shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin") or name
+
+
 @dataclass(frozen=True)
 class JobDescription:
     """What the guest agent needs to run the job (provisioning.guest_agent.agent.parse_job)."""
@@ -124,8 +129,13 @@ def measure(workdir: Path, limit_bytes: int) -> int:
     return total
 
 
-def _stage(workdir: Path, into: Path) -> list[str]:
-    """Copy the working directory into `into` (files, dirs, symlinks); returns what was skipped."""
+def _stage(workdir: Path, into: Path, staged: dict[str, list[object]]) -> list[str]:
+    """Copy the working directory into `into` (files, dirs, symlinks); returns what was skipped.
+
+    `staged` receives what each file and symlink was (size and mtime, or link target): at the
+    end only what the job changed is copied back (the pilot's own output file, written while
+    the job runs, is often in the working directory).
+    """
     skipped: list[str] = []
     into.mkdir(mode=0o700)
     for path, st in sorted(_walk(workdir), key=lambda e: str(e[0])):
@@ -135,11 +145,13 @@ def _stage(workdir: Path, into: Path) -> list[str]:
             dst.mkdir(mode=0o700)
         elif stat.S_ISLNK(st.st_mode):
             os.symlink(os.readlink(path), dst)
+            staged[str(rel)] = ["link", os.readlink(path)]
         elif stat.S_ISREG(st.st_mode):
             try:
                 shutil.copyfile(path, dst, follow_symlinks=False)
             except OSError as exc:
                 raise InputError(f"working directory: cannot copy {path}: {exc.strerror}") from None
+            staged[str(rel)] = ["file", st.st_size, int(st.st_mtime)]
         else:
             skipped.append(str(rel))
             continue
@@ -164,10 +176,12 @@ def build(workdir: Path, job: JobDescription, out: Path, *, limit_bytes: int, fr
     try:
         stage = tmp / "stage"
         stage.mkdir(mode=0o700)
-        skipped = _stage(workdir, stage / WORK)
+        staged: dict[str, list[object]] = {}
+        skipped = _stage(workdir, stage / WORK, staged)
         os.chmod(stage / WORK, stat.S_IMODE(workdir.stat().st_mode) | 0o700)
         control = stage / CONTROL
         control.mkdir(mode=0o700)
+        (control / "staged.json").write_text(json.dumps(staged))
         (control / "job.json").write_text(json.dumps(job.to_json()))
         (control / "script").write_bytes(job.script)
         os.chmod(control / "script", 0o700)
@@ -175,7 +189,7 @@ def build(workdir: Path, job: JobDescription, out: Path, *, limit_bytes: int, fr
         size_mib = (used + free_bytes) // 2**20 + 64 + used // 2**20 // 8  # + ext4's own needs
         with open(raw, "wb") as fh:
             fh.truncate(size_mib * 2**20)
-        proc.run(["mkfs.ext4", "-q", "-F", "-L", "vjob-job", "-d", str(stage), str(raw)], timeout_s=600,
+        proc.run([_tool("mkfs.ext4"), "-q", "-F", "-L", "vjob-job", "-d", str(stage), str(raw)], timeout_s=600,
                  job=str(out.name))  # fmt: skip
         part = out.with_name(f".{out.name}.part")
         proc.run(["qemu-img", "convert", "-q", "-f", "raw", "-O", "qcow2", str(raw), str(part)], timeout_s=600)
@@ -207,11 +221,12 @@ def collect(disk: Path, workdir: Path) -> Results:
         proc.run(["qemu-img", "convert", "-q", "-U", "-O", "raw", str(disk), str(raw)], timeout_s=600)
         exit_text = _debugfs(raw, f"cat /{CONTROL}/exit")
         exit_code = int(exit_text.strip()) if exit_text.strip().isdigit() else None
+        staged = _staged(_debugfs(raw, f"cat /{CONTROL}/staged.json"))
         dumped = tmp / "out"
         dumped.mkdir(mode=0o700)
         _debugfs(raw, f"rdump /{WORK} {dumped}")
         raw.unlink()
-        files = _merge(dumped / WORK, workdir)
+        files = _merge(dumped / WORK, workdir, staged, Path())
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return Results(exit_code, files)
@@ -223,13 +238,34 @@ def _debugfs(raw: Path, request: str) -> str:
     if any(c.isspace() for c in str(raw)) or any(c in str(raw) for c in "\"'"):
         raise VjobError(f"job disk: path {str(raw)[:120]!r} holds a space or quote: debugfs cannot take it")
     try:
-        return proc.run(["debugfs", "-R", request, str(raw)], timeout_s=600)
+        return proc.run([_tool("debugfs"), "-R", request, str(raw)], timeout_s=600)
     except CommandError as exc:
         raise VjobError(f"job disk {raw}: debugfs {request.split()[0]}: {exc}") from None
 
 
-def _merge(src: Path, dst: Path) -> int:
-    """Move every entry of `src` over `dst` (the job's copy wins); returns files moved."""
+def _staged(text: str) -> dict[str, list[object]]:
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _unchanged(entry: os.DirEntry[str], before: object) -> bool:
+    """Whether the job left this file or link as it was staged (then the host's copy stays)."""
+    if not isinstance(before, list) or not before:
+        return False
+    st = entry.stat(follow_symlinks=False)
+    if before[0] == "link" and stat.S_ISLNK(st.st_mode):
+        return before[1:] == [os.readlink(entry.path)]
+    if before[0] == "file" and stat.S_ISREG(st.st_mode):
+        return before[1:] == [st.st_size, int(st.st_mtime)]
+    return False
+
+
+def _merge(src: Path, dst: Path, staged: dict[str, list[object]], rel: Path) -> int:
+    """Move what the job changed or created from `src` over `dst` (the job's copy wins over a
+    host change made meanwhile); returns the number of files moved."""
     moved = 0
     if not src.is_dir():
         return 0
@@ -238,8 +274,9 @@ def _merge(src: Path, dst: Path) -> int:
         s_dir = entry.is_dir(follow_symlinks=False)
         d_dir = d.is_dir() and not d.is_symlink()
         if s_dir and d_dir:
-            moved += _merge(s, d)
-            shutil.copystat(s, d, follow_symlinks=False)
+            moved += _merge(s, d, staged, rel / entry.name)
+            continue
+        if _unchanged(entry, staged.get(str(rel / entry.name))):
             continue
         if os.path.lexists(d):
             if d_dir:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 from vjob import proc
-from vjob.errors import InputError
+from vjob.errors import InputError, VjobError
 
 Method = Literal["local", "rsync", "scp"]
 METHODS: tuple[str, ...] = ("local", "rsync", "scp")
@@ -92,6 +92,17 @@ def remove(target: Endpoint, *, timeout_s: float = 60.0) -> None:
         target.path.unlink(missing_ok=True)
         return
     run_on(target.host, ["rm", "-f", str(target.path)], timeout_s=timeout_s)
+
+
+def exists(target: Endpoint, *, timeout_s: float = 60.0) -> bool:
+    """Whether a file is there on its node (`test -e` over ssh for a remote one)."""
+    if target.host is None:
+        return target.path.exists()
+    try:
+        run_on(target.host, ["test", "-e", str(target.path)], timeout_s=timeout_s)
+    except VjobError:
+        return False
+    return True
 
 
 def run_on(host: str, argv: list[str], *, timeout_s: float = 60.0) -> None:

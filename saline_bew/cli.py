@@ -23,6 +23,7 @@ from typing import Any
 from saline_bew import lease, server, sites
 from vjob.cli import load_config
 from vjob.errors import UsageError
+from vjob.sdnotify import Notifier
 from vjob.store.db import open_store
 
 
@@ -124,6 +125,7 @@ def _manager(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     with server.Server(manager, server.socket_path(args.socket), group=args.socket_group):
+        Notifier().ready("listening on the Saline socket")
         manager.run(stop=lambda: bool(stopping))
     return 0
 

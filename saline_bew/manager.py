@@ -50,6 +50,7 @@ from saline_bew.vms import SalineVMs, snapshot_files, suspend_to_stage
 from vjob import log
 from vjob.config import Config
 from vjob.errors import CommandError, ConfigError, InputError, StoreError, VjobError
+from vjob.sdnotify import Notifier
 from vjob.store import jobs as store_jobs
 from vjob.store.db import Store
 from vjob.store.schema import JobRecord
@@ -218,12 +219,14 @@ class Manager:
         """Pass after pass until `stop()`. Without its journal the manager does nothing: an
         unreachable store is logged and retried, never worked around. On the way out the
         leases are given back, so another site master takes the vjobs over at once."""
+        notify = Notifier()  # systemd's watchdog (Type=notify unit): pinged after every pass
         try:
             while not stop():
                 try:
                     self.step()
                 except StoreError as exc:
                     _log.error("state store unreachable: no action this pass", error=str(exc))
+                notify.watchdog()
                 deadline = time.monotonic() + self.cfg.poll_interval_s
                 while not stop() and time.monotonic() < deadline:
                     time.sleep(min(0.2, self.cfg.poll_interval_s))

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.services import free_port, wait_for
 from agent.loop import Agent
-from vjob.config import parse
 from agent.metrics import AgentMetrics
+from tests.services import free_port, wait_for
+from vjob.config import parse
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parents[1]

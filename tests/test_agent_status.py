@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 
 from tests.test_agent_journal import journal_switch
-from vjob.store import journal
 from vjob.model import Job
 from vjob.pilot_files import PilotDir, PilotState, PilotStatus
 from vjob.store import jobs as store_jobs
+from vjob.store import journal
 from vjob.store.db import Store
 
 REPO = Path(__file__).resolve().parents[1]

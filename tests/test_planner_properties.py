@@ -118,4 +118,4 @@ def test_cpsat_out_of_time_falls_back_with_a_warning_and_a_valid_plan() -> None:
         assert not any("falling back" in w for w in plan.warnings)
     else:  # the usual case: no solution in 50 ms
         assert plan.optimizer != "cpsat"
-        assert any("CP-SAT found no placement within 0.05 s" in w for w in plan.warnings)
+        assert any("CP-SAT found no placement within the 0.05 s budget" in w for w in plan.warnings)

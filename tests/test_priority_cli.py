@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ubis_priority import TERMS, compute
 from agent.prio_cmd import COLUMNS
+from ubis_priority import TERMS, compute
 from vjob.cli import main
 from vjob.config import PriorityConfig
 from vjob.model import ClusterView, Job, JobClass, JobState, Node
@@ -119,7 +119,7 @@ def test_an_empty_queue_prints_only_the_header(capsys, tmp_path, conf):
     ("content", "message"),
     [
         ("{not json", "not valid JSON: Expecting property name enclosed in double quotes at line 1 column 2"),
-        ('{"now": 1, "jobs": [{"id": "j", "user": "u", "nodes": 0}]}', "job j: nodes = 0: must be >= 1"),
+        ('{"now": 1, "jobs": [{"id": "j", "user": "u", "nodes": 0}]}', "jobs[0].nodes = 0: must be >= 1"),
         ('{"now": 1, "jobs": [{"id": "j", "user": "u", "job_class": "vip"}]}', "jobs[0].job_class = 'vip'"),
         ('{"now": 1, "usage": {"u": -3}, "jobs": [{"id": "j", "user": "u"}]}', "usage.u = -3.0"),
         ('{"jobs": []}', "missing key 'now'"),

@@ -6,8 +6,8 @@ import json
 import re
 from pathlib import Path
 
-from ubis_priority import compute
 from agent.prio_cmd import render
+from ubis_priority import compute
 from vjob.config import PriorityConfig, SlurmConfig
 from vjob.model import ClusterView
 

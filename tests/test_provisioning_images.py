@@ -22,6 +22,7 @@ from vjob.store import jobs
 from vjob.store.db import Store, now
 from vjob.store.schema import VMRecord
 
+
 def qcow2(path: Path, size: str = "16M") -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(path), size], check=True, timeout=30)

@@ -18,12 +18,12 @@ from __future__ import annotations
 import math
 from typing import Final
 
-import numba
 import numpy as np
 from numpy.typing import NDArray
 
 from ubis_priority.interactive import cap_limit
 from ubis_priority.terms import weight_vector
+from vjob import jit as numba
 from vjob.config import PriorityConfig
 
 COLUMNS: Final[tuple[str, ...]] = (

@@ -172,17 +172,28 @@ class ProvisioningConfig(Section):
     """ssh host per node for rsync/scp copies; a node not listed is reached by its name."""
     migrate_uris: dict[str, str] = {}
     """QEMU migration URI per destination node (e.g. tcp://10.0.0.2:49152); default: libvirt's."""
-    domain_type: Literal["qemu", "kvm"] = "qemu"
-    """libvirt domain type on qemu:// nodes; "qemu" (TCG) where KVM is unavailable."""
+    domain_type: Literal["auto", "qemu", "kvm"] = "auto"
+    """libvirt domain type on qemu:// nodes: "auto" uses KVM only where a probe boot proved it
+    works (answer cached per host), "qemu" (TCG) always, "kvm" always."""
+    cpu_model: str = "qemu64"
+    """CPU model every real-job VM gets (KVM and TCG alike), so that a saved VM restores on any
+    host of the site; "" lets libvirt choose (then a state may not restore elsewhere)."""
     qemu_user: str = "libvirt-qemu"
     """The user QEMU runs as; VM overlays are owned by it (mode 0600) and never relabelled."""
+    stage_limit_mb: int = Field(2048, ge=1)
+    """Largest working directory (MiB of files) a real job may stage into its VM's job disk;
+    a job over it is refused before anything starts (docs/realjobs.md)."""
+    job_disk_free_mb: int = Field(4096, ge=64)
+    """Room on a job disk for what the job writes (sparse: costs nothing until written)."""
 
 
 class PlannerConfig(Section):
     optimizer: Literal["cpsat", "ffd"] = "cpsat"
     """cpsat: OR-Tools CP-SAT minimises the plan cost; ffd: first-fit decreasing baseline."""
     time_limit_s: float = Field(10.0, gt=0, le=3600)
-    """CP-SAT stops here and returns the best plan found (FFD's when it found none)."""
+    """Wall-clock budget of one planning, model building included: CP-SAT improves on the best
+    heuristic placement until then, and the plan comes from the heuristics alone when it is
+    too short for the solver."""
 
 
 class SlurmConfig(Section):

@@ -15,9 +15,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
 
 from vjob.errors import InputError, TransitionError
+from vjob.json_input import MAX_ITEMS, MAX_NAME, Count, InputModel, Name, Seconds, validate
 
 
 class JobClass(StrEnum):
@@ -265,23 +268,18 @@ class ClusterView:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, source: str = "clusterview") -> ClusterView:
-        """Build a view from `to_dict` output; errors name the entry and the field."""
-        if not isinstance(data, Mapping):
-            raise InputError(f"{source}: expected a JSON object at the top level")
-        unknown = set(data) - {"now", "nodes", "jobs", "vms", "images", "usage", "targets"}
-        if unknown:
-            raise InputError(f"{source}: unknown top-level key(s): {', '.join(sorted(unknown))}")
-        if "now" not in data:
-            raise InputError(f"{source}: missing key 'now' (POSIX seconds of the observation)")
+    def from_dict(cls, data: Any, *, source: str = "clusterview") -> ClusterView:
+        """Build a view from `to_dict` output (a hostile file, maybe): validated by
+        `ClusterViewInput` (types, bounds, unknown keys), errors naming the field path."""
+        parsed = validate(ClusterViewInput, data, source)
         return cls(
-            now=_number(data["now"], f"{source}.now"),
-            nodes=tuple(_build(Node, d, f"{source}.nodes[{i}]") for i, d in enumerate(data.get("nodes", []))),
-            jobs=tuple(_build(Job, d, f"{source}.jobs[{i}]") for i, d in enumerate(data.get("jobs", []))),
-            vms=tuple(_build(VM, d, f"{source}.vms[{i}]") for i, d in enumerate(data.get("vms", []))),
-            images=tuple(str(x) for x in data.get("images", [])),
-            usage={str(k): _number(v, f"{source}.usage.{k}") for k, v in data.get("usage", {}).items()},
-            targets={str(k): _number(v, f"{source}.targets.{k}") for k, v in data.get("targets", {}).items()},
+            now=parsed.now,
+            nodes=tuple(Node(**_fields(n)) for n in parsed.nodes),
+            jobs=tuple(Job(**_fields(j)) for j in parsed.jobs),
+            vms=tuple(VM(**_fields(v)) for v in parsed.vms),
+            images=tuple(parsed.images),
+            usage=dict(parsed.usage),
+            targets=dict(parsed.targets),
         )
 
 
@@ -291,12 +289,6 @@ def _unique(kind: str, names: Iterable[str]) -> None:
         if name in seen:
             raise InputError(f"duplicate {kind} id {name!r} in the cluster view")
         seen.add(name)
-
-
-def _number(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InputError(f"{where} = {value!r}: must be a number")
-    return float(value)
 
 
 def to_plain(obj: Any) -> dict[str, Any]:
@@ -310,34 +302,96 @@ def to_plain(obj: Any) -> dict[str, Any]:
     return out
 
 
-def _enum_fields(kind: type[Any]) -> dict[str, type[StrEnum]]:
-    if kind is Node:
-        return {"state": NodeState}
-    if kind is VM:
-        return {"state": VMState}
-    return {"job_class": JobClass, "state": JobState, "vjob_state": VJobState}
+# -- JSON input models (pydantic): what a ClusterView file may hold --------------------------
+def _values(enum: type[StrEnum]) -> Any:
+    return Literal[tuple(e.value for e in enum)]
 
 
-def _build(kind: type[Any], data: Any, where: str) -> Any:
-    """Construct a Job/Node/VM from a dict, naming the entry and field on any error."""
-    if not isinstance(data, Mapping):
-        raise InputError(f"{where}: expected an object, got {type(data).__name__}")
-    unknown = set(data) - set(kind.__dataclass_fields__)
-    if unknown:
-        raise InputError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
-    enums = _enum_fields(kind)
-    kwargs: dict[str, Any] = {}
-    for key, value in data.items():
+class NodeInput(InputModel):
+    """A compute node of a saved cluster view."""
+
+    name: Name
+    cpus: int = Field(ge=1, le=1_000_000)
+    """CPU cores the RMS lets jobs use."""
+    memory_mb: int = Field(ge=1)
+    """Memory in MB."""
+    site: Name = "default"
+    os_image: str = Field("", max_length=MAX_NAME)
+    """The OS image its VMs run now (UBIS's VM_os); empty: none."""
+    state: _values(NodeState) = NodeState.IDLE.value  # type: ignore[valid-type]
+    features: list[Name] = Field([], max_length=1000)
+
+
+class JobInput(InputModel):
+    """A job of a saved cluster view."""
+
+    id: Name
+    user: Name
+    job_class: _values(JobClass) = JobClass.BATCH.value  # type: ignore[valid-type]
+    rms: Name = "sim"
+    account: str = Field("", max_length=MAX_NAME)
+    nodes: int = Field(1, ge=1, le=1_000_000)
+    """Nodes the job needs."""
+    cores: int = Field(1, ge=1)
+    """Cores per node."""
+    memory_mb: int = Field(1024, ge=0)
+    """Memory per node in MB."""
+    os_image: str = Field("", max_length=MAX_NAME)
+    """The OS image the job asks for; empty: any."""
+    submit_time: Seconds = 0.0
+    """POSIX seconds."""
+    start_time: Seconds | None = None
+    end_time: Seconds | None = None
+    walltime: Seconds | None = Field(None, ge=0)
+    """Requested run time in seconds."""
+    state: _values(JobState) = JobState.PENDING.value  # type: ignore[valid-type]
+    vjob_state: _values(VJobState) = VJobState.WAITING.value  # type: ignore[valid-type]
+    allocated_nodes: list[Name] = Field([], max_length=MAX_ITEMS)
+    preempt_count: Count = 0
+    """Times the job was preempted (UBIS Pn)."""
+    preempted_seconds: Seconds = Field(0.0, ge=0)
+    """Seconds spent preempted (UBIS Pt)."""
+    preempted_since: Seconds | None = None
+
+
+class VMInput(InputModel):
+    """A VM of a saved cluster view."""
+
+    name: Name
+    job_id: Name
+    image: Name
+    vcpus: int = Field(1, ge=1)
+    memory_mb: int = Field(512, ge=1)
+    node: Name | None = None
+    state: _values(VMState) = VMState.DEFINED.value  # type: ignore[valid-type]
+
+
+class ClusterViewInput(InputModel):
+    """A ClusterView saved as JSON (docs/clusterview.md): `vjob prio --from FILE` reads it."""
+
+    now: Seconds
+    """POSIX seconds of the observation."""
+    nodes: list[NodeInput] = Field([], max_length=MAX_ITEMS)
+    jobs: list[JobInput] = Field([], max_length=MAX_ITEMS)
+    vms: list[VMInput] = Field([], max_length=MAX_ITEMS)
+    images: list[Name] = Field([], max_length=100_000)
+    usage: dict[Name, Seconds] = Field({}, max_length=MAX_ITEMS)
+    """Decayed usage per user (node-seconds)."""
+    targets: dict[Name, Annotated[float, Field(ge=0, le=1)]] = Field({}, max_length=MAX_ITEMS)
+    """Target share per user, 0..1."""
+
+
+_ENUMS: dict[str, type[StrEnum]] = {"job_class": JobClass, "vjob_state": VJobState}
+
+
+def _fields(item: InputModel) -> dict[str, Any]:
+    """An input model's fields as dataclass arguments (enums as enums, lists as tuples)."""
+    out: dict[str, Any] = {}
+    enums = {**_ENUMS, "state": {NodeInput: NodeState, JobInput: JobState, VMInput: VMState}[type(item)]}
+    for key, value in item:
         if key in enums:
-            try:
-                value = enums[key](value)
-            except ValueError:
-                allowed = ", ".join(e.value for e in enums[key])
-                raise InputError(f"{where}.{key} = {value!r}: must be one of {allowed}") from None
+            value = enums[key](value)
         elif isinstance(value, list):
             value = tuple(value)
-        kwargs[key] = value
-    try:
-        return kind(**kwargs)
-    except TypeError as exc:
-        raise InputError(f"{where}: {exc}") from None
+        out[key] = value
+    return out

@@ -11,6 +11,12 @@ What it does, in slurmctld, under the job lock -- so it only reads one small fil
     leading comment lines; refused with a clear message when the name is malformed, when
     comment and script disagree, or when the name is not in vjob-images.list;
   * records "vjob:class=CLASS,os=NAME" in the job's admin comment (users cannot set it);
+  * a batch job asking for a real image (anything but the counter guest debian-tiny) gets its
+    script wrapped: job_desc.script becomes a small /bin/sh wrapper that runs
+    `vjob run --os NAME --script - --base64 -- "$@"` with the original script, base64, as a
+    here-document. The user's script is kept byte for byte and runs unchanged in the guest,
+    as the user, in the job's working directory; the pilot exits with the script's status.
+    Why here and not SPANK or a TaskProlog: docs/slurm-agent.md, "Transparent submission";
   * wakes the vjob agent when it accepts an interactive job: rewrites the small file
     vjob-agent.wake next to this script, whose change the agent watches (vjob.agent), so that
     the agent checkpoints victims at once instead of at its next tick. The file must exist and
@@ -26,6 +32,37 @@ local WAKE_WARN_SECONDS = 600 -- a wake file that cannot be written is logged th
 local CACHE_SECONDS = 2
 local MAX_SCRIPT_LINES = 200
 local NO_VAL = 4294967294 -- Slurm's "not set" for 32-bit fields
+local COUNTER_IMAGE = "debian-tiny" -- the counter guest runs no script: never wrapped
+local WRAP_MARK = "# vjob wrapper (job_submit.lua)"
+local B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+
+-- base64 in 76-character lines; plain arithmetic (Lua 5.1 has no bit operators).
+local function base64(data)
+   local out, groups = {}, 0
+   for i = 1, #data, 3 do
+      local a, b, c = data:byte(i, i + 2)
+      local n = a * 65536 + (b or 0) * 256 + (c or 0)
+      local d1, d2 = math.floor(n / 262144) % 64, math.floor(n / 4096) % 64
+      local d3, d4 = math.floor(n / 64) % 64, n % 64
+      out[#out + 1] = B64:sub(d1 + 1, d1 + 1) .. B64:sub(d2 + 1, d2 + 1)
+         .. (b and B64:sub(d3 + 1, d3 + 1) or "=") .. (c and B64:sub(d4 + 1, d4 + 1) or "=")
+      groups = groups + 1
+      if groups % 19 == 0 then out[#out + 1] = "\n" end
+   end
+   return table.concat(out)
+end
+
+-- The wrapper slurmd runs instead of the user's script. The image name was validated
+-- (letters, digits, . _ -), the script is base64: nothing of the user's reaches the shell
+-- as code. The delimiter cannot occur in base64 text (it holds '_').
+local function wrap(script, os_name)
+   local encoded = base64(script)
+   if encoded:sub(-1) ~= "\n" then encoded = encoded .. "\n" end
+   return "#!/bin/sh\n" .. WRAP_MARK .. ": the job's own script runs unchanged in a VM of image "
+      .. os_name .. ";\n# it is below, base64. See docs/realjobs.md.\n#VJOB os=" .. os_name .. "\n"
+      .. "exec vjob run --os " .. os_name .. " --script - --base64 -- \"$@\" <<'VJOB_SCRIPT_END'\n"
+      .. encoded .. "VJOB_SCRIPT_END\n"
+end
 
 local function here()
    local source = debug.getinfo(1, "S").source or ""
@@ -136,6 +173,9 @@ local function tag(job_desc, part_list)
          return string.format("vjob: unknown OS image '%s'; known images: %s", os_name,
                               #known > 0 and table.concat(known, ", ") or "(none)")
       end
+   end
+   if batch and os_name ~= "" and os_name ~= COUNTER_IMAGE and not job_desc.script:find(WRAP_MARK, 1, true) then
+      job_desc.script = wrap(job_desc.script, os_name)
    end
    local label = "vjob:class=" .. class .. ",os=" .. os_name
    local old = job_desc.admin_comment

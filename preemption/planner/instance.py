@@ -15,9 +15,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field
 
 from vjob.errors import InputError
+from vjob.json_input import MAX_ITEMS, InputModel, Name, validate
 from vjob.model import TRANSITIONS, ClusterView, VJobState, VMState
 
 INITIAL_STATES = (VJobState.WAITING, VJobState.RUNNING, VJobState.SLEEPING)
@@ -97,75 +100,46 @@ class Instance:
 
     @classmethod
     def from_dict(cls, data: Any, *, source: str = "instance") -> Instance:
-        """Parse the instance JSON (docs/planner.md); every error names the entry and field."""
-        if not isinstance(data, Mapping):
-            raise InputError(f"{source}: expected a JSON object at the top level")
-        unknown = set(data) - {"nodes", "vms", "target"}
-        if unknown:
-            raise InputError(f"{source}: unknown top-level key(s) {', '.join(sorted(unknown))}")
-        for key in ("nodes", "vms"):
-            if not isinstance(data.get(key), list):
-                raise InputError(f"{source}.{key}: missing or not a list")
-        nodes = tuple(_node(d, f"{source}.nodes[{i}]") for i, d in enumerate(data["nodes"]))
-        vms = tuple(_vm(d, f"{source}.vms[{i}]") for i, d in enumerate(data["vms"]))
-        raw_target = data.get("target", {})
-        if not isinstance(raw_target, Mapping):
-            raise InputError(f"{source}.target: expected an object mapping vjob to state")
-        target = {str(k): _state(v, f"{source}.target.{k}", tuple(VJobState)) for k, v in raw_target.items()}
-        return cls(nodes, vms, target)
+        """Parse the instance JSON (docs/planner.md, `vjob schema instance`): types and bounds
+        by `InstanceInput`, errors naming the field path; then the cross-entry checks."""
+        parsed = validate(InstanceInput, data, source)
+        nodes = tuple(NodeSpec(n.id, n.cpu, n.mem) for n in parsed.nodes)
+        vms = tuple(VMSpec(v.id, v.vjob, v.cpu, v.mem, VJobState(v.state), v.host) for v in parsed.vms)
+        return cls(nodes, vms, {k: VJobState(v) for k, v in parsed.target.items()})
 
 
-def _fields(data: Any, where: str, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> Mapping[str, Any]:
-    if not isinstance(data, Mapping):
-        raise InputError(f"{where}: expected an object, got {type(data).__name__}")
-    unknown = set(data) - set(required) - set(optional)
-    if unknown:
-        raise InputError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
-    missing = [k for k in required if k not in data]
-    if missing:
-        raise InputError(f"{where}: missing field(s) {', '.join(missing)}")
-    return data
+class NodeInput(InputModel):
+    """A working node of a planner instance."""
+
+    id: Name
+    cpu: int = Field(ge=0, le=1_000_000)
+    """Processing units its VMs may use."""
+    mem: int = Field(ge=1)
+    """Memory its VMs may use, in MB."""
 
 
-def _ident(value: Any, where: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise InputError(f"{where} = {value!r}: must be a non-empty string")
-    return value
+class VMInput(InputModel):
+    """A VM of a planner instance."""
+
+    id: Name
+    vjob: Name
+    """The vjob it belongs to: a vjob's VMs change state together."""
+    cpu: int = Field(ge=0, le=1_000_000)
+    """Processing units it needs while it computes."""
+    mem: int = Field(ge=1)
+    """Memory in MB."""
+    state: Literal["waiting", "running", "sleeping"]
+    host: Name | None = None
+    """Its node when running; where its saved state lies when sleeping; null when waiting."""
 
 
-def _int(value: Any, where: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InputError(f"{where} = {value!r}: must be an integer >= {minimum}")
-    return value
+class InstanceInput(InputModel):
+    """The planner's input (`vjob plan INSTANCE.json`): nodes, VMs, and each vjob's target state."""
 
-
-def _state(value: Any, where: str, allowed: tuple[VJobState, ...]) -> VJobState:
-    names = [s.value for s in allowed]
-    if value not in names:
-        raise InputError(f"{where} = {value!r}: must be one of {', '.join(names)}")
-    return VJobState(value)
-
-
-def _node(data: Any, where: str) -> NodeSpec:
-    d = _fields(data, where, ("id", "cpu", "mem"))
-    return NodeSpec(
-        _ident(d["id"], f"{where}.id"), _int(d["cpu"], f"{where}.cpu", 0), _int(d["mem"], f"{where}.mem", 1)
-    )
-
-
-def _vm(data: Any, where: str) -> VMSpec:
-    d = _fields(data, where, ("id", "vjob", "cpu", "mem", "state"), ("host",))
-    host = d.get("host")
-    if host is not None:
-        host = _ident(host, f"{where}.host")
-    return VMSpec(
-        id=_ident(d["id"], f"{where}.id"),
-        vjob=_ident(d["vjob"], f"{where}.vjob"),
-        cpu=_int(d["cpu"], f"{where}.cpu", 0),
-        mem=_int(d["mem"], f"{where}.mem", 1),
-        state=_state(d["state"], f"{where}.state", INITIAL_STATES),
-        host=host,
-    )
+    nodes: list[NodeInput] = Field(max_length=MAX_ITEMS)
+    vms: list[VMInput] = Field(max_length=MAX_ITEMS)
+    target: dict[Name, Literal[tuple(s.value for s in VJobState)]] = Field({}, max_length=MAX_ITEMS)  # type: ignore[valid-type]
+    """vjob → the state it must reach; a vjob not listed keeps its state."""
 
 
 def _check(inst: Instance) -> None:

@@ -1,20 +1,17 @@
-"""Choosing the target placement: first-fit decreasing, a keep-in-place greedy, CP-SAT, repairs.
+"""Choosing the target placement by heuristics: first-fit decreasing, packing, keep-in-place, repairs.
 
-Why several: FFD is the paper's baseline (it packs the VMs to run from scratch, blind to where
-they are, so it migrates and resumes remotely a lot); the keep-in-place greedy gives CP-SAT a
-cheap first solution (its hint); CP-SAT then searches placements that minimise the sum of the
-actions' own costs (keep running VMs where they are, resume where the state lies) plus a
-charge for arrivals that must wait for a later pool, within the time limit. On large
-instances every VM is offered only a few candidate nodes (its own, the nodes the heuristics
-chose, and the emptiest ones), which keeps the model linear in the number of VMs while the
-heuristics' solutions remain inside it. Two repairs improve a viable placement without
-breaking it: `move_home` (VMs back where they are) and `pull_early` (VMs that would wait
-moved to nodes with room at once).
+Why heuristics beside CP-SAT (preemption/planner/cpsat.py): FFD is the paper's baseline (it
+packs the VMs to run from scratch, blind to where they are, so it migrates and resumes
+remotely a lot); `pack` finds a first viable placement in milliseconds even on a nearly full
+cluster, where the paper's memory-first order strands CPUs; the keep-in-place greedy and the
+`move_home` repair turn a packing into a cheap starting solution that CP-SAT then improves.
+`pull_early` moves VMs that would wait for a later pool to nodes with room at once. Every
+function here keeps a placement viable and runs in well under a second at 5,000 VMs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -22,8 +19,6 @@ from preemption.planner.instance import Instance, NodeSpec, VMSpec
 from vjob.model import VJobState
 
 Placement = dict[str, str]
-FULL_MODEL_LIMIT = 5_000
-"""Above this many (VM, node) pairs, CP-SAT is offered a few candidate nodes per VM only."""
 
 
 def _order(vms: Iterable[VMSpec]) -> list[VMSpec]:
@@ -35,6 +30,8 @@ def first_fit_decreasing(
     nodes: Sequence[NodeSpec],
     vms: Iterable[VMSpec],
     used: Mapping[str, tuple[int, int]] | None = None,
+    *,
+    order: Callable[[Iterable[VMSpec]], list[VMSpec]] = _order,
 ) -> tuple[Placement, list[VMSpec]]:
     """Place `vms` on the first node with room, biggest first; returns (placement, VMs left out)."""
     ids = [n.id for n in nodes]
@@ -43,7 +40,7 @@ def first_fit_decreasing(
     free_mem = np.array([n.mem - base.get(n.id, (0, 0))[1] for n in nodes], dtype=np.int64)
     out: Placement = {}
     left: list[VMSpec] = []
-    for vm in _order(vms):
+    for vm in order(vms):
         fits = np.flatnonzero((free_cpu >= vm.cpu) & (free_mem >= vm.mem))
         if fits.size == 0:
             left.append(vm)
@@ -52,6 +49,81 @@ def first_fit_decreasing(
         free_cpu[i] -= vm.cpu
         free_mem[i] -= vm.mem
         out[vm.id] = ids[i]
+    return out, left
+
+
+def pack(nodes: Sequence[NodeSpec], vms: Sequence[VMSpec]) -> tuple[Placement, list[VMSpec]]:
+    """A first viable placement, fast: first-fit decreasing under a few orders, the first that packs all.
+
+    Why several orders: the paper's order (memory first) is the baseline, but when CPUs are the
+    scarce resource (a nearly full cluster of computing VMs) it strands CPUs behind full
+    memory and leaves VMs out, while a viable placement exists. Ordering by the VM's share of
+    a node (CPU share + memory share, as vector bin packing heuristics do) or by CPU first packs
+    such clusters in milliseconds. Returns the placement with the fewest VMs left out.
+    """
+    cap_cpu = max((n.cpu for n in nodes), default=1) or 1
+    cap_mem = max((n.mem for n in nodes), default=1) or 1
+
+    def by_share(group: Iterable[VMSpec]) -> list[VMSpec]:
+        return sorted(group, key=lambda v: (-(v.cpu / cap_cpu + v.mem / cap_mem), -v.mem, v.id))
+
+    def by_cpu(group: Iterable[VMSpec]) -> list[VMSpec]:
+        return sorted(group, key=lambda v: (-v.cpu, -v.mem, v.id))
+
+    best: tuple[Placement, list[VMSpec]] | None = None
+    for order in (_order, by_share, by_cpu):
+        placed, left = first_fit_decreasing(nodes, vms, order=order)
+        if not left:
+            return placed, left
+        if best is None or len(left) < len(best[1]):
+            best = (placed, left)
+    assert best is not None
+    return best
+
+
+def sticky_pack(inst: Instance) -> tuple[Placement, list[VMSpec]]:
+    """Vjob by vjob, biggest first: each VM at home if it has room there, the others packed on top.
+
+    Why: this is how the decision modules prove that the selected vjobs fit (sticky FFD, vjob
+    by vjob), so on a nearly full cluster it packs where one pass over all the VMs does not,
+    and it keeps far more VMs home than packing followed by `move_home`. Biggest vjobs first
+    (by their share of a node), packed by share: the large ones find room while it is there.
+    """
+    nodes = inst.node_by_id
+    cap_cpu = max((n.cpu for n in inst.nodes), default=1) or 1
+    cap_mem = max((n.mem for n in inst.nodes), default=1) or 1
+
+    def share(vm: VMSpec) -> float:
+        return vm.cpu / cap_cpu + vm.mem / cap_mem
+
+    def by_share(group: Iterable[VMSpec]) -> list[VMSpec]:
+        return sorted(group, key=lambda v: (-share(v), -v.mem, v.id))
+
+    vjobs: dict[str, list[VMSpec]] = {}
+    for vm in inst.to_run():
+        vjobs.setdefault(vm.vjob, []).append(vm)
+    used: dict[str, tuple[int, int]] = {n.id: (0, 0) for n in inst.nodes}
+    out: Placement = {}
+    left: list[VMSpec] = []
+    for j in sorted(vjobs, key=lambda j: (-sum(share(v) for v in vjobs[j]), j)):
+        rest: list[VMSpec] = []
+        for vm in _order(vjobs[j]):
+            node = nodes.get(vm.host) if vm.host is not None else None
+            if node is not None:
+                cpu, mem = used[node.id]
+                if cpu + vm.cpu <= node.cpu and mem + vm.mem <= node.mem:
+                    used[node.id] = (cpu + vm.cpu, mem + vm.mem)
+                    out[vm.id] = node.id
+                    continue
+            rest.append(vm)
+        placed, missed = first_fit_decreasing(inst.nodes, rest, used, order=by_share)
+        for vm in rest:
+            n = placed.get(vm.id)
+            if n is not None:
+                cpu, mem = used[n]
+                used[n] = (cpu + vm.cpu, mem + vm.mem)
+        out.update(placed)
+        left.extend(missed)
     return out, left
 
 
@@ -202,146 +274,4 @@ def pull_early(inst: Instance, placement: Placement) -> Placement:
         end_mem[best] += vm.mem
         first_cpu[best] += vm.cpu
         first_mem[best] += vm.mem
-    return out
-
-
-def cpsat_placement(
-    inst: Instance,
-    *,
-    time_limit_s: float,
-    hints: Sequence[Placement] = (),
-    workers: int = 2,
-    full_model_limit: int = FULL_MODEL_LIMIT,
-    extra_candidates: int = 6,
-    seed: int = 0,
-) -> tuple[Placement | None, str, float | None]:
-    """Minimise Σ local action costs over viable placements; returns (placement, status, bound)."""
-    from ortools.sat.python import cp_model
-
-    to_run = inst.to_run()
-    if not to_run:
-        return {}, "OPTIMAL", 0.0
-    node_ids = [n.id for n in inst.nodes]
-    full = len(to_run) * len(node_ids) <= full_model_limit
-    candidates = _candidates(inst, to_run, hints, extra_candidates) if not full else None
-
-    model = cp_model.CpModel()
-    x: dict[tuple[str, str], cp_model.IntVar] = {}
-    per_node: dict[str, list[tuple[VMSpec, cp_model.IntVar]]] = {n: [] for n in node_ids}
-    objective = []
-    for vm in to_run:
-        nodes_of_vm = node_ids if candidates is None else candidates[vm.id]
-        lits = []
-        for n in nodes_of_vm:
-            if vm.cpu > inst.node_by_id[n].cpu or vm.mem > inst.node_by_id[n].mem:
-                continue
-            var = model.new_bool_var(f"x[{vm.id},{n}]")
-            x[(vm.id, n)] = var
-            per_node[n].append((vm, var))
-            lits.append(var)
-            cost = action_cost(vm, n)
-            if cost:
-                objective.append(cost * var)
-        model.add_exactly_one(lits)
-    for node in inst.nodes:
-        items = per_node[node.id]
-        if not items:
-            continue
-        if sum(vm.cpu for vm, _ in items) > node.cpu:
-            model.add(sum(vm.cpu * var for vm, var in items if vm.cpu) <= node.cpu)
-        if sum(vm.mem for vm, _ in items) > node.mem:
-            model.add(sum(vm.mem * var for vm, var in items) <= node.mem)
-    # One pool is cheapest: every later pool makes all its actions wait for the dearest action
-    # of the pools before. A node can take arrivals in the first pool only if they fit on top
-    # of everything on it at the start (VMs being suspended, stopped or migrated away still
-    # count). `early[n]` says it does; each arrival at a node that is not early is charged the
-    # likely cost of the first pool, which it would have to wait for.
-    start_cpu = {n: 0 for n in node_ids}
-    start_mem = {n: 0 for n in node_ids}
-    for vm in inst.vms:
-        if vm.state is VJobState.RUNNING and vm.host is not None:
-            start_cpu[vm.host] += vm.cpu
-            start_mem[vm.host] += vm.mem
-    wait = max(
-        [v.mem for v in inst.vms if v.state is VJobState.RUNNING and inst.target_of(v) is VJobState.SLEEPING]
-        + [v.mem for v in to_run if v.state is not VJobState.WAITING]
-        + [1]
-    )
-    pool_vars: dict[str, tuple[list[tuple[VMSpec, cp_model.IntVar]], cp_model.IntVar, cp_model.IntVar]] = {}
-    for node in inst.nodes:
-        arriving = [
-            (vm, var) for vm, var in per_node[node.id] if not (vm.state is VJobState.RUNNING and vm.host == node.id)
-        ]
-        if not arriving:
-            continue
-        early = model.new_bool_var(f"early[{node.id}]")
-        model.add(start_cpu[node.id] + sum(vm.cpu * var for vm, var in arriving) <= node.cpu).only_enforce_if(early)
-        model.add(start_mem[node.id] + sum(vm.mem * var for vm, var in arriving) <= node.mem).only_enforce_if(early)
-        late = model.new_int_var(0, len(arriving), f"late[{node.id}]")
-        model.add(late >= sum(var for _, var in arriving) - len(arriving) * early)
-        objective.append(wait * late)
-        pool_vars[node.id] = (arriving, early, late)
-    model.minimize(sum(objective))
-    if hints:
-        # A complete hint (placement and the first-pool indicators) lets CP-SAT start from it.
-        best = hints[0]
-        for (vm_id, n), var in x.items():
-            model.add_hint(var, 1 if best.get(vm_id) == n else 0)
-        nodes = inst.node_by_id
-        for n, (arriving, early, late) in pool_vars.items():
-            came = [vm for vm, _ in arriving if best.get(vm.id) == n]
-            fits = (
-                start_cpu[n] + sum(vm.cpu for vm in came) <= nodes[n].cpu
-                and start_mem[n] + sum(vm.mem for vm in came) <= nodes[n].mem
-            )
-            model.add_hint(early, 1 if fits else 0)
-            model.add_hint(late, 0 if fits else len(came))
-
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = float(time_limit_s)
-    solver.parameters.num_workers = max(1, workers)
-    solver.parameters.random_seed = seed
-    if len(to_run) > 2000:
-        # Large models: the time goes to presolve (probing, symmetries) before any search;
-        # cut it short so the hint is found at once and improved by local search.
-        solver.parameters.cp_model_probing_level = 0
-        solver.parameters.max_presolve_iterations = 1
-        solver.parameters.symmetry_level = 0
-    status = solver.solve(model)
-    name = solver.status_name(status)
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return None, name, None
-    out: Placement = {}
-    for (vm_id, n), var in x.items():
-        if solver.boolean_value(var):
-            out[vm_id] = n
-    return out, name, solver.best_objective_bound
-
-
-def _candidates(inst: Instance, to_run: list[VMSpec], hints: Sequence[Placement], extra: int) -> dict[str, list[str]]:
-    """Per VM: its home, every hint's node, and the `extra` nodes with the most room left by the first hint."""
-    free_cpu = {n.id: n.cpu for n in inst.nodes}
-    free_mem = {n.id: n.mem for n in inst.nodes}
-    vms = inst.vm_by_id
-    if hints:
-        for vm_id, n in hints[0].items():
-            free_cpu[n] -= vms[vm_id].cpu
-            free_mem[n] -= vms[vm_id].mem
-    roomy = sorted(free_mem, key=lambda n: (-free_cpu[n], -free_mem[n], n))[: max(extra, 1) * 4]
-    out: dict[str, list[str]] = {}
-    for i, vm in enumerate(to_run):
-        cands: list[str] = []
-        for n in [home(vm), *(h.get(vm.id) for h in hints)]:
-            if n is not None and n not in cands:
-                cands.append(n)
-        # Spread VMs over the roomy nodes so that not every VM competes for the same few.
-        added = 0
-        for k in range(len(roomy)):
-            n = roomy[(i + k) % len(roomy)]
-            if added >= extra:
-                break
-            if n not in cands:
-                cands.append(n)
-                added += 1
-        out[vm.id] = cands
     return out

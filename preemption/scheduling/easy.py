@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-import numba
 import numpy as np
 from numpy.typing import NDArray
 
 from ubis_priority.compiled import within_depth
+from vjob import jit as numba
 
 
 def reservation(now: float, free: int, need: int, running: Iterable[tuple[float, int]]) -> tuple[float, int]:

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from devkit.devcluster import DevCluster, Settings
 from plugins.slurm.adapter import SlurmAdapter
 from plugins.slurm.commands import SlurmCommands
-from devkit.devcluster import DevCluster, Settings
 
 
 @pytest.fixture(scope="session")

@@ -39,7 +39,7 @@ class Command:
 COMMANDS: dict[str, Command] = {
     "db": Command("vjob.cli.db", "state store schema: upgrade, downgrade, current, check"),
     "config": Command("vjob.cli.config_cmd", "check a configuration file, show the effective configuration"),
-    "schema": Command("vjob.cli.schema_cmd", "print the JSON Schema of a JSON input (cluster view, instance, plan)"),
+    "schema": Command("preemption.cli", "print the JSON Schema of a JSON input (cluster view, instance, plan)"),
     "completion": Command("vjob.cli.completion", "print a bash or zsh completion script"),
     "status": Command("agent.status_cmd", "vjobs, VMs and recent preemptions"),
     "agent": Command("agent.cli", "run the vjob agent next to an RMS (observe, decide, act)"),

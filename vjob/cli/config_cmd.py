@@ -9,17 +9,47 @@ from typing import Any
 from vjob import config as vconfig
 from vjob.cli import load_config
 
+EPILOG = """\
+examples:
+  vjob config check /etc/vjob/vjob.toml       before restarting the agent
+  vjob config show                            defaults + file + environment, secrets masked
+  vjob --config site.toml config show --format json
+  vjob config reference > docs/configuration.md
+
+The file is --config, else $VJOB_CONFIG, else /etc/vjob/vjob.toml, else the built-in defaults.
+Example files: `vjob deploy list` (slurm-config, pbs-config, saline-config)."""
+
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("config", help="check a configuration file, show the effective configuration")
+    p = sub.add_parser(
+        "config",
+        help="check a configuration file, show the effective configuration",
+        description="Validate and inspect vjob's one TOML configuration file.",
+        epilog=EPILOG,
+    )
     csub = p.add_subparsers(dest="config_command", metavar="ACTION", required=True)
-    chk = csub.add_parser("check", help="validate FILE; exit 2 naming the bad key and value")
-    chk.add_argument("file")
+    chk = csub.add_parser(
+        "check",
+        help="validate FILE; exit 2 naming the bad key and value",
+        description="Load FILE as vjob would; print ok, or exit 2 naming the bad key, its value and what is allowed.",
+        epilog=EPILOG,
+    )
+    chk.add_argument("file", help="the TOML file to check")
     chk.set_defaults(func=_check)
-    show = csub.add_parser("show", help="print the effective configuration (secrets masked)")
-    show.add_argument("--format", choices=("json", "toml"), default="toml")
+    show = csub.add_parser(
+        "show",
+        help="print the effective configuration (secrets masked)",
+        description="Print every key with its effective value (file over defaults), passwords masked.",
+        epilog=EPILOG,
+    )
+    show.add_argument("--format", choices=("json", "toml"), default="toml", help="output format (default toml)")
     show.set_defaults(func=_show)
-    ref = csub.add_parser("reference", help="print the Markdown reference of every key (docs/configuration.md)")
+    ref = csub.add_parser(
+        "reference",
+        help="print the Markdown reference of every key (docs/configuration.md)",
+        description="Print the Markdown table of every section and key: type, default, bounds, meaning.",
+        epilog=EPILOG,
+    )
     ref.set_defaults(func=_reference)
 
 

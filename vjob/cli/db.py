@@ -8,18 +8,52 @@ from typing import Any
 from vjob.cli import load_config
 from vjob.store.db import Store, head_revision
 
+EPILOG = """\
+examples:
+  vjob db upgrade                    after installing a new vjob (Alembic migrations)
+  vjob db check && systemctl start vjob-agent
+  vjob db current                    the database's revision and the code's
+  vjob --config /etc/vjob/vjob.toml db downgrade 0003
+
+The database is [database] url (SQLite under the data directory by default)."""
+
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("db", help="state store schema: upgrade, downgrade, current, check")
+    p = sub.add_parser(
+        "db",
+        help="state store schema: upgrade, downgrade, current, check",
+        description="Manage the state store's schema (Alembic migrations shipped with vjob).",
+        epilog=EPILOG,
+    )
     dbsub = p.add_subparsers(dest="db_command", metavar="ACTION", required=True)
-    up = dbsub.add_parser("upgrade", help="migrate the database to the newest schema (or REVISION)")
-    up.add_argument("revision", nargs="?", default="head")
+
+    def action(name: str, help_text: str, description: str) -> Any:
+        return dbsub.add_parser(name, help=help_text, description=description, epilog=EPILOG)
+
+    up = action(
+        "upgrade",
+        "migrate the database to the newest schema (or REVISION)",
+        "Create or migrate the database's tables up to REVISION (default: the code's head).",
+    )
+    up.add_argument("revision", nargs="?", default="head", help="Alembic revision to reach (default: head)")
     up.set_defaults(func=_upgrade)
-    down = dbsub.add_parser("downgrade", help="migrate the database back to REVISION (default: base, empty)")
-    down.add_argument("revision", nargs="?", default="base")
+    down = action(
+        "downgrade",
+        "migrate the database back to REVISION (default: base, empty)",
+        "Migrate the database back to REVISION; base drops every vjob table (their data is lost).",
+    )
+    down.add_argument("revision", nargs="?", default="base", help="Alembic revision to go back to (default: base)")
     down.set_defaults(func=_downgrade)
-    dbsub.add_parser("current", help="print the schema revision of the database").set_defaults(func=_current)
-    dbsub.add_parser("check", help="exit 0 only if the database is at this vjob's schema").set_defaults(func=_check)
+    action(
+        "current",
+        "print the schema revision of the database",
+        "Print the database's schema revision and whether it matches this vjob.",
+    ).set_defaults(func=_current)
+    action(
+        "check",
+        "exit 0 only if the database is at this vjob's schema",
+        "Exit 0 when the database schema matches this vjob, 1 otherwise (what to run is said).",
+    ).set_defaults(func=_check)
 
 
 def _store(args: argparse.Namespace) -> Store:

@@ -1,0 +1,161 @@
+"""Transparent submission on the real Slurm dev cluster with real QEMU (docs/realjobs.md).
+
+A plain `sbatch job.sh` by an ordinary user, whose script only says `#VJOB os=debian12`:
+job_submit.lua wraps it, the pilot runs it in the guest as that user (qemu:///session: no
+privilege anywhere), Slurm requeues it mid-run (SIGTERM: the VM is saved) and starts it again
+(the VM is restored). The result must equal the chain computed here, slurm-<id>.out must hold
+every progress line, Slurm must record the script's `exit 3`, and the files belong to the user.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import pwd
+import re
+import shutil
+import subprocess
+import sysconfig
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from devkit.devcluster import JOB_SUBMIT_LUA, DevCluster
+from plugins.slurm.images import read_image_list, write_image_list
+from provisioning import image_build
+from provisioning.images import Catalogue
+from tests.services import wait_for
+from tests.test_realjob_realvm import SCRIPT, STEPS, expected_chain
+from vjob.config import ProvisioningConfig
+from vjob.store.db import Store
+
+pytestmark = [pytest.mark.slurm]
+USER = "vjrun"
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def wrapped_cluster(slurm_cluster: DevCluster) -> Iterator[DevCluster]:
+    """The dev cluster with this checkout's job_submit.lua and debian12 in its image list."""
+    lua = slurm_cluster.etc / "job_submit.lua"
+    if lua.read_text() != JOB_SUBMIT_LUA.read_text():
+        shutil.copyfile(JOB_SUBMIT_LUA, lua)  # slurmctld reloads a changed script by itself
+    before = read_image_list(slurm_cluster.image_list)
+    write_image_list(slurm_cluster.image_list, [*before, "debian12"])
+    time.sleep(2.5)  # job_submit.lua caches the list for 2 s
+    try:
+        yield slurm_cluster
+    finally:
+        write_image_list(slurm_cluster.image_list, before)
+
+
+def _sbatch(cluster: DevCluster, script: str, *args: str, env: dict[str, str] | None = None) -> str:
+    res = subprocess.run(["sbatch", "--parsable", *args], input=script, capture_output=True, text=True, timeout=30,
+                         env={**os.environ, **cluster.env, **(env or {})}, check=False)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    return res.stdout.strip().split(";")[0]
+
+
+def test_the_wrapper_keeps_the_script_byte_for_byte(wrapped_cluster: DevCluster) -> None:
+    script = "#!/bin/bash\n#VJOB os=debian12\necho \"it's $HOME `id`\"\ncat <<'VJOB_SCRIPT_END'\nx\nVJOB_SCRIPT_END\n"
+    job = _sbatch(wrapped_cluster, script, "--hold", "-o", "/dev/null")
+    try:
+        out = Path(tempfile.mkdtemp()) / "w.sh"
+        subprocess.run(["scontrol", "write", "batch_script", job, str(out)], env={**os.environ, **wrapped_cluster.env},
+                       check=True, capture_output=True, timeout=30)  # fmt: skip
+        wrapper = out.read_text()
+        assert wrapper.startswith("#!/bin/sh\n# vjob wrapper (job_submit.lua)")
+        assert 'exec vjob run --os debian12 --script - --base64 -- "$@"' in wrapper
+        body = wrapper.split("<<'VJOB_SCRIPT_END'\n", 1)[1].rsplit("VJOB_SCRIPT_END\n", 1)[0]
+        assert base64.b64decode(body) == script.encode()
+    finally:
+        subprocess.run(["scancel", job], env={**os.environ, **wrapped_cluster.env}, timeout=30, check=False)
+    tiny = _sbatch(wrapped_cluster, "#!/bin/sh\n#VJOB os=debian-tiny\nexec vjob run\n", "--hold", "-o", "/dev/null")
+    subprocess.run(["scancel", tiny], env={**os.environ, **wrapped_cluster.env}, timeout=30, check=False)
+    refused = subprocess.run(["sbatch", "--comment=vjob:os=centos7"], input="#!/bin/sh\ntrue\n", text=True,
+                             capture_output=True, env={**os.environ, **wrapped_cluster.env}, timeout=30)  # fmt: skip
+    assert refused.returncode != 0
+    assert "unknown OS image 'centos7'; known images: debian-tiny, debian12" in refused.stderr
+
+
+def _user() -> pwd.struct_passwd:
+    try:
+        return pwd.getpwnam(USER)
+    except KeyError:
+        subprocess.run(["useradd", "-m", "-s", "/bin/bash", USER], check=True, timeout=30)
+        return pwd.getpwnam(USER)
+
+
+def _shim(site: Path) -> Path:
+    """`vjob` for the user: this checkout with the venv's packages under the system python3
+    (the venv's own interpreter may live where users cannot reach, e.g. under /root)."""
+    bindir = site / "bin"
+    bindir.mkdir(mode=0o755)
+    path = f"{REPO}:{sysconfig.get_paths()['purelib']}"
+    (bindir / "vjob").write_text(f'#!/bin/sh\nPYTHONPATH={path} exec /usr/bin/python3 -m vjob.cli "$@"\n')
+    (bindir / "vjob").chmod(0o755)
+    return bindir
+
+
+@pytest.mark.realvm
+@pytest.mark.slow
+def test_plain_sbatch_runs_the_unchanged_script_in_the_guest_across_a_requeue(wrapped_cluster: DevCluster) -> None:
+    user = _user()
+    site = Path(tempfile.mkdtemp(prefix="vjob-rjslurm-", dir="/var/tmp"))
+    site.chmod(0o755)
+    work = Path(user.pw_dir) / f"rjtest-{os.getpid()}"
+    try:
+        store = Store(f"sqlite:///{site / 'vjob.sqlite'}")
+        store.upgrade()
+        image_build.build(Catalogue(store, ProvisioningConfig(), data_dir=site / "data"), "debian12")
+        store.close()
+        (site / "pilots").mkdir(mode=0o1777)
+        (site / "pilots").chmod(0o1777)
+        (site / "vjob.toml").write_text(f'data_dir = "{site / "data"}"\n[agent]\npilot_dir = "{site / "pilots"}"\n')
+        (site / "vjob.toml").chmod(0o644)
+        bindir = _shim(site)
+        work.mkdir()
+        (work / "job.sh").write_text(SCRIPT.replace("#!/bin/bash\n", "#!/bin/bash\n#SBATCH -N1\n#VJOB os=debian12\n"))
+        (work / "input.txt").write_text("vjob-seed\n")
+        for p in (work, work / "job.sh", work / "input.txt"):
+            os.chown(p, user.pw_uid, user.pw_gid)
+        env = {**wrapped_cluster.env, "HOME": user.pw_dir, "PATH": f"{bindir}:/usr/bin:/bin",
+               "VJOB_CONFIG": str(site / "vjob.toml")}  # fmt: skip
+        res = subprocess.run(["runuser", "-u", USER, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items()),
+                              "sbatch", "--parsable", "--requeue", "job.sh"],
+                             cwd=work, capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        job = res.stdout.strip().split(";")[0]
+        out = work / f"slurm-{job}.out"
+        t0 = time.monotonic()
+        wait_for(lambda: out.exists() and b"progress 1/" in out.read_bytes(), 300, "the script's first progress line")
+        first_line_s = time.monotonic() - t0
+        scontrol = ["scontrol"]
+        cenv = {**os.environ, **wrapped_cluster.env}
+        subprocess.run([*scontrol, "requeue", job], env=cenv, check=True, timeout=30, capture_output=True)
+
+        def state() -> tuple[str, str]:
+            text = subprocess.run([*scontrol, "show", "job", job], env=cenv, capture_output=True, text=True,
+                                  timeout=30).stdout  # fmt: skip
+            m = re.search(r"JobState=(\S+)", text)
+            e = re.search(r"ExitCode=(\S+)", text)
+            return (m.group(1) if m else "", e.group(1) if e else "")
+
+        wait_for(lambda: state()[0] in ("COMPLETED", "FAILED", "CANCELLED"), 600, f"job {job} to end")
+        assert state() == ("FAILED", "3:0"), out.read_text(errors="replace")[-3000:]
+        text = out.read_text()
+        assert "restoring VM" in text, text[-3000:]
+        assert [line.split()[1] for line in text.splitlines() if line.startswith("progress")] == [
+            f"{i}/{STEPS}" for i in range(1, STEPS + 1)
+        ], text
+        assert f"as {USER} in {work}" in text
+        assert (work / "result.txt").read_text() == expected_chain(b"vjob-seed") + "\n"
+        assert (work / "result.txt").stat().st_uid == user.pw_uid
+        assert out.stat().st_uid == user.pw_uid
+        print(f"submission -> first progress line: {first_line_s:.1f} s")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(site, ignore_errors=True)
