@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
+from agent.pilot_snapshots import record_pilot_snapshots
+from provisioning.images import record_node_image
 from ubis_priority import usage as ubis_usage
 from vjob.errors import InputError, StoreError, VjobError
 from vjob.model import ClusterView, Job, JobState, VJobState
@@ -59,6 +61,7 @@ def observe(agent: Agent, *, track: bool = True) -> Observation:
                 if job.id not in records:
                     _track(agent, store, job)
             _remember_vms(agent, store, rms_jobs, pilots)
+            record_pilot_snapshots(agent, store, rms_jobs, pilots)  # pilots have no store credentials
         agent.metrics.store_up.set(1)
     except StoreError as exc:
         agent.store_failed(exc)
@@ -145,6 +148,8 @@ def _remember_vms(agent: Agent, store: Store, rms_jobs: Sequence[Job], pilots: d
             continue
         try:
             store_vms.remember(store, agent.rms, job, vm=st.vm, node=st.node, image=st.image, memory_mb=st.memory_mb)
+            if st.image:  # the node now carries this OS (UBIS's N_availableOS), docs/realjobs.md
+                record_node_image(store, st.node, st.image)
         except InputError as exc:
             agent.log.warning("VM not recorded", jobs=[job.id[:64]], error=str(exc))
 

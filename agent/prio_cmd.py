@@ -115,7 +115,8 @@ def _prio(args: argparse.Namespace) -> int:
         except KeyError:
             known = "it is not in the view" if args.explain not in {j.id for j in view.jobs} else "it is not pending"
             raise InputError(f"--explain {args.explain}: no priority for this job: {known}") from None
-        sys.stdout.write(render_explanation(explanation, args.format))
+        job = next(j for j in prios.jobs if j.id == args.explain)
+        sys.stdout.write(render_explanation(explanation, args.format, os_image=job.os_image, nodes=job.nodes))
         return 0
     sys.stdout.write(render(prios, args.format, site_factor_max=config.slurm.site_factor_max))
     return 0
@@ -168,9 +169,20 @@ def render(prios: Priorities, fmt: str, *, site_factor_max: int) -> str:
     return _columns(lines) + (f"({len(data)} pending jobs; priorities in 0..{prios.terms.max_priority:g})\n")
 
 
-def render_explanation(e: Explanation, fmt: str) -> str:
+def available_os(e: Explanation, nodes: int) -> int:
+    """UBIS's N_availableOS of the explained job: the free nodes already running its image
+    (every free node when it asks for none). The term's raw value is N_availableOS − N_reqOS."""
+    raw = next(t.raw for t in e.terms if t.term == "os_available")
+    return round(raw + nodes)
+
+
+def render_explanation(e: Explanation, fmt: str, *, os_image: str = "", nodes: int = 1) -> str:
+    """The terms of one job, and N_availableOS spelled out: the nodes' OS comes from the store
+    (node_images), and an operator checking why a job waits wants the count, not a difference."""
+    avail = available_os(e, nodes)
     if fmt == "json":
-        return json.dumps(e.to_dict(), indent=2) + "\n"
+        return json.dumps({**e.to_dict(), "os_image": os_image, "n_available_os": avail, "n_req_os": nodes},
+                          indent=2) + "\n"  # fmt: skip
     if fmt == "csv":
         buf = io.StringIO()
         writer = csv.writer(buf)
@@ -178,9 +190,13 @@ def render_explanation(e: Explanation, fmt: str) -> str:
         for t in e.terms:
             writer.writerow([t.term, t.raw, t.normalised, t.weight, t.weighted, t.scale, t.note])
         return buf.getvalue()
+    running = f"free nodes running {os_image}" if os_image else "free nodes (no image asked)"
+    spelled = f"N_availableOS = {avail} {running}, N_reqOS = {nodes}"
     lines = [["TERM", "RAW", "NORMALISED", "WEIGHT", "WEIGHTED", "SCALE"]]
     for t in e.terms:
-        scale = t.scale + (f"  [{t.note}]" if t.note else "")
+        note = f"{spelled}; {t.note}" if t.term == "os_available" and t.note else t.note
+        note = spelled if t.term == "os_available" and not t.note else note
+        scale = t.scale + (f"  [{note}]" if note else "")
         lines.append([t.term, f"{t.raw:g}", f"{t.normalised:.4f}", f"{t.weight:g}", f"{t.weighted:.4f}", scale])
     head = f"job {e.job_id} (user {e.user}): priority {e.priority:.4f} of at most {e.max_priority:g}\n"
     return head + _columns(lines)

@@ -16,6 +16,7 @@ from vjob.errors import StoreError, VjobError
 from vjob.pilot_files import all_dirs, pilot_root
 from vjob.store import jobs as store_jobs
 from vjob.store import journal
+from vjob.store import snapshots as store_snapshots
 from vjob.store.db import open_store
 
 EPILOG = """\
@@ -23,6 +24,7 @@ examples:
   vjob status                      vjobs of [agent] rms and the last 10 context switches
   vjob status --rms pbs --switches 50
   vjob status --json | jq '.vjobs[] | select(.pilot == "saved")'
+  vjob status --snapshots 100       the 100 newest snapshots (memory states) with size and sha256
 
 Works with the RMS or the database down: each source that fails is a warning."""
 
@@ -31,19 +33,26 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "status",
         help="vjobs, VMs and recent preemptions",
-        description="The vjobs (from their pilots' state files and the store: node, state, saves, Pn, Pt) and "
-        "the recent context switches with their victims.",
+        description="The vjobs (from their pilots' state files and the store: node, state, saves, Pn, Pt), "
+        "the recent context switches with their victims and the snapshots in the store.",
         epilog=EPILOG,
     )
     p.add_argument("--rms", choices=("slurm", "pbs", "oar"), help="only this RMS's vjobs (default: [agent] rms)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--switches", type=int, default=10, metavar="N", help="recent switches to show (default 10)")
+    p.add_argument(
+        "--snapshots",
+        type=int,
+        default=20,
+        metavar="N",
+        help="newest snapshots to list, whoever took them: pilot, agent, Saline, `vjob vm save` (default 20)",
+    )
     p.set_defaults(func=_status)
 
 
-def collect(cfg: Any, rms: str, switches: int = 10) -> dict[str, Any]:
+def collect(cfg: Any, rms: str, switches: int = 10, snapshots: int = 20) -> dict[str, Any]:
     """Everything `vjob status` shows, as plain data (also used by the demo)."""
-    out: dict[str, Any] = {"rms": rms, "at": time.time(), "vjobs": [], "switches": [], "errors": []}
+    out: dict[str, Any] = {"rms": rms, "at": time.time(), "vjobs": [], "switches": [], "snapshots": [], "errors": []}
     records: dict[str, Any] = {}
     store = None
     try:
@@ -87,6 +96,7 @@ def collect(cfg: Any, rms: str, switches: int = 10) -> dict[str, Any]:
                         ],
                     }
                 )
+            out["snapshots"] = [r.to_json() for r in store_snapshots.listing(store, rms=rms, limit=max(0, snapshots))]
         except StoreError as exc:
             out["errors"].append(f"state store: {exc}")
         finally:
@@ -116,7 +126,7 @@ def collect(cfg: Any, rms: str, switches: int = 10) -> dict[str, Any]:
 
 def _status(args: argparse.Namespace) -> int:
     cfg = load_config(args)
-    data = collect(cfg, args.rms or cfg.agent.rms, args.switches)
+    data = collect(cfg, args.rms or cfg.agent.rms, args.switches, args.snapshots)
     if args.json:
         print(json.dumps(data, indent=2, sort_keys=True))
         return 0
@@ -145,6 +155,14 @@ def _status(args: argparse.Namespace) -> int:
         when = time.strftime("%H:%M:%S", time.localtime(min(started))) if started else "-"
         st.add_row(str(sw["id"]), sw["state"], sw["reason"], victims, when)
     console.print(st)
+    snap = Table(title="snapshots (newest first)")
+    for col in ("job", "VM", "kind", "node", "size", "sha256", "taken", "path"):
+        snap.add_column(col)
+    for r in data["snapshots"]:
+        taken = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created_at"]))
+        snap.add_row(r["job"], r["vm"], r["kind"], r["node"], f"{r['size_bytes'] / 2**20:.1f} MiB", r["sha256"][:12],
+                     taken, r["path"])  # fmt: skip
+    console.print(snap)
     for err in data["errors"]:
         console.print(f"[yellow]warning:[/] {err}")
     return 0

@@ -1,23 +1,33 @@
-"""Checkpoint speed: save + restore of real QEMU guests against a plain copy of the same bytes.
+"""Checkpoint speed: save + restore of a job's real QEMU guests against a plain copy of the same bytes.
 
-Why a copy as the yardstick: a save writes the guest's touched memory to disk and a restore
-reads it back, so a plain copy (read + write + fsync) of a file of the same size on the same
-disk is the physical limit here; the ratio says how far libvirt/QEMU are from it, and stays
-meaningful on a loaded two-core machine where absolute seconds vary from run to run.
+Why a copy as the yardstick: a save writes the guests' touched memory to disk and a restore
+reads it back, so a plain copy (read + write + fsync) of files of the same size on the same
+disk, in the same run, is the physical limit here; the ratio says how far libvirt/QEMU (and
+our integrity hashing) are from it, and stays meaningful on a loaded two-core machine where
+absolute seconds vary from run to run.
 
-Each size boots the counter guest with part of its RAM filled with random data (so the state
-is not mostly zero pages), waits for it to count, saves it, copies the state file, restores
-it and checks that the counter continued. The driver's save and restore include hashing the
-state file (sha256, to refuse a corrupt one); the hash alone is reported too. Starts libvirtd
-(under tini) if it is not running and stops what it started. Prints a table, writes a PNG, and ends with one JSON line.
+For each number of VMs (`--vms 1,4`) and each page-cache policy (`--modes cold,bypass`) the
+counter guests are booted with half their RAM filled with random data, checkpointed together
+(`provisioning.coordinated`: all paused, then saved in parallel), the state files are copied,
+and the guests are restored together and checked to have continued. The page cache is
+handled the same way for both sides:
+- `cold`: caches dropped (`/proc/sys/vm/drop_caches`) before the save, the copy and the
+  restore; the copy fsyncs, the save's state files are fsynced inside its timing;
+- `bypass`: the save and restore use VIR_DOMAIN_SAVE_BYPASS_CACHE (O_DIRECT) and the copy
+  reads and writes with O_DIRECT.
+The driver's save and restore include sha256 of every state (to refuse a corrupt one): the
+hash alone is reported too. Figures are per GiB of guest memory, with the bytes written per
+GiB of guest memory. Starts libvirtd (under tini) if it is not running and stops what it
+started. Prints a table and ends with one JSON line.
 
-    .venv/bin/python bench/checkpoint.py [--sizes 128,256] [--out out]
+    .venv/bin/python bench/checkpoint.py [--vms 1,4] [--mib 256] [--modes cold,bypass]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import os
 import shutil
 import subprocess
@@ -25,100 +35,150 @@ import tempfile
 import time
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 from rich.console import Console
-from rich.progress import Progress
 from rich.table import Table
 
 from devkit import guest_probe, libvirtd
 from devkit.guest_probe import wait_for_counter
-from provisioning import guest, transfer
+from provisioning import coordinated, guest, transfer
+from provisioning.coordinated import Member
 from provisioning.driver import Driver, VMSpec
 from vjob.config import ProvisioningConfig
 
 FILL_SHARE = 0.5
-"""Share of the guest's RAM filled with random data before the checkpoint."""
+"""Share of each guest's RAM filled with random data before the checkpoint."""
+NODE = "local"
+GIB = 1 << 30
+BLOCK = 4 << 20
+"""Copy block (bytes): a multiple of the 4 KiB O_DIRECT alignment."""
 
 
-def plain_copy(src: Path, dst: Path) -> float:
-    """Seconds to copy `src` to `dst` and fsync it (what a save must at least cost)."""
+def drop_caches() -> None:
+    """Write back and drop the page cache, so the next read comes from the disk."""
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def plain_copy(sources: list[Path], work: Path, *, direct: bool) -> float:
+    """Seconds to copy every file of `sources` into `work` and fsync it (a save's floor).
+
+    `direct`: read and write with O_DIRECT through an aligned buffer (no page cache at all).
+    """
+    flag = os.O_DIRECT if direct else 0
+    buf = mmap.mmap(-1, BLOCK)  # page-aligned, as O_DIRECT requires
     started = time.perf_counter()
-    with open(src, "rb") as fin, open(dst, "wb") as fout:
-        shutil.copyfileobj(fin, fout, 4 << 20)
-        fout.flush()
-        os.fsync(fout.fileno())
-    return time.perf_counter() - started
+    for i, src in enumerate(sources):
+        dst = work / f"copy-{i}.bin"
+        fin = os.open(src, os.O_RDONLY | flag)
+        fout = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | flag, 0o600)
+        try:
+            while True:
+                n = os.readv(fin, [buf])
+                if n <= 0:
+                    break
+                if n % 4096 and direct:  # the last block of a file that is not 4 KiB-aligned
+                    os.close(fout)
+                    fout = os.open(dst, os.O_WRONLY)
+                    os.lseek(fout, 0, os.SEEK_END)
+                os.write(fout, memoryview(buf)[:n])
+                if n < BLOCK:
+                    break
+            os.fsync(fout)
+        finally:
+            os.close(fin)
+            os.close(fout)
+    elapsed = time.perf_counter() - started
+    for i in range(len(sources)):
+        (work / f"copy-{i}.bin").unlink()
+    return elapsed
 
 
-def measure(driver: Driver, files: guest.GuestFiles, image: Path, mib: int, work: Path) -> dict[str, float]:
-    name = f"vjob-bench-ckpt-{mib}"
-    fill = int(mib * FILL_SHARE)
-    spec = VMSpec(name, image, memory_mib=mib, kernel=files.kernel, initrd=files.initrd,
-                  cmdline=f"{files.cmdline} vjob_fill={fill}")  # fmt: skip
-    driver.delete(name, "local")
-    driver.define(spec, "local")
-    driver.boot(name, "local")
-    log = driver.console_log(name, "local")
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
     try:
-        wait_for_counter(log, 2, 180)
-        started = time.perf_counter()
-        snap = driver.save(name, "local")
-        save_s = time.perf_counter() - started
-        copy_s = plain_copy(snap.memory_path, work / f"copy-{mib}.bin")
-        started = time.perf_counter()
-        transfer.sha256_file(snap.memory_path)
-        hash_s = time.perf_counter() - started
-        (work / f"copy-{mib}.bin").unlink()
-        before = guest_probe.last_counter(log) or 0
-        started = time.perf_counter()
-        driver.restore(name, "local")
-        restore_s = time.perf_counter() - started
-        wait_for_counter(log, before + 1, 60)
-        continued = guest_probe.counters(log)[before] == before + 1 and guest_probe.boots(log) == 1
+        os.fsync(fd)
     finally:
-        driver.delete(name, "local")
-    size = snap.size_bytes
+        os.close(fd)
+
+
+def measure(driver: Driver, files: guest.GuestFiles, image: Path, vms: int, mib: int, mode: str, work: Path) -> dict:
+    names = [f"vjob-bench-ckpt-{vms}-{i}" for i in range(vms)]
+    members = [Member(n, NODE) for n in names]
+    bypass = mode == "bypass"
+    fill = int(mib * FILL_SHARE)
+    for name in names:
+        driver.delete(name, NODE)
+        spec = VMSpec(name, image, memory_mib=mib, kernel=files.kernel, initrd=files.initrd,
+                      cmdline=f"{files.cmdline} vjob_fill={fill}")  # fmt: skip
+        driver.define(spec, NODE)
+        driver.boot(name, NODE)
+    try:
+        for name in names:
+            wait_for_counter(driver.console_log(name, NODE), 2, 300)
+        if not bypass:
+            drop_caches()
+        started = time.perf_counter()
+        cut = coordinated.checkpoint(driver, members, bypass_cache=bypass)
+        for snap in cut.snapshots.values():
+            _fsync(snap.memory_path)
+        save_s = time.perf_counter() - started
+        states = [cut.snapshots[n].memory_path for n in names]
+        state_bytes = sum(cut.snapshots[n].size_bytes for n in names)
+        if not bypass:
+            drop_caches()
+        copy_s = plain_copy(states, work, direct=bypass)
+        drop_caches()
+        started = time.perf_counter()
+        for path in states:
+            transfer.sha256_file(path)
+        hash_s = time.perf_counter() - started
+        before = {n: guest_probe.last_counter(driver.console_log(n, NODE)) or 0 for n in names}
+        if not bypass:
+            drop_caches()
+        started = time.perf_counter()
+        coordinated.restore(driver, members, bypass_cache=bypass)
+        restore_s = time.perf_counter() - started
+        continued = True
+        for n in names:
+            log = driver.console_log(n, NODE)
+            wait_for_counter(log, before[n] + 1, 120)
+            continued &= guest_probe.counters(log)[before[n]] == before[n] + 1 and guest_probe.boots(log) == 1
+    finally:
+        for name in names:
+            driver.delete(name, NODE)
+    guest_gib = vms * mib / 1024
     return {
-        "mib": mib,
-        "state_bytes": size,
+        "vms": vms,
+        "mode": mode,
+        "guest_gib": guest_gib,
+        "state_bytes": state_bytes,
         "save_s": save_s,
         "restore_s": restore_s,
         "copy_s": copy_s,
         "hash_s": hash_s,
-        "save_mb_s": size / 1e6 / save_s,
-        "restore_mb_s": size / 1e6 / restore_s,
-        "copy_mb_s": size / 1e6 / copy_s,
+        "pause_to_saved_s": cut.pause_to_saved_s,
         "ratio_to_copy": (save_s + restore_s) / copy_s,
+        "checkpoint_s_per_gib": (save_s + restore_s) / guest_gib,
+        "copy_s_per_gib": copy_s / guest_gib,
+        "written_gib_per_guest_gib": state_bytes / GIB / guest_gib,
         "continued": continued,
     }
 
 
-def plot(rows: list[dict[str, float]], path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    width = 0.25
-    xs = range(len(rows))
-    for k, (key, label) in enumerate([("save_s", "save"), ("restore_s", "restore"), ("copy_s", "plain copy")]):
-        ax.bar([x + (k - 1) * width for x in xs], [r[key] for r in rows], width, label=label)
-    ax.set_xticks(list(xs), [f"{int(r['mib'])} MiB\n({r['state_bytes'] / 1e6:.0f} MB state)" for r in rows])
-    ax.set_ylabel("seconds")
-    ax.set_title("Checkpoint of a real QEMU guest vs a plain copy")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="128,256", help="guest memory sizes in MiB")
-    parser.add_argument("--out", type=Path, default=Path("out"))
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="example: .venv/bin/python bench/checkpoint.py --vms 1,4 --mib 256 --modes cold,bypass",
+    )
+    parser.add_argument("--vms", default="1,4", help="numbers of VMs checkpointed together, comma-separated")
+    parser.add_argument("--mib", type=int, default=256, help="memory of each guest in MiB (half filled)")
+    parser.add_argument("--modes", default="cold,bypass", help="page-cache policies to measure: cold, bypass")
     args = parser.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")]
+    counts = [int(s) for s in args.vms.split(",")]
+    modes = [m for m in args.modes.split(",") if m]
+    if not set(modes) <= {"cold", "bypass"}:
+        parser.error(f"--modes {args.modes!r}: cold and/or bypass")
     console = Console(stderr=True)
-    args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="vjob-bench-", dir="/var/tmp"))
     work.chmod(0o755)
     daemons = libvirtd.start_system(work / "log")
@@ -127,45 +187,39 @@ def main() -> None:
         files = guest.build()
         image = work / "empty.qcow2"
         subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(image), "64M"], check=True, timeout=30)
-        cfg = ProvisioningConfig(nodes={"local": daemons.uri}, operation_timeout_s=300)
-        with Driver(cfg, data_dir=work) as driver, Progress(console=console, transient=True) as progress:
-            task = progress.add_task("checkpointing guests", total=len(sizes))
-            for mib in sizes:
-                progress.update(task, description=f"{mib} MiB guest: boot, save, copy, restore")
-                rows.append(measure(driver, files, image, mib, work))
-                progress.advance(task)
+        cfg = ProvisioningConfig(nodes={NODE: daemons.uri}, operation_timeout_s=600)
+        with Driver(cfg, data_dir=work) as driver:
+            for vms in counts:
+                for mode in modes:
+                    console.print(f"{vms} x {args.mib} MiB, {mode}: boot, checkpoint, copy, restore")
+                    rows.append(measure(driver, files, image, vms, args.mib, mode, work))
     finally:
         libvirtd.stop(daemons)
         shutil.rmtree(work, ignore_errors=True)
-    table = Table("guest", "state", "save", "restore", "plain copy", "sha256", "(save+restore)/copy", "continued")
+    table = Table("VMs", "mode", "state", "save", "restore", "copy", "sha256", "ckpt s/GiB", "copy s/GiB",
+                  "(save+restore)/copy", "written/GiB", "continued")  # fmt: skip
     for r in rows:
         table.add_row(
-            f"{r['mib']} MiB",
+            f"{r['vms']} x {args.mib} MiB",
+            r["mode"],
             f"{r['state_bytes'] / 1e6:.0f} MB",
-            f"{r['save_s']:.2f} s ({r['save_mb_s']:.0f} MB/s)",
-            f"{r['restore_s']:.2f} s ({r['restore_mb_s']:.0f} MB/s)",
-            f"{r['copy_s']:.2f} s ({r['copy_mb_s']:.0f} MB/s)",
+            f"{r['save_s']:.2f} s",
+            f"{r['restore_s']:.2f} s",
+            f"{r['copy_s']:.2f} s",
             f"{r['hash_s']:.2f} s",
+            f"{r['checkpoint_s_per_gib']:.2f}",
+            f"{r['copy_s_per_gib']:.2f}",
             f"{r['ratio_to_copy']:.2f}",
+            f"{r['written_gib_per_guest_gib']:.2f} GiB",
             str(r["continued"]),
         )
     Console().print(table)
-    png = args.out / "checkpoint.png"
-    plot(rows, png)
-    print(f"plot: {png}")
-    figures = {
-        "bench": "checkpoint",
-        "mib": [r["mib"] for r in rows],
-        "state_mb": [round(r["state_bytes"] / 1e6, 1) for r in rows],
-        "save_s": [round(r["save_s"], 3) for r in rows],
-        "restore_s": [round(r["restore_s"], 3) for r in rows],
-        "copy_s": [round(r["copy_s"], 3) for r in rows],
-        "hash_s": [round(r["hash_s"], 3) for r in rows],
-        "save_mb_s": [round(r["save_mb_s"], 1) for r in rows],
-        "restore_mb_s": [round(r["restore_mb_s"], 1) for r in rows],
-        "ratio_to_copy": [round(r["ratio_to_copy"], 2) for r in rows],
-        "continued": all(bool(r["continued"]) for r in rows),
-    }
+    keys = ["vms", "mode", "state_bytes", "save_s", "restore_s", "copy_s", "hash_s", "pause_to_saved_s",
+            "ratio_to_copy", "checkpoint_s_per_gib", "copy_s_per_gib", "written_gib_per_guest_gib"]  # fmt: skip
+    figures = {"bench": "checkpoint", "mib_per_vm": args.mib}
+    for key in keys:
+        figures[key] = [round(r[key], 3) if isinstance(r[key], float) else r[key] for r in rows]
+    figures["continued"] = all(bool(r["continued"]) for r in rows)
     print(json.dumps(figures))
 
 

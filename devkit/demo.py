@@ -4,13 +4,19 @@ Why one module for the demo (`deploy/demo`), the benchmark (`bench/e2e_slurm.py`
 end-to-end tests: all three must run the very same scenario, so that the figures the README
 quotes are the ones the tests check. The steps:
 
-1. batch vjobs (`sbatch -N2 --exclusive`, each runs `vjob run`: the tiny counter guest)
-   fill the development cluster;
+1. batch vjobs (`sbatch -N2 --exclusive`) fill the development cluster. With a real image
+   (`image="debian12"`, the demo's default) they are ordinary batch scripts — a deterministic
+   Python computation that prints progress and writes `result.txt` in its working directory,
+   saying only `#VJOB os=debian12`; job_submit.lua wraps them. With the counter guest
+   (`image="debian-tiny"`, the tests' and benchmark's default) each runs `vjob run`;
 2. once every guest counts, an interactive job (`srun` without a batch script) asks for
    nodes that are all busy;
 3. with the agent running, it checkpoints the lowest-priority victims and requeue-holds them,
    the interactive job starts; when it ends the victims are released and resume (locally:
-   Slurm gives them back their nodes), their counters continuing where they stopped.
+   Slurm gives them back their nodes), their counters continuing where they stopped. Real
+   jobs then run to their end: each `result.txt` must equal that of the same program run
+   uninterrupted on the host (`outputs_identical`), and each output file must hold every
+   progress line once, in order.
 
 Without the agent (`Scenario(agent=False)`, Slurm alone) the interactive job waits for
 batch jobs to end, which is the baseline of the benchmark.
@@ -19,6 +25,7 @@ batch jobs to end, which is the baseline of the benchmark.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -27,8 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devkit.devcluster import DevCluster, Settings
+from devkit.devcluster import JOB_SUBMIT_LUA, DevCluster, Settings
 from devkit.guest_probe import boots, counters, last_counter
+from plugins.slurm.images import read_image_list, write_image_list
 from provisioning.driver import Driver
 from vjob import log
 from vjob.config import load
@@ -39,6 +47,38 @@ from vjob.store.db import Store
 
 REPO = Path(__file__).resolve().parents[1]
 VJOB = Path(sys.executable).with_name("vjob")
+TINY_IMAGE = "debian-tiny"
+"""The counter guest: `vjob run` in the script, its counters on the console."""
+REAL_IMAGE = "debian12"
+REAL_STEPS, REAL_ROUNDS, REAL_PACE_S = 40, 20_000, 0.5
+"""The real job: 40 steps of 20,000 chained sha256 each, 0.5 s apart (about 30 s under TCG)."""
+REAL_PROGRAM = f"""import hashlib, sys, time
+pace, h = float(sys.argv[1]), sys.argv[2].encode()
+for step in range(1, {REAL_STEPS} + 1):
+    for _ in range({REAL_ROUNDS}):
+        h = hashlib.sha256(h).digest()
+    print(f"progress {{step}}/{REAL_STEPS} {{h.hex()[:12]}}", flush=True)
+    time.sleep(pace)
+open("result.txt", "w").write(h.hex() + "\\n")
+"""
+"""The job's computation; `python3 - PACE SEED` (the pace changes the time, not the result)."""
+
+
+def real_script(image: str, seed: str, pace_s: float = REAL_PACE_S) -> str:
+    """An ordinary batch script: nothing of vjob in it but the `#VJOB os=` line."""
+    return (
+        f"#!/bin/bash\n#VJOB os={image}\n"
+        'echo "start on $(hostname) as $(id -un) in $(pwd)"\n'
+        f"python3 - {pace_s} {seed} <<'PY'\n{REAL_PROGRAM}PY\n"
+    )
+
+
+def uninterrupted_result(seed: str, scratch: Path) -> str:
+    """result.txt of the same program run here, without a VM and without a pause."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["python3", "-", "0", seed], input=REAL_PROGRAM, text=True, cwd=scratch, check=True,
+                   capture_output=True, timeout=300)  # fmt: skip
+    return (scratch / "result.txt").read_text()
 
 
 @dataclass
@@ -68,13 +108,22 @@ class Outcome:
     checkpoint_seconds: dict[str, float]
     timeline: Timeline
 
+    image: str = TINY_IMAGE
+    outputs_identical: bool | None = None
+    """Real jobs: every result.txt equals the uninterrupted run's and every output file holds
+    each progress line once (None for the counter guest, which writes no result)."""
+    elapsed_s: float = 0.0
+
     def json_line(self) -> dict[str, Any]:
         return {
             "demo": "slurm",
+            "image": self.image,
             "interactive_start_s": round(self.interactive_start_s, 2),
             "victims": len(self.victims),
             "resumed": len(self.resumed),
             "work_lost_s": round(self.work_lost_s, 2),
+            "outputs_identical": self.outputs_identical,
+            "elapsed_s": round(self.elapsed_s, 1),
         }
 
 
@@ -92,6 +141,7 @@ class Scenario:
         memory_mib: int = 128,
         agent: bool = True,
         batch_seconds: int | None = None,
+        image: str = TINY_IMAGE,
         say: Callable[[str], None] = lambda _m: None,
     ) -> None:
         self.cluster = cluster
@@ -103,6 +153,8 @@ class Scenario:
         self.use_agent = agent
         self.batch_seconds = batch_seconds
         self.say = say
+        self.image = image
+        self.real = image != TINY_IMAGE
         self.config = self.work / "vjob.toml"
         self.data = self.work / "data"
         self.agent_proc: subprocess.Popen[bytes] | None = None
@@ -112,7 +164,9 @@ class Scenario:
     # -- set-up ---------------------------------------------------------------------------
     @property
     def env(self) -> dict[str, str]:
-        return {**os.environ, **self.cluster.env, "VJOB_CONFIG": str(self.config)}
+        """Also the jobs' environment (sbatch exports it): the wrapper finds `vjob` on PATH."""
+        path = f"{VJOB.parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+        return {**os.environ, **self.cluster.env, "VJOB_CONFIG": str(self.config), "PATH": path}
 
     def prepare(self) -> None:
         """Write this run's configuration and create its store (SQLite, in the work dir)."""
@@ -133,11 +187,28 @@ class Scenario:
             'format = "json"\n'
         )
         self._vjob("db", "upgrade")
+        if self.real:
+            self.prepare_image()
 
-    def _vjob(self, *args: str) -> str:
+    def prepare_image(self) -> None:
+        """The real image in this run's catalogue (from the build cache: ~5 s; the first build
+        on a machine ~50 s), the cluster's job_submit.lua current and the image in its list."""
+        t0 = time.monotonic()
+        self._vjob("image", "build", self.image, timeout_s=1800)
+        self.say(f"image {self.image} in the catalogue ({time.monotonic() - t0:.1f} s)")
+        lua = self.cluster.etc / "job_submit.lua"
+        if lua.read_text() != JOB_SUBMIT_LUA.read_text():
+            shutil.copyfile(JOB_SUBMIT_LUA, lua)  # slurmctld reloads a changed script by itself
+        listing = self.cluster.image_list
+        names = read_image_list(listing) if listing.exists() else []
+        if self.image not in names:
+            write_image_list(listing, [*names, self.image])
+            time.sleep(2.5)  # job_submit.lua caches the list for 2 s
+
+    def _vjob(self, *args: str, timeout_s: float = 120) -> str:
         cmd = [str(VJOB) if VJOB.exists() else sys.executable, *([] if VJOB.exists() else ["-m", "vjob.cli"])]
         res = subprocess.run([*cmd, "--config", str(self.config), *args], env=self.env, capture_output=True,
-                             text=True, timeout=120, check=False)  # fmt: skip
+                             text=True, timeout=timeout_s, check=False)  # fmt: skip
         if res.returncode != 0:
             raise VjobError(f"vjob {' '.join(args)} failed: {res.stderr.strip()[-500:]}")
         return res.stdout
@@ -181,14 +252,26 @@ class Scenario:
             f"exec {vjob} --config {self.config} run --memory {self.memory_mib}{payload}\n"
         )
 
+    def job_dir(self, i: int) -> Path:
+        """A real job's working directory (its result.txt lands there)."""
+        return self.work / f"job{i}"
+
+    def seed(self, i: int) -> str:
+        return f"vjob-demo-{i}"
+
     def submit_batch(self) -> list[str]:
         out_dir = self.work / "out"
         out_dir.mkdir(exist_ok=True)
         for i in range(self.batch_jobs):
+            script = real_script(self.image, self.seed(i)) if self.real else self.batch_script()
+            extra: list[str] = []
+            if self.real:
+                self.job_dir(i).mkdir(exist_ok=True)
+                extra = [f"--chdir={self.job_dir(i)}"]
             res = subprocess.run(
                 ["sbatch", "--parsable", "-N", str(self.nodes_per_batch), "--exclusive", "-J", f"vjob-batch-{i}",
-                 "-o", str(out_dir / "%j.out"), "--open-mode=append", "--requeue"],
-                input=self.batch_script(), env=self.env, capture_output=True, text=True, timeout=30, check=False,
+                 "-o", str(out_dir / "%j.out"), "--open-mode=append", "--requeue", *extra],
+                input=script, env=self.env, capture_output=True, text=True, timeout=30, check=False,
             )  # fmt: skip
             if res.returncode != 0:
                 raise VjobError(f"sbatch failed: {res.stderr.strip()}")
@@ -210,13 +293,20 @@ class Scenario:
                 raise VjobError(f"a pilot failed or its guest ended early: {self._describe()}")
             ready = [
                 j for j, st in states.items()
-                if st and st.state is PilotState.RUNNING and (last_counter(Path(st.console_log)) or 0) >= at_least
+                if st and st.state is PilotState.RUNNING and self.progress(j, st) >= at_least
             ]  # fmt: skip
             if len(ready) == len(self.jobs):
                 self.say(f"all {len(ready)} guests are counting")
                 return
             time.sleep(0.5)
         raise VjobError(f"guests not all counting after {timeout_s:.0f} s: {self._describe()}")
+
+    def progress(self, job: str, st: PilotStatus) -> int:
+        """How far the job got: the guest's last counter, or a real job's last progress step."""
+        if not self.real:
+            return last_counter(Path(st.console_log)) or 0
+        steps = progress_steps(self.work / "out" / f"{job}.out")
+        return steps[-1] if steps else 0
 
     def _describe(self) -> str:
         parts = []
@@ -253,14 +343,43 @@ class Scenario:
         deadline = time.monotonic() + timeout_s
         resumed: list[str] = []
         while time.monotonic() < deadline:
+            done = (PilotState.RUNNING, PilotState.FINISHED) if self.real else (PilotState.RUNNING,)
             resumed = [
                 v for v in victims
-                if (st := self.pilot(v)) is not None and st.state is PilotState.RUNNING and st.restores >= 1
+                if (st := self.pilot(v)) is not None and st.state in done and st.restores >= 1
             ]  # fmt: skip
             if len(resumed) == len(victims):
                 return resumed
             time.sleep(0.5)
         return resumed
+
+    def wait_finished(self, timeout_s: float = 600.0) -> None:
+        """Until Slurm no longer lists any of the batch jobs (the real jobs ran to their end)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            res = subprocess.run(["squeue", "-h", "-o", "%i", "-j", ",".join(self.jobs)], env=self.env,
+                                 capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+            if res.returncode == 0 and not res.stdout.split():
+                return
+            time.sleep(1.0)
+        raise VjobError(f"batch jobs not finished after {timeout_s:.0f} s: {self._describe()}")
+
+    def check_outputs(self) -> dict[str, str]:
+        """Per job, what differs from an uninterrupted run ("" when nothing does)."""
+        problems: dict[str, str] = {}
+        for i, job in enumerate(self.jobs):
+            want = uninterrupted_result(self.seed(i), self.work / "reference" / str(i))
+            result = self.job_dir(i) / "result.txt"
+            steps = progress_steps(self.work / "out" / f"{job}.out")
+            if not result.exists():
+                problems[job] = "no result.txt"
+            elif result.read_text() != want:
+                problems[job] = f"result.txt {result.read_text().strip()[:16]}… != {want.strip()[:16]}…"
+            elif steps != list(range(1, REAL_STEPS + 1)):
+                problems[job] = f"output holds progress steps {steps[:5]}…{steps[-5:]}, not 1..{REAL_STEPS} once"
+            else:
+                problems[job] = ""
+        return problems
 
     def victims(self) -> list[str]:
         """Jobs whose VM was saved after the interactive job arrived (the agent's victims)."""
@@ -284,6 +403,13 @@ class Scenario:
                     if h["at"] >= self.timeline.t0 and h["state"] in ("saved", "running"):
                         what = "checkpointed" if h["state"] == "saved" else "resumed"
                         self.timeline.add(h["at"], f"job {v} {what} on {h['node']}")
+                if self.real:
+                    steps = progress_steps(self.work / "out" / f"{v}.out")
+                    lost += REAL_PACE_S * (len(steps) - len(set(steps)))  # steps computed twice (lower bound)
+                    rec = store_jobs.get(store, "slurm", v)
+                    pn[v] = rec.preempt_count if rec else 0
+                    ckpt[v] = st.save_seconds
+                    continue
                 before, after = split_counters(Path(st.console_log), st.console_bytes_at_save)
                 if before and after:
                     counter_pairs[v] = (before[-1], after[0])
@@ -297,7 +423,8 @@ class Scenario:
         finally:
             store.close()
         local = sum(1 for v in resumed if (st := self.pilot(v)) is not None and st.local_restores >= 1)
-        return Outcome(interactive_s, victims, resumed, local, lost, counter_pairs, pn, ckpt, self.timeline)
+        return Outcome(interactive_s, victims, resumed, local, lost, counter_pairs, pn, ckpt, self.timeline,
+                       image=self.image)  # fmt: skip
 
     # -- tear-down ------------------------------------------------------------------------
     def cleanup(self) -> None:
@@ -323,6 +450,20 @@ class Scenario:
             driver.close()
 
 
+def progress_steps(output: Path) -> list[int]:
+    """The step numbers of the `progress N/M` lines of a real job's output file, in order."""
+    try:
+        text = output.read_text(errors="replace")
+    except OSError:
+        return []
+    steps = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] == "progress" and parts[1].split("/")[0].isdigit():
+            steps.append(int(parts[1].split("/")[0]))
+    return steps
+
+
 def split_counters(console_log: Path, offset: int) -> tuple[list[int], list[int]]:
     """The guest's counters printed before byte `offset` of its console log, and after."""
     seq = counters(console_log)
@@ -330,10 +471,11 @@ def split_counters(console_log: Path, offset: int) -> tuple[list[int], list[int]
     return seq[:printed_before], seq[printed_before:]
 
 
-def run_demo(work: Path, *, keep_cluster: bool = False, plot: Path | None = None) -> Outcome:
+def run_demo(work: Path, *, keep_cluster: bool = False, plot: Path | None = None, image: str = REAL_IMAGE) -> Outcome:
     """The README's main command: cluster up, scenario, timeline, cluster down (if we started it)."""
     from rich.console import Console
 
+    t_start = time.monotonic()
     console = Console(stderr=True)
     log.configure("warning", "console", sys.stderr)
     cluster = DevCluster()
@@ -341,12 +483,13 @@ def run_demo(work: Path, *, keep_cluster: bool = False, plot: Path | None = None
     if started_here:
         with console.status("bringing up the development cluster (munge, slurmctld, 8 slurmd, libvirtd)"):
             cluster.up(Settings(run_dir=cluster.root, agent="no"), progress=lambda m: console.log(m))
-    sc = Scenario(cluster, work, say=lambda m: console.log(m))
+    sc = Scenario(cluster, work, image=image, say=lambda m: console.log(m))
+    problems: dict[str, str] = {}
     try:
         sc.prepare()
         sc.start_agent()
         sc.submit_batch()
-        with console.status("booting the batch vjobs' guests (QEMU, software emulation)"):
+        with console.status(f"booting the batch vjobs' guests ({image}; QEMU)"):
             sc.wait_guests_counting()
         with console.status(f"interactive job: srun -N{sc.interactive_nodes} on a full cluster"):
             started = sc.run_interactive()
@@ -354,7 +497,13 @@ def run_demo(work: Path, *, keep_cluster: bool = False, plot: Path | None = None
         with console.status(f"waiting for the victims {', '.join(victims)} to resume"):
             resumed = sc.wait_resumed(victims)
             time.sleep(3)
+        if sc.real:
+            with console.status("the batch jobs run to their end"):
+                sc.wait_finished()
+            problems = sc.check_outputs()
         out = sc.outcome(started, victims, resumed)
+        if sc.real:
+            out.outputs_identical = bool(problems) and not any(problems.values())
     finally:
         sc.cleanup()
         if started_here and not keep_cluster:
@@ -370,6 +519,9 @@ def run_demo(work: Path, *, keep_cluster: bool = False, plot: Path | None = None
             f"checkpoint {out.checkpoint_seconds.get(v, 0):.2f} s; Pn = {out.preempt_counts.get(v, 0)}"
         )
     print(f"  {out.local_resumes} of {len(out.resumed)} resumes were local (on the node of their checkpoint)")
+    for job, problem in problems.items():
+        print(f"  job {job}: {problem or 'result.txt identical to an uninterrupted run, every progress line once'}")
+    out.elapsed_s = time.monotonic() - t_start
     if plot is not None:
         plot_timeline(out, plot)
         print(f"  timeline plot: {plot}")
@@ -406,12 +558,19 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="deploy/demo", description="vjob on Slurm, end to end")
     p.add_argument("--work", type=Path, help="working directory (default: a new temporary one)")
     p.add_argument("--keep-cluster", action="store_true", help="leave a cluster this demo started running")
-    p.add_argument("--plot", type=Path, default=REPO / "out" / "demo_timeline.png")
+    p.add_argument("--plot", type=Path, default=REPO / "out" / "demo_timeline.png", help="timeline PNG to write")
+    p.add_argument(
+        "--image",
+        default=REAL_IMAGE,
+        help=f"{REAL_IMAGE} (default): ordinary batch scripts in a real Debian guest, results checked; "
+        f"{TINY_IMAGE}: the tiny counter guest (faster boot)",
+    )
     args = p.parse_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="vjob-demo-", dir="/var/tmp"))
-    out = run_demo(work, keep_cluster=args.keep_cluster, plot=args.plot)
+    out = run_demo(work, keep_cluster=args.keep_cluster, plot=args.plot, image=args.image)
     print(json.dumps(out.json_line()))
-    return 0 if out.victims and len(out.resumed) == len(out.victims) else 1
+    ok = out.victims and len(out.resumed) == len(out.victims) and out.outputs_identical is not False
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -81,6 +81,9 @@ CATALOGUE: tuple[DeployFile, ...] = (
     DeployFile("saline-unit", "vjob:saline/vjob-saline-manager.service",
                "/etc/systemd/system/vjob-saline-manager.service", 0o644,
                "systemd unit of the Saline best-effort manager (Type=notify, watchdog, sandboxed)"),
+    DeployFile("oar-admission-rule", "vjob:oar/vjob_admission_rule.pl", "/etc/vjob/oar/vjob_admission_rule.pl",
+               0o644, "OAR admission rule template (oarsub -t besteffort -t vjob=IMAGE → Saline vjob); "
+               "install it with vjob oar install-rules, which fills in the site and socket"),
     DeployFile("grafana-dashboard", "vjob:monitoring/grafana-vjob-agent.json",
                "/var/lib/grafana/dashboards/vjob-agent.json", 0o644,
                "Grafana dashboard of the agent's metrics (import it, pick the Prometheus data source)"),

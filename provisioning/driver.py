@@ -104,10 +104,19 @@ class Driver:
         return self.config.nodes.get(node, self.config.default_uri)
 
     def host(self, node: str) -> str | None:
-        """ssh host of `node` for copies, None when the copy method is local."""
+        """ssh host of `node` for its files, None when they are on this machine.
+
+        None when the copy method is local (one filesystem) or when `hosts` maps the node to ""
+        (the node the driver runs on, e.g. the pilot's own node); otherwise every file of the
+        node (states, manifests, overlays) is read, hashed and renamed over ssh on that host.
+        """
         if self.config.copy_method == "local":
             return None
-        return self.config.hosts.get(node, node)
+        return self.config.hosts.get(node, node) or None
+
+    def _ep(self, path: Path, node: str) -> Endpoint:
+        """`path` on `node`'s machine."""
+        return Endpoint(path, self.host(node))
 
     def _dir(self, configured: str, default: str, node: str) -> Path:
         raw = configured or str(self.data_dir / default)
@@ -140,6 +149,10 @@ class Driver:
     def _ensure_dirs(self, node: str) -> None:
         """Create or check the node's VM and snapshot directories: ours only (safe_dirs), since
         root writes users' overlays and memory states there and restores VMs from them."""
+        if self.host(node) is not None:
+            transfer.ensure_remote_dir(self._ep(self.vm_dir(node), node), 0o711)
+            transfer.ensure_remote_dir(self._ep(self.snapshot_dir(node), node), 0o700)
+            return
         vm_dir = safe_dirs.ensure_dir(self.vm_dir(node), 0o711)
         vm_dir.chmod(0o711)  # QEMU (libvirt-qemu) must traverse it; nobody may list it
         snap = safe_dirs.ensure_dir(self.snapshot_dir(node), 0o700)
@@ -240,14 +253,14 @@ class Driver:
     def state(self, vm: str, node: str) -> VMState | None:
         """The VM's state on `node`; None when the node knows no such VM and holds no state file."""
         dom = self._domain(vm, node)
-        saved = self.state_path(vm, node).exists()
+        if dom is not None and self._active(dom):
+            return VMState.RUNNING
+        saved = transfer.exists(self._ep(self.state_path(vm, node), node))
         if dom is None:
             return VMState.SAVED if saved else None
-        if self._active(dom):
-            return VMState.RUNNING
         if saved:
             return VMState.SAVED
-        return VMState.STOPPED if self.console_log(vm, node).exists() else VMState.DEFINED
+        return VMState.STOPPED if transfer.exists(self._ep(self.console_log(vm, node), node)) else VMState.DEFINED
 
     def list_vms(self, node: str) -> list[VMInfo]:
         conn = self.connection(node)
@@ -372,7 +385,7 @@ class Driver:
         dom = self._require_domain("boot", vm, node)
         if self._active(dom):
             return
-        if self.state_path(vm, node).exists():
+        if transfer.exists(self._ep(self.state_path(vm, node), node)):
             raise DriverError("boot", vm, node, "it has a saved memory state: resume it (booting would lose it)")
         self._call("boot", vm, node, dom.create)
         self._update_vm(vm, node=node, state=VMState.RUNNING)
@@ -401,7 +414,7 @@ class Driver:
                  integrity.manifest_path(state))  # fmt: skip
         for path in paths:
             transfer.remove(Endpoint(path, self.host(node)))
-        self._forget_snapshot(self.state_path(vm, node))
+        self._forget_snapshot(self.state_path(vm, node), node)
         if self.store is not None:
             with self.store.session() as s:
                 rec = s.scalar(select(VMRecord).where(VMRecord.name == vm))
@@ -410,26 +423,49 @@ class Driver:
         _log.info("vm deleted", vm=vm, node=node)
 
     # -- suspend / resume ------------------------------------------------------------------
-    def save(self, vm: str, node: str, *, job_id: int | None = None) -> Snapshot:
+    def pause(self, vm: str, node: str) -> bool:
+        """Pause a running VM (its vCPUs stop; memory stays): the first half of a coordinated
+        checkpoint. True when the VM is now paused; False when it is not running at all."""
+        dom = self._domain(vm, node)
+        if dom is None or not self._active(dom):
+            return False
+        if dom.state()[0] != libvirt.VIR_DOMAIN_PAUSED:
+            self._call("pause", vm, node, dom.suspend)
+        return dom.state()[0] == libvirt.VIR_DOMAIN_PAUSED
+
+    def unpause(self, vm: str, node: str) -> None:
+        """Let a paused VM run again (after a failed coordinated checkpoint, or a paused restore)."""
+        dom = self._require_domain("unpause", vm, node)
+        if dom.state()[0] == libvirt.VIR_DOMAIN_PAUSED:
+            self._call("unpause", vm, node, dom.resume)
+
+    def save(self, vm: str, node: str, *, job_id: int | None = None, bypass_cache: bool = False) -> Snapshot:
         """Suspend the VM to disk: memory state to the snapshot dir, overlay kept in place.
 
-        Repeating it on a VM already saved returns the existing snapshot.
+        A paused VM (coordinated checkpoint) is saved as running, so that its restore needs no
+        extra resume. `bypass_cache` writes the state with O_DIRECT
+        (VIR_DOMAIN_SAVE_BYPASS_CACHE): it does not evict the node's page cache, and a save is
+        then timed like a copy that also bypasses it. Repeating it on a VM already saved
+        returns the existing snapshot.
         """
         self._ensure_dirs(node)
         path = self.state_path(vm, node)
+        state_ep = self._ep(path, node)
+        partial = path.with_name(path.name + ".part")
         dom = self._domain(vm, node)
         if dom is not None and self._active(dom):
-            partial = path.with_name(path.name + ".part")
             conn_dom = dom
-            self._call("save", vm, node, lambda: conn_dom.save(str(partial)), on_timeout=dom.abortJob)
-            os.chmod(partial, 0o600)
-            os.replace(partial, path)
-            path.with_name(path.name + ".part").unlink(missing_ok=True)
-            integrity.manifest_path(path).unlink(missing_ok=True)  # an older manifest does not describe this file
-        elif not path.exists():
-            partial = path.with_name(path.name + ".part")
-            if dom is not None and partial.exists() and self._save_image_ok(partial, node):
-                os.replace(partial, path)  # the agent died between libvirt's save and the rename
+            flags = libvirt.VIR_DOMAIN_SAVE_RUNNING | (libvirt.VIR_DOMAIN_SAVE_BYPASS_CACHE if bypass_cache else 0)
+            if self._is_test(node):
+                flags = 0  # libvirt's test driver accepts no save flags
+            self._call("save", vm, node, lambda: conn_dom.saveFlags(str(partial), None, flags), on_timeout=dom.abortJob)
+            transfer.rename(self._ep(partial, node), path, mode=0o600)
+            transfer.remove(self._ep(partial, node))
+            # an older manifest does not describe this file
+            transfer.remove(self._ep(integrity.manifest_path(path), node))
+        elif not transfer.exists(state_ep):
+            if dom is not None and transfer.exists(self._ep(partial, node)) and self._save_image_ok(partial, node):
+                transfer.rename(self._ep(partial, node), path)  # the agent died between libvirt's save and the rename
             else:
                 raise DriverError("save", vm, node, "the VM is not running and has no saved state")
         snap = self._describe(vm, node, "memory", path, None, job_id)
@@ -445,11 +481,17 @@ class Driver:
             return False
         return True
 
-    def restore(self, vm: str, node: str, *, from_node: str | None = None) -> None:
+    def restore(
+        self, vm: str, node: str, *, from_node: str | None = None, paused: bool = False, bypass_cache: bool = False
+    ) -> None:
         """Resume a saved VM on `node`, from its state on `from_node` (default: the same node).
 
-        From another node: the memory state and the overlay are copied over, checked, and
-        restored there; the source's copies and definition are removed only afterwards.
+        From another node: the memory state and the overlay are copied over, the copy is
+        checked on the destination against what was recorded at save time, and restored there;
+        the source's copies and definition are removed only afterwards. A copy that does not
+        match is removed from the destination and refused; the source is kept.
+        `paused`: the VM comes back paused (a coordinated restore lets all VMs of a job run
+        together with `unpause`). `bypass_cache` reads the state with O_DIRECT.
         """
         src = from_node or node
         dom = self._domain(vm, node)
@@ -457,28 +499,56 @@ class Driver:
             if src != node:
                 self._drop_source(vm, src, node)
             self._discard_state(vm, node)
+            if not paused:
+                self.unpause(vm, node)
             return  # already resumed (a repeated call)
-        self.verify(vm, src)
+        expected = self.verify(vm, src)
         if src != node:
             self._ensure_dirs(node)
             self._copy_between(vm, src, node)
-            self.verify(vm, node)
-        self._restore_state_file(vm, node, self.state_path(vm, node))
+            self._check_copy(vm, src, node, expected)
+        self._restore_state_file(vm, node, self.state_path(vm, node), paused=paused, bypass_cache=bypass_cache)
         if src != node:
             self._drop_source(vm, src, node)
         self._discard_state(vm, node)
         self._update_vm(vm, node=node, state=VMState.RUNNING, overlay_path=str(self.overlay_path(vm, node)))
         _log.info("vm restored", vm=vm, node=node, source=src)
 
-    def _restore_state_file(self, vm: str, node: str, state: Path) -> None:
+    def _check_copy(self, vm: str, src: str, dst: str, expected: Snapshot) -> None:
+        """The state copied to `dst` must be the one recorded at save time (size + sha256,
+        hashed on `dst`); otherwise the copy is removed there and the restore refused, and the
+        source's snapshot stays where it is."""
+        state = self.state_path(vm, dst)
+        try:
+            integrity.check_against(
+                vm, dst, state, {"size_bytes": expected.size_bytes, "sha256": expected.sha256}, self.host(dst)
+            )
+        except SnapshotError as exc:
+            transfer.remove(self._ep(state, dst))
+            transfer.remove(self._ep(integrity.manifest_path(state), dst))
+            raise SnapshotError(
+                "restore",
+                vm,
+                dst,
+                f"the copy from node {src} does not match the snapshot recorded at save time ({exc}); "
+                f"refused and removed from {dst}, the snapshot on {src} is kept",
+            ) from None
+
+    def _restore_state_file(
+        self, vm: str, node: str, state: Path, *, paused: bool = False, bypass_cache: bool = False
+    ) -> None:
         """Start `vm` on `node` from a verified memory state, and keep it defined afterwards
         (a restored transient domain would vanish at its next shutdown)."""
         conn = self.connection(node)
         xml = self._restore_xml(vm, node, state)
-        if xml is None:
-            self._call("restore", vm, node, lambda: conn.restore(str(state)))
-        else:
-            self._call("restore", vm, node, lambda: conn.restoreFlags(str(state), xml, 0))
+        test = self._is_test(node)
+        flags = 0  # the test driver takes no flags
+        if not test:
+            flags |= libvirt.VIR_DOMAIN_SAVE_PAUSED if paused else 0
+            flags |= libvirt.VIR_DOMAIN_SAVE_BYPASS_CACHE if bypass_cache else 0
+        self._call("restore", vm, node, lambda: conn.restoreFlags(str(state), xml, flags))
+        if paused and test:
+            self.pause(vm, node)
         restored = self._require_domain("restore", vm, node)
         if not restored.isPersistent():
             inactive = restored.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
@@ -534,7 +604,7 @@ class Driver:
             transfer.remove(Endpoint(self.job_disk_path(vm, src), host_src))
         state_src = Endpoint(self.state_path(vm, src), host_src)
         if not transfer.same_file(state_src, Endpoint(self.state_path(vm, dst), host_dst)):
-            self._forget_snapshot(state_src.path)
+            self._forget_snapshot(state_src.path, src)
             transfer.remove(state_src)
             transfer.remove(Endpoint(integrity.manifest_path(state_src.path), host_src))
 
@@ -542,7 +612,7 @@ class Driver:
         """A memory state is stale once the VM runs again: restoring it later would pair it
         with a newer overlay and corrupt the guest's disk, so it is removed."""
         path = self.state_path(vm, node)
-        self._forget_snapshot(path)
+        self._forget_snapshot(path, node)
         transfer.remove(Endpoint(path, self.host(node)))
         transfer.remove(Endpoint(integrity.manifest_path(path), self.host(node)))
 
@@ -607,7 +677,7 @@ class Driver:
             transfer.copy(Endpoint(self.overlay_path(vm, node)), Endpoint(overlay_copy), method="local")
             os.replace(state, memory)
             integrity.manifest_path(state).unlink(missing_ok=True)
-            self._forget_snapshot(state)
+            self._forget_snapshot(state, node)
             if keep_running:
                 conn = self.connection(node)
                 self._call("snapshot", vm, node, lambda: conn.restore(str(memory)))
@@ -627,7 +697,7 @@ class Driver:
         src = from_node or node
         memory_src = self.snapshot_dir(src) / f"{vm}@{label}{STATE_SUFFIX}"
         overlay_src = self.snapshot_dir(src) / f"{vm}@{label}{OVERLAY_COPY_SUFFIX}"
-        self._verify_file(vm, src, memory_src, kind="full")
+        expected = self._verify_file(vm, src, memory_src, kind="full")
         self.stop(vm, node)
         self._ensure_dirs(node)
         timeout = self.config.operation_timeout_s
@@ -644,7 +714,8 @@ class Driver:
             Endpoint(memory_src, self.host(src)), Endpoint(state, self.host(node)), method=method, timeout_s=timeout
         )
         if src != node or memory_src != state:
-            integrity.check_against(vm, node, state, integrity.read_manifest(memory_src) or {})
+            recorded = {"size_bytes": expected.size_bytes, "sha256": expected.sha256}
+            integrity.check_against(vm, node, state, recorded, self.host(node))
         self._restore_state_file(vm, node, state)
         transfer.remove(Endpoint(state, self.host(node)))
         self._update_vm(vm, node=node, state=VMState.RUNNING)
@@ -655,14 +726,14 @@ class Driver:
         return self._verify_file(vm, node, self.state_path(vm, node), kind="memory")
 
     def _verify_file(self, vm: str, node: str, path: Path, *, kind: str) -> Snapshot:
-        manifest = integrity.read_manifest(path)
-        record = self._snapshot_record(path)
-        expected = record or manifest
-        if not path.exists():
-            raise SnapshotError("restore", vm, node, f"snapshot {path} is missing")
+        host = self.host(node)
+        record = self._snapshot_record(path, node)
+        expected = record or integrity.read_manifest(path, host)
+        if not transfer.exists(Endpoint(path, host)):
+            raise SnapshotError("restore", vm, node, f"snapshot {Endpoint(path, host).spec()} is missing")
         if expected is None:
             raise SnapshotError("restore", vm, node, f"snapshot {path} has no manifest and no store record")
-        integrity.check_against(vm, node, path, expected)
+        integrity.check_against(vm, node, path, expected, host)
         return Snapshot(
             vm,
             node,
@@ -678,12 +749,16 @@ class Driver:
     def _describe(
         self, vm: str, node: str, kind: str, path: Path, overlay: Path | None, job_id: int | None
     ) -> Snapshot:
-        """Hash a fresh state file, write its manifest and its store row (once)."""
-        existing = integrity.read_manifest(path)
-        if existing is not None and existing.get("size_bytes") == path.stat().st_size:
+        """Hash a fresh state file (on its node), write its manifest and its store row (once)."""
+        host = self.host(node)
+        existing = integrity.read_manifest(path, host)
+        actual = transfer.size(Endpoint(path, host))
+        if actual is None:
+            raise SnapshotError("save", vm, node, f"state {Endpoint(path, host).spec()} vanished after the save")
+        if existing is not None and existing.get("size_bytes") == actual:
             size, digest, created = int(existing["size_bytes"]), str(existing["sha256"]), float(existing["created_at"])
         else:
-            size, digest, created = path.stat().st_size, transfer.sha256_file(path), now()
+            size, digest, created = actual, transfer.sha256(Endpoint(path, host)), now()
             integrity.write_manifest(
                 path,
                 {
@@ -695,6 +770,7 @@ class Driver:
                     "created_at": created,
                     "overlay": str(overlay) if overlay else None,
                 },
+                host,
             )
         record_id = self._record_snapshot(vm, node, kind, path, size, digest, created, job_id)
         return Snapshot(vm, node, kind, path, overlay, size, digest, created, record_id)
@@ -705,7 +781,9 @@ class Driver:
         if self.store is None:
             return None
         with self.store.session() as s:
-            rec = s.scalar(select(SnapshotRecord).where(SnapshotRecord.path == str(path)))
+            rec = s.scalar(
+                select(SnapshotRecord).where(SnapshotRecord.path == str(path), SnapshotRecord.location == node)
+            )
             if rec is not None and rec.sha256 == digest:
                 return rec.id
             if job_id is None:
@@ -720,22 +798,27 @@ class Driver:
             s.flush()
             return rec.id
 
-    def _snapshot_record(self, path: Path) -> dict[str, Any] | None:
+    def _snapshot_record(self, path: Path, node: str) -> dict[str, Any] | None:
+        """The store row of the state `path` on `node`: nodes without a shared filesystem use
+        the same paths, so a path alone does not name one file."""
         if self.store is None:
             return None
         with self.store.session() as s:
             rec = s.scalar(
-                select(SnapshotRecord).where(SnapshotRecord.path == str(path)).order_by(SnapshotRecord.id.desc())
+                select(SnapshotRecord)
+                .where(SnapshotRecord.path == str(path), SnapshotRecord.location == node)
+                .order_by(SnapshotRecord.id.desc())
             )
             if rec is None:
                 return None
             return {"id": rec.id, "size_bytes": rec.size_bytes, "sha256": rec.sha256, "created_at": rec.created_at}
 
-    def _forget_snapshot(self, path: Path) -> None:
+    def _forget_snapshot(self, path: Path, node: str) -> None:
         if self.store is None:
             return
         with self.store.session() as s:
-            for rec in s.scalars(select(SnapshotRecord).where(SnapshotRecord.path == str(path))):
+            query = select(SnapshotRecord).where(SnapshotRecord.path == str(path), SnapshotRecord.location == node)
+            for rec in s.scalars(query):
                 s.delete(rec)
 
     def _record_vm(self, spec: VMSpec, node: str, job_id: int | None, overlay: Path) -> None:

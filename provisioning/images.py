@@ -1,4 +1,5 @@
-"""The OS image catalogue: which images exist, their checksums, and which nodes hold them.
+"""The OS image catalogue: which images exist, their checksums, which nodes hold them and the
+one each node runs (the image it last ran or received: its OS, UBIS's VM_os).
 
 Why in the store: UBIS's priority needs N_availableOS (the nodes already holding a job's
 OS, a node's VM_os attribute) and the distribution tree needs who received each image from
@@ -14,22 +15,26 @@ import subprocess
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import select
 
 from provisioning import distribution, safe_dirs, transfer
 from provisioning.transfer import Endpoint
 from provisioning.vm_types import check_name
+from vjob import log
 from vjob.config import ProvisioningConfig
 from vjob.errors import CommandError, InputError, VjobError
-from vjob.store.db import Store, now
+from vjob.model import Node
+from vjob.store.db import Store, now, open_store
 from vjob.store.schema import ImageRecord, NodeImageRecord, VMRecord
 
 INDEX_SUFFIX = ".image.json"
 """`<image_dir>/<name>.image.json`: the node's copy of an image, for pilots that have no store."""
 MAX_INDEX_BYTES = 64 * 1024
+_log = log.get("provisioning")
 VERSION_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
 
@@ -404,6 +409,84 @@ class Catalogue:
             for node, name in rows:
                 out.setdefault(node, []).append(name)
         return {node: sorted(names) for node, names in sorted(out.items())}
+
+
+def record_node_image(store: Store, node: str, image: str) -> bool:
+    """Note that `node` runs a VM of catalogue image `image` now: it becomes the node's OS.
+
+    Why in node_images: it is the one source of a node's OS (UBIS's VM_os, N_availableOS). A
+    node that runs an image holds it, so the row is true for the distribution tree too; an
+    existing row keeps whom the node received the image from, only `received_at` moves (it
+    reads "received or last ran"). Nothing is written when the node's OS is already `image`
+    (the agent calls this every tick for every running vjob). Returns False for an image
+    the catalogue does not hold (the shipped counter guest): such a node carries no OS.
+    """
+    check_name("node", node)
+    check_name("image", image)
+    with store.session() as s:
+        if _current_images(s, [node]).get(node) == image:
+            return True
+        image_id = s.scalar(
+            select(ImageRecord.id)
+            .where(ImageRecord.name == image)
+            .order_by(ImageRecord.created_at.desc(), ImageRecord.id.desc())
+        )
+        if image_id is None:
+            return False
+        rec = s.get(NodeImageRecord, (node, image_id))
+        if rec is None:
+            s.add(NodeImageRecord(node=node, image_id=image_id, received_from=None, received_at=now()))
+        else:
+            rec.received_at = max(now(), rec.received_at + 1e-6)  # strictly the newest, even on a coarse clock
+    return True
+
+
+def node_os(store: Store, nodes: Iterable[str] | None = None) -> dict[str, str]:
+    """Per node, its OS: the image it last ran or received (newest `received_at` wins)."""
+    with store.session() as s:
+        return _current_images(s, None if nodes is None else list(nodes))
+
+
+def _current_images(s: Any, nodes: list[str] | None) -> dict[str, str]:
+    query = select(NodeImageRecord.node, ImageRecord.name, NodeImageRecord.received_at).join(ImageRecord)
+    if nodes is not None:
+        query = query.where(NodeImageRecord.node.in_(nodes))
+    newest: dict[str, tuple[float, str]] = {}
+    for node, name, at in s.execute(query):
+        if node not in newest or (at, name) > newest[node]:
+            newest[node] = (at, name)
+    return {node: name for node, (_, name) in sorted(newest.items())}
+
+
+class StoreNodeOS:
+    """The nodes' OS for an RMS adapter: `node_os` of the configured store, opened lazily.
+
+    Why a callable apart from the agent's store: the adapters build the nodes of a view (also
+    for `vjob prio --rms`) and have no store of their own. A store that fails gives no OS this
+    time (the term then counts no node as running the image), logged, and is reopened next time:
+    the nodes are still listed — the OS is a hint for the priority, never a reason to stop.
+    """
+
+    def __init__(self, config: Any) -> None:
+        self.config = config
+        self._store: Store | None = None
+
+    def __call__(self) -> dict[str, str]:
+        try:
+            if self._store is None:
+                self._store = open_store(self.config)
+            return node_os(self._store)
+        except VjobError as exc:
+            _log.warning("nodes' OS images unavailable this time", error=str(exc))
+            if self._store is not None:
+                self._store.close()
+            self._store = None
+            return {}
+
+
+def with_node_os(nodes: Iterable[Node], images: dict[str, str]) -> list[Node]:
+    """The nodes with `os_image` from `images` where the RMS itself reported none."""
+    return [replace(n, os_image=images[n.name]) if not n.os_image and n.name in images else n for n in nodes]
 
 
 def _index_version(index: Path) -> str | None:

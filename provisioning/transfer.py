@@ -10,13 +10,30 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
+import shlex
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from vjob import proc
+from vjob import log, proc
 from vjob.errors import InputError, VjobError
+
+_log = log.get("provisioning")
+
+SSH_CONFIG_ENV = "VJOB_SSH_CONFIG"
+"""An ssh client configuration file for node-to-node copies (`ssh -F`); unset: ssh's own.
+Why an environment variable: the ssh options of a site (ports, keys, jump hosts) belong in an
+ssh config file, and the test harness's second host needs a private one without touching
+root's ~/.ssh."""
+COPY_ATTEMPTS = 3
+"""How many times a remote copy is tried: rsync keeps the part already sent (`--partial`), so a
+transfer killed half-way resumes where it stopped."""
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+_SIZE_RE = re.compile(r"[0-9]{1,20}")
+MANIFEST_LIMIT = 64 << 10
+"""Largest manifest read from a node (bytes): a manifest is a few hundred bytes of JSON."""
 
 Method = Literal["local", "rsync", "scp"]
 METHODS: tuple[str, ...] = ("local", "rsync", "scp")
@@ -50,8 +67,20 @@ def same_file(src: Endpoint, dst: Endpoint) -> bool:
     return src.path == dst.path
 
 
-def copy(src: Endpoint, dst: Endpoint, *, method: str = "local", mode: int = 0o600, timeout_s: float = 600.0) -> None:
-    """Copy `src` to `dst` with `method`; the destination gets `mode` (0600 by default)."""
+def copy(
+    src: Endpoint,
+    dst: Endpoint,
+    *,
+    method: str = "local",
+    mode: int = 0o600,
+    timeout_s: float = 600.0,
+    attempts: int = COPY_ATTEMPTS,
+) -> None:
+    """Copy `src` to `dst` with `method`; the destination gets `mode` (0600 by default).
+
+    A remote copy that fails (a killed rsync, a dropped connection) is tried again up to
+    `attempts` times; the destination name appears only once a copy completed.
+    """
     _check_method(method)
     if same_file(src, dst):
         return
@@ -60,10 +89,30 @@ def copy(src: Endpoint, dst: Endpoint, *, method: str = "local", mode: int = 0o6
         return
     tmp = Endpoint(dst.path.with_name(f".{dst.path.name}.part"), dst.host)
     if method == "rsync":
-        cmd = ["rsync", "--partial", "--inplace", f"--chmod=F{mode:o}", "-t", src.spec(), tmp.spec()]
+        cmd = [
+            "rsync",
+            "--partial",
+            "--inplace",
+            f"--chmod=F{mode:o}",
+            "-t",
+            "-e",
+            _rsync_shell(),
+            src.spec(),
+            tmp.spec(),
+        ]
     else:
-        cmd = ["scp", "-q", "-B", "-p", *(["-3"] if src.host and dst.host else []), src.spec(), tmp.spec()]
-    _run(cmd, timeout_s)
+        cmd = ["scp", "-q", "-B", "-p", *_ssh_options(), *(["-3"] if src.host and dst.host else []), src.spec(),
+               tmp.spec()]  # fmt: skip
+    for attempt in range(1, max(1, attempts) + 1):
+        try:
+            _run(cmd, timeout_s)
+            break
+        except VjobError as exc:
+            if attempt >= attempts:
+                remove(tmp)
+                raise
+            _log.warning("copy failed, retrying", source=src.spec(), destination=dst.spec(), attempt=attempt,
+                         error=str(exc)[:300])  # fmt: skip
     if dst.host is None:
         os.chmod(tmp.path, mode)
         os.replace(tmp.path, dst.path)
@@ -105,13 +154,117 @@ def exists(target: Endpoint, *, timeout_s: float = 60.0) -> bool:
     return True
 
 
-def run_on(host: str, argv: list[str], *, timeout_s: float = 60.0) -> None:
-    """Run a command on `host` over ssh (no password prompt); arguments are our own paths."""
-    _run(["ssh", "-o", "BatchMode=yes", host, "--", *argv], timeout_s)
+def _ssh_options() -> list[str]:
+    """`-F <file>` when VJOB_SSH_CONFIG names a readable regular file, else nothing."""
+    cfg = os.environ.get(SSH_CONFIG_ENV, "")
+    if not cfg:
+        return []
+    if not re.fullmatch(r"/[A-Za-z0-9_./-]{1,4095}", cfg) or not os.path.isfile(cfg):
+        raise InputError(f"{SSH_CONFIG_ENV} = {cfg[:200]!r}: must be the absolute path of an ssh config file")
+    return ["-F", cfg]
+
+
+def _rsync_shell() -> str:
+    """rsync's `-e`: rsync splits it on spaces, hence the plain-path rule of `_ssh_options`."""
+    return " ".join(["ssh", "-o", "BatchMode=yes", *_ssh_options()])
+
+
+def run_on(host: str, argv: list[str], *, timeout_s: float = 60.0, stdin: str | None = None) -> str:
+    """Run a command on `host` over ssh (no password prompt) and return its output.
+
+    ssh hands the remote shell one string: every argument is quoted, so a path with a space
+    or a `;` stays one argument and never becomes a command.
+    """
+    if host.startswith("-"):
+        raise InputError(f"ssh host {host[:80]!r}: must not start with '-'")
+    remote = " ".join(shlex.quote(a) for a in argv)
+    return proc.run(["ssh", "-o", "BatchMode=yes", *_ssh_options(), host, "--", remote], timeout_s=timeout_s,
+                    stdin=stdin)  # fmt: skip
 
 
 def _run(cmd: list[str], timeout_s: float) -> None:
     proc.run(cmd, timeout_s=timeout_s)
+
+
+# -- files on a node (this machine when host is None, else over ssh) --------------------------
+def size(target: Endpoint, *, timeout_s: float = 60.0) -> int | None:
+    """The file's size in bytes, None when it is not there."""
+    if target.host is None:
+        try:
+            return target.path.stat().st_size
+        except FileNotFoundError:
+            return None
+    if not exists(target, timeout_s=timeout_s):
+        return None
+    out = run_on(target.host, ["stat", "-L", "-c", "%s", "--", str(target.path)], timeout_s=timeout_s).strip()
+    if not _SIZE_RE.fullmatch(out):
+        raise VjobError(f"size of {target.spec()}: unexpected answer {out[:80]!r}")
+    return int(out)
+
+
+def sha256(target: Endpoint, *, timeout_s: float = 600.0) -> str:
+    """The SHA-256 of a file, computed where the file is (never through a local path)."""
+    if target.host is None:
+        return sha256_file(target.path)
+    out = run_on(target.host, ["sha256sum", "--", str(target.path)], timeout_s=timeout_s)
+    digest = out.split(" ", 1)[0].strip()
+    if not _SHA256_RE.fullmatch(digest):
+        raise VjobError(f"sha256 of {target.spec()}: unexpected answer {out[:80]!r}")
+    return digest
+
+
+def read_text(target: Endpoint, *, limit: int = MANIFEST_LIMIT, timeout_s: float = 60.0) -> str | None:
+    """A small text file's content (None when absent); larger than `limit` is an error."""
+    n = size(target, timeout_s=timeout_s)
+    if n is None:
+        return None
+    if n > limit:
+        raise InputError(f"file {target.spec()}: {n} bytes, more than the {limit} expected")
+    if target.host is None:
+        return target.path.read_text(errors="replace")
+    return run_on(target.host, ["cat", "--", str(target.path)], timeout_s=timeout_s)
+
+
+def write_text(target: Endpoint, text: str, *, mode: int = 0o600, timeout_s: float = 60.0) -> None:
+    """Write a small file atomically (temporary name, then rename) with `mode`."""
+    tmp = target.path.with_name(target.path.name + ".part")
+    if target.host is None:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, target.path)
+        return
+    # install(1) creates the file with its mode from the start: no moment where others can read it
+    run_on(target.host, ["install", "-m", f"{mode:o}", "/dev/stdin", str(tmp)], timeout_s=timeout_s, stdin=text)
+    run_on(target.host, ["mv", "-f", "--", str(tmp), str(target.path)], timeout_s=timeout_s)
+
+
+def rename(src: Endpoint, dst_path: Path, *, mode: int | None = None, timeout_s: float = 60.0) -> None:
+    """Rename a file on its node (optionally setting its mode first)."""
+    if src.host is None:
+        if mode is not None:
+            os.chmod(src.path, mode)
+        os.replace(src.path, dst_path)
+        return
+    if mode is not None:
+        run_on(src.host, ["chmod", f"{mode:o}", "--", str(src.path)], timeout_s=timeout_s)
+    run_on(src.host, ["mv", "-f", "--", str(src.path), str(dst_path)], timeout_s=timeout_s)
+
+
+def ensure_remote_dir(target: Endpoint, mode: int, *, timeout_s: float = 60.0) -> None:
+    """Create a directory on a remote node with `mode`, and refuse one someone else can write.
+
+    The remote counterpart of `safe_dirs.ensure_dir` (which checks this machine only): the
+    directory must be owned by the ssh user and writable by nobody else.
+    """
+    assert target.host is not None
+    run_on(target.host, ["mkdir", "-p", "-m", f"{mode:o}", "--", str(target.path)], timeout_s=timeout_s)
+    run_on(target.host, ["chmod", f"{mode:o}", "--", str(target.path)], timeout_s=timeout_s)
+    out = run_on(target.host, ["stat", "-c", "%u %a %F", "--", str(target.path)], timeout_s=timeout_s).split()
+    uid = run_on(target.host, ["id", "-u"], timeout_s=timeout_s).strip()
+    if len(out) < 3 or out[0] != uid or out[2] != "directory" or int(out[1], 8) & 0o022:
+        raise VjobError(f"directory {target.spec()}: must be a directory owned by uid {uid} and writable by nobody "
+                        f"else (stat says {' '.join(out)[:80]!r})")  # fmt: skip
 
 
 def sha256_file(path: Path, *, chunk: int = 4 << 20) -> str:

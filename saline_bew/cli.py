@@ -32,7 +32,8 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--socket",
         default=None,
-        help="the manager's socket (default $VJOB_SALINE_SOCKET, else /run/vjob/saline.sock)",
+        help="the manager's socket path (default $VJOB_SALINE_SOCKET, else saline.socket for the manager, "
+        "else /run/vjob/saline.sock)",
     )
     bsub = p.add_subparsers(dest="besteffort_command", metavar="ACTION", required=True)
 
@@ -52,7 +53,8 @@ def register(sub: Any) -> None:
     m.add_argument(
         "--socket-group",
         default=None,
-        help="only this group (and root) may use the socket (mode 0660); default: everyone (0666)",
+        help="only this group (and root) may use the socket (mode 0660); default saline.socket_group, "
+        "empty: everyone (0666)",
     )
     m.set_defaults(func=_manager)
 
@@ -79,7 +81,13 @@ def build(args: argparse.Namespace) -> Any:
     config = load_config(args)
     store = open_store(config)
     driver = Driver(config.provisioning, data_dir=config.data_path, store=store)
-    return Manager(config, store, sites.from_config(config), SalineVMs(driver, store), owner=lease.host_owner())
+    return Manager(
+        config,
+        store,
+        sites.from_config(config),
+        SalineVMs(driver, store),
+        owner=lease.host_owner(),
+    )
 
 
 def _call(args: argparse.Namespace, request: dict[str, Any]) -> Any:
@@ -124,7 +132,9 @@ def _manager(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    with server.Server(manager, server.socket_path(args.socket), group=args.socket_group):
+    cfg = manager.config.saline
+    path = server.socket_path(args.socket, configured=cfg.socket)
+    with server.Server(manager, path, group=args.socket_group or cfg.socket_group or None):
         Notifier().ready("listening on the Saline socket")
         manager.run(stop=lambda: bool(stopping))
     return 0

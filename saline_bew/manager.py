@@ -63,6 +63,9 @@ MAX_FAILURES = 5
 """Failures in a row (not counting OAR being unreachable) after which a vjob is failed."""
 FAILURE_BACKOFF_S = 30.0
 """Wait after a first failure before trying the vjob again; doubles with each failure."""
+ADMISSION_TIMEOUT_S = 120.0
+"""An admitted vjob whose OAR job never shows up (a later admission rule refused it, oarsub
+died) is abandoned after this long: nobody asked for it any more."""
 
 
 class Manager:
@@ -88,7 +91,9 @@ class Manager:
         self.vms = vms
         self.clock = clock
         self.owner = owner or lease.new_owner()
-        self.lease_s = lease_s if lease_s is not None else max(120.0, 30 * self.cfg.poll_interval_s)
+        self.lease_s = (
+            lease_s if lease_s is not None else (self.cfg.lease_s or max(120.0, 30 * self.cfg.poll_interval_s))
+        )
         """How long a lease outlives its last renewal: a dead manager's vjobs wait this long."""
         self.max_failures = max_failures
         self.failure_backoff_s = failure_backoff_s
@@ -155,6 +160,75 @@ class Manager:
                 network=self.cfg.network,
             )
             return self._submit_oar(job, chosen)
+
+    def admit(
+        self,
+        *,
+        user: str,
+        image: str,
+        command: list[str],
+        vm_count: int = 1,
+        walltime: str | None = None,
+        site: str,
+    ) -> tuple[SalineJob, SubmitRequest]:
+        """Record a vjob that OAR's admission rule is submitting right now (the user typed
+        `oarsub -t besteffort -t vjob=IMAGE`), and say what that submission must become: the
+        holder, named after the vjob, with Saline's checkpoint warning, at `site`. The manager
+        adopts the OAR job by its name at its next pass (`phases.Kind.ADOPT`)."""
+        grammar.word("user", user, grammar.USER)
+        grammar.command(command)
+        grammar.number("vms", vm_count, 1, grammar.MAX_VMS)
+        walltime = walltime or self.cfg.default_walltime
+        grammar.word("walltime", walltime, grammar.WALLTIME)
+        grammar.word("image", image, grammar.IMAGE)
+        if site not in self.sites:
+            raise InputError(f"site = {grammar.short(site)}: not a configured site ({', '.join(self.sites)})")
+        with self._lock:
+            self.vms.image(image)
+            key = f"be{uuid.uuid4().hex[:10]}"
+            job = journal.create(
+                self.store,
+                key=key,
+                user=user,
+                image=image,
+                command=command,
+                vm_count=vm_count,
+                vcpus=1,
+                memory_mb=128,
+                walltime=walltime,
+                site=site,
+            )
+            if not self._lease(key):
+                raise VjobError(f"best-effort vjob {key}: could not take its lease")
+            identity.assign(
+                self.store,
+                site=site,
+                job_key=key,
+                vm_names=job.vm_names,
+                mac_prefix=self.cfg.mac_prefix,
+                network=self.cfg.network,
+            )
+            job = self._record(key, phases.ADMITTED, {"site": site, "by": "oar admission rule"})
+            _log.info("vjob admitted by OAR's admission rule", jobs=[key], site=site, user=user)
+            return job, self._request(job, self._site(site))
+
+    def _adopt(self, job: SalineJob, since: float) -> None:
+        """Take the OAR job the admission rule named after the vjob (same user: another
+        user's job of that name is never taken); abandon the vjob if none shows up in time."""
+        found = [oj for oj in self._site(job.site).client.jobs() if oj.name == job.key and oj.user == job.user]
+        if found:
+            oj = max(found, key=lambda j: int(j.id))
+            self._record(job.key, "adopted", {"site": job.site}, oar_job_id=oj.id, error="")
+            _log.info("vjob adopted its OAR job", jobs=[job.key], oar_job=oj.id)
+        elif self.clock() - since > ADMISSION_TIMEOUT_S:
+            self._record(
+                job.key,
+                "admission_abandoned",
+                {"waited_s": round(self.clock() - since, 1)},
+                phase="cancelled",
+                hosts=[],
+            )
+            _log.warning("admitted vjob never got its OAR job: abandoned", jobs=[job.key])
 
     def _request(self, job: SalineJob, site: Site) -> SubmitRequest:
         return SubmitRequest(
@@ -331,6 +405,7 @@ class Manager:
             last_safe_point=phases.last_at(events, phases.SAFE_POINT_EVENTS, job.updated_at),
             last_deploy=phases.last_at(events, phases.DEPLOY_EVENTS, job.created_at),
             cancel_requested=cancel,
+            admitted_at=phases.admitted_at(events),
         )
 
     def _advance(self, job: SalineJob, events: list[journal.Event]) -> None:
@@ -346,6 +421,8 @@ class Manager:
             self.cancel(job.key)
         elif kind is phases.Kind.RESUBMIT:
             self._resubmit(job)
+        elif kind is phases.Kind.ADOPT:
+            self._adopt(job, seen.admitted_at or self.clock())
         elif kind is phases.Kind.FORGET_OAR_JOB:
             self._record(job.key, "oar_job_vanished", {"oar_job_id": job.oar_job_id}, oar_job_id=None)
         elif kind is phases.Kind.KILLED:

@@ -40,6 +40,9 @@ class Kind(StrEnum):
     """The user deleted the OAR job (oardel): no kill event, so the vjob ends."""
     CANCEL = "cancel"
     """The user asked (vjob besteffort cancel)."""
+    ADOPT = "adopt"
+    """Admitted by OAR's admission rule (the user typed oarsub): find the OAR job named after
+    the vjob and take it as the vjob's job, instead of submitting one."""
     DEPLOY = "deploy"
     MOVE = "move"
     EVACUATE = "evacuate"
@@ -86,6 +89,8 @@ class Observed:
     """When the vjob last became safe to resume from: deployed, resumed or snapshot."""
     last_deploy: float = 0.0
     cancel_requested: bool = False
+    admitted_at: float | None = None
+    """When OAR's admission rule recorded the vjob, while its OAR job is not adopted yet."""
 
 
 def needs_oar(job: JobRecord, cancel_requested: bool) -> bool:
@@ -97,6 +102,8 @@ def decide(job: JobRecord, seen: Observed, *, now: float, timing: Timing) -> Act
     """The next action for an active vjob (phase submitted, running or killed)."""
     if seen.cancel_requested:
         return Action(Kind.CANCEL)
+    if job.phase == "submitted" and job.oar_job_id is None and seen.admitted_at is not None:
+        return Action(Kind.ADOPT)
     if job.phase == "killed" or job.oar_job_id is None:
         return Action(Kind.RESUBMIT)
     oj = seen.oar_job
@@ -147,6 +154,21 @@ def last_at(events: Sequence[JournalEntry], kinds: Sequence[str], default: float
         if ev.kind in kinds:
             return ev.at
     return default
+
+
+ADMITTED = "admitted"
+AFTER_ADMISSION = frozenset({"adopted", "submitted", "submit_failed", "killed", "oar_job_vanished", "moved"})
+"""Entries after which an admitted vjob's OAR job is no longer to be adopted."""
+
+
+def admitted_at(events: Sequence[JournalEntry]) -> float | None:
+    """When the admission rule recorded the vjob, if its OAR job still awaits adoption."""
+    for ev in reversed(events):
+        if ev.kind in AFTER_ADMISSION:
+            return None
+        if ev.kind == ADMITTED:
+            return ev.at
+    return None
 
 
 def cancel_requested(events: Sequence[JournalEntry]) -> bool:

@@ -22,6 +22,7 @@ import grp
 import json
 import os
 import pwd
+import shlex
 import socket
 import socketserver
 import stat
@@ -69,6 +70,21 @@ class Submit(_Request):
     user: Annotated[str, StringConstraints(max_length=32)] | None = None
 
 
+class Admit(_Request):
+    """From OAR's admission rule (vjob/deploy_files/oar/vjob_admission_rule.pl, evaluated in
+    oarsub as uid `oar`): the user `oarsub`-ed a best-effort vjob; record it and say what the
+    submission must become. `command` is OAR's command string, split here into words (shlex,
+    never a shell); `walltime_s` is OAR's walltime in seconds (0: the default)."""
+
+    op: Literal["admit"]
+    user: Annotated[str, StringConstraints(min_length=1, max_length=32)]
+    image: Annotated[str, StringConstraints(min_length=1, max_length=128)]
+    command: Annotated[str, StringConstraints(min_length=1, max_length=64 * 1024)]
+    vms: Annotated[int, Field(ge=1, le=grammar.MAX_VMS)] = 1
+    walltime_s: Annotated[int, Field(ge=0, le=10**8)] = 0
+    site: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+
+
 class ListJobs(_Request):
     op: Literal["list"]
 
@@ -83,15 +99,19 @@ class Cancel(_Request):
     key: Key
 
 
-Request = Annotated[Submit | ListJobs | Show | Cancel, Field(discriminator="op")]
-_REQUEST: TypeAdapter[Submit | ListJobs | Show | Cancel] = TypeAdapter(Request)
+AnyRequest = Submit | Admit | ListJobs | Show | Cancel
+Request = Annotated[AnyRequest, Field(discriminator="op")]
+_REQUEST: TypeAdapter[AnyRequest] = TypeAdapter(Request)
+OAR_ACCOUNT = "oar"
+"""OAR's own account: admission rules run as it inside oarsub, so it (and root) may `admit`
+for any user. It can already alter any OAR job; nobody else may speak for another user."""
 
 
 class Refused(UsageError):
     """The caller may not do this (another user's vjob, another user's name)."""
 
 
-def parse_request(line: bytes) -> Submit | ListJobs | Show | Cancel:
+def parse_request(line: bytes) -> AnyRequest:
     """One request line, validated; an InputError names the field that is wrong."""
     if len(line) > MAX_LINE:
         raise InputError(f"request: more than {MAX_LINE} bytes")
@@ -132,10 +152,12 @@ class Handler:
     def __init__(self, manager: Any) -> None:
         self.manager = manager
 
-    def __call__(self, request: Submit | ListJobs | Show | Cancel, uid: int) -> Any:
+    def __call__(self, request: AnyRequest, uid: int) -> Any:
         caller = _user_name(uid)
         if isinstance(request, Submit):
             return self.submit(request, uid, caller)
+        if isinstance(request, Admit):
+            return self.admit(request, uid, caller)
         if isinstance(request, ListJobs):
             jobs = journal.all_jobs(self.manager.store)
             return [row(j) for j in jobs if uid == 0 or j.user == caller]
@@ -175,11 +197,55 @@ class Handler:
             ) from None
         return {"key": job.key, "oar_job_id": job.oar_job_id, "site": job.site}
 
+    def admit(self, request: Admit, uid: int, caller: str) -> dict[str, Any]:
+        if uid != 0 and caller != OAR_ACCOUNT:
+            raise Refused(f"admit: only OAR's admission rule (user {OAR_ACCOUNT}) may admit jobs (you are {caller})")
+        user = grammar.word("user", request.user, grammar.USER)
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            raise InputError(f"user = {grammar.short(user)}: no such user on the site master") from None
+        job, oar = self.manager.admit(
+            user=user,
+            image=request.image,
+            command=command_words(request.command),
+            vm_count=request.vms,
+            walltime=walltime(request.walltime_s),
+            site=request.site,
+        )
+        return {
+            "key": job.key,
+            "site": job.site,
+            "command": oar.command_line,
+            "resources": job.vm_count * job.vcpus,
+            "checkpoint": oar.checkpoint_s,
+            "signal": oar.signal,
+            "properties": oar.properties,
+        }
+
     def _own(self, key: str, uid: int, caller: str) -> SalineJob:
         job = journal.get(self.manager.store, key)
         if uid != 0 and job.user != caller:
             raise Refused(f"best-effort vjob {key}: belongs to another user; you ({caller}) may act on yours only")
         return job
+
+
+def command_words(command: str) -> list[str]:
+    """OAR hands the rule the command as one string: its words (shlex, never a shell)."""
+    try:
+        words = shlex.split(command)
+    except ValueError as exc:
+        raise InputError(f"command = {grammar.short(command[:60])}: {exc}") from None
+    if not words:
+        raise InputError("command: empty (an interactive best-effort job cannot be a vjob)")
+    return grammar.command(words)
+
+
+def walltime(seconds: int) -> str | None:
+    """OAR's walltime in seconds → H:MM:SS; 0 → None (saline.default_walltime)."""
+    if not seconds:
+        return None
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
 def _user_name(uid: int) -> str:
@@ -319,8 +385,10 @@ class RemoteError(VjobError):
         self.exit_code = exit_code if exit_code in (1, 2) else 1
 
 
-def socket_path(given: str | None) -> Path:
-    return Path(given or os.environ.get(ENV_VAR) or DEFAULT_SOCKET)
+def socket_path(given: str | None, *, configured: str = "") -> Path:
+    """--socket, else $VJOB_SALINE_SOCKET, else the configured `saline.socket` (the manager
+    reads the configuration; users' commands often cannot), else the default."""
+    return Path(given or os.environ.get(ENV_VAR) or configured or DEFAULT_SOCKET)
 
 
 def call(path: Path, request: dict[str, Any], *, timeout_s: float = CLIENT_TIMEOUT_S) -> Any:

@@ -26,43 +26,95 @@ from simulator.setup import UbisSetup, apply
 from simulator.sweep import write_sweep
 from simulator.swf import open_text, read_swf, summarise, write_swf
 from simulator.torque_accounting import read_torque_accounting
-from vjob.cli import load_config
-from vjob.config import PriorityConfig
+from vjob.cli import load_config, require_extra
+from vjob.config import PriorityConfig, SchedulingConfig
 from vjob.errors import InputError
+from vjob.progress import Progress
 
 
 def register(sub: Any) -> None:
-    tr = sub.add_parser("trace", help="workload traces: generate (Lublin-Feitelson), summarise")
+    tr = sub.add_parser(
+        "trace",
+        help="workload traces: generate (Lublin-Feitelson), summarise",
+        description="Workload traces for `vjob simulate`: generate a Lublin-Feitelson model trace, or summarise "
+        "an SWF file or a Torque accounting log.",
+        epilog="example:\n  vjob trace generate --nodes 1056 --jobs 100000 --seed 1 --load 0.7 -o lublin.swf\n"
+        "  vjob trace info lublin.swf --nodes 1056",
+    )
     tsub = tr.add_subparsers(dest="trace_command", metavar="ACTION", required=True)
-    gen = tsub.add_parser("generate", help="write a Lublin-Feitelson model trace as SWF")
-    gen.add_argument("--nodes", type=int, required=True, help="machine size in nodes")
-    gen.add_argument("--jobs", type=int, required=True)
-    gen.add_argument("--seed", type=int, default=1)
-    gen.add_argument("--load", type=float, default=None, help="rescale arrivals to this offered load (e.g. 0.85)")
+    gen = tsub.add_parser(
+        "generate",
+        help="write a Lublin-Feitelson model trace as SWF",
+        description="Write a Lublin-Feitelson (2003) model trace as SWF, reproducible from its seed.",
+        epilog="example:\n  vjob trace generate --nodes 1056 --jobs 100000 --seed 1 --load 0.7 -o lublin.swf.gz",
+    )
+    gen.add_argument("--nodes", type=int, required=True, help="machine size (nodes)")
+    gen.add_argument("--jobs", type=int, required=True, help="number of jobs to generate")
+    gen.add_argument("--seed", type=int, default=1, help="random seed (integer; same seed, same trace)")
+    gen.add_argument("--load", type=float, default=None, help="rescale arrivals to this offered load (0..1, e.g. 0.85)")
     gen.add_argument("-o", "--output", required=True, help="SWF file to write ('-' = stdout; .gz compresses)")
     gen.set_defaults(func=_generate)
-    info = tsub.add_parser("info", help="jobs, span, size and runtime distributions, offered load")
+    info = tsub.add_parser(
+        "info",
+        help="jobs, span, size and runtime distributions, offered load",
+        description="Summarise a trace: jobs, span, size and runtime distributions, offered load.",
+        epilog="example:\n  vjob trace info lublin.swf --nodes 1056 --json",
+    )
     info.add_argument("file", help="SWF (plain or .gz) or Torque accounting (file, directory or .tar.gz)")
-    info.add_argument("--nodes", type=int, default=None, help="machine size for the offered load")
+    info.add_argument("--nodes", type=int, default=None, help="machine size (nodes) for the offered load")
     info.add_argument("--lenient", action="store_true", help="skip and count malformed lines")
     info.add_argument("--json", action="store_true", help="print JSON instead of a table")
     info.set_defaults(func=_info)
 
-    sim = sub.add_parser("simulate", help="replay a trace under a scheduling policy (fcfs-easy, mms, mms-block, ubis)")
+    sim = sub.add_parser(
+        "simulate",
+        help="replay a trace under a scheduling policy (vjob, ubis, mms, mms-block, fcfs-easy)",
+        description="Replay a trace on a model cluster under a scheduling policy (the decision pass the agent "
+        "runs), or a grid of them with --sweep. Writes summary.json, jobs.csv, segments.csv and plots; "
+        "docs/simulator.md and docs/policy.md explain the figures.",
+        epilog="example:\n  vjob simulate --trace lublin.swf --nodes 1056 --interactive-frac 0.2 "
+        "--interactive-mean-size 100 --interactive-cap 0.15 --out run1\n"
+        "  vjob simulate --sweep --trace lublin.swf --nodes 1056 --policy mms,ubis,vjob \\\n"
+        "      --interactive-frac 0.1,0.2,0.3 --interactive-mean-size 50,100,150 --interactive-cap 0.05,0.15 "
+        "--seeds 1,2,3 --no-plots --out grid",
+    )
     sim.add_argument("--trace", required=True, help="SWF (plain or .gz) or Torque accounting log")
-    sim.add_argument("--nodes", type=int, required=True)
-    sim.add_argument("--policy", default="ubis", help="fcfs-easy, mms, mms-block or ubis (comma list with --sweep)")
+    sim.add_argument("--nodes", type=int, required=True, help="machine size (nodes)")
+    sim.add_argument(
+        "--policy",
+        default=None,
+        help="vjob, ubis, mms, mms-block or fcfs-easy (comma list with --sweep; default: [scheduling] policy, vjob)",
+    )
     sim.add_argument("--interactive-frac", default="0", help="share of all jobs injected as interactive (0..1)")
     sim.add_argument("--interactive-mean-size", default="100", help="Poisson mean of interactive sizes (nodes)")
-    sim.add_argument("--interactive-cap", default=None, help="share of nodes interactive jobs may hold (0..1)")
-    sim.add_argument("--os-count", type=int, default=2, help="OS images (jobs draw one with equal shares)")
+    sim.add_argument(
+        "--interactive-cap", default=None, help="share of nodes interactive jobs may hold (0..1; comma list)"
+    )
+    sim.add_argument(
+        "--cap-mode",
+        default="preempt",
+        choices=("preempt", "hard"),
+        help="interactive jobs beyond the cap: preempt = run as ordinary jobs (default); hard = wait until "
+        "within the cap (the paper's literal reading)",
+    )
+    sim.add_argument("--max-preemptions", type=int, default=None, help="vjob: preemptions per job (count)")
+    sim.add_argument(
+        "--head-slack-s",
+        type=float,
+        default=None,
+        help="vjob: seconds preemptions may delay the queue's first batch job (default: [scheduling])",
+    )
+    sim.add_argument("--os-count", type=int, default=2, help="OS images (count; jobs draw one with equal shares)")
     sim.add_argument("--os-from-properties", action="store_true", help="job OS from the trace's node type")
-    sim.add_argument("--seed", type=int, default=1)
-    sim.add_argument("--max-jobs", type=int, default=None, help="replay only the first N trace jobs")
+    sim.add_argument("--seed", type=int, default=1, help="seed of the set-up (interactive jobs, OS draws)")
+    sim.add_argument(
+        "--seeds", default=None, help="comma list of set-up seeds; --sweep reports mean and 95 %% interval per cell"
+    )
+    sim.add_argument("--max-jobs", type=int, default=None, help="replay only the first N trace jobs (count)")
     sim.add_argument("--os-swap-s", type=float, default=300.0, help="seconds for a node to switch OS image")
     sim.add_argument("--bandwidth-mb-s", type=float, default=500.0, help="checkpoint write/read MB/s per node")
-    sim.add_argument("--memory-mb", type=int, default=4096, help="VM memory per node when the trace has none")
-    sim.add_argument("--backfill-depth", type=int, default=500, help="queued jobs looked at per backfill pass")
+    sim.add_argument("--memory-mb", type=int, default=4096, help="VM memory per node (MB) when the trace has none")
+    sim.add_argument("--backfill-depth", type=int, default=500, help="queued jobs looked at per backfill pass (count)")
     sim.add_argument(
         "--priority-refresh",
         type=float,
@@ -70,8 +122,12 @@ def register(sub: Any) -> None:
         help="ubis: reuse priorities for this many simulated seconds (0 = exact; > 0 approximates, faster)",
     )
     sim.add_argument("--lenient", action="store_true", help="skip and count malformed trace lines")
-    sim.add_argument("--no-plots", action="store_true")
-    sim.add_argument("--sweep", action="store_true", help="run the grid policies × fractions × sizes × caps")
+    sim.add_argument(
+        "--no-plots",
+        action="store_true",
+        help="no per-run PNG plots (faster); --sweep still draws its comparison figures",
+    )
+    sim.add_argument("--sweep", action="store_true", help="run the grid policies × fractions × sizes × caps × seeds")
     sim.add_argument("--workers", type=int, default=None, help="processes for --sweep (default: all cores)")
     sim.add_argument("--out", required=True, help="output directory")
     sim.set_defaults(func=_simulate)
@@ -156,9 +212,32 @@ def _floats(text: str, option: str, low: float, high: float | None) -> list[floa
     return values
 
 
+def _seeds(text: str | None, seed: int) -> list[int]:
+    """--seeds as integers (default: the one --seed)."""
+    if text is None:
+        return [seed]
+    values = []
+    for part in str(text).split(","):
+        if not re.fullmatch(r"\s*-?\d{1,18}\s*", part):
+            raise InputError(f"--seeds = {part[:40]!r}: not an integer")
+        values.append(int(part))
+    return values
+
+
 def _simulate(args: argparse.Namespace) -> int:
+    require_extra("vjob simulate", "numba", *(() if args.no_plots and not args.sweep else ("matplotlib",)))
     cfg = load_config(args)
-    policies = [check_policy(p.strip()) for p in args.policy.split(",")]
+    sched = cfg.scheduling.model_dump()
+    if args.max_preemptions is not None:
+        sched["max_preemptions"] = args.max_preemptions
+    if args.head_slack_s is not None:
+        sched["head_slack_s"] = args.head_slack_s
+    try:
+        SchedulingConfig.model_validate(sched)
+    except ValueError as exc:
+        raise InputError(f"--max-preemptions / --head-slack-s: {str(exc).splitlines()[-1].strip()}") from None
+    policies = [check_policy(p.strip()) for p in (args.policy or cfg.scheduling.policy).split(",")]
+    seeds = _seeds(args.seeds, args.seed)
     fracs = _floats(args.interactive_frac, "--interactive-frac", 0.0, 0.99)
     sizes = _floats(args.interactive_mean_size, "--interactive-mean-size", 1.0, None)
     caps = (
@@ -166,7 +245,7 @@ def _simulate(args: argparse.Namespace) -> int:
         if args.interactive_cap is not None
         else [cfg.priority.interactive_cap]
     )
-    grid = list(itertools.product(policies, fracs, sizes, caps))
+    grid = list(itertools.product(policies, fracs, sizes, caps, seeds))
     if len(grid) > 1 and not args.sweep:
         raise InputError("several values given for a parameter: add --sweep to run the grid")
     out = Path(args.out)
@@ -175,7 +254,6 @@ def _simulate(args: argparse.Namespace) -> int:
         "nodes": args.nodes,
         "os_count": args.os_count,
         "os_from_properties": args.os_from_properties,
-        "seed": args.seed,
         "max_jobs": args.max_jobs,
         "os_swap_s": args.os_swap_s,
         "bandwidth_mb_s": args.bandwidth_mb_s,
@@ -185,10 +263,13 @@ def _simulate(args: argparse.Namespace) -> int:
         "lenient": args.lenient,
         "plots": not args.no_plots,
         "priority": cfg.priority.model_dump(),
+        "scheduling": sched,
+        "cap_mode": args.cap_mode,
     }
     if not args.sweep:
-        policy, frac, size, cap = grid[0]
-        doc = run_one(base | {"policy": policy, "frac": frac, "size": size, "cap": cap, "out": str(out)}, show=True)
+        policy, frac, size, cap, seed = grid[0]
+        spec = {"policy": policy, "frac": frac, "size": size, "cap": cap, "seed": seed, "out": str(out)}
+        doc = run_one(base | spec, show=True)
         _print_table(doc)
         return 0
     return _sweep(base, grid, out, args.workers)
@@ -221,24 +302,26 @@ def run_one(spec: dict[str, Any], show: bool = False) -> dict[str, Any]:
         priority_refresh_s=spec["priority_refresh_s"],
     )
     priority = PriorityConfig.model_validate(spec["priority"] | {"interactive_cap": spec["cap"]})
+    scheduling = SchedulingConfig.model_validate(spec.get("scheduling", {}))
+    cap_mode = spec.get("cap_mode", "preempt")
     started = time.perf_counter()
-    if show:
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    if show:  # a live bar on a terminal, a plain line every 5 % otherwise (vjob.progress)
+        with Progress(len(jobs), f"simulate {spec['policy']}") as progress:
 
-        with Progress(
-            TextColumn(f"{spec['policy']}"), BarColumn(), TextColumn("{task.completed}/{task.total} jobs"),
-            TimeElapsedColumn(), transient=True,
-        ) as bar:  # fmt: skip
-            task = bar.add_task("simulate", total=len(jobs))
-            result = simulate(jobs, model, spec["policy"], priority, lambda d, n: bar.update(task, completed=d))
+            def advance(done: int, total: int) -> None:
+                progress.advance(done - progress.done)
+
+            result = simulate(jobs, model, spec["policy"], priority, advance, scheduling, cap_mode)
     else:
-        result = simulate(jobs, model, spec["policy"], priority)
+        result = simulate(jobs, model, spec["policy"], priority, None, scheduling, cap_mode)
     seconds = time.perf_counter() - started
     extra = {
         "trace": spec["trace"],
         "interactive_frac": spec["frac"],
         "interactive_mean_size": spec["size"],
         "interactive_cap": spec["cap"],
+        "cap_mode": cap_mode,
+        "scheduling": scheduling.model_dump(),
         "seed": spec["seed"],
         "wall_seconds": seconds,
     }
@@ -267,23 +350,23 @@ def _print_table(doc: dict[str, Any]) -> None:
     Console().print(table)
 
 
-def _sweep(base: dict[str, Any], grid: list[tuple[str, float, float, float]], out: Path, workers: int | None) -> int:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
+def _sweep(
+    base: dict[str, Any], grid: list[tuple[str, float, float, float, int]], out: Path, workers: int | None
+) -> int:
     out.mkdir(parents=True, exist_ok=True)
     specs = []
-    for policy, frac, size, cap in grid:
-        name = f"{policy}_f{frac:g}_s{size:g}_c{cap:g}"
-        specs.append(base | {"policy": policy, "frac": frac, "size": size, "cap": cap, "out": str(out / name)})
+    several = len({seed for *_, seed in grid}) > 1
+    for policy, frac, size, cap, seed in grid:
+        name = f"{policy}_f{frac:g}_s{size:g}_c{cap:g}" + (f"_seed{seed}" if several else "")
+        spec = {"policy": policy, "frac": frac, "size": size, "cap": cap, "seed": seed, "out": str(out / name)}
+        specs.append(base | spec)
     docs: list[dict[str, Any]] = []
     workers = workers or os.cpu_count() or 1
-    with Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
-        task = bar.add_task("sweep", total=len(specs))
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            futures = [pool.submit(run_one, spec) for spec in specs]
-            for fut in as_completed(futures):
-                docs.append(fut.result())
-                bar.advance(task)
+    with Progress(len(specs), "sweep") as progress, ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(run_one, spec) for spec in specs]
+        for fut in as_completed(futures):
+            docs.append(fut.result())
+            progress.advance()
     write_sweep(docs, out)
     print(f"{out}: {len(docs)} runs; sweep.csv, sweep.json and comparison figures written", file=sys.stderr)
     return 0

@@ -35,7 +35,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from preemption.scheduling.easy import backfill_arrays, backfill_leading, reservation
-from preemption.scheduling.policies import blocks_behind_interactive, check_policy, mms_order, preempts, ubis_order
+from preemption.scheduling.guard import keeps_reservation
+from preemption.scheduling.policies import (
+    blocks_behind_interactive,
+    check_cap_mode,
+    check_policy,
+    mms_order,
+    preempts,
+    ubis_order,
+    vjob_tiers,
+)
 from preemption.scheduling.victims import Candidate, choose_victims
 from simulator.node_pool import FREE, take_nodes
 from simulator.queue_rows import queue_append, queue_remove
@@ -57,7 +66,7 @@ from ubis_priority.compiled import (
 from ubis_priority.decay import decay_factor
 from ubis_priority.interactive import cap_limit, within_cap
 from ubis_priority.shares import target_shares
-from vjob.config import PriorityConfig
+from vjob.config import PriorityConfig, SchedulingConfig
 from vjob.errors import InputError
 
 MIB = 1024 * 1024
@@ -137,8 +146,21 @@ class Simulation:
         policy: str,
         priority: PriorityConfig | None = None,
         progress: Callable[[int, int], None] | None = None,
+        scheduling: SchedulingConfig | None = None,
+        cap_mode: str = "preempt",
     ) -> None:
         self.policy = check_policy(policy)
+        sched = scheduling or SchedulingConfig()
+        self.by_cost = policy == "vjob"
+        """vjob: victims by cost, bounded preemptions, the guard's reservation kept (tick.decide)."""
+        self.max_preemptions = sched.max_preemptions
+        self.head_slack_s = sched.head_slack_s
+        self.ahead = sched.interactive_ahead
+        self.hard_cap = check_cap_mode(cap_mode) == "hard"
+        self._guard = -1
+        self._anchors: dict[int, float] = {}
+        """vjob: each guarded job's reserved start when first checked (guard.keeps_reservation)."""
+        """vjob: the first job of the pass's order that is not a privileged interactive job."""
         self.blocking = blocks_behind_interactive(policy)
         self.model = model
         self.prio_cfg = priority or PriorityConfig()
@@ -365,6 +387,8 @@ class Simulation:
         for pos, j in enumerate(_leading(order) if ranking is None else order.tolist()):
             n = self.need[j]
             priv = self.inter[j] and within_cap(self.held_interactive, n, self.cap_nodes)
+            if self.hard_cap and self.inter[j] and not priv:
+                continue  # beyond the cap: it waits, and is not the head either
             if n <= self.free:
                 self._start(j, now, priv)
                 started.append(j)
@@ -378,7 +402,14 @@ class Simulation:
             shadow, extra = reservation(now, self.free, self.need[head], self._held)
             depth = self.model.backfill_depth
             if ranking is None:
-                rest = order[head_at + 1 :] if depth is None else order[head_at + 1 : head_at + 1 + depth]
+                rest = order[head_at + 1 :]
+                if self.by_cost and self.ahead == "backfill":  # interactive jobs looked at first
+                    inter = self.inter_a[rest]
+                    rest = np.concatenate((rest[inter], rest[~inter]))
+                if depth is not None:
+                    rest = rest[:depth]
+                if self.hard_cap:
+                    rest = rest[~self.inter_a[rest]]
                 need, est = self.need_a[rest], self.est_a[rest]
                 late = backfill_arrays(now, self.free, shadow, extra, rest, need, est, -1)
             else:  # `order` is only the part of the queue order a pass can act on
@@ -422,13 +453,22 @@ class Simulation:
         if self.policy == "ubis" and self.model.priority_refresh_s > 0:
             return self._ranked_order(qa, now, arrived), None
         if self.policy == "fcfs-easy" or qa.shape[0] == 1:
+            self._guard = int(qa[0]) if self.by_cost and qa.shape[0] and not self._privileged(qa[:1])[0] else -1
             return qa, None
+        if self.by_cost:
+            tiers = vjob_tiers(
+                self._privileged(qa), self.pc_a[qa] > 0, self.inter_a[qa] if self.ahead == "queue" else None
+            )
+            by = np.lexsort((self.submit_a[qa], tiers))
+            later = np.flatnonzero(tiers[by] > 0)
+            self._guard = int(qa[by[later[0]]]) if later.shape[0] else -1
+            return qa[by], None
         if self.policy in ("mms", "mms-block"):
-            priv = self.inter_a[qa] & within_cap(self.held_interactive, self.need_a[qa], self.cap_nodes)
+            priv = self._privileged(qa)
             if not priv.any():
                 return qa, None
             return qa[mms_order(self.submit_a[qa], priv)], None
-        if qa.shape[0] > FULL_RANK_ABOVE:
+        if qa.shape[0] > FULL_RANK_ABOVE or self.hard_cap:
             # a queue this long is mostly jobs that fit (a backlog of small jobs): sorting
             # all of it once costs less than placing the candidates one by one
             return qa[ubis_order(self._priorities(qa, now), self.submit_a[qa])], None
@@ -436,6 +476,10 @@ class Simulation:
             self._qrows, qa, *self._rating(now), self.preempts, self._lead_jobs, self._lead_entries, self._lead_prio
         )
         return self._lead_jobs[:m], (self._lead_entries[:m], self._lead_prio[: qa.shape[0]])
+
+    def _privileged(self, qa: np.ndarray) -> np.ndarray:
+        """Which of the jobs `qa` are interactive jobs within the cap now."""
+        return self.inter_a[qa] & within_cap(self.held_interactive, self.need_a[qa], self.cap_nodes)
 
     def _priorities(self, qa: np.ndarray, now: float) -> np.ndarray:
         """UBIS priorities of the jobs `qa` at `now` (the compiled kernel, which gives
@@ -514,6 +558,8 @@ class Simulation:
         if math.isnan(self.first_start[j]):
             self.first_start[j] = alloc
         self.running[j] = (alloc, run_start, nodes)
+        if self._anchors:
+            self._anchors.pop(j, None)
         if not self.inter[j]:
             self.batch_running_nodes += n
         self._hold((0, j), run_start + self.est_left[j], n)
@@ -554,7 +600,11 @@ class Simulation:
     def _preempt_for(self, j: int, now: float) -> bool:
         """Checkpoint the lowest-priority batch jobs so interactive job j gets its nodes."""
         want = self.need[j] - self.free
-        cands = [v for v in self.running if not self.inter[v]]
+        if self.by_cost:
+            pc, bound = self.pc_a, self.max_preemptions
+            cands = [v for v in self.running if not self.inter[v] and pc[v] < bound]
+        else:
+            cands = [v for v in self.running if not self.inter[v]]
         if sum(self.need[v] for v in cands) < want:
             return False
         image = self.os[j]
@@ -570,19 +620,22 @@ class Simulation:
         ).tolist()
         extra_by_os = np.bincount(victim_os, minlength=self.model.os_count)
         extra = int(self.need_a[va].sum())
-        self._decay(now)
-        prio = queue_priorities(
-            self.cols,
-            va,
-            now,
-            self.free + extra,
-            self.free_by_os + extra_by_os,
-            self.held_interactive,
-            self.target,
-            self.usage,
-            self.conf,
-            True,
-        )
+        if self.by_cost:  # cost first: a job preempted fewer times is the cheaper victim
+            prio = self.pc_a[va].copy()
+        else:
+            self._decay(now)
+            prio = queue_priorities(
+                self.cols,
+                va,
+                now,
+                self.free + extra,
+                self.free_by_os + extra_by_os,
+                self.held_interactive,
+                self.target,
+                self.usage,
+                self.conf,
+                True,
+            )
         # Only candidates up to the priority at which the lowest-priority ones free enough
         # nodes can be chosen (choose_victims takes them in priority order, all of that
         # priority included): the others are left out before building Candidates.
@@ -603,6 +656,8 @@ class Simulation:
         victims = [int(c.job_id) for c in chosen]
         # Nodes for j: free ones on its OS, victims' on its OS, then the rest (stable order).
         free_nodes = np.flatnonzero(self.owner == FREE)
+        if self.by_cost and self._guard >= 0 and not self._keeps_guard(j, now, victims, free_nodes):
+            return False
         ready = now
         freed: list[tuple[np.ndarray, float]] = []
         for v in victims:
@@ -629,6 +684,28 @@ class Simulation:
             self._push(done_at, RELEASE, key)
         self._start(j, now, True, nodes=take, ready=ready)
         return True
+
+    def _keeps_guard(self, j: int, now: float, victims: list[int], free_nodes: np.ndarray) -> bool:
+        """Whether preempting `victims` for j keeps the guard's reservation within the slack
+        (`guard.keeps_reservation`, with the numbers `tick.decide` uses)."""
+        pool = np.concatenate([free_nodes, *(self.running[v][2] for v in victims)])
+        first = np.argsort(self.node_os[pool] != self.os[j], kind="stable")[: self.need[j]]
+        ready = now
+        for v in victims:
+            ready = max(ready, now + self.ckpt_s[v])
+        ok, now_reserved = keeps_reservation(
+            now,
+            self.free,
+            self.need[self._guard],
+            self._held,
+            [(*self.holds[(0, v)], self.ckpt_s[v]) for v in victims],
+            int((first < free_nodes.shape[0]).sum()),
+            ready + self.est_left[j],
+            self.head_slack_s,
+            self._anchors.get(self._guard),
+        )
+        self._anchors.setdefault(self._guard, now_reserved)
+        return ok
 
     def _checkpoint(self, v: int, now: float) -> np.ndarray:
         """Suspend running batch job v to disk; its nodes stay busy until the write ends."""
@@ -700,6 +777,8 @@ def simulate(
     policy: str,
     priority: PriorityConfig | None = None,
     progress: Callable[[int, int], None] | None = None,
+    scheduling: SchedulingConfig | None = None,
+    cap_mode: str = "preempt",
 ) -> Result:
     """Replay `workload` on `model` under `policy`; see Simulation."""
-    return Simulation(workload, model, policy, priority, progress).run()
+    return Simulation(workload, model, policy, priority, progress, scheduling, cap_mode).run()

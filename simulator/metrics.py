@@ -8,13 +8,16 @@ Why these definitions (stated once, used everywhere):
 - wait: first start − submit; response: end − submit;
 - bounded slowdown: response / max(runtime, 10 s), at least 1 (Feitelson's bound of 10 s);
 - wasted node-seconds: node-seconds held without computing (checkpoint writes, resumes, OS
-  swaps); a VM checkpoint loses no computed work, so this is the whole cost of preemption.
+  swaps); a VM checkpoint loses no computed work, so this is the whole cost of preemption;
+- batch size classes (`batch_by_size`): small ≤ 1/32 of the machine, medium ≤ 1/4, large
+  > 1/4 — the reproduction found large jobs hurt most, and a mean over all hides them.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +40,34 @@ def _class_stats(wait: np.ndarray, response: np.ndarray, runtime: np.ndarray) ->
         "mean_response_s": float(response.mean()),
         "mean_bounded_slowdown": float(slowdown.mean()),
     }
+
+
+SIZE_CLASSES = (("small", 1 / 32), ("medium", 1 / 4), ("large", math.inf))
+"""Batch size classes: (name, largest share of the machine's nodes)."""
+
+
+def batch_by_size(result: Result) -> dict[str, dict[str, float | int]]:
+    """Finished batch jobs per size class: count, mean and max wait, mean response (s)."""
+    w = result.workload
+    nodes = result.model.nodes
+    done = ~w.interactive & ~np.isnan(result.end)
+    wait = result.first_start - w.submit
+    response = result.end - w.submit
+    out: dict[str, dict[str, float | int]] = {}
+    low = 0.0
+    for name, share in SIZE_CLASSES:
+        m = done & (w.nodes > low) & (w.nodes <= share * nodes)
+        low = share * nodes
+        if not m.any():
+            out[name] = {"count": 0}
+            continue
+        out[name] = {
+            "count": int(m.sum()),
+            "mean_wait_s": float(wait[m].mean()),
+            "mean_response_s": float(response[m].mean()),
+            "max_wait_s": float(wait[m].max()),
+        }
+    return out
 
 
 def summary(result: Result, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -72,6 +103,8 @@ def summary(result: Result, extra: dict[str, Any] | None = None) -> dict[str, An
         "interactive_within_cap": int(np.sum(result.ran_privileged)),
         "max_interactive_nodes": result.max_interactive_held,
         "by_class": by_class,
+        "batch_by_size": batch_by_size(result),
+        "interactive_within_cap_mean_wait_s": _mean(wait[w.interactive & result.ran_privileged & finished]),
         "model": {
             "os_count": result.model.os_count,
             "os_swap_s": result.model.os_swap_s,
@@ -86,6 +119,11 @@ def summary(result: Result, extra: dict[str, Any] | None = None) -> dict[str, An
     if extra:
         doc.update(extra)
     return doc
+
+
+def _mean(values: np.ndarray) -> float | None:
+    """The mean, or None for no values (JSON null rather than NaN)."""
+    return float(values.mean()) if values.size else None
 
 
 def write_jobs_csv(result: Result, path: Path) -> None:

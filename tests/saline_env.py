@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from plugins.oar.client import OarRest
 from provisioning.driver import Driver
@@ -36,6 +37,8 @@ class FakeOar:
     def __init__(self, *, delay_s: float = 0.0) -> None:
         self.jobs: dict[str, Any] = {}
         self.resources = [{"resource_id": i, "id": i, "state": "Alive", "network_address": "n1"} for i in range(1, 5)]
+        self.details: list[dict[str, Any]] = []
+        """What GET /jobs/details.json lists (current jobs), paged with offset/limit like OAR."""
         self.submitted: list[dict[str, Any]] = []
         self.deleted: list[str] = []
         self.delay_s = delay_s
@@ -58,10 +61,14 @@ class FakeOar:
             def do_GET(self) -> None:
                 time.sleep(fake.delay_s)
                 path = self.path.removeprefix("/oarapi/")
-                if path == "resources/full.json":
+                if path.split("?")[0] == "resources/full.json":
                     return self._send(200, {"items": fake.resources})
-                if path == "jobs/details.json":
-                    return self._send(200, {"items": []})
+                if path.startswith("jobs/details.json"):
+                    query = parse_qs(urlsplit(path).query)
+                    offset = int(query.get("offset", ["0"])[0])
+                    limit = int(query.get("limit", ["500"])[0])  # OAR's API answers 500 by default
+                    page = fake.details[offset : offset + limit]
+                    return self._send(200, {"items": page, "total": len(fake.details), "offset": offset})
                 if path.startswith("jobs/") and path.endswith(".json"):
                     found = fake.jobs.get(path[len("jobs/") : -len(".json")])
                     return self._send(200, found) if found is not None else self._send(404, {})

@@ -25,7 +25,7 @@ keeps), then `_schedule(now)` runs exactly one pass.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from unittest import mock
 
 import numpy as np
@@ -37,7 +37,7 @@ from simulator import engine
 from simulator.engine import ClusterModel, Simulation
 from simulator.node_pool import FREE
 from simulator.workload import Workload
-from vjob.config import Config, PriorityConfig, PriorityWeights
+from vjob.config import Config, PriorityConfig, PriorityWeights, SchedulingConfig
 from vjob.model import ClusterView, Job, JobClass, JobState, Node
 
 NOW = 100_000.0
@@ -77,6 +77,8 @@ class State:
     policy: str
     model: ClusterModel
     full_rank: bool
+    scheduling: SchedulingConfig = field(default_factory=SchedulingConfig)
+    cap_mode: str = "preempt"
 
 
 @st.composite
@@ -89,7 +91,11 @@ def states(draw: st.DrawFn, crowded: bool = False) -> State:
     nodes_os = draw(st.lists(st.integers(0, images - 1), min_size=n_nodes, max_size=n_nodes))
     n_users = draw(st.integers(1, 6))
     accounts = draw(st.lists(st.integers(-1, 1), min_size=n_users, max_size=n_users))
-    policy = "ubis" if crowded else draw(st.sampled_from(["ubis", "ubis", "ubis", "mms", "mms-block", "fcfs-easy"]))
+    policy = draw(
+        st.sampled_from(["ubis", "vjob"])
+        if crowded
+        else st.sampled_from(["ubis", "ubis", "vjob", "vjob", "vjob", "mms", "mms-block", "fcfs-easy"])
+    )
     caps = st.sampled_from([0.0, 0.2, 0.25, 0.29, 0.5, 1.0, 1.0])
     cap = draw(st.sampled_from([0.5, 0.75, 1.0]) if crowded else st.one_of(caps, st.floats(0.0, 1.0)))
     weights = draw(
@@ -148,7 +154,7 @@ def states(draw: st.DrawFn, crowded: bool = False) -> State:
     for k in range(draw(st.integers(1, 3)) if crowded else draw(st.integers(0, 6))):
         interactive = crowded or (full and k < 2) or draw(st.booleans())
         jobs.append(job("pending", draw(st.integers(1, min(4, n_nodes) if interactive else n_nodes)), interactive))
-    if policy == "ubis" and not crowded:  # only ubis checkpoints: only ubis has jobs to resume
+    if policy in ("ubis", "vjob") and not crowded:  # only they checkpoint: only they have jobs to resume
         for _ in range(draw(st.integers(0, 2))):
             j = job("held", draw(st.integers(1, n_nodes)), False)
             j.pn = draw(st.integers(1, 6))
@@ -180,7 +186,14 @@ def states(draw: st.DrawFn, crowded: bool = False) -> State:
         bandwidth_mb_s=draw(st.sampled_from([100.0, 500.0, 3.0])),
         backfill_depth=draw(st.sampled_from([None, 0, 1, 2, 500])),
     )
-    return State(nodes_os, images, jobs, queue, accounts, usage, cfg, policy, model, draw(st.booleans()))
+    scheduling = SchedulingConfig(
+        max_preemptions=draw(st.sampled_from([0, 1, 2, 3, 7])),
+        head_slack_s=draw(st.sampled_from([0.0, 60.0, 1800.0, 1e9])),
+    )
+    cap_mode = draw(st.sampled_from(["preempt", "preempt", "hard"]))
+    return State(
+        nodes_os, images, jobs, queue, accounts, usage, cfg, policy, model, draw(st.booleans()), scheduling, cap_mode
+    )
 
 
 def simulation(s: State) -> Simulation:
@@ -199,7 +212,7 @@ def simulation(s: State) -> Simulation:
             "account": [s.accounts[j.user] for j in s.jobs],
         }
     )
-    sim = Simulation(w, s.model, s.policy, s.cfg)
+    sim = Simulation(w, s.model, s.policy, s.cfg, scheduling=s.scheduling, cap_mode=s.cap_mode)
     sim.node_os[:] = s.nodes_os
     for i, j in enumerate(s.jobs):
         sim.pc_a[i] = j.pn
@@ -306,7 +319,7 @@ def run_decision(s: State) -> Decision:
     view, sleeping = cluster_view(s)
     return decide(
         view,
-        Config(priority=s.cfg),
+        Config(priority=s.cfg, scheduling=s.scheduling),
         knob=None,
         checkpointable=None,
         sleeping=sleeping,
@@ -314,6 +327,7 @@ def run_decision(s: State) -> Decision:
         costs=Costs(os_swap_s=s.model.os_swap_s, bandwidth_mb_s=s.model.bandwidth_mb_s),
         backfill_depth=s.model.backfill_depth,
         bill_victims=True,
+        cap_mode=s.cap_mode,
     )
 
 

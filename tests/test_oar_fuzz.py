@@ -148,7 +148,7 @@ def test_users_job_ids_and_names_are_fullmatched() -> None:
 
 
 def test_credentials_in_the_api_url_are_masked() -> None:
-    assert mask_url("http://oar:s3cr@t@host:8080/oarapi") == "http://***@host:8080/oarapi"
+    assert mask_url("http://oar:s3cr@t@host:8080/oarapi") == "http://oar:***@host:8080/oarapi"
     assert mask_url("https://host/oarapi") == "https://host/oarapi"
     url = f"http://vjob:hunter2@127.0.0.1:{free_port()}/oarapi"
     client = OarRest(url, timeout_s=2)

@@ -113,6 +113,26 @@ class PriorityConfig(Section):
         return value
 
 
+class SchedulingConfig(Section):
+    """The scheduling pass's policy (preemption/scheduling/tick.decide), for the agent and
+    `vjob simulate` alike. docs/policy.md explains the policies and why vjob is the default."""
+
+    policy: Literal["vjob", "ubis", "mms", "mms-block", "fcfs-easy"] = "vjob"
+    """Queue order and preemption rule: vjob (interactive jobs first, may checkpoint batch jobs
+    by cost while the queue head's reservation holds), ubis (the paper's priority order),
+    mms, mms-block, fcfs-easy (no preemption)."""
+    max_preemptions: int = Field(2, ge=0, le=1000)
+    """vjob: a batch job checkpointed this many times is no longer a victim (0 = never preempt)."""
+    head_slack_s: float = Field(600.0, ge=0)
+    """vjob: seconds an interactive job's preemption may push back the reserved start of the
+    first batch job in the queue; beyond that the interactive job waits (reserves) instead."""
+    interactive_ahead: Literal["off", "backfill", "queue"] = "backfill"
+    """vjob, interactive jobs beyond the cap (they neither preempt nor count against it): off =
+    they queue with the batch jobs by submission time; backfill = that too, but EASY looks at
+    them first when it backfills (they never delay the head); queue = they queue ahead of every
+    batch job (they can become the head and delay batch jobs)."""
+
+
 class AgentConfig(Section):
     interval_s: float = Field(10.0, gt=0, le=3600)
     """Seconds between two observe-decide-act rounds (a new interactive job wakes it at once)."""
@@ -265,6 +285,15 @@ class SalineConfig(Section):
     """A resubmitted vjob still waiting after this long moves to a site with free resources."""
     default_walltime: str = "2:00:00"
     """Walltime of a best-effort submission that names none (OAR's h:mm:ss)."""
+    socket: str = "/run/vjob/saline.sock"
+    """The manager's Unix socket (users' `vjob besteffort` commands and OAR's admission rule
+    talk to it); `--socket` and $VJOB_SALINE_SOCKET override it."""
+    socket_group: str = ""
+    """Only this group (and root) may use the socket (mode 0660; with the OAR admission rule,
+    put OAR's `oar` account in it too); empty: everyone (0666). `--socket-group` overrides it."""
+    lease_s: float = Field(0.0, ge=0)
+    """Seconds a vjob's lease outlives its manager's last renewal (a dead master's vjobs wait
+    this long); 0: max(120, 30 × poll_interval_s). Keep it far above the masters' clock skew."""
 
     @field_validator("mac_prefix")
     @classmethod
@@ -283,6 +312,7 @@ class Config(Section):
     database: DatabaseConfig = DatabaseConfig()
     logging: LoggingConfig = LoggingConfig()
     priority: PriorityConfig = PriorityConfig()
+    scheduling: SchedulingConfig = SchedulingConfig()
     agent: AgentConfig = AgentConfig()
     provisioning: ProvisioningConfig = ProvisioningConfig()
     planner: PlannerConfig = PlannerConfig()

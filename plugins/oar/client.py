@@ -17,7 +17,6 @@ import pwd
 import re
 import signal
 import subprocess
-import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -26,6 +25,7 @@ import requests
 
 from plugins.oar.parse import MAX_TEXT, OarJob, job_from_dict, parse_jobs, parse_resources, resources_from_data
 from vjob.errors import CommandError, InputError
+from vjob.secrets import mask_url
 
 # Every grammar is applied with re.fullmatch: `$` would accept a trailing newline, and a
 # newline in a word handed to oarsub adds a second command to the line OAR runs in a shell.
@@ -37,6 +37,10 @@ _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _WORD = re.compile(r"[A-Za-z0-9_/.=:,+@%-]{1,1024}")
 _WALLTIME = re.compile(r"\d{1,4}(:\d{1,2}){0,2}")
 _JOB_ID_LINE = re.compile(r"OAR_JOB_ID=(\d+)")
+PAGE = 500
+"""Items asked per page of an API collection (OAR's own default page size)."""
+MAX_PAGES = 200
+"""At most PAGE × MAX_PAGES items are read from one collection (100 000 jobs)."""
 TYPES = frozenset({"besteffort", "idempotent", "timesharing", "deploy", "cosystem", "noop"})
 
 
@@ -61,23 +65,6 @@ def check_job_id(job_id: str) -> str:
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
-
-
-def mask_url(url: str) -> str:
-    """`url` with its password (and user name) replaced by `***`, for errors, logs and the
-    shared journal: an OAR API URL may carry credentials (http://user:pw@host/oarapi).
-
-    Why not vjob.config's masking: it masks a configuration dict (and its non-SQLAlchemy
-    fallback splits at the first `@`, which half-masks a password holding one).
-    """
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        return "<unparsable URL>"
-    if "@" not in parts.netloc:
-        return url
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"***@{host}"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,14 +305,29 @@ class OarRest:
             out = {**out, "resources": items, "nodes": [{"network_address": a} for a in dict.fromkeys(addresses)]}
         return job_from_dict(job_id, out, source=f"{self.safe_url}/jobs/{job_id}")
 
+    def _all(self, path: str) -> list[dict[str, Any]]:
+        """Every item of a collection, page after page: OAR's API answers at most 500 items by
+        default, so one GET on a large site silently misses jobs (wrong free cores, missed
+        kills). Pages are asked with offset/limit until `total` is reached or a page is empty;
+        a collection that keeps growing is bounded by MAX_PAGES."""
+        source = f"{self.safe_url}/{path}"
+        items: list[dict[str, Any]] = []
+        for _ in range(MAX_PAGES):
+            answer = self._call("GET", f"{path}.json?offset={len(items)}&limit={PAGE}") or {}
+            page = _items(answer, source=source)
+            items += page
+            total = answer.get("total") if isinstance(answer, dict) else None
+            if not page or not isinstance(total, int) or isinstance(total, bool) or len(items) >= total:
+                return items
+        raise CommandError([f"GET {source}"], f"more than {MAX_PAGES} pages of {PAGE}: refusing to read on")
+
     def jobs(self) -> list[OarJob]:
         source = f"{self.safe_url}/jobs/details"
-        items = _items(self._call("GET", "jobs/details.json") or {}, source=source)
-        return [job_from_dict(str(d.get("id")), d, source=source) for d in items]
+        return [job_from_dict(str(d.get("id")), d, source=source) for d in self._all("jobs/details")]
 
     def resources(self) -> list[dict[str, Any]]:
-        out = self._call("GET", "resources/full.json")
-        return resources_from_data(out or {}, source=f"{self.safe_url}/resources/full")
+        items = self._all("resources/full")
+        return resources_from_data({"items": items}, source=f"{self.safe_url}/resources/full")
 
     def delete(self, job_id: str, *, user: str) -> None:
         self._call("DELETE", f"jobs/{check_job_id(job_id)}.json", user=user, job=job_id)

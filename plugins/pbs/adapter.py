@@ -19,6 +19,7 @@ from typing import TypeVar
 from plugins.pbs import names
 from plugins.pbs.convert import Conventions
 from plugins.pbs.parse import parse_jobs, parse_nodes
+from provisioning.images import StoreNodeOS, with_node_os
 from vjob import log, proc
 from vjob.config import Config, PbsConfig
 from vjob.errors import CommandError, InputError
@@ -60,8 +61,17 @@ class PbsAdapter:
         environment=ENVIRONMENT,
     )
 
-    def __init__(self, config: PbsConfig | None = None, *, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        config: PbsConfig | None = None,
+        *,
+        timeout_s: float = 30.0,
+        node_os: Callable[[], dict[str, str]] | None = None,
+    ) -> None:
         self.config = config or PbsConfig()
+        self.node_os = node_os
+        """Node → the OS image its vjob VMs run (provisioning.images.node_os), for nodes whose
+        pbsnodes record names none (no `current_aoe`, no OS property)."""
         self.timeout_s = timeout_s
         self.conventions = Conventions(
             interactive_queues=tuple(self.config.interactive_queues),
@@ -119,7 +129,9 @@ class PbsAdapter:
         return [j for j in listed if j.id not in parents_with_subjobs]
 
     def nodes(self) -> list[Node]:
-        return self._read(self.node_command(), parse_nodes)
+        """Every node; its OS image from PBS (current_aoe, OS property) or else from the store."""
+        nodes = self._read(self.node_command(), parse_nodes)
+        return with_node_os(nodes, self.node_os()) if self.node_os is not None else nodes
 
     # -- act -------------------------------------------------------------------------------------
     def set_priority(self, job_id: str, value: int) -> None:
@@ -182,5 +194,5 @@ class PbsAdapter:
 def make_adapter(config: Config | PbsConfig | None = None) -> PbsAdapter:
     """The adapter `vjob agent --rms pbs` uses, from the whole configuration or its [pbs] section."""
     if isinstance(config, Config):
-        return PbsAdapter(config.pbs, timeout_s=config.agent.command_timeout_s)
+        return PbsAdapter(config.pbs, timeout_s=config.agent.command_timeout_s, node_os=StoreNodeOS(config))
     return PbsAdapter(config)

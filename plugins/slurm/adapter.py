@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from plugins.slurm import hostlist, parse_json, parse_text
 from plugins.slurm.commands import SlurmCommands, check_job_id
 from plugins.slurm.environment import ENVIRONMENT, wake_file
+from provisioning.images import StoreNodeOS, with_node_os
 from vjob import log
 from vjob.config import Config
 from vjob.errors import CommandError, InputError
@@ -49,9 +50,16 @@ class SlurmAdapter:
     name = "slurm"
 
     def __init__(
-        self, commands: SlurmCommands | None = None, *, use_json: bool | None = None, site_factor_max: int = 1_000_000
+        self,
+        commands: SlurmCommands | None = None,
+        *,
+        use_json: bool | None = None,
+        site_factor_max: int = 1_000_000,
+        node_os: Callable[[], dict[str, str]] | None = None,
     ) -> None:
         self.cmd = commands or SlurmCommands()
+        self.node_os = node_os
+        """Node → the OS image its vjob VMs run (provisioning.images.node_os): Slurm knows none."""
         self._use_json = use_json
         self._forced_json = use_json is True
         self.site_factor_max = min(site_factor_max, SITE_FACTOR_LIMIT)
@@ -171,6 +179,11 @@ class SlurmAdapter:
         return found[0][1]
 
     def nodes(self) -> list[Node]:
+        """Every node as Slurm reports it, with the OS image the store says it runs (UBIS's VM_os)."""
+        nodes = self._nodes()
+        return with_node_os(nodes, self.node_os()) if self.node_os is not None else nodes
+
+    def _nodes(self) -> list[Node]:
         if self.uses_json:
             flag = self._json_flag()
             if self.data_parser():  # data_parser sinfo groups nodes; scontrol lists each one
@@ -277,4 +290,4 @@ def make_adapter(config: Config) -> SlurmAdapter:
     commands = SlurmCommands(
         bin_dir=config.slurm.bin_dir, conf=config.slurm.conf, timeout_s=config.agent.command_timeout_s
     )
-    return SlurmAdapter(commands, site_factor_max=config.slurm.site_factor_max)
+    return SlurmAdapter(commands, site_factor_max=config.slurm.site_factor_max, node_os=StoreNodeOS(config))

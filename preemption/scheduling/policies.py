@@ -16,9 +16,18 @@ interactive job may take nodes from running batch jobs:
 - `ubis`: UBIS priority order (ubis_priority's kernel); an interactive job within the cap
   that does not fit checkpoints the lowest-priority batch jobs (victims.py) and starts once
   their checkpoints are written; preempted jobs queue again with their Pn/Pt raised.
+- `vjob` (the default; docs/policy.md): `mms`'s order, with the jobs vjob checkpointed ahead
+  of the other batch jobs (they already waited); an interactive job within the cap that does
+  not fit checkpoints batch jobs chosen by cost (fewest earlier preemptions, then nodes
+  already on its image, then the smallest checkpoint), never a job already preempted
+  `[scheduling] max_preemptions` times, and only when that does not push the reserved start
+  of the first batch job in the queue back by more than `head_slack_s`; otherwise it waits
+  for nodes as under `mms`.
 
 Interactive jobs beyond the cap are ordinary jobs under every policy (ubis_priority sets
-their I term to 0): they are neither refused nor allowed to preempt.
+their I term to 0): they are neither refused nor allowed to preempt. That is the `preempt`
+cap mode; the `hard` cap mode reads the paper literally: an interactive job beyond the cap
+does not start at all until it is within the cap again.
 """
 
 from __future__ import annotations
@@ -29,13 +38,21 @@ import numpy as np
 
 from vjob.errors import InputError
 
-POLICIES = ("fcfs-easy", "mms", "mms-block", "ubis")
+POLICIES = ("vjob", "fcfs-easy", "mms", "mms-block", "ubis")
+CAP_MODES = ("preempt", "hard")
 
 
 def check_policy(name: str) -> str:
     """`name` if it is a known policy, else an InputError listing the known ones."""
     if name not in POLICIES:
         raise InputError(f"--policy = {name!r}: must be one of {', '.join(POLICIES)}")
+    return name
+
+
+def check_cap_mode(name: str) -> str:
+    """`name` if it is a known cap mode, else an InputError listing them."""
+    if name not in CAP_MODES:
+        raise InputError(f"--cap-mode = {name!r}: must be one of {', '.join(CAP_MODES)}")
     return name
 
 
@@ -46,7 +63,7 @@ def blocks_behind_interactive(policy: str) -> bool:
 
 def preempts(policy: str) -> bool:
     """Whether interactive jobs may checkpoint batch jobs under `policy`."""
-    return policy == "ubis"
+    return policy in ("ubis", "vjob")
 
 
 def fcfs_order(submit: Sequence[float] | np.ndarray) -> np.ndarray:
@@ -64,3 +81,30 @@ def mms_order(submit: Sequence[float] | np.ndarray, privileged: Sequence[bool] |
 def ubis_order(priority: Sequence[float] | np.ndarray, submit: Sequence[float] | np.ndarray) -> np.ndarray:
     """Highest UBIS priority first; ties to the earlier submission."""
     return np.lexsort((np.asarray(submit, dtype=np.float64), -np.asarray(priority, dtype=np.float64)))
+
+
+def vjob_order(
+    submit: Sequence[float] | np.ndarray,
+    privileged: Sequence[bool] | np.ndarray,
+    resumed: Sequence[bool] | np.ndarray,
+    interactive: Sequence[bool] | np.ndarray | None = None,
+) -> np.ndarray:
+    """Privileged interactive jobs first, then jobs checkpointed before (they already
+    waited), then (when `interactive` is given) the other interactive jobs, then everyone
+    else, each group in submission order."""
+    return np.lexsort((np.asarray(submit, dtype=np.float64), vjob_tiers(privileged, resumed, interactive)))
+
+
+def vjob_tiers(
+    privileged: Sequence[bool] | np.ndarray,
+    resumed: Sequence[bool] | np.ndarray,
+    interactive: Sequence[bool] | np.ndarray | None = None,
+) -> np.ndarray:
+    """Each job's group in `vjob_order`: 0 privileged interactive, 1 resumed, 2 the other
+    interactive jobs (only when `interactive` is given: `[scheduling] interactive_ahead`),
+    3 the rest."""
+    priv = np.asarray(privileged, dtype=bool)
+    tier = np.where(np.asarray(resumed, dtype=bool), 1, 3)
+    if interactive is not None:
+        tier = np.where(np.asarray(interactive, dtype=bool) & (tier == 3), 2, tier)
+    return np.where(priv, 0, tier)

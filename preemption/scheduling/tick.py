@@ -5,8 +5,8 @@ This is the one scheduling pass of vjob. The live agent runs it at every tick
 (simulator/engine.py `_schedule` / `_preempt_for`), and tests/test_decision_differential.py
 holds the two equal on random cluster states: same jobs started, same victims, same nodes,
 the same priorities to the last bit. `policy` picks the queue order and what an interactive
-job may do (`policies.py`): `ubis` (the default, what the agent runs), `mms`, `mms-block`,
-`fcfs-easy`.
+job may do (`policies.py`): `vjob` (the default, `[scheduling] policy`; docs/policy.md),
+`ubis`, `mms`, `mms-block`, `fcfs-easy`.
 
 One pass, as the UBIS paper schedules:
 
@@ -14,7 +14,8 @@ One pass, as the UBIS paper schedules:
 * in that order, a job that fits the free nodes starts; an interactive job within the
   interactive cap (`ubis_priority.interactive`) that does not fit checkpoints the
   lowest-priority batch jobs (`victims.choose_victims`) and starts once their checkpoints are
-  written (ubis only); the first job that can do neither is the head and gets the EASY
+  written (ubis; under vjob the cheapest victims, and only while the first batch job's
+  reservation holds, `guard.keeps_reservation`); the first job that can do neither is the head and gets the EASY
   reservation, and later jobs that do not delay it are backfilled (`easy.py`);
 * each start takes its nodes (`nodes.py`) before the next job is looked at, so one pass never
   counts the same node twice; a victim's nodes the interactive job does not take stay busy
@@ -37,14 +38,17 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from preemption.scheduling.easy import backfill, reservation
+from preemption.scheduling.guard import keeps_reservation
 from preemption.scheduling.nodes import pick_nodes, preemptor_nodes, swaps
 from preemption.scheduling.policies import (
     blocks_behind_interactive,
+    check_cap_mode,
     check_policy,
     fcfs_order,
     mms_order,
     preempts,
     ubis_order,
+    vjob_tiers,
 )
 from preemption.scheduling.victims import Candidate, checkpoint_bytes, choose_victims, running_priorities
 from ubis_priority import allowed, compute, integer_priority
@@ -107,6 +111,8 @@ class Decision:
     """The head of the queue: the job holding the EASY reservation, if any."""
     placements: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """The nodes the pass gives each job it starts (the node choice of `nodes.py`)."""
+    anchors: Mapping[str, float] = field(default_factory=dict)
+    """vjob: the queued jobs' guarded reserved starts, to pass to the next tick's `decide`."""
 
 
 def decide(
@@ -116,10 +122,12 @@ def decide(
     knob: PriorityKnob | None,
     checkpointable: Collection[str] | None,
     sleeping: Mapping[str, tuple[str, ...]],
-    policy: str = "ubis",
+    policy: str | None = None,
     costs: Costs | None = None,
     backfill_depth: int | None = None,
     bill_victims: bool = False,
+    cap_mode: str = "preempt",
+    anchors: Mapping[str, float] | None = None,
 ) -> Decision:
     """One scheduling pass of `policy` over `view` (see the module docstring).
 
@@ -132,8 +140,14 @@ def decide(
     its user's usage when it is checkpointed, so that later victim choices of the same pass see
     it — the simulator's accounting, which charges a run when it ends or is checkpointed; live,
     the agent charges every running job before each tick, so the view's usage already holds it.
+    `policy`: None = `cfg.scheduling.policy`. `cap_mode`: "preempt" (an interactive job beyond
+    the cap runs as an ordinary job) or "hard" (it does not start until within the cap, and
+    interactive jobs are not backfilled; policies.py). `anchors`: vjob, the reserved starts
+    guarded jobs had when first protected (`Decision.anchors` of the previous tick), so that
+    the slack bounds the whole delay of the queue's first batch job, not each tick's.
     """
-    check_policy(policy)
+    policy = check_policy(cfg.scheduling.policy if policy is None else policy)
+    hard = check_cap_mode(cap_mode) == "hard"
     prios = compute(view, cfg.priority)
     pending_prio = prios.as_dict()
     rms_prio: dict[str, int] = {}
@@ -142,7 +156,8 @@ def decide(
         ints = integer_priority(values, prios.terms.max_priority, knob.low, knob.high)
         rms_prio = {job_id: int(v) for job_id, v in zip(prios.job_ids, ints, strict=True)}
 
-    state = _Pass(view, cfg, costs or Costs(), checkpointable, sleeping, bill_victims)
+    state = _Pass(view, cfg, costs or Costs(), checkpointable, sleeping, bill_victims, policy)
+    state.anchors.update(anchors or {})
     queue = [j for j in view.pending if j.state is JobState.PENDING or j.id in sleeping]
     ordered = _order(policy, queue, pending_prio, state)
     started: list[str] = []
@@ -152,6 +167,8 @@ def decide(
     head_priv = False
     for at, job in enumerate(ordered):
         priv = job.interactive and state.within_caps(job)
+        if hard and job.interactive and not priv:
+            continue  # beyond the cap: it waits, and is not the head either
         if job.nodes <= state.free_count():
             state.start(job, priv)
             started.append(job.id)
@@ -168,8 +185,12 @@ def decide(
     if head is not None and free > 0 and not (blocks_behind_interactive(policy) and head_priv):
         shadow, extra = reservation(view.now, free, head.nodes, state.holds.values())
         rest = ordered[head_at + 1 :]
+        if state.by_cost and state.interactive_ahead == "backfill":  # interactive jobs looked at first
+            rest = [j for j in rest if j.interactive] + [j for j in rest if not j.interactive]
         if backfill_depth is not None:
             rest = rest[:backfill_depth]
+        if hard:
+            rest = [j for j in rest if not j.interactive]
         late = backfill(
             view.now, free, shadow, extra, range(len(rest)), [j.nodes for j in rest], [_estimate(j) for j in rest]
         )
@@ -195,6 +216,7 @@ def decide(
         starts=tuple(started),
         reserved=None if head is None else head.id,
         placements={job_id: state.jobs[job_id].allocated_nodes for job_id in started},
+        anchors={k: v for k, v in state.anchors.items() if k in pending_prio and k not in done},
     )
 
 
@@ -207,6 +229,13 @@ def _order(policy: str, queue: Sequence[Job], prio: Mapping[str, float], state: 
         order = fcfs_order(submit)
     elif policy in ("mms", "mms-block"):
         order = mms_order(submit, [j.interactive and state.within_caps(j) for j in queue])
+    elif policy == "vjob":
+        privileged = [j.interactive and state.within_caps(j) for j in queue]
+        ahead = [j.interactive for j in queue] if state.interactive_ahead == "queue" else None
+        tiers = vjob_tiers(privileged, [j.preempt_count > 0 for j in queue], ahead)
+        order = np.lexsort((np.asarray(submit, dtype=np.float64), tiers))
+        # the guard: the first batch job in the order, whose reservation preemptions keep
+        state.guard = next((queue[int(i)] for i in order if tiers[int(i)] > 0), None)
     else:
         order = ubis_order([prio[j.id] for j in queue], submit)
     return [queue[int(i)] for i in order]
@@ -229,8 +258,18 @@ class _Pass:
         checkpointable: Collection[str] | None,
         sleeping: Mapping[str, tuple[str, ...]],
         bill_victims: bool,
+        policy: str = "ubis",
     ) -> None:
         self.view = view
+        self.by_cost = policy == "vjob"
+        """vjob: victims by cost, bounded preemptions, the guard's reservation kept."""
+        self.max_preemptions = cfg.scheduling.max_preemptions
+        self.head_slack_s = cfg.scheduling.head_slack_s
+        self.interactive_ahead = cfg.scheduling.interactive_ahead
+        self.anchors: dict[str, float] = {}
+        """vjob: the guard's reserved start when first checked (`guard.keeps_reservation`)."""
+        self.guard: Job | None = None
+        """vjob: the first batch job of the queue order (see `guard.keeps_reservation`)."""
         self.bill_victims = bill_victims
         self.usage = dict(view.usage)
         self.cfg = cfg.priority
@@ -304,7 +343,8 @@ class _Pass:
             self.user_held[job.user] = self.user_held.get(job.user, 0) + job.nodes
 
     def preempt_for(self, job: Job) -> Preemption | None:
-        """Checkpoint the lowest-priority batch jobs so interactive `job` gets its nodes now."""
+        """Checkpoint the lowest-priority batch jobs (vjob: the cheapest) so interactive `job`
+        gets its nodes now; None when it cannot (or, under vjob, must not)."""
         want = job.nodes - self.free_count()
         cands = [
             j
@@ -314,11 +354,15 @@ class _Pass:
             and j.id not in self.checkpointing
             and (self.checkpointable is None or j.id in self.checkpointable)
             and any(self.owner.get(n) == j.id for n in j.allocated_nodes)
+            and (not self.by_cost or j.preempt_count < self.max_preemptions)
         ]
         if sum(len(self._nodes_of(j)) for j in cands) < want:
             return None
         now_view = self._current_view()
-        prio = running_priorities(now_view, self.cfg, (JobClass.BATCH,), only={j.id for j in cands})
+        if self.by_cost:  # cost first: a job preempted fewer times is the cheaper victim
+            prio = {j.id: float(j.preempt_count) for j in cands}
+        else:
+            prio = running_priorities(now_view, self.cfg, (JobClass.BATCH,), only={j.id for j in cands})
         chosen = choose_victims(
             want,
             (
@@ -338,6 +382,8 @@ class _Pass:
         victim_nodes = [self._nodes_of(self.jobs[v]) for v in victims]
         take = preemptor_nodes(self.free_nodes(), victim_nodes, self.node_os, job.os_image, job.nodes)
         taken = set(take)
+        if self.by_cost and self.guard is not None and not self._keeps_guard(job, victims, take):
+            return None
         ready = self.now
         for v, nodes in zip(victims, victim_nodes, strict=True):
             done_at = self.now + self.costs.checkpoint_s(self.jobs[v])
@@ -353,6 +399,28 @@ class _Pass:
                 self.holds[("checkpoint", v)] = (done_at, len(busy))
         self.start(job, True, nodes=take, ready=ready)
         return Preemption(job.id, victims, take, sum(c.checkpoint_bytes for c in chosen))
+
+    def _keeps_guard(self, job: Job, victims: Sequence[str], take: Sequence[str]) -> bool:
+        """Whether preempting `victims` for `job` keeps the guard's reservation within the
+        slack (`guard.keeps_reservation`, with the numbers the simulator uses too)."""
+        assert self.guard is not None
+        ready = self.now
+        for v in victims:
+            ready = max(ready, self.now + self.costs.checkpoint_s(self.jobs[v]))
+        free = set(self.free_nodes())
+        ok, now_reserved = keeps_reservation(
+            self.now,
+            len(free),
+            self.guard.nodes,
+            self.holds.values(),
+            [(*self.holds[("run", v)], self.costs.checkpoint_s(self.jobs[v])) for v in victims],
+            sum(1 for n in take if n in free),
+            ready + _estimate(job),
+            self.head_slack_s,
+            self.anchors.get(self.guard.id),
+        )
+        self.anchors.setdefault(self.guard.id, now_reserved)
+        return ok
 
     def _nodes_of(self, job: Job) -> tuple[str, ...]:
         """The usable nodes `job` holds now, in its allocation order."""

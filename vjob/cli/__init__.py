@@ -53,6 +53,7 @@ COMMANDS: dict[str, Command] = {
     "rms": Command("plugins.cli", "RMS adapter tools: parse a recorded RMS output"),
     "deploy": Command("plugins.cli", "list and install the files an operator deploys (units, hooks, examples)"),
     "besteffort": Command("saline_bew.cli", "Saline best-effort jobs on OAR"),
+    "oar": Command("saline_bew.oar_cmd", "OAR integration: vjob's admission rule (install-rules, uninstall-rules)"),
 }
 
 EXTRAS: dict[str, tuple[str, str]] = {

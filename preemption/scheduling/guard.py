@@ -1,0 +1,58 @@
+"""The vjob policy's guard: may an interactive job preempt without delaying the queue's head?
+
+Why a guard: the UBIS reproduction (docs/ubis-reproduction.md) found that preempting freely
+lets interactive jobs push the large batch job at the head of the queue back again and again
+(706 h instead of 31.7 h of wait for 256+-node jobs). Under `vjob` an interactive job may
+checkpoint victims only when the EASY reservation of the first batch job in the queue (the
+*guard*) does not move later than `slack` seconds; otherwise it waits for nodes like under
+`mms`. Both the shared pass (`tick.decide`) and the simulator's pass call `keeps_reservation`
+with the same numbers, so they decide alike (tests/test_decision_differential.py).
+
+The model of "after", deliberately pessimistic: each victim holds its nodes again from the
+end of the interactive job's estimate, for what its estimate had left plus a remote resume
+(2 × its checkpoint time); the free nodes the interactive job takes are held until its
+estimated end. Victims resume before the guard (`policies.vjob_order`), so this is what the
+guard really waits for.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+from preemption.scheduling.easy import reservation
+
+
+def keeps_reservation(
+    now: float,
+    free: int,
+    need: int,
+    holds: Iterable[tuple[float, int]],
+    victims: Sequence[tuple[float, int, float]],
+    taken_free: int,
+    preemptor_end: float,
+    slack: float,
+    anchor: float | None = None,
+) -> tuple[bool, float]:
+    """Whether the guard (a job of `need` nodes) still gets its reserved start within `slack`
+    seconds of its `anchor` (the reserved start it had when first guarded; None: the one it has
+    now), if the preemption happens; and the reserved start it has now (the caller keeps the
+    first one as the anchor, so that many preemptions cannot push it back slack by slack).
+
+    `holds`: (estimated end, nodes) of what holds nodes now, the victims' runs included;
+    `victims`: (their hold's end, nodes, checkpoint seconds); `taken_free`: how many of the
+    free nodes the interactive job takes; `preemptor_end`: when it is estimated to end.
+    A guard that can never start (larger than the machine) is not delayed by anyone.
+    """
+    held = list(holds)
+    before, _ = reservation(now, free, need, held)
+    if math.isinf(before):
+        return True, before
+    delay = preemptor_end - now
+    for end, nodes, ckpt_s in victims:
+        held.remove((end, nodes))
+        held.append((end + delay + 2.0 * ckpt_s, nodes))
+    if taken_free:
+        held.append((preemptor_end, taken_free))
+    after, _ = reservation(now, free - taken_free, need, held)
+    return after <= (before if anchor is None else anchor) + slack, before

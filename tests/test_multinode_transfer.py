@@ -1,0 +1,177 @@
+"""Resume on a host that shares no directory with the first: rsync over ssh, checked on arrival.
+
+The second host (tests/services/second_host.py) has its VM and snapshot directories at the
+same paths as the first, on a tmpfs only its namespace sees; the driver reaches it over ssh,
+as it would a real node. One counter guest goes first → second → first:
+- the resume on the second host succeeds, and its files are not on the first host's disk;
+- a copy back whose bytes are altered on the way is refused with a clear error, nothing is
+  started, and the snapshot on the second host is kept (and still verifies);
+- a copy killed half-way (the real rsync, SIGKILLed mid-transfer) is retried and the guest
+  resumes with its counter intact.
+The faults are made by a wrapper named `rsync` first on PATH that runs the real rsync.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from devkit import guest_probe
+from devkit.guest_probe import wait_for_counter
+from provisioning import guest
+from provisioning.driver import Driver, SnapshotError, VMSpec
+from tests.services.second_host import SecondHost, second_host  # noqa: F401 - fixture
+from vjob.config import ProvisioningConfig
+from vjob.model import VMState
+
+pytestmark = [pytest.mark.libvirt, pytest.mark.realvm]
+
+VM = "vjob-mn-transfer"
+TICK_TIMEOUT_S = 40.0
+REAL_RSYNC = shutil.which("rsync") or "/usr/bin/rsync"
+
+# Stand-ins for a bad network, around the real rsync. "$MODE" picks the fault; only the
+# memory state (the last file copied, *.state) is hit; every call is counted.
+WRAPPER = """#!/bin/sh
+echo "$*" >> "$RSYNC_CALLS"
+case "$*" in
+  *.state\\ *) ;;
+  *) exec {real} "$@" ;;
+esac
+if [ "$RSYNC_MODE" = kill-once ] && [ ! -e "$RSYNC_CALLS.killed" ]; then
+  touch "$RSYNC_CALLS.killed"
+  exec timeout -s KILL 1.5 {real} --bwlimit=8000 "$@"
+fi
+{real} "$@" || exit $?
+if [ "$RSYNC_MODE" = corrupt ]; then
+  for last; do :; done
+  printf 'X' | dd of="$last" bs=1 seek=1000000 conv=notrunc status=none
+fi
+"""
+
+
+def _console(host: SecondHost, driver: Driver, node: str, scratch: Path) -> Path:
+    """The guest's console log on `node`, as a local file guest_probe can read."""
+    path = driver.console_log(VM, node)
+    if node == "a":
+        return path
+    local = scratch / "console-b.log"
+    local.write_bytes(host.read_bytes(path))
+    return local
+
+
+def _wait_counter(host: SecondHost, driver: Driver, node: str, at_least: int, scratch: Path) -> list[int]:
+    deadline = time.monotonic() + TICK_TIMEOUT_S
+    while time.monotonic() < deadline:
+        seen = guest_probe.counters(_console(host, driver, node, scratch))
+        if seen and seen[-1] >= at_least:
+            return seen
+        time.sleep(0.5)
+    raise AssertionError(f"counter {at_least} not reached on {node}")
+
+
+@pytest.fixture(scope="module")
+def setup(
+    second_host: SecondHost,  # noqa: F811 - the fixture imported above
+    libvirt_system: str,
+    tiny_guest: guest.GuestFiles,
+) -> Iterator[tuple[Driver, SecondHost, Path]]:
+    work = Path(tempfile.mkdtemp(prefix="vjob-mn-", dir="/var/tmp"))
+    work.chmod(0o755)
+    image = work / "empty.qcow2"
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(image), "64M"], check=True, timeout=30)
+    cfg = ProvisioningConfig(
+        nodes={"a": libvirt_system, "b": second_host.uri},
+        hosts={"a": "", "b": second_host.ssh_host},
+        copy_method="rsync",
+        vm_dir=str(second_host.root / "vms"),  # one path, two filesystems
+        snapshot_dir=str(second_host.root / "snapshots"),
+        operation_timeout_s=120,
+    )
+    driver = Driver(cfg, data_dir=work)
+    spec = VMSpec(
+        VM, image, memory_mib=128, kernel=tiny_guest.kernel, initrd=tiny_guest.initrd, cmdline=tiny_guest.cmdline
+    )
+    for node in ("a", "b"):
+        driver.delete(VM, node)
+    driver.define(spec, "a")
+    driver.boot(VM, "a")
+    wait_for_counter(driver.console_log(VM, "a"), 2, 90)
+    try:
+        yield driver, second_host, work
+    finally:
+        for node in ("a", "b"):
+            driver.delete(VM, node)
+        driver.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture
+def faulty_rsync(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """`rsync` first on PATH: the real one plus the fault named by $RSYNC_MODE; returns the call log."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    wrapper = bindir / "rsync"
+    wrapper.write_text(WRAPPER.format(real=REAL_RSYNC))
+    wrapper.chmod(0o755)
+    calls = tmp_path / "rsync.calls"
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("RSYNC_CALLS", str(calls))
+    return calls
+
+
+def test_1_resume_on_a_host_sharing_no_directory(setup: tuple[Driver, SecondHost, Path], tmp_path: Path) -> None:
+    driver, host, _ = setup
+    driver.save(VM, "a")
+    before = guest_probe.last_counter(driver.console_log(VM, "a"))
+    assert before is not None
+    driver.restore(VM, "b", from_node="a")
+    seen = _wait_counter(host, driver, "b", before + 2, tmp_path)
+    assert seen[0] == before + 1, f"the guest did not continue where it stopped: {before} then {seen[:3]}"
+    assert guest_probe.boots(_console(host, driver, "b", tmp_path)) == 0  # restored, never booted on b
+    overlay = driver.overlay_path(VM, "b")
+    assert host.exists(overlay) and not overlay.exists()  # b's overlay is on b's disk only
+    assert not driver.state_path(VM, "a").exists()  # the source's state is gone once resumed
+    assert driver.state(VM, "b") == VMState.RUNNING and driver.state(VM, "a") is None
+
+
+def test_2_a_corrupted_copy_is_refused_and_the_source_kept(
+    setup: tuple[Driver, SecondHost, Path], faulty_rsync: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    driver, host, _ = setup
+    driver.save(VM, "b")  # a save on the remote host: renamed and hashed there, over ssh
+    state_b = driver.state_path(VM, "b")
+    assert host.exists(state_b) and host.exists(state_b.with_name(state_b.name + ".json"))
+    assert not state_b.exists()  # nothing of it on this host
+    monkeypatch.setenv("RSYNC_MODE", "corrupt")
+    with pytest.raises(SnapshotError, match=r"does not match the snapshot recorded at save time.*corrupt.*kept"):
+        driver.restore(VM, "a", from_node="b")
+    assert ".state" in faulty_rsync.read_text()
+    assert not driver.state_path(VM, "a").exists()  # the bad copy was removed, nothing started
+    assert driver.state(VM, "a") is None
+    assert driver.verify(VM, "b").size_bytes > 32 << 20  # the source is intact and still verifies
+
+
+def test_3_a_copy_killed_half_way_is_retried(
+    setup: tuple[Driver, SecondHost, Path], faulty_rsync: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    driver, host, _ = setup
+    before = guest_probe.last_counter(_console(host, driver, "b", tmp_path))
+    assert before is not None
+    monkeypatch.setenv("RSYNC_MODE", "kill-once")
+    driver.restore(VM, "a", from_node="b")
+    state_calls = [line for line in faulty_rsync.read_text().splitlines() if ".state " in line + " "]
+    assert Path(f"{faulty_rsync}.killed").exists() and len(state_calls) == 2, state_calls
+    log = driver.console_log(VM, "a")
+    wait_for_counter(log, before + 2, TICK_TIMEOUT_S)
+    seen = guest_probe.counters(log)
+    assert before + 1 in seen and seen[-1] >= before + 2
+    assert not host.exists(driver.state_path(VM, "b"))  # the source dropped its copy only after the resume
+    assert driver.state(VM, "a") == VMState.RUNNING

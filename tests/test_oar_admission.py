@@ -1,0 +1,149 @@
+"""vjob's admission rule in a real OAR 2.5.9: the user types `oarsub`, Saline gets the job.
+
+Installed with OAR's own `oaradmissionrules` (as `vjob oar install-rules` does), then a real
+`oarsub -t besteffort -t vjob=IMAGE` by a real user: the OAR job becomes the holder named
+after the vjob and the manager adopts it. With no manager, or with the manager's store down,
+the same `oarsub` is accepted as a plain best-effort job (fail open). Also here: the REST
+client reads a listing of more than 500 jobs completely (OAR's API pages at 500).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from plugins.oar.client import OarCommands, OarRest
+from provisioning.driver import Driver
+from saline_bew import admission, journal, server
+from saline_bew.manager import HOLDER, Manager
+from saline_bew.repository import Repository
+from saline_bew.sites import Site
+from saline_bew.vms import SalineVMs
+from tests.saline_env import make_image
+from tests.services import free_port
+from vjob.config import parse
+from vjob.store.db import Store
+
+pytestmark = pytest.mark.oar
+
+
+def oarsub(user: str, *args: str) -> subprocess.CompletedProcess[str]:
+    home = os.path.expanduser(f"~{user}")
+    env = {"PATH": os.environ["PATH"], "PWD": home, "HOME": home, "LANG": "C"}
+    return subprocess.run(
+        ["runuser", "-u", user, "--", "oarsub", *args], capture_output=True, text=True, timeout=60, cwd=home, env=env
+    )
+
+
+def job_id(proc: subprocess.CompletedProcess[str]) -> str:
+    found = re.search(r"OAR_JOB_ID=(\d+)", proc.stdout)
+    assert found, (proc.returncode, proc.stdout, proc.stderr)
+    return found.group(1)
+
+
+def oarstat(job: str) -> dict:
+    out = subprocess.run(["oarstat", "-f", "-J", "-j", job], capture_output=True, text=True, timeout=30, check=True)
+    return json.loads(out.stdout)[job]
+
+
+def oardel(*jobs: str) -> None:
+    subprocess.run(["oardel", *jobs], capture_output=True, timeout=30, check=False)
+
+
+@pytest.fixture
+def manager(tmp_path: Path, oar_cluster) -> Iterator[Manager]:
+    store = Store(f"sqlite:///{tmp_path / 'vjob.sqlite'}")
+    store.upgrade()
+    make_image(store, tmp_path)
+    cfg = parse(
+        {
+            "data_dir": str(tmp_path),
+            "provisioning": {"snapshot_dir": str(tmp_path / "snap" / "{node}"), "vm_dir": str(tmp_path / "vm")},
+            "saline": {
+                "sites": [{"name": "a", "repository": str(tmp_path / "repo"), "oar_properties": "site='a'"}],
+            },
+        }
+    )
+    sites = {"a": Site("a", OarCommands(timeout_s=30), Repository("a", str(tmp_path / "repo")), "site='a'")}
+    with Driver(cfg.provisioning, data_dir=tmp_path, store=store) as driver:
+        yield Manager(cfg, store, sites, SalineVMs(driver, store), owner="admission-test")
+    store.close()
+
+
+@pytest.fixture
+def rule_and_socket(oar_cluster) -> Iterator[Path]:
+    """The rule installed in OAR, pointing at a socket in a directory uid oar can reach."""
+    where = Path(tempfile.mkdtemp(prefix="vjob-oar-rule-"))
+    os.chmod(where, 0o755)
+    path = where / "saline.sock"
+    new, _ = admission.install(admission.render(site="a", socket=str(path), timeout_s=10))
+    try:
+        assert admission.installed() == [new]
+        yield path
+    finally:
+        assert admission.uninstall() == [new]
+        assert admission.installed() == []
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def test_oarsub_besteffort_vjob_is_wrapped_and_fails_open_without_vjob(
+    oar_cluster, manager: Manager, rule_and_socket: Path
+) -> None:
+    user = oar_cluster.user
+    submit = ("-t", "besteffort", "-t", "vjob=empty", "-l", "/resource_id=1,walltime=0:05:00", "sleep 300")
+    with server.Server(manager, rule_and_socket):
+        proc = oarsub(user, *submit)
+        oar_id = job_id(proc)
+        key = re.search(r"best-effort vjob (be[0-9a-f]{10})", proc.stdout).group(1)
+        seen = oarstat(oar_id)
+        assert seen["name"] == key and seen["command"] == f"/bin/sh {HOLDER} {key}"
+        assert "besteffort" in seen["types"] and not any(t.startswith("vjob") for t in seen["types"])
+        assert "AND (site='a')" in seen["properties"], seen["properties"]
+        deadline = time.monotonic() + 30
+        while journal.get(manager.store, key).oar_job_id is None and time.monotonic() < deadline:
+            manager.step()
+            time.sleep(0.5)
+        assert journal.get(manager.store, key).oar_job_id == oar_id
+        manager.cancel(key)  # oardel: no VM is started in this test
+
+    # No manager listening: the same oarsub is accepted as a plain best-effort job.
+    proc = oarsub(user, *submit)
+    plain = job_id(proc)
+    assert "Saline did not take the job (no Saline manager at" in proc.stdout
+    seen = oarstat(plain)
+    assert seen["command"] == "sleep 300" and seen["name"] in (None, "") and seen["types"] == ["besteffort"]
+
+    # The manager up, its store down: accepted untouched too, within the rule's timeout.
+    dead = Store(f"postgresql+psycopg://vjob:x@127.0.0.1:{free_port()}/vjob", connect_timeout_s=2)
+    manager.store = manager.vms.store = dead
+    with server.Server(manager, rule_and_socket):
+        start = time.monotonic()
+        proc = oarsub(user, *submit)
+        took = time.monotonic() - start
+    untouched = job_id(proc)
+    assert "Saline did not take the job (Saline refused it" in proc.stdout, proc.stdout
+    assert oarstat(untouched)["command"] == "sleep 300" and took < 15
+    oardel(oar_id, plain, untouched)
+
+
+@pytest.mark.slow
+def test_a_rest_listing_of_more_than_500_jobs_is_complete(oar_cluster) -> None:
+    """501 held jobs (one array submission): GET /jobs/details answers 500 per page."""
+    proc = oarsub(oar_cluster.user, "--hold", "--array", "501", "-n", "vjobpage", "-l", "/resource_id=1", "true")
+    array = re.search(r"OAR_ARRAY_ID=(\d+)", proc.stdout)
+    assert array, proc.stdout + proc.stderr
+    try:
+        jobs = OarRest(oar_cluster.api_url, timeout_s=120).jobs()
+        mine = [j for j in jobs if j.name == "vjobpage"]
+        assert len(mine) == 501 and len({j.id for j in mine}) == 501
+    finally:
+        subprocess.run(["oardel", "--array", array.group(1)], capture_output=True, timeout=120, check=False)
