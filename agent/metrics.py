@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
 
+from vjob.prometheus import series_names
+
 # Checkpoints of a 128 MiB guest take 0.3-1.3 s; interactive waits range from seconds to hours.
 _SECONDS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
 _WAIT = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600)
@@ -68,11 +70,7 @@ class AgentMetrics:
     def names(self) -> set[str]:
         """Every series name this registry exports (counters with _total and _created,
         histograms with _bucket, _sum, _count and _created), for checking dashboards."""
-        suffixes = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count", "_created")}
-        out: set[str] = set()
-        for family in self.registry.collect():
-            out.update(family.name + s for s in suffixes.get(family.type, ("",)))
-        return out
+        return series_names(self.registry)
 
     def text(self) -> str:
         return generate_latest(self.registry).decode()

@@ -102,12 +102,13 @@ def _fsync(path: Path) -> None:
 
 
 def measure(driver: Driver, files: guest.GuestFiles, image: Path, vms: int, mib: int, mode: str, work: Path) -> dict:
-    names = [f"vjob-bench-ckpt-{vms}-{i}" for i in range(vms)]
+    names = [f"vjob-bench-ckpt-{mode}-{vms}-{i}" for i in range(vms)]  # a console log per run
     members = [Member(n, NODE) for n in names]
     bypass = mode == "bypass"
     fill = int(mib * FILL_SHARE)
     for name in names:
         driver.delete(name, NODE)
+        driver.console_log(name, NODE).unlink(missing_ok=True)  # an old log would show old counters
         spec = VMSpec(name, image, memory_mib=mib, kernel=files.kernel, initrd=files.initrd,
                       cmdline=f"{files.cmdline} vjob_fill={fill}")  # fmt: skip
         driver.define(spec, NODE)

@@ -50,8 +50,9 @@ VJOB = Path(sys.executable).with_name("vjob")
 TINY_IMAGE = "debian-tiny"
 """The counter guest: `vjob run` in the script, its counters on the console."""
 REAL_IMAGE = "debian12"
-REAL_STEPS, REAL_ROUNDS, REAL_PACE_S = 40, 20_000, 0.5
-"""The real job: 40 steps of 20,000 chained sha256 each, 0.5 s apart (about 30 s under TCG)."""
+REAL_STEPS, REAL_ROUNDS, REAL_PACE_S = 60, 20_000, 0.5
+"""The real job: 60 steps of 20,000 chained sha256 each, 0.5 s apart (about 45 s under TCG):
+long enough that the first job is still running when the last guest has booted."""
 REAL_PROGRAM = f"""import hashlib, sys, time
 pace, h = float(sys.argv[1]), sys.argv[2].encode()
 for step in range(1, {REAL_STEPS} + 1):
@@ -404,8 +405,10 @@ class Scenario:
                         what = "checkpointed" if h["state"] == "saved" else "resumed"
                         self.timeline.add(h["at"], f"job {v} {what} on {h['node']}")
                 if self.real:
-                    steps = progress_steps(self.work / "out" / f"{v}.out")
+                    output = self.work / "out" / f"{v}.out"
+                    steps = progress_steps(output)
                     lost += REAL_PACE_S * (len(steps) - len(set(steps)))  # steps computed twice (lower bound)
+                    counter_pairs[v] = steps_around_resume(output)
                     rec = store_jobs.get(store, "slurm", v)
                     pn[v] = rec.preempt_count if rec else 0
                     ckpt[v] = st.save_seconds
@@ -456,12 +459,29 @@ def progress_steps(output: Path) -> list[int]:
         text = output.read_text(errors="replace")
     except OSError:
         return []
+    return progress_steps_of(text.splitlines())
+
+
+def progress_steps_of(lines: list[str]) -> list[int]:
     steps = []
-    for line in text.splitlines():
+    for line in lines:
         parts = line.split()
         if len(parts) >= 2 and parts[0] == "progress" and parts[1].split("/")[0].isdigit():
             steps.append(int(parts[1].split("/")[0]))
     return steps
+
+
+def steps_around_resume(output: Path) -> tuple[int, int]:
+    """A real job's last progress step before its pilot's first "restoring VM" line, and the
+    first one after (0 when there is none)."""
+    try:
+        lines = output.read_text(errors="replace").splitlines()
+    except OSError:
+        return 0, 0
+    cut = next((k for k, line in enumerate(lines) if line.startswith("vjob: restoring VM")), len(lines))
+    before = progress_steps_of(lines[:cut])
+    after = progress_steps_of(lines[cut:])
+    return (before[-1] if before else 0), (after[0] if after else 0)
 
 
 def split_counters(console_log: Path, offset: int) -> tuple[list[int], list[int]]:
@@ -514,8 +534,9 @@ def run_demo(work: Path, *, keep_cluster: bool = False, plot: Path | None = None
         print(f"  {line}")
     for v in out.victims:
         before, after = out.counters.get(v, (0, 0))
+        what = "progress step" if out.image != TINY_IMAGE else "guest counter"
         print(
-            f"  job {v}: guest counter {before} before its checkpoint, {after} after its resume; "
+            f"  job {v}: {what} {before} before its checkpoint, {after} after its resume; "
             f"checkpoint {out.checkpoint_seconds.get(v, 0):.2f} s; Pn = {out.preempt_counts.get(v, 0)}"
         )
     print(f"  {out.local_resumes} of {len(out.resumed)} resumes were local (on the node of their checkpoint)")

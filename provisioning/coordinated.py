@@ -177,7 +177,10 @@ def restore(driver: Driver, members: Sequence[Member], *, bypass_cache: bool = F
     done = Resumed(started_at=time.time())
 
     def one(m: Member) -> None:
-        driver.restore(m.vm, m.node, from_node=m.from_node, paused=True, bypass_cache=bypass_cache)
+        src = m.from_node or m.node
+        if src != m.node and driver.state(m.vm, src) is None and driver.state(m.vm, m.node) == VMState.SAVED:
+            src = m.node  # moved by an earlier, failed attempt and saved again where it went
+        driver.restore(m.vm, m.node, from_node=src, paused=True, bypass_cache=bypass_cache)
         done.restored_at[m.vm] = time.time()
 
     results = _parallel(one, members)

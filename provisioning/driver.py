@@ -507,7 +507,9 @@ class Driver:
             self._ensure_dirs(node)
             self._copy_between(vm, src, node)
             self._check_copy(vm, src, node, expected)
-        self._restore_state_file(vm, node, self.state_path(vm, node), paused=paused, bypass_cache=bypass_cache)
+        self._restore_state_file(
+            vm, node, self.state_path(vm, node), paused=paused, bypass_cache=bypass_cache, retarget=src != node
+        )
         if src != node:
             self._drop_source(vm, src, node)
         self._discard_state(vm, node)
@@ -535,12 +537,24 @@ class Driver:
             ) from None
 
     def _restore_state_file(
-        self, vm: str, node: str, state: Path, *, paused: bool = False, bypass_cache: bool = False
+        self,
+        vm: str,
+        node: str,
+        state: Path,
+        *,
+        paused: bool = False,
+        bypass_cache: bool = False,
+        retarget: bool = True,
     ) -> None:
         """Start `vm` on `node` from a verified memory state, and keep it defined afterwards
-        (a restored transient domain would vanish at its next shutdown)."""
+        (a restored transient domain would vanish at its next shutdown).
+
+        `retarget=False` (a state restored on the node that saved it) skips reading the saved
+        XML back to rewrite its paths: they are this node's already, and on a busy libvirtd
+        that extra call costs up to seconds.
+        """
         conn = self.connection(node)
-        xml = self._restore_xml(vm, node, state)
+        xml = self._restore_xml(vm, node, state) if retarget else None
         test = self._is_test(node)
         flags = 0  # the test driver takes no flags
         if not test:

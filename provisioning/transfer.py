@@ -259,12 +259,13 @@ def ensure_remote_dir(target: Endpoint, mode: int, *, timeout_s: float = 60.0) -
     """
     assert target.host is not None
     run_on(target.host, ["mkdir", "-p", "-m", f"{mode:o}", "--", str(target.path)], timeout_s=timeout_s)
-    run_on(target.host, ["chmod", f"{mode:o}", "--", str(target.path)], timeout_s=timeout_s)
-    out = run_on(target.host, ["stat", "-c", "%u %a %F", "--", str(target.path)], timeout_s=timeout_s).split()
+    out = run_on(target.host, ["stat", "-c", "%u %a %F", "--", str(target.path)], timeout_s=timeout_s).split(" ")
     uid = run_on(target.host, ["id", "-u"], timeout_s=timeout_s).strip()
-    if len(out) < 3 or out[0] != uid or out[2] != "directory" or int(out[1], 8) & 0o022:
+    if len(out) < 3 or out[0] != uid or out[2].strip() != "directory" or int(out[1], 8) & 0o022:
+        # never repaired silently: what others could write there cannot be trusted any more
         raise VjobError(f"directory {target.spec()}: must be a directory owned by uid {uid} and writable by nobody "
-                        f"else (stat says {' '.join(out)[:80]!r})")  # fmt: skip
+                        f"else (stat says {' '.join(out).strip()[:80]!r}); remove it and try again")  # fmt: skip
+    run_on(target.host, ["chmod", f"{mode:o}", "--", str(target.path)], timeout_s=timeout_s)
 
 
 def sha256_file(path: Path, *, chunk: int = 4 << 20) -> str:

@@ -28,7 +28,15 @@ from vjob.store.db import open_store
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("besteffort", help="Saline: best-effort OAR jobs that survive being killed")
+    p = sub.add_parser(
+        "besteffort",
+        help="Saline: best-effort OAR jobs that survive being killed",
+        description="Best-effort vjobs on OAR (Saline): snapshotted periodically and on OAR's checkpoint "
+        "signal, resubmitted from their last snapshot at this site or another when OAR kills them. Users "
+        "talk to the site's manager through its socket; the manager runs as root.",
+        epilog="example: vjob besteffort submit --image debian12 --vms 2 -l 2:00:00 -- ./simulate.sh 42",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument(
         "--socket",
         default=None,
@@ -37,10 +45,15 @@ def register(sub: Any) -> None:
     )
     bsub = p.add_subparsers(dest="besteffort_command", metavar="ACTION", required=True)
 
-    s = bsub.add_parser("submit", help="submit a best-effort vjob: vjob besteffort submit [options] -- COMMAND ...")
+    s = bsub.add_parser(
+        "submit",
+        help="submit a best-effort vjob: vjob besteffort submit [options] -- COMMAND ...",
+        description="Submit a best-effort vjob; prints its key (OAR's job is named after it).",
+        epilog="example: vjob besteffort submit --image debian12 --memory 512 -- python3 fit.py --steps 1000",
+    )
     s.add_argument("--image", required=True, help="OS image from the catalogue")
     s.add_argument("--vms", type=int, default=1, help="number of VMs (one OAR resource each)")
-    s.add_argument("--vcpus", type=int, default=1)
+    s.add_argument("--vcpus", type=int, default=1, help="virtual CPUs per VM (default 1)")
     s.add_argument("--memory", type=int, default=128, help="MiB per VM")
     s.add_argument("-l", "--walltime", dest="walltime", default=None, help="H:MM:SS (default saline.default_walltime)")
     s.add_argument("--site", default=None, help="site to start at (default: the first with free resources)")
@@ -48,7 +61,13 @@ def register(sub: Any) -> None:
     s.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARG ...], run inside the VMs")
     s.set_defaults(func=_submit)
 
-    m = bsub.add_parser("manager", help="run the job manager (snapshots, kill detection, resubmission)")
+    m = bsub.add_parser(
+        "manager",
+        help="run the job manager (snapshots, kill detection, resubmission)",
+        description="The site master: runs as root (systemd unit: vjob deploy install saline-unit), listens on "
+        "the socket, snapshots, detects kills and resubmits.",
+        epilog="example: vjob --config /etc/vjob/vjob.toml besteffort manager --socket-group vjobusers",
+    )
     m.add_argument("--once", action="store_true", help="one pass, then exit (no socket)")
     m.add_argument(
         "--socket-group",
@@ -58,16 +77,31 @@ def register(sub: Any) -> None:
     )
     m.set_defaults(func=_manager)
 
-    ls = bsub.add_parser("list", help="your best-effort vjobs and their state (root: everyone's)")
-    ls.add_argument("--json", action="store_true")
+    ls = bsub.add_parser(
+        "list",
+        help="your best-effort vjobs and their state (root: everyone's)",
+        description="Your best-effort vjobs (root: everyone's), one line each: key, state, site, kills.",
+        epilog="example: vjob besteffort list --json",
+    )
+    ls.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     ls.set_defaults(func=_list)
 
-    sh = bsub.add_parser("show", help="one of your vjobs with its journal")
-    sh.add_argument("key")
+    sh = bsub.add_parser(
+        "show",
+        help="one of your vjobs with its journal",
+        description="One of your vjobs with its journal: submissions, snapshots, kills, resumptions.",
+        epilog="example: vjob besteffort show be0123456789",
+    )
+    sh.add_argument("key", help="the vjob's key, as submit printed it (be + 10 hex digits)")
     sh.set_defaults(func=_show)
 
-    c = bsub.add_parser("cancel", help="end one of your vjobs: delete its OAR job, VMs and snapshots")
-    c.add_argument("key")
+    c = bsub.add_parser(
+        "cancel",
+        help="end one of your vjobs: delete its OAR job, VMs and snapshots",
+        description="End one of your vjobs: the manager holding it deletes its OAR job, VMs and snapshots.",
+        epilog="example: vjob besteffort cancel be0123456789",
+    )
+    c.add_argument("key", help="the vjob's key, as submit printed it (be + 10 hex digits)")
     c.set_defaults(func=_cancel)
 
 
@@ -135,6 +169,8 @@ def _manager(args: argparse.Namespace) -> int:
     cfg = manager.config.saline
     path = server.socket_path(args.socket, configured=cfg.socket)
     with server.Server(manager, path, group=args.socket_group or cfg.socket_group or None):
+        if manager.cfg.metrics_port:
+            manager.metrics.serve(manager.cfg.metrics_port, manager.cfg.metrics_address)
         Notifier().ready("listening on the Saline socket")
         manager.run(stop=lambda: bool(stopping))
     return 0

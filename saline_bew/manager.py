@@ -44,6 +44,7 @@ from provisioning.transfer import sha256_file
 from saline_bew import grammar, identity, journal, lease, phases
 from saline_bew.gathering import REPOSITORY, Gathering
 from saline_bew.journal import LeaseLost, SalineJob
+from saline_bew.metrics import SalineMetrics
 from saline_bew.repository import RepositoryError
 from saline_bew.sites import Site
 from saline_bew.vms import SalineVMs, snapshot_files, suspend_to_stage
@@ -103,6 +104,7 @@ class Manager:
         """Per-vjob failures (step_failed) counted by this manager since it started."""
         self._lock = threading.RLock()
         """Serialises acting on vjobs between the loop and the socket server's requests."""
+        self.metrics = SalineMetrics()
 
     # -- submission ----------------------------------------------------------------------
     def submit(
@@ -314,9 +316,14 @@ class Manager:
         """One pass over every active vjob this manager holds (or can take) the lease of."""
         jobs, refused = journal.scan(self.store, active_only=True)
         self._refuse(refused)
+        phases_seen: dict[str, int] = {}
         for job in jobs:
+            phases_seen[job.phase] = phases_seen.get(job.phase, 0) + 1
             self.process(job.key)
         self._cleanup_ended()
+        self.metrics.set_phases(phases_seen)
+        self.metrics.refused.set(len(self.refused))
+        self.metrics.last_pass.set(self.clock())
 
     def _refuse(self, refused: list[journal.Refused]) -> None:
         """Rows that fail their checks are never acted on; each is logged once per process."""
@@ -371,6 +378,7 @@ class Manager:
                     self._record(key, "error", {"error": str(exc)}, error=str(exc))
 
     def _step_failed(self, job: SalineJob, exc: Exception, failures: int) -> None:
+        self.metrics.step_failures.inc()
         reason = str(exc) if isinstance(exc, VjobError) else f"{type(exc).__name__}: {exc}"
         reason = reason[:1000]
         self.failures[job.key] = self.failures.get(job.key, 0) + 1
@@ -568,6 +576,7 @@ class Manager:
                 error=message,
             )
             _log.error("snapshot not safe", jobs=[job.key], error=message)
+            self.metrics.snapshot_failures.inc()
             return False
         for vm in job.vm_names:
             for n in set(job.hosts):
@@ -587,6 +596,7 @@ class Manager:
             snapshot_at=taken_at,
             error="",
         )
+        self.metrics.snapshots.inc()
         if previous[0] and previous[1] in self.sites:
             self.sites[previous[1]].repository.remove_label(job.key, previous[0])
         return True
@@ -639,9 +649,12 @@ class Manager:
             **changes,
         )
         _log.warning("vjob killed by OAR", jobs=[job.key], cause=cause, lost_s=round(lost_s, 1))
+        self.metrics.kills.inc()
+        self.metrics.work_lost.inc(max(0.0, lost_s))
         self._resubmit(job)
 
     def _resubmit(self, job: SalineJob) -> None:
+        self.metrics.resubmissions.inc()
         need = job.vm_count * job.vcpus
         site = self._choose_site(need, prefer=job.site)
         try:

@@ -156,6 +156,7 @@ class Simulation:
         self.max_preemptions = sched.max_preemptions
         self.head_slack_s = sched.head_slack_s
         self.ahead = sched.interactive_ahead
+        self.guarded = self.by_cost and self.ahead == "guarded"
         self.hard_cap = check_cap_mode(cap_mode) == "hard"
         self._guard = -1
         self._anchors: dict[int, float] = {}
@@ -389,6 +390,11 @@ class Simulation:
             priv = self.inter[j] and within_cap(self.held_interactive, n, self.cap_nodes)
             if self.hard_cap and self.inter[j] and not priv:
                 continue  # beyond the cap: it waits, and is not the head either
+            if self.guarded and self.inter[j] and not priv:  # vjob: beyond the cap, never the head
+                if n <= self.free and (self._guard < 0 or self._keeps_guard(j, now, [], n)):
+                    self._start(j, now, False)
+                    started.append(j)
+                continue
             if n <= self.free:
                 self._start(j, now, priv)
                 started.append(j)
@@ -453,15 +459,17 @@ class Simulation:
         if self.policy == "ubis" and self.model.priority_refresh_s > 0:
             return self._ranked_order(qa, now, arrived), None
         if self.policy == "fcfs-easy" or qa.shape[0] == 1:
-            self._guard = int(qa[0]) if self.by_cost and qa.shape[0] and not self._privileged(qa[:1])[0] else -1
+            self._guard = int(qa[0]) if self.by_cost and not self.inter[int(qa[0])] else -1
             return qa, None
         if self.by_cost:
             tiers = vjob_tiers(
-                self._privileged(qa), self.pc_a[qa] > 0, self.inter_a[qa] if self.ahead == "queue" else None
+                self._privileged(qa),
+                self.pc_a[qa] > 0,
+                self.inter_a[qa] if self.ahead in ("queue", "guarded") else None,
             )
             by = np.lexsort((self.submit_a[qa], tiers))
-            later = np.flatnonzero(tiers[by] > 0)
-            self._guard = int(qa[by[later[0]]]) if later.shape[0] else -1
+            batch = np.flatnonzero(~self.inter_a[qa[by]])
+            self._guard = int(qa[by[batch[0]]]) if batch.shape[0] else -1
             return qa[by], None
         if self.policy in ("mms", "mms-block"):
             priv = self._privileged(qa)
@@ -656,8 +664,11 @@ class Simulation:
         victims = [int(c.job_id) for c in chosen]
         # Nodes for j: free ones on its OS, victims' on its OS, then the rest (stable order).
         free_nodes = np.flatnonzero(self.owner == FREE)
-        if self.by_cost and self._guard >= 0 and not self._keeps_guard(j, now, victims, free_nodes):
-            return False
+        if self.by_cost and self._guard >= 0:
+            pool = np.concatenate([free_nodes, *(self.running[v][2] for v in victims)])
+            first = np.argsort(self.node_os[pool] != image, kind="stable")[: self.need[j]]
+            if not self._keeps_guard(j, now, victims, int((first < free_nodes.shape[0]).sum())):
+                return False
         ready = now
         freed: list[tuple[np.ndarray, float]] = []
         for v in victims:
@@ -685,11 +696,10 @@ class Simulation:
         self._start(j, now, True, nodes=take, ready=ready)
         return True
 
-    def _keeps_guard(self, j: int, now: float, victims: list[int], free_nodes: np.ndarray) -> bool:
-        """Whether preempting `victims` for j keeps the guard's reservation within the slack
-        (`guard.keeps_reservation`, with the numbers `tick.decide` uses)."""
-        pool = np.concatenate([free_nodes, *(self.running[v][2] for v in victims)])
-        first = np.argsort(self.node_os[pool] != self.os[j], kind="stable")[: self.need[j]]
+    def _keeps_guard(self, j: int, now: float, victims: list[int], taken_free: int) -> bool:
+        """Whether starting j on `taken_free` free nodes and the nodes of `victims` (none: a
+        plain start) keeps the guard's reservation within the slack (`guard.keeps_reservation`,
+        with the numbers `tick.decide` uses)."""
         ready = now
         for v in victims:
             ready = max(ready, now + self.ckpt_s[v])
@@ -699,7 +709,7 @@ class Simulation:
             self.need[self._guard],
             self._held,
             [(*self.holds[(0, v)], self.ckpt_s[v]) for v in victims],
-            int((first < free_nodes.shape[0]).sum()),
+            taken_free,
             ready + self.est_left[j],
             self.head_slack_s,
             self._anchors.get(self._guard),

@@ -189,6 +189,7 @@ def states(draw: st.DrawFn, crowded: bool = False) -> State:
     scheduling = SchedulingConfig(
         max_preemptions=draw(st.sampled_from([0, 1, 2, 3, 7])),
         head_slack_s=draw(st.sampled_from([0.0, 60.0, 1800.0, 1e9])),
+        interactive_ahead=draw(st.sampled_from(["guarded", "guarded", "off", "backfill", "queue"])),
     )
     cap_mode = draw(st.sampled_from(["preempt", "preempt", "hard"]))
     return State(

@@ -15,7 +15,7 @@ import pytest
 
 from provisioning import coordinated
 from provisioning.coordinated import Member
-from provisioning.driver import Driver, DriverError, VMSpec
+from provisioning.driver import Driver, DriverError, SnapshotError, VMSpec
 from provisioning.safe_dirs import UnsafePathError
 from vjob.config import ProvisioningConfig
 from vjob.model import VMState
@@ -81,3 +81,34 @@ def test_a_vm_listed_twice_is_refused(driver: Driver) -> None:
     with pytest.raises(DriverError, match="listed twice"):
         coordinated.checkpoint(driver, [MEMBERS[0], MEMBERS[0]])
     assert driver.state("job7-0", "n1") == VMState.RUNNING
+
+
+def test_a_failed_restore_saves_the_others_again_so_the_cut_survives(driver: Driver) -> None:
+    coordinated.checkpoint(driver, MEMBERS)
+    state = driver.state_path("job7-1", "n2")
+    data = bytearray(state.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    state.write_bytes(bytes(data))  # job7-1's state no longer matches its manifest
+    with pytest.raises(SnapshotError, match="is corrupt"):
+        coordinated.restore(driver, MEMBERS)
+    # job7-0 had come back (paused): it is saved again, so both VMs are at one cut, none runs
+    assert driver.state("job7-0", "n1") == VMState.SAVED
+    assert driver.state("job7-1", "n2") == VMState.SAVED
+    data[len(data) // 2] ^= 0xFF
+    state.write_bytes(bytes(data))
+    coordinated.restore(driver, MEMBERS)
+    assert all(driver.state(m.vm, m.node) == VMState.RUNNING for m in MEMBERS)
+
+
+def test_a_retried_restore_finds_the_vms_an_earlier_attempt_already_moved(driver: Driver) -> None:
+    coordinated.checkpoint(driver, MEMBERS)
+    moved = [Member("job7-0", "n2", from_node="n1"), Member("job7-1", "n1", from_node="n2")]
+    state = driver.state_path("job7-1", "n2")
+    good = state.read_bytes()
+    state.write_bytes(good[:-1] + bytes([good[-1] ^ 0xFF]))
+    with pytest.raises(SnapshotError):
+        coordinated.restore(driver, moved)
+    assert driver.state("job7-0", "n2") == VMState.SAVED  # moved, then saved again on n2
+    state.write_bytes(good)
+    coordinated.restore(driver, moved)  # the same request again
+    assert driver.state("job7-0", "n2") == VMState.RUNNING and driver.state("job7-1", "n1") == VMState.RUNNING

@@ -19,6 +19,7 @@ import yaml
 
 from agent.metrics import AgentMetrics
 from plugins import deploy
+from saline_bew.metrics import SalineMetrics
 from vjob import config as vconfig
 from vjob.errors import InputError, VjobError
 from vjob.sdnotify import Notifier
@@ -149,7 +150,7 @@ def _metric_names(expr: str) -> set[str]:
 
 
 def test_dashboard_and_alert_rules_use_only_metrics_the_agent_exports() -> None:
-    exported = AgentMetrics().names()
+    exported = AgentMetrics().names() | SalineMetrics().names()
     dashboard = json.loads(deploy.find("grafana-dashboard").packaged().read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     rules = yaml.safe_load(deploy.find("alert-rules").packaged().read_text())

@@ -142,6 +142,8 @@ def test_a_full_or_unwritable_repository_is_not_reported_safe(manager: Manager, 
     assert expected in after.error
     failed = [e for e in journal.events(manager.store, job.key) if e.kind == "snapshot_failed"]
     assert len(failed) == 1 and expected in failed[0].detail["error"]
+    assert manager.metrics.value("vjob_saline_snapshots_total") == 1
+    assert manager.metrics.value("vjob_saline_snapshot_failures_total") == 1
     assert not any(manager.vms.stage_dir("n1").iterdir()), "a failed snapshot leaves no half copy on the node"
 
 
@@ -237,6 +239,9 @@ def test_a_kill_before_the_first_snapshot_restarts_from_scratch_and_is_counted(m
     assert job.restarts_from_scratch == 1 and job.hosts == ("n2",)
     assert [e.kind for e in journal.events(manager.store, job.key)][-1] == "restarted_from_scratch"
     assert store_jobs.get(manager.store, "saline", job.key).preempt_count == 1
+    assert manager.metrics.value("vjob_saline_kills_total") == 1
+    assert manager.metrics.value("vjob_saline_resubmissions_total") == 1
+    assert "vjob_saline_kills_total 1.0" in manager.metrics.text()
 
 
 def test_a_kill_after_a_snapshot_resumes_from_the_repository(manager: Manager) -> None:

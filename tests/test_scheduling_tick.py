@@ -12,8 +12,10 @@ NOW = 1_000_000.0
 SLURM_KNOB = PriorityKnob(0, 1_000_000, 1000)
 
 
-def _cfg(cap: float = 0.5) -> Config:
-    return parse({"priority": {"interactive_cap": cap}})
+def _cfg(cap: float = 0.5, policy: str = "ubis") -> Config:
+    """These tests pin the paper's policy (victims by UBIS priority); vjob's have their own
+    (tests/test_scheduling_vjob.py)."""
+    return parse({"priority": {"interactive_cap": cap}, "scheduling": {"policy": policy}})
 
 
 def _nodes(n: int = 8) -> tuple[Node, ...]:

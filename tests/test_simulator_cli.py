@@ -88,7 +88,7 @@ def test_sweep_runs_the_grid_and_draws_comparisons(trace: Path, tmp_path: Path):
     [
         (["--interactive-frac", "1.5"], "--interactive-frac = 1.5: must be in 0..0.99"),
         (["--interactive-cap", "abc"], "--interactive-cap = 'abc': not a number"),
-        (["--policy", "sjf"], "--policy = 'sjf': must be one of fcfs-easy, mms, mms-block, ubis"),
+        (["--policy", "sjf"], "--policy = 'sjf': must be one of vjob, fcfs-easy, mms, mms-block, ubis"),
         (["--interactive-mean-size", "10,20"], "add --sweep"),
     ],
 )

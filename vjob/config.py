@@ -126,11 +126,12 @@ class SchedulingConfig(Section):
     head_slack_s: float = Field(600.0, ge=0)
     """vjob: seconds an interactive job's preemption may push back the reserved start of the
     first batch job in the queue; beyond that the interactive job waits (reserves) instead."""
-    interactive_ahead: Literal["off", "backfill", "queue"] = "backfill"
+    interactive_ahead: Literal["off", "backfill", "queue", "guarded"] = "guarded"
     """vjob, interactive jobs beyond the cap (they neither preempt nor count against it): off =
     they queue with the batch jobs by submission time; backfill = that too, but EASY looks at
-    them first when it backfills (they never delay the head); queue = they queue ahead of every
-    batch job (they can become the head and delay batch jobs)."""
+    them first when it backfills; queue = they queue ahead of every batch job (and can become
+    the head); guarded = they are looked at before the batch jobs and start when they fit and
+    keep the first batch job's reservation within head_slack_s, but never hold a reservation."""
 
 
 class AgentConfig(Section):
@@ -279,6 +280,16 @@ class SalineConfig(Section):
     network: str = "10.0.0.0/8"
     """Base network (a /8 or larger); a VM's IP is base + subnetID·256 + vmID (10.hi.lo.vm)."""
     sites: list[SiteConfig] = []
+    metrics_port: int = Field(0, ge=0, le=65535)
+    """The Saline manager's Prometheus port; 0 disables its exporter."""
+    metrics_address: str = "127.0.0.1"
+    """Address the manager's exporter binds to (an IP; 0.0.0.0 for every interface)."""
+
+    @field_validator("metrics_address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        return AgentConfig._address(value)  # one rule for every exporter address
+
     poll_interval_s: float = Field(2.0, gt=0, le=600)
     """How often the manager looks at OAR and at each vjob's VMs."""
     requeue_after_s: float = Field(30.0, gt=0)

@@ -33,7 +33,7 @@ import os
 import re
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import BinaryIO
@@ -210,13 +210,18 @@ def tag(lines: list[str], header_end: int, derived: str, image: str) -> list[str
     return out
 
 
-def filter_script(data: bytes, argv: Sequence[str], settings: Settings, notices: list[str] | None = None) -> bytes:
-    """The tagged script; raises Rejected for a user's mistake; appends notices for the user."""
+def header_lines(data: bytes) -> list[str]:
+    """The first HEADER_BYTES of the script as lines (a cut last line dropped), each with its \\n."""
     head = data[:HEADER_BYTES].decode("utf-8", errors="surrogateescape")
     if len(data) > HEADER_BYTES:
         head = head.rsplit("\n", 1)[0] + "\n" if "\n" in head else ""
     parts = head.split("\n")  # only \n ends a line for the shell (not \f, \v, U+2028, ...)
-    lines = [p + "\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+    return [p + "\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+
+
+def filter_script(data: bytes, argv: Sequence[str], settings: Settings, notices: list[str] | None = None) -> bytes:
+    """The tagged script; raises Rejected for a user's mistake; appends notices for the user."""
+    lines = header_lines(data)
     request, end = read_header(lines, argv)
     derived, image = decide(request, settings)
     if notices is not None and (notice := ignored_claim(request, derived)):
@@ -230,7 +235,16 @@ def _on_alarm(_signum: int, _frame: FrameType | None) -> None:
     raise BudgetExceeded
 
 
-def main(argv: Sequence[str], stdin: BinaryIO, stdout: BinaryIO, stderr: BinaryIO, environ: dict[str, str]) -> int:
+def main(
+    argv: Sequence[str],
+    stdin: BinaryIO,
+    stdout: BinaryIO,
+    stderr: BinaryIO,
+    environ: dict[str, str],
+    transform: Callable[..., bytes] = filter_script,
+) -> int:
+    """qsub's filter protocol around `transform` (filter_script, or wrap_filter's wrapping one):
+    its budget, its refusals, and the fail-open paths are the same for both."""
     received = bytearray()
     try:
         try:
@@ -245,7 +259,7 @@ def main(argv: Sequence[str], stdin: BinaryIO, stdout: BinaryIO, stderr: BinaryI
         if settings is None:
             raise BudgetExceeded  # already reported: just pass the script through
         notices: list[str] = []
-        result = filter_script(bytes(received), argv, settings, notices)
+        result = transform(bytes(received), argv, settings, notices)
         signal.setitimer(signal.ITIMER_REAL, 0)
         for notice in notices:
             stderr.write(notice.encode("utf-8", errors="replace"))

@@ -169,6 +169,11 @@ def decide(
         priv = job.interactive and state.within_caps(job)
         if hard and job.interactive and not priv:
             continue  # beyond the cap: it waits, and is not the head either
+        if state.guarded and job.interactive and not priv:  # vjob: beyond the cap, never the head
+            if job.nodes <= state.free_count() and (state.guard is None or state.keeps_guard(job, (), job.nodes)):
+                state.start(job, False)
+                started.append(job.id)
+            continue
         if job.nodes <= state.free_count():
             state.start(job, priv)
             started.append(job.id)
@@ -231,11 +236,11 @@ def _order(policy: str, queue: Sequence[Job], prio: Mapping[str, float], state: 
         order = mms_order(submit, [j.interactive and state.within_caps(j) for j in queue])
     elif policy == "vjob":
         privileged = [j.interactive and state.within_caps(j) for j in queue]
-        ahead = [j.interactive for j in queue] if state.interactive_ahead == "queue" else None
+        ahead = [j.interactive for j in queue] if state.interactive_ahead in ("queue", "guarded") else None
         tiers = vjob_tiers(privileged, [j.preempt_count > 0 for j in queue], ahead)
         order = np.lexsort((np.asarray(submit, dtype=np.float64), tiers))
         # the guard: the first batch job in the order, whose reservation preemptions keep
-        state.guard = next((queue[int(i)] for i in order if tiers[int(i)] > 0), None)
+        state.guard = next((queue[int(i)] for i in order if not queue[int(i)].interactive), None)
     else:
         order = ubis_order([prio[j.id] for j in queue], submit)
     return [queue[int(i)] for i in order]
@@ -266,6 +271,7 @@ class _Pass:
         self.max_preemptions = cfg.scheduling.max_preemptions
         self.head_slack_s = cfg.scheduling.head_slack_s
         self.interactive_ahead = cfg.scheduling.interactive_ahead
+        self.guarded = self.by_cost and self.interactive_ahead == "guarded"
         self.anchors: dict[str, float] = {}
         """vjob: the guard's reserved start when first checked (`guard.keeps_reservation`)."""
         self.guard: Job | None = None
@@ -382,8 +388,10 @@ class _Pass:
         victim_nodes = [self._nodes_of(self.jobs[v]) for v in victims]
         take = preemptor_nodes(self.free_nodes(), victim_nodes, self.node_os, job.os_image, job.nodes)
         taken = set(take)
-        if self.by_cost and self.guard is not None and not self._keeps_guard(job, victims, take):
-            return None
+        if self.by_cost and self.guard is not None:
+            free = set(self.free_nodes())
+            if not self.keeps_guard(job, victims, sum(1 for n in take if n in free)):
+                return None
         ready = self.now
         for v, nodes in zip(victims, victim_nodes, strict=True):
             done_at = self.now + self.costs.checkpoint_s(self.jobs[v])
@@ -400,21 +408,21 @@ class _Pass:
         self.start(job, True, nodes=take, ready=ready)
         return Preemption(job.id, victims, take, sum(c.checkpoint_bytes for c in chosen))
 
-    def _keeps_guard(self, job: Job, victims: Sequence[str], take: Sequence[str]) -> bool:
-        """Whether preempting `victims` for `job` keeps the guard's reservation within the
-        slack (`guard.keeps_reservation`, with the numbers the simulator uses too)."""
+    def keeps_guard(self, job: Job, victims: Sequence[str], taken_free: int) -> bool:
+        """Whether starting `job` on `taken_free` free nodes and the nodes of `victims` (none:
+        a plain start) keeps the guard's reservation within the slack
+        (`guard.keeps_reservation`, with the numbers the simulator uses too)."""
         assert self.guard is not None
         ready = self.now
         for v in victims:
             ready = max(ready, self.now + self.costs.checkpoint_s(self.jobs[v]))
-        free = set(self.free_nodes())
         ok, now_reserved = keeps_reservation(
             self.now,
-            len(free),
+            self.free_count(),
             self.guard.nodes,
             self.holds.values(),
             [(*self.holds[("run", v)], self.costs.checkpoint_s(self.jobs[v])) for v in victims],
-            sum(1 for n in take if n in free),
+            taken_free,
             ready + _estimate(job),
             self.head_slack_s,
             self.anchors.get(self.guard.id),
