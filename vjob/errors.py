@@ -55,3 +55,8 @@ class CommandError(VjobError):
         self.job = job
         where = f" (job {job})" if job else ""
         super().__init__(f"{self.command[0]}{where}: {message}")
+
+
+class CommandUnavailable(CommandError):
+    """The command could not be asked at all (not installed, or no answer within its time):
+    unlike a refusal or garbage, this mends by itself, so a caller may retry later."""

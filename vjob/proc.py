@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from vjob.errors import CommandError
+from vjob.errors import CommandError, CommandUnavailable
 
 
 def run(
@@ -53,9 +53,10 @@ def run(
         )
     except subprocess.TimeoutExpired:
         extra = f" ({hint})" if hint else ""
-        raise CommandError(name, f"no answer within {timeout_s:g} s; killed{extra}", job=job) from None
+        raise CommandUnavailable(name, f"no answer within {timeout_s:g} s; killed{extra}", job=job) from None
     except FileNotFoundError:
-        raise CommandError(name, f"command not found{f': {missing_hint}' if missing_hint else ''}", job=job) from None
+        where = f": {missing_hint}" if missing_hint else ""
+        raise CommandUnavailable(name, f"command not found{where}", job=job) from None
     except PermissionError:
         raise CommandError(name, "not executable by this user", job=job) from None
     except OSError as exc:

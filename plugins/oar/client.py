@@ -16,7 +16,6 @@ import os
 import pwd
 import re
 import signal
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -24,7 +23,8 @@ from typing import Any, Protocol
 import requests
 
 from plugins.oar.parse import MAX_TEXT, OarJob, job_from_dict, parse_jobs, parse_resources, resources_from_data
-from vjob.errors import CommandError, InputError
+from vjob import proc
+from vjob.errors import CommandError, CommandUnavailable, InputError
 from vjob.secrets import mask_url
 
 # Every grammar is applied with re.fullmatch: `$` would accept a trailing newline, and a
@@ -191,17 +191,10 @@ class OarCommands:
             cwd = home
             args = ["runuser", "-u", user, "--", *args]
         try:
-            proc = subprocess.run(
-                args, capture_output=True, text=True, timeout=self.timeout_s, env=env, cwd=cwd, check=False
-            )
-        except FileNotFoundError:
-            raise OarUnavailable(args, "not found: is OAR's user package installed (oar-user)?", job=job) from None
-        except subprocess.TimeoutExpired:
-            raise OarUnavailable(args, f"no answer after {self.timeout_s:.0f} s", job=job) from None
-        if proc.returncode != 0:
-            message = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
-            raise CommandError(args, f"exit {proc.returncode}: {message}", job=job)
-        return proc.stdout
+            return proc.run(args, timeout_s=self.timeout_s, job=job, cwd=cwd, env=env,
+                            missing_hint="is OAR's user package installed (oar-user)?")  # fmt: skip
+        except CommandUnavailable as exc:
+            raise OarUnavailable(exc.command, str(exc).split(": ", 1)[-1], job=job) from None
 
     def submit(self, request: SubmitRequest, *, user: str) -> str:
         out = self._run([self._cmd("oarsub"), *request.oarsub_args()], user=user)
