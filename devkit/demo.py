@@ -38,11 +38,13 @@ from devkit.devcluster import JOB_SUBMIT_LUA, DevCluster, Settings
 from devkit.guest_probe import boots, counters, last_counter
 from plugins.slurm.images import read_image_list, write_image_list
 from provisioning.driver import Driver
+from provisioning.images import node_os
 from vjob import log
 from vjob.config import load
 from vjob.errors import VjobError
 from vjob.pilot_files import PilotDir, PilotState, PilotStatus
 from vjob.store import jobs as store_jobs
+from vjob.store import snapshots as store_snapshots
 from vjob.store.db import Store
 
 REPO = Path(__file__).resolve().parents[1]
@@ -114,6 +116,10 @@ class Outcome:
     """Real jobs: every result.txt equals the uninterrupted run's and every output file holds
     each progress line once (None for the counter guest, which writes no result)."""
     elapsed_s: float = 0.0
+    snapshots_in_store: int = 0
+    """Victims whose checkpoint the agent recorded in the store's `snapshots`."""
+    nodes_with_image: int = 0
+    """Nodes whose OS (node_images) is the jobs' image once they ran it (0 for the counter guest)."""
 
     def json_line(self) -> dict[str, Any]:
         return {
@@ -125,6 +131,8 @@ class Outcome:
             "work_lost_s": round(self.work_lost_s, 2),
             "outputs_identical": self.outputs_identical,
             "elapsed_s": round(self.elapsed_s, 1),
+            "snapshots_in_store": self.snapshots_in_store,
+            "nodes_with_image": self.nodes_with_image,
         }
 
 
@@ -423,11 +431,15 @@ class Scenario:
                 rec = store_jobs.get(store, "slurm", v)
                 pn[v] = rec.preempt_count if rec else 0
                 ckpt[v] = st.save_seconds
+            # What the agent recorded from the pilots (issue 15 items 5 and 6).
+            saved = {r.job for r in store_snapshots.listing(store, rms="slurm") if r.job in victims}
+            nodes = set(self.cluster.node_names())
+            carrying = sum(1 for node, image in node_os(store).items() if image == self.image and node in nodes)
         finally:
             store.close()
         local = sum(1 for v in resumed if (st := self.pilot(v)) is not None and st.local_restores >= 1)
         return Outcome(interactive_s, victims, resumed, local, lost, counter_pairs, pn, ckpt, self.timeline,
-                       image=self.image)  # fmt: skip
+                       image=self.image, snapshots_in_store=len(saved), nodes_with_image=carrying)  # fmt: skip
 
     # -- tear-down ------------------------------------------------------------------------
     def cleanup(self) -> None:

@@ -136,7 +136,10 @@ def test_pbs_nodes_carry_the_stores_os(store: Store, tmp_path: Path) -> None:
 
 
 def test_a_store_that_fails_gives_no_os_but_the_nodes_still_come(tmp_path: Path) -> None:
-    source = StoreNodeOS(parse({"data_dir": str(tmp_path), "database": {"url": "sqlite:////nonexistent/x.db"}}))
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")  # a database under a regular file can never be created, even by root
+    url = f"sqlite:///{blocker / 'x.db'}"
+    source = StoreNodeOS(parse({"data_dir": str(tmp_path), "database": {"url": url}}))
     t0 = time.monotonic()
     assert source() == {} and source() == {}
     assert time.monotonic() - t0 < 10

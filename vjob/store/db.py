@@ -80,7 +80,10 @@ def make_engine(url: str, *, connect_timeout_s: float = 5.0, busy_timeout_s: flo
     kwargs: dict[str, Any] = {"future": True}
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
-            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+            try:
+                Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(f"database {_safe_url(url)}: cannot create its directory: {exc.strerror}") from None
         # isolation_level=None lets us issue BEGIN IMMEDIATE ourselves (see begin()).
         kwargs["connect_args"] = {"timeout": busy_timeout_s, "isolation_level": None}
     elif parsed.get_backend_name() == "postgresql":
