@@ -190,7 +190,8 @@ class ProvisioningConfig(Section):
     """Per-VM disk overlays and console logs; empty means <data_dir>/vms. `{node}` is replaced
     by the node name (one directory per node when nodes share a filesystem)."""
     hosts: dict[str, str] = {}
-    """ssh host per node for rsync/scp copies; a node not listed is reached by its name."""
+    """ssh host per node for rsync/scp copies; a node not listed is reached by its name, and
+    `""` means this machine (no ssh). `$VJOB_SSH_CONFIG` names an ssh config file (ssh -F)."""
     migrate_uris: dict[str, str] = {}
     """QEMU migration URI per destination node (e.g. tcp://10.0.0.2:49152); default: libvirt's."""
     domain_type: Literal["auto", "qemu", "kvm"] = "auto"
