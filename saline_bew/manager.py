@@ -546,12 +546,20 @@ class Manager:
         label = f"s{int(self.clock() * 1000)}"
         taken_at = self.clock()
         holdings: dict[str, tuple[str, ...]] = {}
-        for vm, node in zip(job.vm_names, job.hosts, strict=True):
-            if suspend:
-                suspend_to_stage(self.vms, vm, node, label)
-            else:
-                self.vms.snapshot(vm, node, label, job_id=job.job_id)
-            holdings[node] = (*holdings.get(node, ()), vm)
+        members = list(zip(job.vm_names, job.hosts, strict=True))
+        self.vms.pause_all(members)  # one consistent cut: every VM stops before any is saved
+        try:
+            for vm, node in members:
+                if suspend:
+                    suspend_to_stage(self.vms, vm, node, label)
+                else:
+                    self.vms.snapshot(vm, node, label, job_id=job.job_id)
+                holdings[node] = (*holdings.get(node, ()), vm)
+        except BaseException:
+            self.vms.unpause_all(members)  # the VMs not saved yet run on, as before the attempt
+            raise
+        if not suspend:
+            self.vms.unpause_all(members)
         expected: dict[str, tuple[int, str]] = {}
         for vm, node in zip(job.vm_names, job.hosts, strict=True):
             for name in snapshot_files(vm, label):

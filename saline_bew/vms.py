@@ -92,6 +92,19 @@ class SalineVMs:
         self.driver.snapshot(vm, node, label=label, job_id=job_id)
         return self.driver.snapshot_dir(node)
 
+    def pause_all(self, members: list[tuple[str, str]]) -> None:
+        """Pause every VM of a job before any is saved: the snapshots are then one consistent cut
+        (each memory state is the VM as it was when all had stopped), whatever order the saves
+        take. A VM that does not run is left as it is."""
+        for vm, node in members:
+            self.driver.pause(vm, node)
+
+    def unpause_all(self, members: list[tuple[str, str]]) -> None:
+        """Let every still-paused VM of a job run again (after its snapshot, or a failed one)."""
+        for vm, node in members:
+            if self.driver.state(vm, node) is not None:
+                self.driver.unpause(vm, node)
+
     def stage_dir(self, node: str) -> Path:
         return self.driver.snapshot_dir(node)
 

@@ -59,15 +59,15 @@ def manager(tmp_path: Path, test_nodes: dict[str, str]) -> Iterator[Manager]:
     store.close()
 
 
-def _running(manager: Manager, node: str = "n1") -> journal.SalineJob:
-    """A vjob whose VM runs on `node`, as after a deployment."""
+def _running(manager: Manager, node: str = "n1", vms: int = 1) -> journal.SalineJob:
+    """A vjob whose VMs run on `node`, as after a deployment."""
     job = journal.create(
         manager.store,
         key="be0123456789",
         user="alice",
         image="empty",
         command=["true"],
-        vm_count=1,
+        vm_count=vms,
         vcpus=1,
         memory_mb=128,
         walltime="1:00:00",
@@ -78,9 +78,10 @@ def _running(manager: Manager, node: str = "n1") -> journal.SalineJob:
         manager.store, site="a", job_key=job.key, vm_names=job.vm_names, mac_prefix="52:54:00", network="10.0.0.0/8"
     )
     image = manager.vms.image("empty")
-    spec = manager.vms.spec(job.vm_names[0], image, ["true"], ids[0], 128, 1)
-    manager.vms.boot_fresh(spec, node, job_id=job.job_id)
-    return journal.record(manager.store, job.key, "deployed", phase="running", hosts=[node], oar_job_id="1")
+    for vm, ident in zip(job.vm_names, ids, strict=True):
+        manager.vms.boot_fresh(manager.vms.spec(vm, image, ["true"], ident, 128, 1), node, job_id=job.job_id)
+    hosts = [node] * vms
+    return journal.record(manager.store, job.key, "deployed", phase="running", hosts=hosts, oar_job_id="1")
 
 
 def test_unknown_image_is_refused_before_anything_is_recorded(manager: Manager) -> None:
@@ -262,3 +263,33 @@ def test_a_kill_after_a_snapshot_resumes_from_the_repository(manager: Manager) -
     assert resumed.kind == "resumed" and resumed.detail["label"] == job.snapshot_label
     record = store_jobs.get(manager.store, "saline", job.key)
     assert record.preempt_count == 1 and record.preempted_since is None
+
+
+@pytest.mark.parametrize("suspend", [False, True])
+def test_a_two_vm_vjob_is_snapshotted_in_one_cut(manager: Manager, suspend: bool) -> None:
+    """Every VM of the job is paused before any of them is saved (issue: Saline used to save one
+    VM after another while the others ran on, which is no consistent snapshot of the job)."""
+    job = _running(manager, vms=2)
+    calls: list[tuple[str, str]] = []
+    driver = manager.vms.driver
+    for name in ("pause", "save", "snapshot"):
+        real = getattr(driver, name)
+
+        def spy(vm: str, node: str, *args: object, _real=real, _name=name, **kwargs: object) -> object:
+            calls.append((_name, vm))
+            return _real(vm, node, *args, **kwargs)
+
+        setattr(driver, name, spy)
+    assert manager.snapshot(job, reason="checkpoint" if suspend else "periodic", suspend=suspend)
+    pauses = [i for i, (what, _) in enumerate(calls) if what == "pause"]
+    saves = [i for i, (what, _) in enumerate(calls) if what in ("save", "snapshot")]
+    assert {vm for what, vm in calls if what == "pause"} == set(job.vm_names)
+    assert max(pauses) < min(saves), f"a save began before every VM was paused: {calls}"
+    states = {manager.vms.driver.state(vm, "n1") for vm in job.vm_names}
+    if suspend:
+        assert VMState.RUNNING not in states, "on OAR's checkpoint signal the VMs stop at the snapshot"
+    else:
+        assert states == {VMState.RUNNING}, "a periodic snapshot lets every VM run on, none left paused"
+    after = journal.get(manager.store, job.key)
+    files = sorted(manager.sites["a"].repository.label_dir(job.key, after.snapshot_label).iterdir())
+    assert len(files) == 6, "memory, overlay copy and manifest of each of the two VMs"
