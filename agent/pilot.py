@@ -146,12 +146,16 @@ class _Signals:
 class ConsoleTail(threading.Thread):
     """Copies what the guest prints (its console log) to the job's output as it grows."""
 
-    def __init__(self, path: Path, out: IO[str], start_at_end: bool) -> None:
+    def __init__(self, path: Path, out: IO[str], start_at_end: bool, *, offset: int | None = None) -> None:
         super().__init__(name="console-tail", daemon=True)
         self.path = path
         self.out = out
         self.stop_event = threading.Event()
-        self.offset = path.stat().st_size if start_at_end and path.exists() else 0
+        self.lock = threading.Lock()
+        if offset is not None:
+            self.offset = offset  # where the copy stood at the last save: nothing skipped, nothing twice
+        else:
+            self.offset = path.stat().st_size if start_at_end and path.exists() else 0
 
     def run(self) -> None:
         while not self.stop_event.is_set():
@@ -160,16 +164,17 @@ class ConsoleTail(threading.Thread):
         self.drain()
 
     def drain(self) -> None:
-        try:
-            with open(self.path, "rb") as fh:
-                fh.seek(self.offset)
-                data = fh.read()
-        except (FileNotFoundError, PermissionError):
-            return
-        if data:
-            self.offset += len(data)
-            self.out.write(data.decode("utf-8", errors="replace"))
-            self.out.flush()
+        with self.lock:  # the loop and a save both drain
+            try:
+                with open(self.path, "rb") as fh:
+                    fh.seek(self.offset)
+                    data = fh.read()
+            except (FileNotFoundError, PermissionError):
+                return
+            if data:
+                self.offset += len(data)
+                self.out.write(data.decode("utf-8", errors="replace"))
+                self.out.flush()
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -198,6 +203,7 @@ class Pilot:
         self.log = log.get("pilot").bind(job=settings.job_id, vm=vm.name, node=settings.node)
         self.status: PilotStatus | None = None
         self._resumed = False
+        self._tails: list[ConsoleTail] = []
 
     def _move(self, state: PilotState, **changes: Any) -> None:
         assert self.status is not None
@@ -218,10 +224,14 @@ class Pilot:
             self._start()
             if self.real:
                 out_log, err_log = self.vm.output_logs()
-                tails = [ConsoleTail(out_log, self.out, start_at_end=self._resumed and not replay),
-                         ConsoleTail(err_log, self.err, start_at_end=self._resumed and not replay)]  # fmt: skip
+                go_on = self._resumed and not replay
+                saved = list(self.status.output_bytes_at_save) if go_on and self.status is not None else []
+                offsets: list[int | None] = list(saved) if len(saved) == 2 else [None, None]
+                tails = [ConsoleTail(out_log, self.out, start_at_end=go_on, offset=offsets[0]),
+                         ConsoleTail(err_log, self.err, start_at_end=go_on, offset=offsets[1])]  # fmt: skip
             else:
                 tails = [ConsoleTail(self.vm.console_log(), self.out, start_at_end=self._resumed)]
+            self._tails = tails
             for tail in tails:
                 tail.start()
             try:
@@ -340,6 +350,9 @@ class Pilot:
             printed = self.vm.console_log().stat().st_size
         except OSError:
             printed = 0
+        for tail in self._tails:
+            tail.drain()  # everything the guest printed before the save is in the job's output now
+        copied = [t.offset for t in self._tails] if self.real and len(self._tails) == 2 else []
         self._move(
             PilotState.SAVED,
             saved_node=self.s.node,
@@ -348,6 +361,7 @@ class Pilot:
             save_bytes=size,
             memory_path=str(path),
             console_bytes_at_save=printed,
+            output_bytes_at_save=copied,
         )
         self._say(f"checkpointed VM {self.vm.name} on {self.s.node}: {size / 2**20:.0f} MiB in {took:.2f} s")
         self.log.info("saved", request=request_id, seconds=round(took, 3), bytes=size)

@@ -101,3 +101,26 @@ def test_bad_options_exit_2_naming_the_option(trace, tmp_path, capsys, extra, me
 def test_missing_trace_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     assert main(["trace", "info", str(tmp_path / "none.swf")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_sweep_with_seeds_reports_mean_and_interval_per_cell(trace: Path, tmp_path: Path):
+    out = tmp_path / "seeds"
+    argv = ["simulate", "--sweep", "--trace", str(trace), "--nodes", "64", "--policy", "mms,vjob"]
+    argv += ["--interactive-frac", "0.2", "--interactive-mean-size", "8", "--interactive-cap", "0.15"]
+    argv += ["--seeds", "1,2,3", "--no-plots", "--workers", "2", "--out", str(out)]
+    assert main(argv) == 0
+    rows = json.loads((out / "sweep.json").read_text())
+    assert sorted((r["policy"], r["seed"]) for r in rows) == [(p, s) for p in ("mms", "vjob") for s in (1, 2, 3)]
+    assert all("batch_large_count" in r and "batch_small_mean_response_s" in r for r in rows)
+    means = {m["policy"]: m for m in json.loads((out / "sweep_mean.json").read_text())}
+    assert set(means) == {"mms", "vjob"} and means["vjob"]["seeds"] == 3
+    waits = [r["interactive_mean_wait_s"] for r in rows if r["policy"] == "vjob"]
+    assert means["vjob"]["interactive_mean_wait_s"] == pytest.approx(sum(waits) / 3)
+    assert means["vjob"]["interactive_mean_wait_s_ci95"] >= 0
+    assert (out / "vjob_f0.2_s8_c0.15_seed2" / "summary.json").exists()
+
+
+def test_bad_seeds_are_refused(trace: Path, tmp_path: Path, capsys):
+    argv = ["simulate", "--trace", str(trace), "--nodes", "64", "--seeds", "1,x\n", "--out", str(tmp_path / "x")]
+    assert main(argv) == 2
+    assert "--seeds = 'x\\n': not an integer" in capsys.readouterr().err

@@ -126,7 +126,7 @@ class SchedulingConfig(Section):
     head_slack_s: float = Field(600.0, ge=0)
     """vjob: seconds an interactive job's preemption may push back the reserved start of the
     first batch job in the queue; beyond that the interactive job waits (reserves) instead."""
-    interactive_ahead: Literal["off", "backfill", "queue", "guarded"] = "guarded"
+    interactive_ahead: Literal["off", "backfill", "queue", "guarded"] = "backfill"
     """vjob, interactive jobs beyond the cap (they neither preempt nor count against it): off =
     they queue with the batch jobs by submission time; backfill = that too, but EASY looks at
     them first when it backfills; queue = they queue ahead of every batch job (and can become

@@ -87,6 +87,9 @@ class PilotStatus:
     """Every node the job held when it was checkpointed (from the agent's request)."""
     console_bytes_at_save: int = 0
     """Size of the console log when the VM was last saved: what the guest printed before."""
+    output_bytes_at_save: list[int] = field(default_factory=list)
+    """A real job's stdout and stderr logs: bytes copied to the job's output files when the VM
+    was last saved (all the guest had printed), where the copy goes on after a restore."""
     save_seconds: float = 0.0
     save_bytes: int = 0
     restore_seconds: float = 0.0
@@ -169,6 +172,14 @@ def _typed(name: str, value: Any, source: str) -> Any:
         if not isinstance(value, str) or len(value) > MAX_TEXT or "\0" in value:
             raise bad(f"must be a string of at most {MAX_TEXT} characters")
         return value
+    if name == "output_bytes_at_save":
+        if (
+            not isinstance(value, list)
+            or len(value) > 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**63 for v in value)
+        ):
+            raise bad("must be a list of at most two byte counts")
+        return list(value)
     if name == "saved_nodes":
         if (
             not isinstance(value, list)

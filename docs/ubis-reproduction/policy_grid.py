@@ -36,6 +36,7 @@ ABLATION: dict[str, dict[str, Any]] = {
     "bound 1": {"max_preemptions": 1},
     "over-cap interactive: off": {"interactive_ahead": "off"},
     "over-cap interactive: queue": {"interactive_ahead": "queue"},
+    "over-cap interactive: guarded": {"interactive_ahead": "guarded"},
     "never preempt": {"max_preemptions": 0},
 }
 _TRACE: dict[str, Any] = {}
