@@ -110,6 +110,9 @@ class Agent:
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lease_name = f"agent:{rms}"
         self._lease_until = 0.0
+        self.anchors: dict[str, float] = {}
+        """The vjob policy's guard: each protected job's first reserved start, carried between
+        ticks so repeated preemptions cannot push it back by the slack each time."""
         self.notify = Notifier()
         """systemd's watchdog (Type=notify units): pinged after every tick and while waiting."""
 
@@ -209,7 +212,9 @@ class Agent:
             knob=self.adapter.abilities.priority,
             checkpointable=self._checkpointable(obs),
             sleeping=obs.sleeping,
+            anchors=self.anchors,
         )
+        self.anchors = dict(decision.anchors)  # the guard's slack counts from the first reservation
         report.decision = decision
         act.apply_priorities(self, decision)
         if decision.waiting_interactive:

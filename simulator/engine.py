@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from preemption.scheduling.easy import backfill_arrays, backfill_leading, reservation
-from preemption.scheduling.guard import keeps_reservation
+from preemption.scheduling.guard import keeps_reservation, returning
 from preemption.scheduling.policies import (
     blocks_behind_interactive,
     check_cap_mode,
@@ -160,6 +160,10 @@ class Simulation:
         self.hard_cap = check_cap_mode(cap_mode) == "hard"
         self._guard = -1
         self._anchors: dict[int, float] = {}
+        self._returning: list[tuple[float, int]] = []
+        """vjob: this pass's victims as they will hold nodes again (guard.returning)."""
+        self._covered: list[tuple[float, int]] = []
+        """vjob: the holds those returns stand for (tick._Pass.covered)."""
         """vjob: each guarded job's reserved start when first checked (guard.keeps_reservation)."""
         """vjob: the first job of the pass's order that is not a privileged interactive job."""
         self.blocking = blocks_behind_interactive(policy)
@@ -376,6 +380,8 @@ class Simulation:
 
     # -- one scheduling pass ----------------------------------------------------------------
     def _schedule(self, now: float) -> None:
+        self._returning = []
+        self._covered = []
         arrived = np.array(self.arrived, dtype=np.int64) if self.arrived else _NO_NODES
         if arrived.shape[0]:
             self._qlen = queue_append(self._qjobs, self._qrows, self._qlen, self.cols, arrived)
@@ -693,7 +699,11 @@ class Simulation:
             self._pending_release[key] = rest
             self._hold((1, key), done_at, int(rest.shape[0]))
             self._push(done_at, RELEASE, key)
+            if self.by_cost and self._guard >= 0:
+                self._covered.append((done_at, int(rest.shape[0])))
         self._start(j, now, True, nodes=take, ready=ready)
+        if self.by_cost and self._guard >= 0:  # its nodes are the victims' (their return)
+            self._covered.append(self.holds[(0, j)])
         return True
 
     def _keeps_guard(self, j: int, now: float, victims: list[int], taken_free: int) -> bool:
@@ -703,18 +713,26 @@ class Simulation:
         ready = now
         for v in victims:
             ready = max(ready, now + self.ckpt_s[v])
+        gone = [(*self.holds[(0, v)], self.ckpt_s[v]) for v in victims]
+        held = list(self._held)
+        for hold in self._covered:
+            held.remove(hold)
         ok, now_reserved = keeps_reservation(
             now,
             self.free,
             self.need[self._guard],
-            self._held,
-            [(*self.holds[(0, v)], self.ckpt_s[v]) for v in victims],
+            [*held, *self._returning],
+            gone,
             taken_free,
             ready + self.est_left[j],
             self.head_slack_s,
             self._anchors.get(self._guard),
         )
         self._anchors.setdefault(self._guard, now_reserved)
+        if ok and victims:
+            self._returning += returning(now, gone, ready + self.est_left[j])
+            if taken_free:
+                self._returning.append((ready + self.est_left[j], taken_free))
         return ok
 
     def _checkpoint(self, v: int, now: float) -> np.ndarray:

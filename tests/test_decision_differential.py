@@ -6,7 +6,8 @@ simulator runs the same pass over arrays with compiled hot paths (simulator/engi
 backfill_leading; simulator/node_pool.py). Here hypothesis draws a few hundred small cluster
 states — a handful of nodes on one to three OS images, running batch and interactive jobs,
 pending jobs of both classes, checkpointed jobs waiting to resume, per-user usage, user and
-account targets, caps, weights, policies, backfill depths — puts each into a Simulation and
+account targets, caps, weights, policies (vjob with its `[scheduling]` variants, both cap
+modes), backfill depths — puts each into a Simulation and
 into a ClusterView, runs one pass of each, and asks for:
 
 * the same jobs started, in the same order, on the same nodes;
@@ -418,3 +419,32 @@ def test_targets_change_the_shared_and_the_simulated_priorities_alike() -> None:
     assert targeted["1"] > equal["1"] and targeted["0"] < equal["0"]
     assert dict(run_decision(base).priorities) == targeted
     assert math.isclose(targeted["1"] - targeted["0"], 0.07 * 0.8 / 2, abs_tol=1e-12)
+
+
+def test_vjob_backfills_over_cap_interactive_jobs_first_both_ways() -> None:
+    """`interactive_ahead = "backfill"`: with room for one more job behind the head and a
+    window of one, the over-cap interactive job is the one looked at (random states rarely
+    reach this, so it is fixed here); with "off" the earlier batch job is."""
+    jobs = [
+        SimJob(submit=0.0, nodes=2, interactive=False, user=0, os=0, memory_mb=512, estimate=500_000.0,
+               state="running", alloc=(0, 1), start=10.0),
+        SimJob(submit=10.0, nodes=4, interactive=False, user=0, os=0, memory_mb=512, estimate=9000.0, state="pending"),
+        SimJob(submit=20.0, nodes=2, interactive=False, user=0, os=0, memory_mb=512, estimate=100.0, state="pending"),
+        SimJob(submit=30.0, nodes=2, interactive=True, user=0, os=0, memory_mb=512, estimate=100.0, state="pending"),
+    ]  # fmt: skip
+    for ahead, started in (("backfill", ["3"]), ("off", ["2"])):
+        s = State(
+            nodes_os=[0, 0, 0, 0],
+            images=1,
+            jobs=jobs,
+            queue=[1, 2, 3],
+            accounts=[-1],
+            usage=[0.0],
+            cfg=PriorityConfig(interactive_cap=0.0),
+            policy="vjob",
+            model=ClusterModel(nodes=4, os_count=1, backfill_depth=1),
+            full_rank=False,
+            scheduling=SchedulingConfig(interactive_ahead=ahead),
+        )
+        assert list(run_decision(s).starts) == started
+        assert_same(s)

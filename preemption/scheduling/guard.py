@@ -12,7 +12,9 @@ The model of "after", deliberately pessimistic: each victim holds its nodes agai
 end of the interactive job's estimate, for what its estimate had left plus a remote resume
 (2 × its checkpoint time); the free nodes the interactive job takes are held until its
 estimated end. Victims resume before the guard (`policies.vjob_order`), so this is what the
-guard really waits for.
+guard really waits for. The victims of earlier preemptions of the same pass are counted
+with their return (`returning`) in `holds`, before and after, so that several preemptions in
+one pass cannot each see the others' victims vanish.
 """
 
 from __future__ import annotations
@@ -21,6 +23,14 @@ import math
 from collections.abc import Iterable, Sequence
 
 from preemption.scheduling.easy import reservation
+
+
+def returning(now: float, victims: Sequence[tuple[float, int, float]], preemptor_end: float) -> list[tuple[float, int]]:
+    """The pessimistic return of `victims` ((their hold's end, nodes, checkpoint seconds)):
+    each holds its nodes again until its estimated end, delayed by the preemptor's estimate
+    and a remote resume (2 × its checkpoint)."""
+    delay = preemptor_end - now
+    return [(end + delay + 2.0 * ckpt_s, nodes) for end, nodes, ckpt_s in victims]
 
 
 def keeps_reservation(
@@ -48,10 +58,9 @@ def keeps_reservation(
     before, _ = reservation(now, free, need, held)
     if math.isinf(before):
         return True, before
-    delay = preemptor_end - now
-    for end, nodes, ckpt_s in victims:
+    for end, nodes, _ in victims:
         held.remove((end, nodes))
-        held.append((end + delay + 2.0 * ckpt_s, nodes))
+    held += returning(now, victims, preemptor_end)
     if taken_free:
         held.append((preemptor_end, taken_free))
     after, _ = reservation(now, free - taken_free, need, held)

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from preemption.scheduling.easy import backfill, reservation
-from preemption.scheduling.guard import keeps_reservation
+from preemption.scheduling.guard import keeps_reservation, returning
 from preemption.scheduling.nodes import pick_nodes, preemptor_nodes, swaps
 from preemption.scheduling.policies import (
     blocks_behind_interactive,
@@ -274,6 +274,12 @@ class _Pass:
         self.guarded = self.by_cost and self.interactive_ahead == "guarded"
         self.anchors: dict[str, float] = {}
         """vjob: the guard's reserved start when first checked (`guard.keeps_reservation`)."""
+        self.returning: list[tuple[float, int]] = []
+        """vjob: this pass's victims as they will hold nodes again (`guard.returning`), and the
+        free nodes their preemptors took, until the preemptors' estimated ends."""
+        self.covered: list[tuple[float, int]] = []
+        """vjob: the holds the returns above stand for (preemptors' runs, victims' checkpoint
+        writes), left out of the guard's reservation so that no node is counted twice."""
         self.guard: Job | None = None
         """vjob: the first batch job of the queue order (see `guard.keeps_reservation`)."""
         self.bill_victims = bill_victims
@@ -405,7 +411,11 @@ class _Pass:
             self.checkpointing[v] = busy
             if busy:
                 self.holds[("checkpoint", v)] = (done_at, len(busy))
+                if self.by_cost and self.guard is not None:
+                    self.covered.append((done_at, len(busy)))
         self.start(job, True, nodes=take, ready=ready)
+        if self.by_cost and self.guard is not None:  # its nodes are the victims' (their return)
+            self.covered.append(self.holds[("run", job.id)])
         return Preemption(job.id, victims, take, sum(c.checkpoint_bytes for c in chosen))
 
     def keeps_guard(self, job: Job, victims: Sequence[str], taken_free: int) -> bool:
@@ -416,18 +426,26 @@ class _Pass:
         ready = self.now
         for v in victims:
             ready = max(ready, self.now + self.costs.checkpoint_s(self.jobs[v]))
+        gone = [(*self.holds[("run", v)], self.costs.checkpoint_s(self.jobs[v])) for v in victims]
+        held = list(self.holds.values())
+        for hold in self.covered:
+            held.remove(hold)
         ok, now_reserved = keeps_reservation(
             self.now,
             self.free_count(),
             self.guard.nodes,
-            self.holds.values(),
-            [(*self.holds[("run", v)], self.costs.checkpoint_s(self.jobs[v])) for v in victims],
+            [*held, *self.returning],
+            gone,
             taken_free,
             ready + _estimate(job),
             self.head_slack_s,
             self.anchors.get(self.guard.id),
         )
         self.anchors.setdefault(self.guard.id, now_reserved)
+        if ok and victims:
+            self.returning += returning(self.now, gone, ready + _estimate(job))
+            if taken_free:
+                self.returning.append((ready + _estimate(job), taken_free))
         return ok
 
     def _nodes_of(self, job: Job) -> tuple[str, ...]:
