@@ -8,7 +8,6 @@ import argparse
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -36,16 +35,25 @@ def test_top_level_help_lists_every_command_and_imports_none() -> None:
         assert f"    {name} " in r.stdout, name
 
 
-def test_top_level_help_is_fast() -> None:
-    """Goal < 0.3 s on an idle machine; asserted loosely (the CI machine is shared)."""
-    best = min(_timed([sys.executable, "-m", "vjob.cli", "--help"]) for _ in range(3))
-    assert best < 1.0, f"vjob --help took {best:.2f} s"
-
-
-def _timed(cmd: list[str]) -> float:
-    t0 = time.perf_counter()
-    subprocess.run(cmd, capture_output=True, timeout=60, check=True, cwd=REPO)
-    return time.perf_counter() - t0
+def test_top_level_help_imports_no_command_module() -> None:
+    """Why `vjob --help` is fast (0.22–0.24 s measured; bench/cli_help.py times it): it lists
+    the commands from the registry and imports none of their modules, nor a heavy dependency.
+    A structural check, not a timed one: the CI machine is shared."""
+    probe = (
+        "import sys, contextlib, io\n"
+        "from vjob.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    try:\n"
+        "        main(['--help'])\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "print(' '.join(sorted(sys.modules)))\n"
+    )
+    loaded = set(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                                check=True, cwd=REPO).stdout.split())  # fmt: skip
+    heavy = {"libvirt", "ortools", "numba", "matplotlib", "sqlalchemy", "numpy"}
+    commands = {"agent", "simulator", "saline_bew", "preemption", "provisioning", "devkit", "ubis_priority"}
+    assert {m.split(".")[0] for m in loaded} & (heavy | commands) == set()
 
 
 @pytest.mark.parametrize(
