@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from plugins.oar.client import JOB_ID as OAR_JOB_ID
+from plugins.oar.client import USER, WALLTIME
 from vjob.errors import InputError
 
 KEY = re.compile(r"be[0-9a-f]{10}")
@@ -20,11 +22,8 @@ KEY = re.compile(r"be[0-9a-f]{10}")
 LABEL = re.compile(r"s[0-9]{1,20}")
 """A snapshot label: `s` + the milliseconds it was taken at."""
 SITE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
-USER = re.compile(r"[a-z_][a-z0-9_.-]{0,31}")
 IMAGE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")
 HOST = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,252}")
-OAR_JOB_ID = re.compile(r"[0-9]{1,12}")
-WALLTIME = re.compile(r"\d{1,4}(:\d{1,2}){0,2}")
 PHASES = ("submitted", "running", "killed", "done", "failed", "cancelled")
 MAX_WORDS = 256
 MAX_WORD = 4096

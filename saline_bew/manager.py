@@ -125,43 +125,34 @@ class Manager:
             raise InputError("command: missing (vjob besteffort submit [options] -- COMMAND ...)")
         grammar.word("user", user, grammar.USER)
         grammar.command(command)
-        if isinstance(vm_count, bool) or not isinstance(vm_count, int) or not 1 <= vm_count <= grammar.MAX_VMS:
-            raise InputError(f"vms = {grammar.short(vm_count)}: must be between 1 and 254 (one subnet)")
+        grammar.number("vms", vm_count, 1, grammar.MAX_VMS)
         grammar.number("vcpus", vcpus, 1, grammar.MAX_VCPUS)
         grammar.number("memory", memory_mb, 1, grammar.MAX_MEMORY_MB)
         walltime = walltime or self.cfg.default_walltime
-        if not isinstance(walltime, str) or not grammar.WALLTIME.fullmatch(walltime):
-            raise InputError(f"walltime = {grammar.short(walltime)}: must be H[:MM[:SS]]")
+        grammar.word("walltime", walltime, grammar.WALLTIME)
         if site is not None and site not in self.sites:
             raise InputError(f"site = {grammar.short(site)}: not a configured site ({', '.join(self.sites)})")
         grammar.word("image", image, grammar.IMAGE)
         with self._lock:
-            self.vms.image(image)
             chosen = site or self._choose_site(vm_count * vcpus, prefer=None)
-            key = f"be{uuid.uuid4().hex[:10]}"
-            job = journal.create(
-                self.store,
-                key=key,
-                user=user,
-                image=image,
-                command=command,
-                vm_count=vm_count,
-                vcpus=vcpus,
-                memory_mb=memory_mb,
-                walltime=walltime,
-                site=chosen,
-            )
-            if not self._lease(key):  # a brand-new key: nobody else can hold it
-                raise VjobError(f"best-effort vjob {key}: could not take its lease")
-            identity.assign(
-                self.store,
-                site=chosen,
-                job_key=key,
-                vm_names=job.vm_names,
-                mac_prefix=self.cfg.mac_prefix,
-                network=self.cfg.network,
-            )
+            job = self._create(user, image, command, vm_count, vcpus, memory_mb, walltime, chosen)
             return self._submit_oar(job, chosen)
+
+    def _create(
+        self, user: str, image: str, command: list[str], vm_count: int, vcpus: int, memory_mb: int, walltime: str,
+        site: str,
+    ) -> SalineJob:  # fmt: skip
+        """The vjob's record, its lease and its network identities: what submit and admit share
+        (their inputs are checked by then)."""
+        self.vms.image(image)
+        key = f"be{uuid.uuid4().hex[:10]}"
+        job = journal.create(self.store, key=key, user=user, image=image, command=command, vm_count=vm_count,
+                             vcpus=vcpus, memory_mb=memory_mb, walltime=walltime, site=site)  # fmt: skip
+        if not self._lease(key):  # a brand-new key: nobody else can hold it
+            raise VjobError(f"best-effort vjob {key}: could not take its lease")
+        identity.assign(self.store, site=site, job_key=key, vm_names=job.vm_names, mac_prefix=self.cfg.mac_prefix,
+                        network=self.cfg.network)  # fmt: skip
+        return job
 
     def admit(
         self,
@@ -186,30 +177,8 @@ class Manager:
         if site not in self.sites:
             raise InputError(f"site = {grammar.short(site)}: not a configured site ({', '.join(self.sites)})")
         with self._lock:
-            self.vms.image(image)
-            key = f"be{uuid.uuid4().hex[:10]}"
-            job = journal.create(
-                self.store,
-                key=key,
-                user=user,
-                image=image,
-                command=command,
-                vm_count=vm_count,
-                vcpus=1,
-                memory_mb=128,
-                walltime=walltime,
-                site=site,
-            )
-            if not self._lease(key):
-                raise VjobError(f"best-effort vjob {key}: could not take its lease")
-            identity.assign(
-                self.store,
-                site=site,
-                job_key=key,
-                vm_names=job.vm_names,
-                mac_prefix=self.cfg.mac_prefix,
-                network=self.cfg.network,
-            )
+            job = self._create(user, image, command, vm_count, 1, 128, walltime, site)
+            key = job.key
             job = self._record(key, phases.ADMITTED, {"site": site, "by": "oar admission rule"})
             _log.info("vjob admitted by OAR's admission rule", jobs=[key], site=site, user=user)
             return job, self._request(job, self._site(site))

@@ -29,13 +29,13 @@ from vjob.secrets import mask_url
 
 # Every grammar is applied with re.fullmatch: `$` would accept a trailing newline, and a
 # newline in a word handed to oarsub adds a second command to the line OAR runs in a shell.
-_USER = re.compile(r"[a-z_][a-z0-9_.-]{0,31}")
-_JOB_ID = re.compile(r"[0-9]{1,12}")
+USER = re.compile(r"[a-z_][a-z0-9_.-]{0,31}")
+JOB_ID = re.compile(r"[0-9]{1,12}")
 _RESOURCE = re.compile(r"[A-Za-z0-9_/=,:{}' .-]{1,512}")
 _PROPERTIES = re.compile(r"[A-Za-z0-9_=<>!' ().,-]{0,1024}")
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _WORD = re.compile(r"[A-Za-z0-9_/.=:,+@%-]{1,1024}")
-_WALLTIME = re.compile(r"\d{1,4}(:\d{1,2}){0,2}")
+WALLTIME = re.compile(r"\d{1,4}(:\d{1,2}){0,2}")
 _JOB_ID_LINE = re.compile(r"OAR_JOB_ID=(\d+)")
 PAGE = 500
 """Items asked per page of an API collection (OAR's own default page size)."""
@@ -51,13 +51,13 @@ class OarUnavailable(CommandError):
 
 
 def check_user(user: str) -> str:
-    if not isinstance(user, str) or not _USER.fullmatch(user):
+    if not isinstance(user, str) or not USER.fullmatch(user):
         raise InputError(f"user = {_short(user)}: not a valid login name")
     return user
 
 
 def check_job_id(job_id: str) -> str:
-    if not _JOB_ID.fullmatch(str(job_id)):
+    if not JOB_ID.fullmatch(str(job_id)):
         raise InputError(f"OAR job id = {_short(job_id)}: must be a number")
     return str(job_id)
 
@@ -91,7 +91,7 @@ class SubmitRequest:
                 raise InputError(f"command[{i}] = {_short(word)}: only plain words (no spaces or shell characters)")
         if not isinstance(self.resource, str) or not _RESOURCE.fullmatch(self.resource):
             raise InputError(f"resource = {_short(self.resource)}: not an OAR resource request like /nodes=1/core=2")
-        if not isinstance(self.walltime, str) or not _WALLTIME.fullmatch(self.walltime):
+        if not isinstance(self.walltime, str) or not WALLTIME.fullmatch(self.walltime):
             raise InputError(f"walltime = {_short(self.walltime)}: must be H[:MM[:SS]]")
         if self.name and (not isinstance(self.name, str) or not _NAME.fullmatch(self.name)):
             raise InputError(f"name = {_short(self.name)}: letters, digits, '_', '.', '-' only (at most 64)")
