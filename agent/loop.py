@@ -110,6 +110,8 @@ class Agent:
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lease_name = f"agent:{rms}"
         self._lease_until = 0.0
+        self.recorded_vms: dict[str, tuple[str, str]] = {}
+        """job id → (node, image) this agent last wrote to the store (agent.observe)."""
         self.anchors: dict[str, float] = {}
         """The vjob policy's guard: each protected job's first reserved start, carried between
         ticks so repeated preemptions cannot push it back by the slack each time."""

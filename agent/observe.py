@@ -138,7 +138,12 @@ def _remember_vms(agent: Agent, store: Store, rms_jobs: Sequence[Job], pilots: d
     """Record in the store which VM runs where for each running vjob, as the RMS confirms it.
 
     The pilot's word for its node is kept only when the RMS allocated that node to the job; the
-    VM's name is derived from the job id. Later clean-ups delete only what is recorded here."""
+    VM's name is derived from the job id. Later clean-ups delete only what is recorded here.
+    Written once per placement (the agent remembers what it recorded), not every tick: this runs
+    for every running vjob of the cluster."""
+    recorded = agent.recorded_vms
+    for gone in set(recorded) - {j.id for j in rms_jobs}:
+        del recorded[gone]
     for job in rms_jobs:
         st = pilots.get(job.id)
         if job.state is not JobState.RUNNING or st is None or st.state is not PilotState.RUNNING:
@@ -146,10 +151,13 @@ def _remember_vms(agent: Agent, store: Store, rms_jobs: Sequence[Job], pilots: d
         if job.allocated_nodes and st.node not in job.allocated_nodes:
             agent.log.warning("pilot claims a node the RMS did not allocate", jobs=[job.id], node=st.node)
             continue
+        if recorded.get(job.id) == (st.node, st.image):
+            continue
         try:
             store_vms.remember(store, agent.rms, job, vm=st.vm, node=st.node, image=st.image, memory_mb=st.memory_mb)
             if st.image:  # the node now carries this OS (UBIS's N_availableOS), docs/realjobs.md
                 record_node_image(store, st.node, st.image)
+            recorded[job.id] = (st.node, st.image)
         except InputError as exc:
             agent.log.warning("VM not recorded", jobs=[job.id[:64]], error=str(exc))
 
