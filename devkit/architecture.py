@@ -44,7 +44,7 @@ SAME_LAYER_FORBIDDEN: frozenset[tuple[str, str]] = frozenset(
     }
 )
 
-HEAVY = ("libvirt", "ortools", "numba", "matplotlib")
+HEAVY = ("libvirt", "ortools", "numba", "matplotlib", "optuna")
 """Optional heavy dependencies: the only reason an import may sit inside a function."""
 
 

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 from alembic import context
 
-from vjob.store.db import make_engine
+from vjob.store.db import VERSION_TABLE, make_engine
 from vjob.store.schema import Base
 
 config = context.config
 target_metadata = Base.metadata
+
+
+def _ours(name: str | None, type_: str, _parent: dict[str, str | None]) -> bool:
+    """Autogenerate compares vjob's tables only: the database may also hold an Optuna study."""
+    return type_ != "table" or name in target_metadata.tables
 
 
 def run_migrations_offline() -> None:
@@ -17,6 +22,8 @@ def run_migrations_offline() -> None:
         target_metadata=target_metadata,
         literal_binds=True,
         render_as_batch=True,
+        version_table=VERSION_TABLE,
+        include_name=_ours,
     )
     with context.begin_transaction():
         context.run_migrations()
@@ -32,6 +39,8 @@ def run_migrations_online() -> None:
             target_metadata=target_metadata,
             render_as_batch=connection.dialect.name == "sqlite",
             compare_type=True,
+            version_table=VERSION_TABLE,
+            include_name=_ours,
         )
         with context.begin_transaction():
             context.run_migrations()

@@ -26,7 +26,7 @@ METRICS: dict[str, tuple[str, str]] = {
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 """Student's t quantile (0.975) per degrees of freedom, for the 95 % interval of a mean over a
 few seeds (beyond 10 degrees of freedom 2.0 is within 10 %)."""
-KEYS = ("policy", "interactive_frac", "interactive_mean_size", "interactive_cap", "cap_mode")
+KEYS = ("policy", "interactive_frac", "interactive_mean_size", "interactive_cap", "cap_mode", "weights")
 """What identifies a cell of the grid; rows differing only by seed are averaged."""
 
 COLUMNS = (
@@ -36,6 +36,7 @@ COLUMNS = (
     "interactive_frac",
     "interactive_mean_size",
     "interactive_cap",
+    "weights",
     "jobs",
     "makespan_s",
     "throughput_jobs_per_hour",
@@ -65,6 +66,7 @@ def flatten(doc: dict[str, Any]) -> dict[str, Any]:
             total += stats["count"]
             weighted += stats["count"] * stats["mean_response_s"]
     row["mean_response_s"] = weighted / total if total else None
+    row["interactive_admitted_mean_wait_s"] = (doc.get("interactive_admitted") or {}).get("mean_wait_s")
     for size, stats in doc.get("batch_by_size", {}).items():
         for key in ("count", "mean_wait_s", "mean_response_s", "max_wait_s"):
             row[f"batch_{size}_{key}"] = stats.get(key)
@@ -113,7 +115,8 @@ def write_sweep(docs: list[dict[str, Any]], out: Path, plots: bool = True) -> li
     rows = sorted(
         (flatten(d) for d in docs),
         key=lambda r: (
-            r["interactive_frac"], r["interactive_mean_size"], r["interactive_cap"], r["policy"], r.get("seed") or 0,
+            r["interactive_frac"], r["interactive_mean_size"], r["interactive_cap"], r["policy"],
+            r.get("weights") or "", r.get("seed") or 0,
         ),
     )  # fmt: skip
     means = aggregate(rows)
@@ -138,12 +141,12 @@ def plot_metric(rows: list[dict[str, Any]], name: str, key: str, label: str, out
 
     fracs = sorted({r["interactive_frac"] for r in rows})
     sizes = sorted({r["interactive_mean_size"] for r in rows})
-    series = sorted({(r["policy"], r["interactive_cap"]) for r in rows})
+    series = sorted({(r["policy"], r["interactive_cap"], r.get("weights") or "") for r in rows})
     fig, axes = plt.subplots(1, len(fracs), figsize=(4.2 * len(fracs), 3.6), squeeze=False)
     width = 0.8 / max(len(series), 1)
     for ax, frac in zip(axes[0], fracs, strict=True):
         x = np.arange(len(sizes))
-        for k, (policy, cap) in enumerate(series):
+        for k, (policy, cap, weights) in enumerate(series):
             heights, errors = [], []
             for size in sizes:
                 match = [
@@ -153,10 +156,12 @@ def plot_metric(rows: list[dict[str, Any]], name: str, key: str, label: str, out
                     and r["interactive_mean_size"] == size
                     and r["policy"] == policy
                     and r["interactive_cap"] == cap
+                    and (r.get("weights") or "") == weights
                 ]
                 heights.append(_value(match[0], key) if match else float("nan"))
                 errors.append(_value(match[0], key + "_ci95") if match else float("nan"))
-            ax.bar(x + k * width - 0.4 + width / 2, heights, width, yerr=errors, label=f"{policy}, cap {cap:g}")
+            name_ = f"{policy}, cap {cap:g}" + (f", {weights}" if weights else "")
+            ax.bar(x + k * width - 0.4 + width / 2, heights, width, yerr=errors, label=name_)
         ax.set_xticks(x, [f"{s:g}" for s in sizes])
         ax.set(title=f"{frac:.0%} interactive", xlabel="mean interactive size (nodes)")
     axes[0][0].set_ylabel(label)

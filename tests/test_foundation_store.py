@@ -13,7 +13,7 @@ from sqlalchemy import inspect, text
 from vjob.errors import ExhaustedError, SchemaOutdatedError, SchemaTooNewError, StoreError
 from vjob.model import Job
 from vjob.store import identities, jobs
-from vjob.store.db import Store, head_revision
+from vjob.store.db import VERSION_TABLE, Store, head_revision
 from vjob.store.schema import Base
 
 TABLES = {
@@ -47,7 +47,7 @@ def test_upgrade_from_empty_and_downgrade_to_base(db_url: str) -> None:
 
 def test_models_and_migrations_agree(store: Store) -> None:
     with store.engine.connect() as conn:
-        ctx = MigrationContext.configure(conn, opts={"compare_type": True})
+        ctx = MigrationContext.configure(conn, opts={"compare_type": True, "version_table": VERSION_TABLE})
         diff = compare_metadata(ctx, Base.metadata)
     assert diff == []
 
@@ -65,7 +65,7 @@ def test_older_schema_says_run_upgrade(store: Store) -> None:
 
 def test_newer_schema_is_refused(store: Store) -> None:
     with store.engine.begin() as conn:
-        conn.execute(text("UPDATE alembic_version SET version_num = 'ffff_from_the_future'"))
+        conn.execute(text("UPDATE vjob_alembic_version SET version_num = 'ffff_from_the_future'"))
     with pytest.raises(SchemaTooNewError, match="newer than this vjob knows"):
         store.check()
 

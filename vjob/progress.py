@@ -88,6 +88,12 @@ class Progress:
             while self._next_pct <= pct:
                 self._next_pct += self.step_pct
 
+    def relabel(self, label: str) -> None:
+        """Say something new beside the count (e.g. the best result so far)."""
+        self.label = label
+        if self._rich is not None and self._task is not None:
+            self._rich.update(self._task, description=label)
+
     def _line(self) -> None:
         elapsed = time.monotonic() - self._started
         pct = 100.0 * self.done / self.total if self.total else 100.0

@@ -47,6 +47,7 @@ COMMANDS: dict[str, Command] = {
     "prio": Command("agent.prio_cmd", "UBIS priorities of pending jobs, per term (like sprio)"),
     "simulate": Command("simulator.cli", "replay a workload trace under a scheduling policy", "sim"),
     "trace": Command("simulator.cli", "generate and inspect workload traces", "sim"),
+    "tune": Command("simulator.tune.cli", "find the weights for a site's workload (multi-objective search)", "tune"),
     "image": Command("provisioning.cli", "OS image catalogue and distribution", "vm"),
     "vm": Command("provisioning.cli", "inspect and operate job VMs (debugging)", "vm"),
     "plan": Command("preemption.cli", "plan a cluster-wide context switch (CP-SAT needs the planner extra)"),

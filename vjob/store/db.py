@@ -18,7 +18,7 @@ from alembic import command
 from alembic.config import Config as AlembicConfig
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import (
     ArgumentError,
@@ -45,6 +45,13 @@ CONNECTION_ERRORS: tuple[type[Exception], ...] = (
     PoolTimeoutError,
     PendingRollbackError,
 )
+
+
+VERSION_TABLE = "vjob_alembic_version"
+"""vjob's own Alembic version table. Alembic's default, `alembic_version`, is also Optuna's
+(a `vjob tune` study kept in the same database): whichever came first broke the other."""
+LEGACY_VERSION_TABLE = "alembic_version"
+"""Where vjob before issue 18 kept its revision; `vjob db upgrade` moves it to VERSION_TABLE."""
 
 
 def now() -> float:
@@ -143,7 +150,16 @@ class Store:
         """The revision the database is at (None when empty); raises StoreError if unreachable."""
         try:
             with self.engine.connect() as conn:
-                return MigrationContext.configure(conn).get_current_revision()
+                return MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE}).get_current_revision()
+        except CONNECTION_ERRORS as exc:
+            raise StoreError(f"database {self.safe_url} is unreachable: {self._reason(exc)}") from None
+
+    def legacy_revision(self) -> str | None:
+        """vjob's revision still in the shared `alembic_version` table (an install from before
+        VERSION_TABLE), or None; another tool's revision there (Optuna's) is not vjob's."""
+        try:
+            with self.engine.connect() as conn:
+                return _legacy_revision(conn)
         except CONNECTION_ERRORS as exc:
             raise StoreError(f"database {self.safe_url} is unreachable: {self._reason(exc)}") from None
 
@@ -155,6 +171,12 @@ class Store:
             return current
         script = ScriptDirectory.from_config(_alembic_config(self.url))
         if current is None:
+            legacy = self.legacy_revision()
+            if legacy is not None:
+                raise SchemaOutdatedError(
+                    f"database {self.safe_url} keeps vjob's schema {legacy} in the shared table "
+                    f"{LEGACY_VERSION_TABLE}: run 'vjob db upgrade' (moves it to {VERSION_TABLE})"
+                )
             raise SchemaOutdatedError(f"database {self.safe_url} has no vjob schema: run 'vjob db upgrade'")
         known = {rev.revision for rev in script.walk_revisions()}
         if current not in known:
@@ -169,9 +191,29 @@ class Store:
     def upgrade(self, revision: str = "head") -> None:
         self.current_revision()  # reachability, with the clear error
         try:
+            self.adopt_legacy_version()
             command.upgrade(_alembic_config(self.url), revision)
         except CONNECTION_ERRORS as exc:  # cut mid-migration: Alembic ran it in one transaction
             raise StoreError(f"database {self.safe_url}: upgrade to {revision}: {self._reason(exc)}") from None
+
+    def adopt_legacy_version(self) -> str | None:
+        """Move vjob's revision from `alembic_version` to VERSION_TABLE, in one transaction, and
+        drop `alembic_version` when nothing else is left in it (so Optuna can create its own);
+        returns the moved revision (None: nothing to move)."""
+        script = ScriptDirectory.from_config(_alembic_config(self.url))
+        with self.engine.begin() as conn:
+            revision = _legacy_revision(conn)
+            if revision is None:
+                return None
+            ctx = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+            if ctx.get_current_revision() is not None:
+                return None  # already moved; a stale row in alembic_version is not ours to touch
+            ctx.stamp(script, revision)
+            conn.execute(text(f"DELETE FROM {LEGACY_VERSION_TABLE} WHERE version_num = :rev"), {"rev": revision})
+            left = conn.execute(text(f"SELECT COUNT(*) FROM {LEGACY_VERSION_TABLE}")).scalar_one()
+            if left == 0:
+                conn.execute(text(f"DROP TABLE {LEGACY_VERSION_TABLE}"))
+        return revision
 
     def downgrade(self, revision: str = "base") -> None:
         self.current_revision()
@@ -223,6 +265,15 @@ def open_store(config: Any, *, check: bool = True) -> Store:
     if check:
         store.check()
     return store
+
+
+def _legacy_revision(conn: Connection) -> str | None:
+    """The vjob revision in LEGACY_VERSION_TABLE (the first one this code knows), or None."""
+    if not inspect(conn).has_table(LEGACY_VERSION_TABLE):
+        return None
+    rows = conn.execute(text(f"SELECT version_num FROM {LEGACY_VERSION_TABLE}")).scalars().all()
+    known = {rev.revision for rev in ScriptDirectory.from_config(_alembic_config("sqlite://")).walk_revisions()}
+    return next((r for r in rows if r in known), None)
 
 
 def _first_line(exc: BaseException) -> str:

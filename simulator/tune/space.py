@@ -1,0 +1,166 @@
+"""The search space and the objectives of `vjob tune`, from [tune] and the command line.
+
+Why the bounds live in vjob.config (TUNE_BOUNDS) and not here: `vjob config check` must
+refuse an inverted range in vjob.toml before any study starts, with the key named.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from vjob.config import TUNE_BOUNDS, TUNE_OBJECTIVES, PriorityConfig, PriorityWeights, SchedulingConfig, TuneConfig
+from vjob.errors import InputError
+
+WEIGHTS = tuple(PriorityWeights.model_fields)
+"""w1..w7 in the paper's order, named as in [priority.weights]."""
+INTEGERS = frozenset({"max_preemptions"})
+
+MAXIMISED = frozenset({"utilization"})
+
+
+def weight_name(text: str) -> str:
+    """`w3` or `os_available` → `os_available`: the paper's numbering or the config's names."""
+    key = text.strip()
+    m = re.fullmatch(r"w([1-7])", key)
+    if m:
+        return WEIGHTS[int(m.group(1)) - 1]
+    if key in WEIGHTS:
+        return key
+    raise InputError(f"weight {key[:40]!r}: not a UBIS weight (w1..w7 or {', '.join(WEIGHTS)})")
+
+
+def objectives(text: str | None, cfg: TuneConfig) -> list[str]:
+    """--objectives (comma list) or [tune] objectives, checked, without repeats."""
+    names = [n.strip() for n in text.split(",")] if text is not None else list(cfg.objectives)
+    for name in names:
+        if name not in TUNE_OBJECTIVES:
+            raise InputError(f"--objectives: unknown objective {name[:40]!r} (known: {', '.join(TUNE_OBJECTIVES)})")
+    if not names or len(set(names)) != len(names):
+        raise InputError(f"--objectives = {text!r}: name each objective once, at least one")
+    return names
+
+
+def directions(names: list[str]) -> list[str]:
+    return ["maximize" if n in MAXIMISED else "minimize" for n in names]
+
+
+@dataclass(frozen=True)
+class Space:
+    """The parameters searched and their [low, high] ranges."""
+
+    bounds: dict[str, tuple[float, float]]
+
+    def suggest(self, trial: Any) -> dict[str, float]:
+        """One point of the space, asked of an Optuna trial."""
+        out: dict[str, float] = {}
+        for name, (low, high) in self.bounds.items():
+            if name in INTEGERS:
+                out[name] = float(trial.suggest_int(name, int(low), int(high)))
+            else:
+                out[name] = trial.suggest_float(name, low, high)
+        return out
+
+
+def space(search: str | None, bounds: str | None, cfg: TuneConfig) -> Space:
+    """--search / --bounds (flags) over [tune] search / bounds over the built-in ranges.
+
+    --bounds is `name=low:high,...`; a weight may be named w1..w7.
+    """
+    names = [_param(n) for n in search.split(",")] if search is not None else list(cfg.search)
+    if not names:
+        raise InputError("--search: name at least one parameter")
+    ranges = {name: tuple(TUNE_BOUNDS[name]) for name in TUNE_BOUNDS} | {k: tuple(v) for k, v in cfg.bounds.items()}
+    for part in (bounds or "").split(","):
+        if not part.strip():
+            continue
+        m = re.fullmatch(r"\s*([A-Za-z0-9_]+)\s*=\s*([-+0-9.eE]+)\s*:\s*([-+0-9.eE]+)\s*", part)
+        if not m:
+            raise InputError(f"--bounds {part[:60]!r}: expected name=low:high")
+        name = _param(m.group(1))
+        try:
+            low, high = float(m.group(2)), float(m.group(3))
+        except ValueError:
+            raise InputError(f"--bounds {part[:60]!r}: low and high must be numbers") from None
+        if not (math.isfinite(low) and math.isfinite(high)) or not low < high:
+            raise InputError(f"--bounds {name}={low:g}:{high:g}: bounds inverted or empty (need low < high)")
+        if low < TUNE_BOUNDS[name][0]:
+            raise InputError(f"--bounds {name}={low:g}:{high:g}: low must be >= {TUNE_BOUNDS[name][0]:g}")
+        ranges[name] = (low, high)
+    return Space({name: (float(ranges[name][0]), float(ranges[name][1])) for name in dict.fromkeys(names)})
+
+
+def _param(text: str) -> str:
+    key = text.strip()
+    if re.fullmatch(r"w[1-7]", key):
+        return weight_name(key)
+    if key not in TUNE_BOUNDS:
+        raise InputError(f"parameter {key[:40]!r}: not tunable (known: w1..w7, {', '.join(TUNE_BOUNDS)})")
+    return key
+
+
+def configs(
+    params: dict[str, float], priority: dict[str, Any], scheduling: dict[str, Any]
+) -> tuple[PriorityConfig, SchedulingConfig]:
+    """The [priority] and [scheduling] a point of the space stands for (others as given)."""
+    prio = dict(priority)
+    prio["weights"] = dict(prio.get("weights", {})) | {k: v for k, v in params.items() if k in WEIGHTS}
+    if "interactive_cap" in params:
+        prio["interactive_cap"] = params["interactive_cap"]
+    sched = dict(scheduling)
+    if "head_slack_s" in params:
+        sched["head_slack_s"] = params["head_slack_s"]
+    if "max_preemptions" in params:
+        sched["max_preemptions"] = int(params["max_preemptions"])
+    return PriorityConfig.model_validate(prio), SchedulingConfig.model_validate(sched)
+
+
+def measure(doc: dict[str, Any], name: str) -> float:
+    """Objective `name` from a run's summary (metrics.summary); NaN when the run has no such
+    jobs (then Optuna records the trial as failed rather than as a good score)."""
+    value: Any
+    if name == "utilization":
+        value = doc.get("utilization")
+    elif name == "large_batch_response":
+        value = doc.get("batch_by_size", {}).get("large", {}).get("mean_response_s")
+    else:
+        cls, what = name.split("_", 1)
+        key = {"response": "mean_response_s", "wait": "mean_wait_s", "slowdown": "mean_bounded_slowdown"}[what]
+        value = doc["by_class"].get(cls, {}).get(key)
+    return float(value) if value is not None else math.nan
+
+
+def weight_variants(options: list[str]) -> list[dict[str, float]]:
+    """`--weight w3=0.05,0.1,0.2 --weight w7=0.2,0.3` → every combination, as
+    [priority.weights] overrides ([{}] with no option): `vjob simulate --sweep` varies them."""
+    axes: dict[str, list[float]] = {}
+    for option in options:
+        m = re.fullmatch(r"\s*([A-Za-z0-9_]+)\s*=\s*(.+)", option)
+        if not m:
+            raise InputError(f"--weight {option[:60]!r}: expected NAME=V[,V...] (e.g. w3=0.05,0.1,0.2)")
+        name = weight_name(m.group(1))
+        values = []
+        for part in m.group(2).split(","):
+            try:
+                v = float(part)
+            except ValueError:
+                raise InputError(f"--weight {name} = {part.strip()[:30]!r}: not a number") from None
+            if not (v >= 0 and math.isfinite(v)):
+                raise InputError(f"--weight {name} = {v:g}: must be a finite number >= 0")
+            values.append(v)
+        if name in axes:
+            raise InputError(f"--weight {name}: given twice")
+        axes[name] = values
+    combos: list[dict[str, float]] = [{}]
+    for name, values in axes.items():
+        combos = [c | {name: v} for c in combos for v in values]
+    return combos
+
+
+def weights_label(weights: dict[str, float]) -> str:
+    """`w3=0.05 w7=0.3`: a sweep cell's weights, in the paper's numbering ("" = as configured)."""
+    return " ".join(
+        f"w{WEIGHTS.index(k) + 1}={v:g}" for k, v in sorted(weights.items(), key=lambda kv: WEIGHTS.index(kv[0]))
+    )
