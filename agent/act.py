@@ -94,9 +94,10 @@ def apply_priorities(agent: Agent, decision: Decision) -> None:
             agent.log.warning("could not set the priority", jobs=[job_id], error=str(exc))
 
 
-def preempt(agent: Agent, pre: Preemption, obs: Observation) -> list[str]:
+def preempt(agent: Agent, pre: Preemption, obs: Observation, *, reason: str = "") -> list[str]:
     """One context switch: the planner plans the victims' suspends, the executor carries the
-    plan out (journalling each action first), each suspend done by the VM's pilot."""
+    plan out (journalling each action first), each suspend done by the VM's pilot. `reason`
+    defaults to the interactive job's need; the deadline duty gives its own (checkpoint_vjob)."""
     t0 = time.monotonic()
     view, target = _vm_view(obs, set(pre.victims))
     plan = make_plan(
@@ -104,13 +105,32 @@ def preempt(agent: Agent, pre: Preemption, obs: Observation) -> list[str]:
         optimizer=agent.cfg.planner.optimizer,
         time_limit_s=min(agent.cfg.planner.time_limit_s, PLAN_TIME_LIMIT_S),
     )
-    reason = f"interactive job {pre.job_id} needs nodes {','.join(pre.nodes)}"
+    reason = reason or f"interactive job {pre.job_id} needs nodes {','.join(pre.nodes)}"
     agent.log.info("switch planned", jobs=[pre.job_id, *pre.victims], nodes=list(pre.nodes), cost=plan.cost)
     performer = PilotPerformer(agent, obs, reason)
     report = Executor(performer, agent.store(), job_key=lambda a: f"{agent.rms}:{a.vjob}").execute(plan, reason=reason)
     agent.metrics.switch_seconds.observe(time.monotonic() - t0)
     agent.log.info("switch finished", switch=report.switch_id, summary=report.summary(), jobs=performer.done)
     return performer.done
+
+
+def checkpoint_vjob(agent: Agent, job_id: str, obs: Observation, reason: str) -> bool:
+    """Checkpoint one running vjob through the preemption path (journal, pilot save,
+    requeue-hold; released later by the tick's releases) — for a reason other than an
+    interactive job, e.g. a deadline it is predicted to miss (agent.deadline). False when the
+    job has no pilot (a plain job: nothing to save); VjobError when its VM is not running on a
+    node the RMS gave it, or the save failed (the caller retries next tick)."""
+    if job_id not in obs.pilots:
+        return False
+    if job_id not in agent.checkpointable(obs):
+        raise VjobError(f"job {job_id}: its VM is not running on its allocated nodes; no checkpoint now")
+    if not agent.lease_valid() and not agent.hold_lease():
+        raise VjobError(f"job {job_id}: the agent lease is lost; no checkpoint")
+    job = obs.view.job(job_id)
+    pre = Preemption(job_id=job_id, victims=(job_id,), nodes=tuple(job.allocated_nodes), checkpoint_bytes=0.0)
+    if job_id not in preempt(agent, pre, obs, reason=reason):
+        raise VjobError(f"job {job_id}: checkpoint failed (see the switch in the journal)")
+    return True
 
 
 def _vm_view(obs: Observation, victims: set[str]) -> tuple[ClusterView, dict[str, VJobState]]:
@@ -264,6 +284,7 @@ __all__ = [
     "PilotPerformer",
     "apply_priorities",
     "charge_usage",
+    "checkpoint_vjob",
     "clean_up",
     "finish_checkpoint",
     "preempt",

@@ -31,7 +31,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent import act
+from agent import act, consolidate
+from agent.deadline import DeadlineKeeper
 from agent.metrics import AgentMetrics
 from agent.observe import Observation, observe
 from agent.recover import recover
@@ -117,6 +118,10 @@ class Agent:
         ticks so repeated preemptions cannot push it back by the slack each time."""
         self.notify = Notifier()
         """systemd's watchdog (Type=notify units): pinged after every tick and while waiting."""
+        self.control = consolidate.ControlState()
+        """The Entropy control loop's readings and last decision (`planner.interval_s`)."""
+        self.deadline = DeadlineKeeper(cfg, rms)
+        """X for the submit hooks and the running vjobs' x-factors (agent.deadline)."""
 
     # -- store ----------------------------------------------------------------------------
     def store(self) -> Store:
@@ -212,7 +217,7 @@ class Agent:
             obs.view,
             self.cfg,
             knob=self.adapter.abilities.priority,
-            checkpointable=self._checkpointable(obs),
+            checkpointable=self.checkpointable(obs),
             sleeping=obs.sleeping,
             anchors=self.anchors,
         )
@@ -221,6 +226,16 @@ class Agent:
         act.apply_priorities(self, decision)
         if decision.waiting_interactive:
             self.log.info("interactive jobs wait (cap or no victims)", jobs=list(decision.waiting_interactive))
+        if self.cfg.deadline.admission != "none":
+            try:
+                self.deadline.tick(
+                    obs.view,
+                    self.adapter,
+                    act=obs.store_ok,
+                    checkpoint=lambda j, why: self._deadline_checkpoint(obs, j, why, report, decision),
+                )
+            except VjobError as exc:  # never let the deadline duty stop the tick
+                self.log.error("deadline evaluation failed", error=str(exc))
         if not obs.store_ok:
             return report
         try:
@@ -231,6 +246,9 @@ class Agent:
             for rel in decision.releases:
                 if act.release(self, rel):
                     report.released.append(rel.job_id)
+            every = self.cfg.planner.interval_s
+            if every > 0 and not decision.preemptions and time.time() - self.control.last_step >= every:
+                consolidate.step(self, obs, self.control)  # re-plan from the measured demand
         except StoreError as exc:
             self.store_failed(exc)
             self._recovered = False  # the journal may hold a switch cut short: look again
@@ -253,7 +271,7 @@ class Agent:
             obs.view,
             self.cfg,
             knob=self.adapter.abilities.priority,
-            checkpointable=self._checkpointable(obs),
+            checkpointable=self.checkpointable(obs),
             sleeping=obs.sleeping,
         )
         self.log.info(
@@ -267,7 +285,20 @@ class Agent:
         self.metrics.last_tick.set(time.time())
         return report
 
-    def _checkpointable(self, obs: Observation) -> set[str]:
+    def _deadline_checkpoint(
+        self, obs: Observation, job_id: str, reason: str, report: TickReport, decision: Decision
+    ) -> bool:
+        """The deadline duty's checkpoint: the preemption path (agent.act.checkpoint_vjob). A
+        victim of this tick's preemptions is left to them (one save per VM; looked at again
+        next tick)."""
+        if any(job_id in pre.victims for pre in decision.preemptions):
+            raise VjobError(f"job {job_id}: checkpointed by this tick's preemption instead")
+        saved = act.checkpoint_vjob(self, job_id, obs, reason)
+        if saved:
+            report.checkpointed.append(job_id)
+        return saved
+
+    def checkpointable(self, obs: Observation) -> set[str]:
         """Running vjobs whose VM runs on a node the RMS allocated them — and none at all when
         the RMS cannot requeue a running job (the victim would have nowhere to go)."""
         if not self.adapter.abilities.requeue_hold:

@@ -11,6 +11,7 @@ import json
 import time
 from typing import Any
 
+from agent.deadline import STATUS_NAME
 from vjob.cli import load_config
 from vjob.errors import StoreError, VjobError
 from vjob.pilot_files import all_dirs, pilot_root
@@ -121,7 +122,29 @@ def collect(cfg: Any, rms: str, switches: int = 10, snapshots: int = 20) -> dict
                 "vjob_state": rec.vjob_state if rec else None,
             }
         )
+    out["deadline"] = read_deadline_status(cfg, out["errors"])
+    for v in out["vjobs"]:
+        v.update(out["deadline"]["jobs"].get(v["job"], {}))
     return out
+
+
+def read_deadline_status(cfg: Any, errors: list[str]) -> dict[str, Any]:
+    """The agent's last deadline evaluation (agent.deadline): X and each job's deadline, x and
+    predicted end. Missing file: no deadline policy ran; a broken one is a warning."""
+    path = cfg.data_path / STATUS_NAME
+    empty: dict[str, Any] = {"X": None, "admission": None, "failure_rate": None, "at": None, "jobs": {}}
+    try:
+        raw = path.read_bytes()[: 4 * 2**20]
+        doc = json.loads(raw)
+    except FileNotFoundError:
+        return empty
+    except (OSError, ValueError) as exc:
+        errors.append(f"{path}: unreadable deadline status: {exc}")
+        return empty
+    if not isinstance(doc, dict) or not isinstance(doc.get("jobs"), dict):
+        errors.append(f"{path}: not a deadline status object")
+        return empty
+    return empty | {k: doc[k] for k in empty if k in doc}
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -163,6 +186,18 @@ def _status(args: argparse.Namespace) -> int:
         snap.add_row(r["job"], r["vm"], r["kind"], r["node"], f"{r['size_bytes'] / 2**20:.1f} MiB", r["sha256"][:12],
                      taken, r["path"])  # fmt: skip
     console.print(snap)
+    dl = data["deadline"]
+    if dl["jobs"]:
+        dt = Table(title=f"deadlines (X = {dl['X']}, {dl['admission']}, failure rate {dl['failure_rate']})")
+        for col in ("job", "deadline", "x", "predicted end", "decision"):
+            dt.add_column(col)
+        for job_id, j in sorted(dl["jobs"].items()):
+            fmt = "%Y-%m-%d %H:%M:%S"
+            dt.add_row(job_id, time.strftime(fmt, time.localtime(j["deadline"])),
+                       "-" if j["x"] is None else f"{j['x']:.3f}",
+                       "-" if j["predicted_end"] is None else time.strftime(fmt, time.localtime(j["predicted_end"])),
+                       j["decision"])  # fmt: skip
+        console.print(dt)
     for err in data["errors"]:
         console.print(f"[yellow]warning:[/] {err}")
     return 0

@@ -205,6 +205,17 @@ def job_os(record: Record, properties: Iterable[str], conventions: Conventions) 
     return ""
 
 
+DEADLINE_VARIABLE = "VJOB_DEADLINE"
+_DEADLINE = re.compile(r"[0-9]{1,12}")
+
+
+def job_deadline(record: Record) -> float | None:
+    """The deadline the user gave (`qsub -v VJOB_DEADLINE=EPOCH`, what the queuejob hook checks),
+    or None: anything but plain digits is ignored, as the hook ignores it (docs/deadline.md)."""
+    text = str((record.get("Variable_List") or {}).get(DEADLINE_VARIABLE, "")).strip()
+    return float(text) if _DEADLINE.fullmatch(text) else None
+
+
 def job_state(record: Record, *, where: str) -> JobState:
     code = str(record.get("job_state", "")).strip()
     if code not in _JOB_STATES:
@@ -280,6 +291,7 @@ def to_job(record: Record, conventions: Conventions, *, source: str) -> Job:
         walltime=duration_s(str(walltime), where=f"{where}: Resource_List.walltime") if walltime else None,
         state=state,
         allocated_nodes=hosts if state in (JobState.RUNNING, JobState.SUSPENDED) else (),
+        deadline=job_deadline(record),
     )
 
 

@@ -9,7 +9,11 @@ One hook script, four events (install: deploy/pbs/README.md):
   image the site does not offer with a message qsub shows the user, and writes VJOB_CLASS /
   VJOB_OS into the job's Variable_List for the pilot. A VJOB_CLASS the user set (`-v`, `-V`)
   is overwritten, never obeyed (the adapter, too, derives the class again from `interactive`
-  and the queue): otherwise any batch job could claim interactive priority.
+  and the queue): otherwise any batch job could claim interactive priority. With
+  `deadline_threshold_file` set (the agent's `[deadline] threshold_file`), a job with a deadline
+  (`-v VJOB_DEADLINE=EPOCH`) and a walltime is refused when its x-factor is at or over the X
+  the agent publishes there, with the message job_submit.lua gives (docs/deadline.md); a
+  missing, malformed or stale file means no check (fail open).
 * runjob (server): logs the derived class and OS of every job PBS starts (the audit trail for
   the agent's decisions); it never refuses a start.
 * execjob_postsuspend (MoM, after `qsig -s suspend` or PBS's own suspend-preemption): runs
@@ -44,6 +48,7 @@ import os
 import re
 import socket
 import subprocess
+import time
 from typing import Any, Dict, List, Optional, Tuple
 
 import pbs
@@ -60,7 +65,17 @@ DEFAULTS = {
     "restore_command": [],
     "command_timeout_s": 240,
     "state_dir": "/var/spool/pbs/vjob",
+    "deadline_threshold_file": "",
 }
+# The threshold file (preemption.deadline.threshold_file, whose reader this mirrors): one line.
+THRESHOLD_LINE = re.compile(
+    r"x=(-?\d{1,3}(?:\.\d{1,9})?) slowdown=(\d{1,3}(?:\.\d{1,9})?) at=(\d{1,12})(?: stale=(\d{1,5}))?\n?"
+)
+THRESHOLD_MAX_BYTES = 256
+THRESHOLD_DEFAULT_STALE_S = 600
+THRESHOLD_MAX_STALE_S = 86400
+DEADLINE = re.compile(r"[0-9]{1,12}")
+WALLTIME = re.compile(r"(?:(?:([0-9]{1,6}):)?([0-9]{1,6}):)?([0-9]{1,9})")
 
 
 class Refused(Exception):
@@ -121,6 +136,57 @@ def classify(job: Any, cfg: Dict[str, Any]) -> Tuple[str, str]:
     return derived, image
 
 
+def load_threshold(path: str, now: float) -> Optional[Tuple[float, float]]:
+    """(X, slowdown) the agent published, or None (no check): missing, malformed, stale (older
+    than the file's own stale=) or from the future — the rules of job_submit.lua's reader."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(THRESHOLD_MAX_BYTES + 1)
+    except OSError:
+        return None
+    m = THRESHOLD_LINE.fullmatch(raw.decode("ascii", "replace")) if len(raw) <= THRESHOLD_MAX_BYTES else None
+    if not m:
+        return None
+    x, slowdown, at = float(m.group(1)), float(m.group(2)), int(m.group(3))
+    stale = int(m.group(4)) if m.group(4) else THRESHOLD_DEFAULT_STALE_S
+    if slowdown <= 0 or not 1 <= stale <= THRESHOLD_MAX_STALE_S or now - at > stale or at - now > 60:
+        return None
+    return x, slowdown
+
+
+def walltime_s(value: Any) -> Optional[int]:
+    """Seconds of a walltime given as [[H:]M:]S (PBS's duration), None when absent or odd."""
+    m = WALLTIME.fullmatch(_text(value))
+    if not m:
+        return None
+    hours, minutes, seconds = (int(g) if g else 0 for g in m.groups())
+    return hours * 3600 + minutes * 60 + seconds
+
+
+def check_deadline(job: Any, cfg: Dict[str, Any], now: float) -> Optional[str]:
+    """The refusal of a job that cannot be expected to meet its deadline, or None."""
+    path = cfg["deadline_threshold_file"]
+    deadline_text = _text(_variables(job).get("VJOB_DEADLINE"))
+    if not path or not DEADLINE.fullmatch(deadline_text) or job.Resource_List is None:
+        return None
+    limit = walltime_s(job.Resource_List["walltime"])
+    published = load_threshold(path, now)
+    if not limit or published is None:
+        return None
+    threshold, slowdown = published
+    remaining = limit * slowdown
+    left = int(deadline_text) - now
+    x = (remaining - left) / remaining
+    if x < threshold:
+        return None
+    return (
+        "vjob: refused: the job cannot be expected to meet its deadline: x = %.2f >= X = %.2f "
+        "(time limit %d min x VM slowdown %.2f = %.0f min to run, deadline in %.0f min); "
+        "ask for a later deadline or a shorter time limit"
+        % (x, threshold, limit // 60, slowdown, remaining / 60, left / 60)
+    )
+
+
 def queuejob(event: Any, cfg: Dict[str, Any]) -> Optional[str]:
     """Tag the job; the refusal message for the user, or None."""
     job = event.job
@@ -128,6 +194,13 @@ def queuejob(event: Any, cfg: Dict[str, Any]) -> Optional[str]:
         derived, image = classify(job, cfg)
     except Refused as exc:
         return "vjob: " + str(exc)
+    try:
+        refusal = check_deadline(job, cfg, time.time())
+    except Exception as exc:  # noqa: BLE001 - fail open: the deadline check must not stop queueing
+        pbs.logmsg(pbs.LOG_ERROR, "vjob hook: deadline check failed, job accepted: %s: %s" % (type(exc).__name__, exc))
+        refusal = None
+    if refusal:
+        return refusal
     variables = _variables(job)
     claimed = _text(variables.get("VJOB_CLASS"))
     if claimed and claimed.lower() != derived:

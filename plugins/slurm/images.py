@@ -72,6 +72,16 @@ def parse_tag(admin_comment: str) -> tuple[str, str] | None:
     return (match.group(1), match.group(2)) if match else None
 
 
+_TAG_DEADLINE = re.compile(r"vjob:class=[a-z]+,os=[A-Za-z0-9._-]*,deadline=(\d{1,12})(?![\d])")
+
+
+def parse_deadline_tag(admin_comment: str) -> float | None:
+    """The deadline (POSIX seconds) job_submit.lua recorded from `#VJOB deadline=` or
+    `--comment=vjob:deadline=`, or None."""
+    match = _TAG_DEADLINE.search(admin_comment or "")
+    return float(match.group(1)) if match else None
+
+
 def write_image_list(path: Path, names: Iterable[str]) -> None:
     """Write the names, validated and sorted, atomically; readable by slurmctld's user."""
     clean = sorted({check_image_name(str(n)) for n in names})

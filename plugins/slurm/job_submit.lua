@@ -21,12 +21,21 @@ What it does, in slurmctld, under the job lock -- so it only reads one small fil
     vjob-agent.wake next to this script, whose change the agent watches (vjob.agent), so that
     the agent checkpoints victims at once instead of at its next tick. The file must exist and
     be writable by SlurmUser (deploy/devcluster creates it; see docs/slurm-agent.md).
+  * deadline (docs/deadline.md): a job with a deadline (Slurm's own --deadline where this Slurm
+    shows it to Lua, else --comment=vjob:deadline=EPOCH or "#VJOB deadline=EPOCH") and a time
+    limit is refused when its x-factor x = (limit × slowdown − time to deadline) / (limit ×
+    slowdown) is at or over the X the agent publishes in vjob-deadline.threshold beside this
+    script; the message gives x, X and why. Missing, malformed or stale file (older than the
+    file's own stale=, the agent's [deadline] stale_after_s): no check (fail open).
 It fails open: if anything goes wrong inside (the list unreadable, the wake file missing or not
 writable, a bug), the job is accepted unchanged and the error is logged in slurmctld's log.
 A missing list accepts every valid name.
 ]]
 
 local LIST_NAME = "vjob-images.list"
+local THRESHOLD_NAME = "vjob-deadline.threshold" -- preemption.deadline.threshold_file
+local THRESHOLD_STALE_SECONDS = 600 -- for a file without "stale=" (the agent writes its [deadline] stale_after_s)
+local THRESHOLD_MAX_STALE = 86400 -- threshold_file.MAX_STALE_S
 local WAKE_NAME = "vjob-agent.wake" -- vjob.agent.SLURM_WAKE_NAME
 local WAKE_WARN_SECONDS = 600 -- a wake file that cannot be written is logged this seldom
 local CACHE_SECONDS = 2
@@ -75,6 +84,64 @@ end
 
 local LIST_PATH = here() .. "/" .. LIST_NAME
 local WAKE_PATH = here() .. "/" .. WAKE_NAME
+local THRESHOLD_PATH = here() .. "/" .. THRESHOLD_NAME
+
+-- The published threshold, or nil (no check) when missing, malformed, stale or from the future.
+local function load_threshold(now)
+   local f = io.open(THRESHOLD_PATH, "r")
+   if not f then return nil end
+   local line = f:read(256)
+   f:close()
+   if not line then return nil end
+   local x, slow, at, rest = line:match("^x=(%-?%d+%.?%d*) slowdown=(%d+%.?%d*) at=(%d+)(.-)\n?$")
+   local stale = THRESHOLD_STALE_SECONDS
+   if rest and rest ~= "" then
+      stale = tonumber(rest:match("^ stale=(%d+)$"))
+      if not stale or stale < 1 or stale > THRESHOLD_MAX_STALE then return nil end
+   end
+   x, slow, at = tonumber(x), tonumber(slow), tonumber(at)
+   if not x or not slow or not at or slow <= 0 then return nil end
+   if now - at > stale or at - now > 60 then return nil end
+   return x, slow
+end
+
+local function deadline_of(job_desc)
+   local d = tonumber(job_desc.deadline)
+   if d and d > 0 and d < NO_VAL then return d end
+   local c = job_desc.comment and (job_desc.comment:match("^vjob:deadline=(%d+)") or job_desc.comment:match("[%s,;]vjob:deadline=(%d+)"))
+   if c then return tonumber(c) end
+   if not job_desc.script then return nil end
+   local count = 0
+   for line in job_desc.script:gmatch("([^\n]*)\n?") do
+      count = count + 1
+      if count > MAX_SCRIPT_LINES then break end
+      if count > 1 then
+         local s = line:match("^%s*(.-)%s*$")
+         if s ~= "" then
+            if s:sub(1, 1) ~= "#" then break end
+            local v = s:match("^#VJOB%s+deadline=(%d+)$")
+            if v then return tonumber(v) end
+         end
+      end
+   end
+   return nil
+end
+
+-- nil to accept, or the refusal. Only when a deadline, a time limit and a fresh threshold exist.
+local function check_deadline(job_desc)
+   local deadline = deadline_of(job_desc)
+   local limit = tonumber(job_desc.time_limit)
+   if not deadline or not limit or limit <= 0 or limit >= NO_VAL then return nil end
+   local now = os.time()
+   local X, slow = load_threshold(now)
+   if not X then return nil end
+   local remaining = limit * 60 * slow
+   local x = (remaining - (deadline - now)) / remaining
+   if x < X then return nil end
+   return string.format("vjob: refused: the job cannot be expected to meet its deadline: x = %.2f >= X = %.2f "
+      .. "(time limit %d min x VM slowdown %.2f = %.0f min to run, deadline in %.0f min); "
+      .. "ask for a later deadline or a shorter time limit", x, X, limit, slow, remaining / 60, (deadline - now) / 60)
+end
 
 -- cache = { at = os.time() of the read, names = set or nil when the file is missing }
 local cache = nil
@@ -177,7 +244,15 @@ local function tag(job_desc, part_list)
    if batch and os_name ~= "" and os_name ~= COUNTER_IMAGE and not job_desc.script:find(WRAP_MARK, 1, true) then
       job_desc.script = wrap(job_desc.script, os_name)
    end
+   local ok_d, refusal = pcall(check_deadline, job_desc)
+   if not ok_d then
+      slurm.log_error("vjob job_submit.lua: deadline check failed, job accepted: %s", tostring(refusal))
+   elseif refusal then
+      return refusal
+   end
    local label = "vjob:class=" .. class .. ",os=" .. os_name
+   local ok_dl, dl = pcall(deadline_of, job_desc)
+   if ok_dl and dl then label = label .. ",deadline=" .. string.format("%d", dl) end
    local old = job_desc.admin_comment
    if old and old ~= "" then label = label .. " " .. old end
    job_desc.admin_comment = label

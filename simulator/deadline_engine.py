@@ -1,0 +1,395 @@
+"""The deadline replay: jobs in VMs on nodes whose virtualisation overhead depends on what else
+runs there; admission and continuation by the x-factor (preemption.deadline, the same pure
+functions the agent and the Slurm hook's threshold use).
+
+A separate engine from simulator/engine.py on purpose: the paper's model is per node (VMs share
+a node and slow each other down) while the main engine's compiled path is per whole node and
+knows no overhead; folding this in would change its hot path for everyone.
+
+Time advances in ticks of `tick_s` (the paper's scheduler frequency). Each tick: arrivals are
+admitted or refused, waiting jobs start where they fit, running jobs progress at 1/slowdown, a
+job reaching its deadline unfinished is killed (the RMS's walltime), and — with VO management —
+running jobs whose x-factor is at or over X are cancelled or checkpointed.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from preemption.deadline import (
+    Bounds,
+    Continuation,
+    VOModel,
+    adaptive_threshold,
+    admit,
+    cdf_threshold,
+    continuation,
+    failure_rate,
+    predicted_remaining,
+    x_factor,
+)
+from simulator.deadline_workload import DJob
+from vjob.errors import InputError
+
+ADMISSIONS = ("none", "static", "adaptive", "cdf")
+
+
+@dataclass(frozen=True, slots=True)
+class DeadlineSetup:
+    """One configuration (alg_1..alg_5, or a site's)."""
+
+    name: str = "run"
+    physical: bool = False
+    """No virtualisation: slowdown 1 everywhere (alg_1)."""
+    vo_managed: bool = True
+    """Predict with the VO model: VO-aware placement and x-factor decisions (alg_3..5)."""
+    admission: str = "static"
+    action: str = "cancel"
+    """Over the threshold while running: cancel, or checkpoint and resume where it can finish."""
+    static_x: float = 0.1
+    delta_x: float = 0.05
+    target: float = 0.15
+    x_min: float = 0.1
+    x_max: float = 0.9
+    probability: float = 0.8
+    window: int = 100
+    """Outcomes in the measured failure rate and the headroom history (jobs). The failure rate
+    counts the jobs let run to their end that missed; a job the policy cancelled is its own
+    decision, not a measurement (counting it closes a loop: lower X, more cancels, lower X)."""
+    checkpoint_s: float = 120.0
+    """Wall seconds a checkpoint and its resume cost a job (save, copy, restore)."""
+    noise: float = 0.04
+    """Per-job spread of the true overhead around the model (log-normal sigma)."""
+    tick_s: float = 300.0
+    seed: int = 1
+
+    def __post_init__(self) -> None:
+        if self.admission not in ADMISSIONS:
+            raise InputError(f"--admission = {self.admission!r}: must be one of {', '.join(ADMISSIONS)}")
+        if self.action not in ("cancel", "checkpoint"):
+            raise InputError(f"deadline action = {self.action!r}: must be cancel or checkpoint")
+        if self.tick_s <= 0 or self.window < 1:
+            raise InputError(f"tick_s = {self.tick_s}, window = {self.window}: must be > 0 and >= 1")
+        Bounds(self.x_min, self.x_max)
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    nodes: int
+    cores: int = 4
+    mem_gb: float = 8.0
+
+
+@dataclass
+class _Run:
+    job: DJob
+    done: float = 0.0  # bare seconds of work done
+    nodes: list[int] = field(default_factory=list)
+    x_admit: float = 0.0
+    pred_admit: float = 0.0  # predicted remaining at (re)start
+    t_admit: float = 0.0
+    pause: float = 0.0  # seconds of no progress left (a resume)
+    slow: float = 1.0  # true slowdown now
+    checkpoints: int = 0
+    checks: list[tuple[float, float, float]] = field(default_factory=list)  # (t, predicted remaining, x)
+
+
+@dataclass
+class DeadlineResult:
+    setup: DeadlineSetup
+    total: int = 0
+    succeeded: int = 0
+    missed: int = 0  # killed at the deadline, or expired waiting
+    rejected: int = 0
+    cancelled: int = 0
+    checkpointed: int = 0  # checkpoint events
+    resumed_ok: int = 0  # jobs checkpointed at least once that then met their deadline
+    series: list[tuple[float, float, float]] = field(default_factory=list)  # (hours, X, failure rate)
+    busy_core_s: float = 0.0
+    wasted_core_s: float = 0.0  # core-seconds of jobs that did not succeed
+    span_s: float = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        n = max(1, self.total)
+        xs = [x for _, x, _ in self.series]
+        return {
+            "config": self.setup.name,
+            "jobs": self.total,
+            "success_rate": self.succeeded / n,
+            "miss_rate": (self.missed + self.cancelled) / n,
+            "rejected": self.rejected,
+            "cancelled": self.cancelled,
+            "missed": self.missed,
+            "checkpointed": self.checkpointed,
+            "checkpointed_then_met": self.resumed_ok,
+            "rejected_rate": self.rejected / n,
+            "wasted_core_hours": self.wasted_core_s / 3600,
+            "busy_core_hours": self.busy_core_s / 3600,
+            "span_hours": self.span_s / 3600,
+            "x_final": xs[-1] if xs else None,
+            "x_mean": sum(xs) / len(xs) if xs else None,
+        }
+
+
+class _Threshold:
+    """X over time for one setup: static, adaptive (eq. 2) or from the headroom CDF."""
+
+    def __init__(self, s: DeadlineSetup) -> None:
+        self.s = s
+        self.bounds = Bounds(s.x_min, s.x_max)
+        self.outcomes: deque[bool] = deque(maxlen=s.window)
+        self.headrooms: deque[float] = deque(maxlen=s.window * 20)
+        self.x: float | None = None if s.admission == "none" else s.static_x
+
+    def record(self, ok: bool, headrooms: list[float]) -> None:
+        self.outcomes.append(ok)
+        self.headrooms.extend(headrooms)
+        s = self.s
+        if s.admission == "adaptive" and self.x is not None:
+            self.x = adaptive_threshold(
+                self.x, target=s.target, measured=failure_rate(self.outcomes), delta_x=s.delta_x, bounds=self.bounds
+            )
+        elif s.admission == "cdf":
+            self.x = cdf_threshold(self.headrooms, probability=s.probability, bounds=self.bounds, default=s.static_x)
+
+
+def simulate_deadline(
+    jobs: list[DJob],
+    cluster: Cluster,
+    setup: DeadlineSetup,
+    vo: VOModel,
+    progress: Callable[[int], None] | None = None,
+) -> DeadlineResult:
+    """Replay `jobs` (sorted by submit) and count successes, misses, refusals, cancellations."""
+    s = setup
+    true_vo = VOModel.physical() if s.physical else vo
+    rng = random.Random(s.seed)
+    noise = {j.id: rng.lognormvariate(0.0, s.noise) if s.noise > 0 and not s.physical else 1.0 for j in jobs}
+    managed = s.vo_managed and not s.physical
+    thr = _Threshold(s) if managed else None
+    res = DeadlineResult(setup=s, total=len(jobs))
+    free_cores = [cluster.cores] * cluster.nodes
+    free_mem = [cluster.mem_gb] * cluster.nodes
+    kinds_on: list[list[tuple[int, str]]] = [[] for _ in range(cluster.nodes)]  # (job id, kind) per VM
+    running: dict[int, _Run] = {}
+    waiting: list[_Run] = []
+    dirty: set[int] = set()
+    fits = [j for j in jobs if j.vms * j.cores <= cluster.nodes * cluster.cores and j.cores <= cluster.cores]
+    res.rejected += len(jobs) - len(fits)  # can never run here
+    arrivals = deque(sorted(fits, key=lambda j: j.submit))
+    t = arrivals[0].submit if arrivals else 0.0
+    t0 = t
+    next_series = t
+    done_jobs = 0
+
+    def neighbours(node: int, job_id: int) -> list[str]:
+        out = [k for (_, k) in kinds_on[node]]
+        # a job's own other VMs on the node count as neighbours; the VM itself does not
+        for i, (jid, _) in enumerate(kinds_on[node]):
+            if jid == job_id:
+                del out[i]
+                break
+        return out
+
+    def slowdown(model: VOModel, job: DJob, nodes: list[int]) -> float:
+        return max(model.slowdown(job.kind, neighbours(n, job.id)) for n in set(nodes))
+
+    def place(job: DJob) -> list[int] | None:
+        """Nodes for each VM: first fit, or (VO-managed) least predicted harm."""
+        cores, mem = list(free_cores), list(free_mem)
+        extra: dict[int, list[str]] = {}
+        chosen: list[int] = []
+        for _ in range(job.vms):
+            best, best_cost = -1, math.inf
+            for n in range(cluster.nodes):
+                if cores[n] < job.cores or mem[n] < job.mem_gb - 1e-9:
+                    continue
+                if not managed:
+                    best = n
+                    break
+                here = [k for _, k in kinds_on[n]] + extra.get(n, [])
+                cost = vo.slowdown(job.kind, here) + sum(vo.pair[k][job.kind] for k in here)
+                cost += 1e-3 * (cluster.cores - cores[n])  # then prefer the emptier node
+                if cost < best_cost:
+                    best, best_cost = n, cost
+            if best < 0:
+                return None
+            cores[best] -= job.cores
+            mem[best] -= job.mem_gb
+            extra.setdefault(best, []).append(job.kind)
+            chosen.append(best)
+        return chosen
+
+    def predicted_x(r: _Run, now: float, nodes: list[int] | None, pending: bool) -> float:
+        if nodes is None:  # not placed: as if alone
+            sd = 1.0 + vo.base[r.job.kind]
+        elif pending:  # predicted on the nodes it would get, itself not yet there
+            sd = max(
+                vo.slowdown(r.job.kind, [k for _, k in kinds_on[n]] + [r.job.kind] * (nodes.count(n) - 1))
+                for n in set(nodes)
+            )
+        else:
+            sd = slowdown(vo, r.job, nodes)
+        rem = predicted_remaining(r.job.estimate, r.done, sd) + r.pause
+        return x_factor(rem, r.job.deadline - now)
+
+    def start(r: _Run, nodes: list[int], now: float) -> None:
+        for n in nodes:
+            free_cores[n] -= r.job.cores
+            free_mem[n] -= r.job.mem_gb
+            kinds_on[n].append((r.job.id, r.job.kind))
+            dirty.add(n)
+        r.nodes = nodes
+        running[r.job.id] = r
+
+    def stop(r: _Run) -> None:
+        for n in r.nodes:
+            free_cores[n] += r.job.cores
+            free_mem[n] += r.job.mem_gb
+            kinds_on[n].remove((r.job.id, r.job.kind))
+            dirty.add(n)
+        running.pop(r.job.id, None)
+        r.nodes = []
+
+    def finish(r: _Run, ok: bool, end: float | None, used_s: float, cancelled: bool = False) -> None:
+        """Count the outcome; a job that ran to its end gives the threshold its headrooms: at each
+        check, the largest x at which it would still have made it (a success: 1 − actual /
+        predicted remaining; a miss: below the x it had, recorded as that bound)."""
+        nonlocal done_jobs
+        core_s = used_s * r.job.vms * r.job.cores
+        if ok:
+            res.succeeded += 1
+            if r.checkpoints:
+                res.resumed_ok += 1
+        else:
+            res.wasted_core_s += core_s
+        if thr is not None and not cancelled:
+            if ok and end is not None:
+                hs = [1.0 - (end - tc) / max(rp, 1.0) for tc, rp, _ in r.checks]
+            else:
+                hs = [xc for _, _, xc in r.checks]
+            thr.record(ok, hs)
+        done_jobs += 1
+        if progress is not None:
+            progress(1)
+
+    used: dict[int, float] = {}
+    while arrivals or running or waiting:
+        # 1. arrivals: admission at submission
+        while arrivals and arrivals[0].submit <= t:
+            job = arrivals.popleft()
+            r = _Run(job=job, t_admit=job.submit)
+            if thr is not None and thr.x is not None:
+                x = predicted_x(r, job.submit, place(job), pending=True)
+                if not admit(x, thr.x):
+                    res.rejected += 1
+                    if progress is not None:
+                        progress(1)
+                    continue
+            waiting.append(r)
+        # 2. waiting jobs: expire, cancel when hopeless, start where they fit
+        still: list[_Run] = []
+        for r in waiting:
+            if t >= r.job.deadline:
+                res.missed += 1
+                finish(r, False, None, used.get(r.job.id, 0.0))
+                continue
+            if (
+                thr is not None
+                and thr.x is not None
+                and x_factor(
+                    predicted_remaining(r.job.estimate, r.done, 1.0 + vo.base[r.job.kind]) + r.pause, r.job.deadline - t
+                )
+                >= thr.x
+            ):
+                res.cancelled += 1
+                finish(r, False, None, used.get(r.job.id, 0.0), cancelled=True)
+                continue
+            nodes = place(r.job)
+            if nodes is None:
+                still.append(r)
+                continue
+            x = predicted_x(r, t, nodes, pending=True)
+            if thr is not None and thr.x is not None and r.checkpoints and not admit(x, thr.x):
+                still.append(r)  # a checkpointed job resumes only where it can make it
+                continue
+            r.x_admit = x
+            sd = max(vo.slowdown(r.job.kind, [k for _, k in kinds_on[n]]) for n in set(nodes))
+            r.pred_admit = predicted_remaining(r.job.estimate, r.done, sd) + r.pause
+            r.t_admit = t
+            r.checks.append((t, r.pred_admit, x))
+            start(r, nodes, t)
+        waiting = still
+        # 3. progress; finish or kill at the deadline
+        for n in dirty:
+            for jid, _ in kinds_on[n]:
+                rr = running[jid]
+                rr.slow = slowdown(true_vo, rr.job, rr.nodes) * noise[jid]
+        dirty.clear()
+        nxt = t + s.tick_s
+        for jid in list(running):
+            r = running[jid]
+            dt = s.tick_s
+            pause = min(r.pause, dt)
+            r.pause -= pause
+            work = (dt - pause) / r.slow
+            if r.done + work >= r.job.duration:
+                end = t + pause + (r.job.duration - r.done) * r.slow
+                used[jid] = used.get(jid, 0.0) + (end - t)
+                res.busy_core_s += (end - t) * r.job.vms * r.job.cores
+                ok = end <= r.job.deadline
+                end_at = min(end, r.job.deadline)
+                stop(r)
+                if ok:
+                    finish(r, True, end, used[jid])
+                else:
+                    res.missed += 1
+                    finish(r, False, None, used[jid] - (end - end_at))
+                continue
+            if nxt >= r.job.deadline:
+                used[jid] = used.get(jid, 0.0) + (r.job.deadline - t)
+                res.busy_core_s += (r.job.deadline - t) * r.job.vms * r.job.cores
+                stop(r)
+                res.missed += 1
+                finish(r, False, None, used[jid])
+                continue
+            r.done += work
+            used[jid] = used.get(jid, 0.0) + dt
+            res.busy_core_s += dt * r.job.vms * r.job.cores
+        t = nxt
+        # 4. continuation: running jobs predicted to miss
+        if thr is not None and thr.x is not None:
+            for jid in list(running):
+                r = running[jid]
+                sd_now = slowdown(vo, r.job, r.nodes)
+                rem = predicted_remaining(r.job.estimate, r.done, sd_now) + r.pause
+                x = x_factor(rem, r.job.deadline - t)
+                r.checks.append((t, rem, x))
+                best = x_factor(
+                    predicted_remaining(r.job.estimate, r.done, 1.0 + vo.base[r.job.kind]) + s.checkpoint_s,
+                    r.job.deadline - t,
+                )
+                c = continuation(x, thr.x, action=s.action, can_meet_elsewhere=best < thr.x)
+                if c is Continuation.CANCEL:
+                    stop(r)
+                    res.cancelled += 1
+                    finish(r, False, None, used.get(jid, 0.0), cancelled=True)
+                elif c is Continuation.CHECKPOINT:
+                    stop(r)
+                    res.checkpointed += 1
+                    r.checkpoints += 1
+                    r.pause += s.checkpoint_s
+                    waiting.insert(0, r)
+        if t >= next_series:
+            fr = failure_rate(thr.outcomes) if thr is not None else 0.0
+            res.series.append(((t - t0) / 3600, thr.x if thr is not None and thr.x is not None else float("nan"), fr))
+            next_series = t + 10 * 3600
+        if not running and not waiting and arrivals and arrivals[0].submit > t:
+            t = arrivals[0].submit  # idle: jump to the next arrival
+    res.span_s = t - t0
+    return res
