@@ -1,6 +1,16 @@
 """Preemption: victim selection, the Entropy context-switch planner and its cost model, the
 plan executor, deadline-aware admission and heterogeneity remapping.
 
+Deadline-aware admission and continuation (issue 19; docs/deadline.md) are the pure functions of
+`preemption.deadline`: the x-factor, static / adaptive (eq. 2, bounded) / cdf thresholds, the
+continue-checkpoint-cancel decision, the VO model and its fit, the training search, and the
+threshold file the agent publishes for the submit hooks (`preemption.deadline.threshold_file`).
+
+Heterogeneity remapping (issue 20; docs/remap.md) is `preemption.remap`: ARRIVE-F's performance
+models and its move/swap decisions, pure functions used by the simulator's heterogeneous replay
+(`vjob simulate --subclusters`). The live agent does not call them yet: no running vjob is
+remapped on a real cluster.
+
 The cluster-wide context switch (issue 6; docs/planner.md), for the agent and the simulator:
 
     from preemption.planner import Instance, NodeSpec, VMSpec, instance_from_view, make_plan, validate

@@ -137,6 +137,8 @@ class Job:
     preempt_count: int = 0
     preempted_seconds: float = 0.0
     preempted_since: float | None = None
+    deadline: float | None = None
+    """POSIX seconds by which the job must end (Slurm --deadline, #VJOB deadline=); None: none."""
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -176,10 +178,15 @@ class Node:
     os_image: str = ""
     state: NodeState = NodeState.IDLE
     features: tuple[str, ...] = ()
+    weight: int = 1
+    """The RMS's scheduling weight (Slurm `Weight`, lower is allocated first); with the features
+    it tells a heterogeneous farm's sub-clusters apart (preemption.remap.models.subcluster_of)."""
 
     def __post_init__(self) -> None:
         if not self.name:
             raise InputError("node.name: must not be empty")
+        if self.weight < 0:
+            raise InputError(f"node {self.name}: weight = {self.weight}: must be >= 0")
         if self.cpus < 1:
             raise InputError(f"node {self.name}: cpus = {self.cpus}: must be >= 1")
         if self.memory_mb < 1:
@@ -320,6 +327,8 @@ class NodeInput(InputModel):
     """The OS image its VMs run now (UBIS's VM_os); empty: none."""
     state: _values(NodeState) = NodeState.IDLE.value  # type: ignore[valid-type]
     features: list[Name] = Field([], max_length=1000)
+    weight: int = Field(1, ge=0)
+    """The RMS's scheduling weight (lower is allocated first)."""
 
 
 class JobInput(InputModel):
@@ -352,6 +361,8 @@ class JobInput(InputModel):
     preempted_seconds: Seconds = Field(0.0, ge=0)
     """Seconds spent preempted (UBIS Pt)."""
     preempted_since: Seconds | None = None
+    deadline: Seconds | None = None
+    """POSIX seconds by which the job must end; absent: no deadline."""
 
 
 class VMInput(InputModel):

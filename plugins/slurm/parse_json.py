@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from plugins.slurm import hostlist
-from plugins.slurm.images import parse_tag, requested_image
+from plugins.slurm.images import parse_deadline_tag, parse_tag, requested_image
 from plugins.slurm.states import job_state, node_state, tres_memory_mb
 from vjob.errors import InputError
 from vjob.model import Job, JobClass, JobState, Node
@@ -182,6 +182,7 @@ def _job(item: Any, where: str) -> Job:
         walltime=float(limit) * 60 if limit and limit > 0 else None,
         state=state,
         allocated_nodes=hostlist.expand(_get(item, "nodes", str, where, ""), f"{where}.nodes") if running else (),
+        deadline=_time(item, "deadline", where) or parse_deadline_tag(_get(item, "admin_comment", str, where, "")),
     )
 
 
@@ -229,6 +230,7 @@ def _node(item: Any, where: str) -> Node:
         memory_mb=max(1, _get(item, "real_memory", int, where, 1) or 1),
         state=node_state(words[0] if words else "", tuple(words[1:]) + flags, where=where),
         features=_features(item, where),
+        weight=_get(item, "weight", int, where, 1),
     )
 
 

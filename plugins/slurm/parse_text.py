@@ -254,6 +254,7 @@ def nodes_from_scontrol(text: str, *, source: str) -> list[Node]:
                 memory_mb=memory or 1,
                 state=node_state(fields.get("State", ""), where=where),
                 features=tuple(f for f in features.split(",") if f and f != "(null)"),
+                weight=_int(fields, "Weight", where, 1),
             )
         )
     return out
