@@ -71,6 +71,11 @@ def domain_xml(
         if seclabels:
             ET.SubElement(source, "seclabel", model="dac", relabel="no")
         ET.SubElement(disk, "target", dev="vdb", bus="virtio")
+    if spec.nic is not None:
+        nic = ET.SubElement(devices, "interface", type="bridge")
+        ET.SubElement(nic, "mac", address=spec.nic[0])
+        ET.SubElement(nic, "source", bridge=spec.nic[1])
+        ET.SubElement(nic, "model", type="virtio")
     for port, path in enumerate([console_log, *(output_logs or ())]):
         serial = ET.SubElement(devices, "serial", type="pty")
         ET.SubElement(serial, "log", file=str(path), append="on")

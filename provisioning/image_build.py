@@ -39,13 +39,16 @@ from vjob.errors import CommandError, InputError, UsageError, VjobError
 
 DEFAULT_IMAGE = "debian12"
 SUITE = "bookworm"
-BASE_PACKAGES = ("linux-image-cloud-amd64", "python3", "mount", "procps")
-"""The kernel, the guest agent's Python, mount (not Essential in bookworm), ps/kill for jobs."""
-INITRAMFS_MODULES = ("virtio_pci", "virtio_blk", "ext4")
-"""What the initramfs must hold to mount the root disk; MODULES=list keeps it ~5 MB."""
+BASE_PACKAGES = ("linux-image-cloud-amd64", "python3", "mount", "procps", "openssh-server", "openssh-client")
+"""The kernel, the guest agent's Python, mount (not Essential in bookworm), ps/kill for jobs,
+and ssh between the VMs of a multi-node job (docs/multinode.md: about 2 MB more, no rebuild cost
+worth naming; Open MPI is left to a site's `--packages`)."""
+INITRAMFS_MODULES = ("virtio_pci", "virtio_blk", "ext4", "virtio_net")
+"""What the initramfs must hold to mount the root disk, and the NIC of a multi-node job (no udev
+in the guest loads it later); MODULES=list keeps it ~5 MB."""
 PACKAGE_RE = re.compile(r"[a-z0-9][a-z0-9+.-]{0,99}")
 MAX_PACKAGES = 200
-RECIPE_VERSION = "1"
+RECIPE_VERSION = "2"
 """Bumped when the recipe changes: part of the cache key."""
 CMDLINE = "root=/dev/vda rw console=ttyS0 quiet loglevel=3 panic=-1 init=/sbin/vjob-init"
 ROOT_FREE_MB = 1536
@@ -130,6 +133,7 @@ def _mmdebstrap(work: Path, packages: list[str]) -> Path:
         f"--setup-hook=upload {cfg / 'vjob.conf'} /etc/initramfs-tools/conf.d/vjob.conf",
         f"--setup-hook=upload {cfg / 'modules'} /etc/initramfs-tools/modules",
         '--customize-hook=rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*.bin',
+        '--customize-hook=rm -f "$1"/etc/ssh/ssh_host_*',  # one host key per VM, made at its boot
         SUITE, str(root),
     ]  # fmt: skip
     try:

@@ -64,6 +64,8 @@ class JobDescription:
     cwd: str
     hostname: str = "vjob"
     skipped: list[str] = field(default_factory=list)
+    network: dict[str, object] | None = None
+    """A multi-node job's VM: its address, its peers, the job's ssh key (agent.parse_network)."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -75,6 +77,7 @@ class JobDescription:
             "home": self.home,
             "cwd": self.cwd,
             "hostname": self.hostname,
+            **({"network": self.network} if self.network is not None else {}),
         }
 
 

@@ -6,20 +6,30 @@ derived from them; the IPv4 address follows from the same pair (10.<subnet hi>.<
 <vmID>), so a VM restored elsewhere comes back with the same MAC and IP, and two jobs never
 share an address. One bridge per job (`vjob-<subnetID in hex>`) keeps jobs apart.
 
-This module only computes; creating the bridge (or the VXLAN joining the nodes' bridges) is
-the node's set-up and is not done here yet (docs/multinode.md, "Not done yet").
+A pilot has no store credentials: `pilot_addresses` derives the same kind of identities from
+the RMS job id alone (`pilot_subnet_id`), and `ensure_bridge` makes the job's bridge a transient
+libvirt network on a node's libvirt (root's): no forward, no host address, so the job's VMs
+reach each other and nothing else. Spanning real hosts (a VXLAN in each node's bridge) is the
+operator's part (docs/multinode.md).
 """
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 from xml.sax.saxutils import quoteattr
 
-from vjob.errors import InputError
-from vjob.store.identities import Address
+from vjob import log
+from vjob.errors import InputError, VjobError
+from vjob.store.identities import Address, mac_address
+
+PILOT_MAC_PREFIX = "52:54:00"
+"""QEMU's locally administered prefix, as Saline's default `mac_prefix`."""
+_log = log.get("provisioning")
 
 HOSTNAME_RE = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
 """A guest host name (one DNS label, lower case): it goes into /etc/hosts and MPI's host file."""
@@ -86,6 +96,76 @@ def interface_xml(peer: Peer, subnet_id: int) -> str:
         f"<interface type='bridge'><source bridge={quoteattr(bridge_name(subnet_id))}/>"
         f"<mac address={quoteattr(peer.mac)}/><model type='virtio'/></interface>"
     )
+
+
+def pilot_subnet_id(rms: str, job_id: str) -> int:
+    """The job's subnetID when no store hands one out (a pilot): a numeric job id modulo 65535,
+    so jobs running at the same time never share a bridge unless their ids are 65535 apart;
+    other ids hashed."""
+    if job_id.isdigit():
+        return int(job_id) % ((1 << 16) - 1) + 1
+    digest = hashlib.sha256(f"{rms}\0{job_id}".encode()).digest()
+    return int.from_bytes(digest[:2], "big") % ((1 << 16) - 1) + 1
+
+
+def pilot_addresses(rms: str, job_id: str, vm_names: Sequence[str]) -> list[Address]:
+    """Identities of the job's VMs (vmID = rank + 1), the same at every start of the job."""
+    if not 1 <= len(vm_names) <= MAX_VMS:
+        raise InputError(f"nodes of job {job_id}: {len(vm_names)}: a job has 1..{MAX_VMS} VMs")
+    subnet = pilot_subnet_id(rms, job_id)
+    return [Address(vm, subnet, i + 1, mac_address(PILOT_MAC_PREFIX, subnet, i + 1)) for i, vm in enumerate(vm_names)]
+
+
+def network_xml(subnet_id: int) -> str:
+    """An isolated libvirt network: its bridge only, no <forward>, no <ip> (no host address,
+    no DHCP): the guests set their own addresses and see only each other."""
+    name = quoteattr(bridge_name(subnet_id))
+    return f"<network><name>{bridge_name(subnet_id)}</name><bridge name={name} stp='off' delay='0'/></network>"
+
+
+def ensure_bridge(conn: Any, subnet_id: int) -> bool:
+    """The job's bridge on the node of `conn` (a libvirt connection), created as a transient
+    network when absent; True when created here. A bridge an operator provides (spanning the
+    hosts) is used as it is."""
+    import libvirt  # heavy: libvirt
+
+    name = bridge_name(subnet_id)
+    try:
+        net = conn.networkLookupByName(name)
+    except libvirt.libvirtError:
+        net = None
+    if net is not None and net.isActive():
+        return False
+    if net is None and _link_exists(name):
+        return False  # the operator's bridge (docs/multinode.md)
+    try:
+        if net is not None:
+            net.create()
+        else:
+            conn.networkCreateXML(network_xml(subnet_id))
+    except libvirt.libvirtError as exc:
+        raise VjobError(f"job network {name}: cannot create it on {conn.getURI()}: {exc}") from None
+    _log.info("job network created", bridge=name, uri=conn.getURI())
+    return True
+
+
+def remove_bridge(conn: Any, subnet_id: int) -> None:
+    """Destroy the job's transient network (no VM of the job runs any more); an operator's
+    bridge, not a libvirt network, is left alone."""
+    import libvirt  # heavy: libvirt
+
+    try:
+        conn.networkLookupByName(bridge_name(subnet_id)).destroy()
+    except libvirt.libvirtError:
+        return
+
+
+def _link_exists(name: str) -> bool:
+    try:
+        with open(f"/sys/class/net/{name}/ifindex"):
+            return True
+    except OSError:
+        return False
 
 
 def _check_range(field: str, value: int, low: int, high: int) -> None:

@@ -9,8 +9,11 @@ because the driver's are, so the executor may retry an action after a crash.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
+from provisioning import coordinated
+from provisioning.coordinated import Member
 from provisioning.driver import Driver, VMSpec
 
 
@@ -43,3 +46,18 @@ class DriverPerformer:
 
     def migrate(self, vm: str, source: str, destination: str) -> None:
         self.driver.migrate(vm, source, destination)
+
+    def suspend_job(self, actions: Sequence[Any]) -> None:
+        """preemption.executor.JobPerformer: a multi-VM job's suspends as one consistent cut."""
+        members = [Member(a.vm, _where(a.src, a)) for a in actions]
+        coordinated.checkpoint(self.driver, members, job_id=self.job_id_for(actions[0].vm))
+
+    def resume_job(self, actions: Sequence[Any]) -> None:
+        """Every VM of the job restored paused (copied from `src` when elsewhere), then run together."""
+        coordinated.restore(self.driver, [Member(a.vm, _where(a.dst, a), from_node=a.src or None) for a in actions])
+
+
+def _where(node: str | None, action: Any) -> str:
+    if node is None:
+        raise ValueError(f"{action.kind.value} {action.vm}: the plan gives no node")
+    return node

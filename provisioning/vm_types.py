@@ -66,6 +66,8 @@ class VMSpec:
     """Two more serial ports logged to files: the job's stdout (ttyS1) and stderr (ttyS2)."""
     cpu_model: str = ""
     """A named CPU model (e.g. qemu64) so that a saved state restores on any host; "" = libvirt's."""
+    nic: tuple[str, str] | None = None
+    """(MAC, bridge): a multi-node job's VM on its job's private network (provisioning.network)."""
 
     def __post_init__(self) -> None:
         check_name("vm", self.name)

@@ -6,6 +6,7 @@ test_multinode_realvm.py; here the logic runs fast on test-driver nodes.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,12 +14,19 @@ from pathlib import Path
 import libvirt
 import pytest
 
+from agent.pilot_multinode import JobVMs
+from plugins.pbs import hook_vm
+from preemption.executor import Executor
+from preemption.planner.plan import Plan, PlanAction
 from provisioning import coordinated
 from provisioning.coordinated import Member
 from provisioning.driver import Driver, DriverError, SnapshotError, VMSpec
+from provisioning.performer import DriverPerformer
 from provisioning.safe_dirs import UnsafePathError
+from vjob import config as vconfig
 from vjob.config import ProvisioningConfig
-from vjob.model import VMState
+from vjob.model import Action, VMState
+from vjob.store.db import Store
 
 pytestmark = pytest.mark.libvirt
 
@@ -43,16 +51,21 @@ def _paused(driver: Driver, m: Member) -> bool:
     return dom.state()[0] == libvirt.VIR_DOMAIN_PAUSED
 
 
-def test_every_vm_is_paused_before_any_save_and_all_come_back_running(driver: Driver) -> None:
+def _watch_saves(driver: Driver) -> list[bool]:
+    """When any save begins, whether each VM of the job not yet saved is paused (all must be)."""
     seen_paused: list[bool] = []
     real_save = driver.save
 
     def save_watching(vm: str, node: str, **kw: object) -> object:
-        # when any save begins, every VM of the job that is not yet saved must be paused
         seen_paused.extend(_paused(driver, m) for m in MEMBERS if driver.state(m.vm, m.node) == VMState.RUNNING)
         return real_save(vm, node, **kw)  # type: ignore[arg-type]
 
     driver.save = save_watching  # type: ignore[method-assign]
+    return seen_paused
+
+
+def test_every_vm_is_paused_before_any_save_and_all_come_back_running(driver: Driver) -> None:
+    seen_paused = _watch_saves(driver)
     cut = coordinated.checkpoint(driver, MEMBERS)
     assert cut.consistent and all(seen_paused) and seen_paused
     assert max(cut.paused_at.values()) <= min(cut.save_started_at.values())
@@ -112,3 +125,83 @@ def test_a_retried_restore_finds_the_vms_an_earlier_attempt_already_moved(driver
     state.write_bytes(good)
     coordinated.restore(driver, moved)  # the same request again
     assert driver.state("job7-0", "n2") == VMState.RUNNING and driver.state("job7-1", "n1") == VMState.RUNNING
+
+
+def test_the_executor_suspends_a_multi_vm_job_in_one_cut_and_resumes_it_together(driver: Driver, store: Store) -> None:
+    """preemption.executor hands the suspends (resumes) of one vjob to the performer's
+    coordinated path: every VM paused before any save; then both restored on swapped nodes."""
+    seen_paused = _watch_saves(driver)
+    performer = DriverPerformer(driver, lambda vm: pytest.fail(f"{vm}: nothing is booted in this test"))
+    suspend = Plan(pools=(tuple(PlanAction(Action.SUSPEND, m.vm, "job7", m.node) for m in MEMBERS),), placement={},
+                   cost=0)  # fmt: skip
+    report = Executor(performer, store, pipeline_interval_s=0.5).execute(suspend, reason="multi-VM cut")
+    assert report.state == "done", report.summary()
+    assert seen_paused and all(seen_paused)  # the second save began with the first VM paused too
+    assert all(driver.state(m.vm, m.node) == VMState.SAVED for m in MEMBERS)
+    swap = {"n1": "n2", "n2": "n1"}
+    resume = Plan(pools=(tuple(PlanAction(Action.RESUME, m.vm, "job7", m.node, swap[m.node]) for m in MEMBERS),),
+                  placement={}, cost=0)  # fmt: skip
+    report = Executor(performer, store, pipeline_interval_s=0.5).execute(resume, reason="multi-VM resume")
+    assert report.state == "done", report.summary()
+    assert all(driver.state(m.vm, swap[m.node]) == VMState.RUNNING for m in MEMBERS)
+    assert all(driver.state(m.vm, m.node) is None for m in MEMBERS)
+
+
+def test_the_pbs_hook_saves_and_restores_a_multi_node_job_in_one_cut(
+    tmp_path: Path, test_nodes: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`hook_vm save VM --node N --also VM@NODE`: every VM of the job through
+    provisioning.coordinated (one consistent cut), with the store down: one pending record per VM."""
+    image = tmp_path / "base.qcow2"
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(image), "64M"], check=True, timeout=30)
+    conf = tmp_path / "vjob.toml"
+    conf.write_text(
+        f'data_dir = "{tmp_path / "data"}"\n[database]\nurl = "postgresql://vjob@127.0.0.1:9/vjob"\n'
+        f'connect_timeout_s = 2\n[provisioning]\nsnapshot_dir = "{tmp_path / "snap" / "{node}"}"\n'
+        f'[provisioning.nodes]\nn1 = "{test_nodes["n1"]}"\nn2 = "{test_nodes["n2"]}"\n'
+    )
+    vms = {"vjob-pbs-77-0": "n1", "vjob-pbs-77-1": "n2"}
+    cfg = vconfig.load(str(conf))
+    drv = Driver(cfg.provisioning, data_dir=cfg.data_path)  # test-driver domains live in one connection
+    for vm, node in vms.items():
+        drv.define(VMSpec(vm, image), node)
+        drv.boot(vm, node)
+    monkeypatch.setattr(hook_vm, "Driver", lambda *_a, **_k: contextlib.nullcontext(drv))
+    cuts: list[coordinated.Cut] = []
+    real_checkpoint = coordinated.checkpoint
+
+    def watched(*args: object, **kw: object) -> coordinated.Cut:
+        cuts.append(real_checkpoint(*args, **kw))  # type: ignore[arg-type]
+        return cuts[-1]
+
+    monkeypatch.setattr(coordinated, "checkpoint", watched)
+    assert hook_vm.main(["--config", str(conf), "save", "vjob-pbs-77-0", "--node", "n1",
+                         "--also", "vjob-pbs-77-1@n2"]) == 0  # fmt: skip
+    assert len(cuts) == 1 and cuts[0].consistent and set(cuts[0].snapshots) == set(vms)
+    assert all(drv.state(vm, node) == VMState.SAVED for vm, node in vms.items())
+    assert len(list(hook_vm.pending_dir(cfg).glob("*.json"))) == 2
+    assert hook_vm.main(["--config", str(conf), "restore", "vjob-pbs-77-0", "--node", "n1",
+                         "--also", "vjob-pbs-77-1@n2"]) == 0  # fmt: skip
+    assert all(drv.state(vm, node) == VMState.RUNNING for vm, node in vms.items())
+    assert (
+        hook_vm.main(["--config", str(conf), "save", "vjob-pbs-77-0", "--node", "n1", "--also", "vjob-pbs-77-0@n2"])
+        == 2
+    )  # a VM named twice: refused, nothing done
+    drv.close()
+
+
+def test_a_pilot_killed_in_the_middle_of_a_cut_leaves_a_job_its_next_pilot_runs_on(driver: Driver) -> None:
+    """SIGKILL after job7-1 was saved, job7-0 still paused (the cut's moment for both): the next
+    pilot's first look restores the saved VM paused and lets both run; nothing is booted anew."""
+    job = JobVMs(driver, "job7", ["n1", "n2"], 0x77, lambda *_a: pytest.fail("a saved job must not boot"))
+    assert driver.pause("job7-0", "n1") and driver.pause("job7-1", "n2")
+    driver.save("job7-1", "n2")
+    assert driver.state("job7-1", "n2") == VMState.SAVED and _paused(driver, Member("job7-0", "n1"))
+    assert job.active()
+    assert all(driver.state(m.vm, m.node) == VMState.RUNNING and not _paused(driver, m) for m in MEMBERS)
+    cpu = job.cpu()  # the pilot's CPU sample covers every VM of the job
+    assert cpu is not None and cpu[1] == 2
+    # killed after the whole cut, before its state file said so: the VMs are restored, not booted
+    coordinated.checkpoint(driver, MEMBERS)
+    JobVMs(driver, "job7", ["n1", "n2"], 0x77, lambda *_a: pytest.fail("a saved job must not boot")).boot()
+    assert all(driver.state(m.vm, m.node) == VMState.RUNNING for m in MEMBERS)

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import ipaddress
+import xml.etree.ElementTree as ET
+from argparse import Namespace
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from provisioning import network
+from agent import run_cmd
+from agent.pilot_multinode import network_of
+from plugins import job_environment
+from provisioning import job_disk, network
+from provisioning.domain_xml import domain_xml
+from provisioning.guest_agent import agent
+from provisioning.vm_types import VMSpec
 from vjob.errors import InputError
 from vjob.store import identities
 from vjob.store.db import Store
@@ -51,3 +60,96 @@ def test_addresses_are_private_unique_per_pair_and_bridges_fit_ifnamsiz(subnet: 
     assert ip in ipaddress.ip_network("10.0.0.0/8")
     assert (int(ip) >> 8) & 0xFFFF == subnet and int(ip) & 0xFF == vm
     assert len(network.bridge_name(subnet)) <= 15
+
+
+def _pilot_network(rank: int = 0) -> dict[str, object]:
+    addresses = network.pilot_addresses("slurm", "902", ["j-0", "j-1"])
+    key = "-----BEGIN OPENSSH PRIVATE KEY-----\n" + "A" * 300 + "\n-----END OPENSSH PRIVATE KEY-----\n"
+    return network_of(addresses, rank, (key, "ssh-ed25519 " + "B" * 68))
+
+
+def test_a_pilots_job_network_is_the_same_at_every_start_and_the_guest_accepts_it() -> None:
+    a = network.pilot_addresses("slurm", "902", ["j-0", "j-1"])
+    assert a == network.pilot_addresses("slurm", "902", ["j-0", "j-1"])  # a resume: same MACs, IPs
+    assert {x.subnet_id for x in a} == {902 % 65535 + 1} and [x.vm_id for x in a] == [1, 2]
+    assert network.pilot_subnet_id("slurm", "903") != network.pilot_subnet_id("slurm", "902")
+    assert 1 <= network.pilot_subnet_id("oar", "x.y") <= 65535
+    xml = network.network_xml(a[0].subnet_id)
+    assert "<forward" not in xml and "<ip" not in xml and f'name="{network.bridge_name(a[0].subnet_id)}"' in xml
+    net = agent.parse_network(_pilot_network(1))
+    assert (net.ip, net.leader, net.peers[0][1]) == (str(network.ip_address(a[0].subnet_id, 2)), False, "vm0")
+    assert agent.parse_network(_pilot_network(0)).leader
+    job = job_disk.JobDescription(script=b"#!/bin/sh\n", args=[], env={}, uid=1000, gid=1000, user="ann",
+                                  home="/home/ann", cwd="/home/ann/w", hostname="vm0",
+                                  network=_pilot_network())  # fmt: skip
+    assert agent.parse_job(job.to_json()).network == agent.parse_network(_pilot_network())
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("mac", "52:54:00:00:01:01\n"),
+        ("ip", "10.0.0.1; rm -rf /"),
+        ("ip", "10.9.9.9"),  # not one of the peers
+        ("prefix", 33),
+        ("peers", [["10.3.135.1", "vm0\nevil"]]),
+        ("peers", [["10.3.135.1", "vm0", "x"]]),
+        ("peers", []),
+        ("leader", "yes"),
+        ("ssh_public", "ssh-rsa AAAA"),
+        ("ssh_private", "-----BEGIN OPENSSH PRIVATE KEY-----\nshort\n-----END OPENSSH PRIVATE KEY-----\n"),
+    ],
+)
+def test_a_hostile_network_in_job_json_is_refused_by_field(field: str, value: object) -> None:
+    data = _pilot_network() | {field: value}
+    with pytest.raises(agent.JobError, match=f"network.{field}"):
+        agent.parse_network(data)
+
+
+def test_the_vm_of_a_multi_node_job_has_its_nic_on_the_jobs_bridge(tmp_path: Path) -> None:
+    spec = VMSpec("j-0", tmp_path / "i.qcow2", nic=("52:54:00:03:87:01", "vjob-0387"))
+    xml = domain_xml(spec, dom_type="qemu", overlay=tmp_path / "o.qcow2", console_log=tmp_path / "c.log")
+    nic = ET.fromstring(xml).find("./devices/interface[@type='bridge']")
+    assert nic is not None
+    assert nic.find("mac").get("address") == "52:54:00:03:87:01"  # type: ignore[union-attr]
+    assert nic.find("source").get("bridge") == "vjob-0387"  # type: ignore[union-attr]
+
+
+def test_the_pilot_reads_the_allocations_nodes_from_the_rms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    slurm, pbs = job_environment("slurm"), job_environment("pbs")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "node[1-3]")
+    assert run_cmd._job_nodes(Namespace(nodes=None, rms="slurm"), slurm, "node2") == ["node2", "node1", "node3"]
+    nodefile = tmp_path / "nodes"
+    nodefile.write_text("n2.cluster\nn2.cluster\nn1.cluster\n")  # one line per slot
+    monkeypatch.setenv("PBS_NODEFILE", str(nodefile))
+    assert run_cmd._job_nodes(Namespace(nodes=None, rms="pbs"), pbs, "n2") == ["n2", "n1"]
+    assert run_cmd._job_nodes(Namespace(nodes="a,b", rms="slurm"), slurm, "b") == ["b", "a"]
+    monkeypatch.delenv("SLURM_JOB_NODELIST")
+    assert run_cmd._job_nodes(Namespace(nodes=None, rms="slurm"), slurm, "n1") == ["n1"]
+    with pytest.raises(InputError, match="node list"):
+        run_cmd._job_nodes(Namespace(nodes="a,-x", rms="slurm"), slurm, "a")
+    with pytest.raises(InputError, match="node z: not in the job's node list a,b"):
+        run_cmd._job_nodes(Namespace(nodes="a,b", rms="slurm"), slurm, "z")
+    assert run_cmd._job_nodes(Namespace(nodes="other-name", rms="slurm"), slurm, "n1") == ["n1"]
+
+
+def test_the_users_ssh_files_are_never_written_through_a_planted_link(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    job = agent.Job(argv=["s"], env={}, uid=1000, gid=1000, user="ann", home=str(home), cwd=str(tmp_path / "w"),
+                    hostname="vm0")  # fmt: skip
+    ssh = agent.user_ssh_dir(job)
+    agent.write_user_file(ssh / "authorized_keys", "ssh-ed25519 K\n", 0o600, 1000, 1000)
+    st = (ssh / "authorized_keys").stat()
+    assert (st.st_uid, st.st_mode & 0o777, ssh.stat().st_mode & 0o777) == (1000, 0o600, 0o700)
+    target = tmp_path / "etc-shadow"
+    target.write_text("root:x\n")
+    (ssh / "id_ed25519").symlink_to(target)
+    with pytest.raises(OSError):
+        agent.write_user_file(ssh / "id_ed25519", "key", 0o600, 1000, 1000)
+    assert target.read_text() == "root:x\n"
+    other = tmp_path / "other-home"
+    other.mkdir()
+    (other / ".ssh").symlink_to(tmp_path)
+    with pytest.raises(agent.JobError, match="symbolic link"):
+        agent.user_ssh_dir(agent.Job(["s"], {}, 1000, 1000, "ann", str(other), str(tmp_path / "w"), "vm0"))

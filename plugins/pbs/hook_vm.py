@@ -1,7 +1,7 @@
 """The commands the OpenPBS hook runs on a MoM to save and restore a job's VM — with or
 without the state store.
 
-    python3 -m plugins.pbs.hook_vm [--config FILE] save|restore VM --node NODE
+    python3 -m plugins.pbs.hook_vm [--config FILE] save|restore VM --node NODE [--also VM@NODE ...]
     python3 -m plugins.pbs.hook_vm [--config FILE] flush
 
 Why not `vjob vm save|restore`: those open the store first, so with the database down
@@ -17,6 +17,12 @@ the pending records first, oldest first, so the store catches up as soon as it i
 A store that answers but refuses (schema too old or too new) is not an outage: the command
 fails as `vjob vm restore` would, since writing through the wrong schema corrupts it.
 
+A multi-node job's VMs (`vjob-pbs-<job id>-<rank>`, one per node, docs/multinode.md) are
+saved and restored together by the mother superior's hook: `--also VM@NODE` names each other VM
+and its node (reached through [provisioning.nodes]), and all of them go through
+provisioning.coordinated: every VM paused before any is saved, all restored paused before any
+runs. One pending record per VM when the store is down.
+
 Exit status: 0 done; 1 the VM operation failed (the hook then refuses the resume with the last
 line printed); 2 bad usage. The VM name and node name are checked (`re.fullmatch`) before
 anything runs.
@@ -27,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import secrets
 import sys
 import time
@@ -37,6 +44,8 @@ from typing import Any
 from sqlalchemy import select
 
 from plugins.pbs import names
+from provisioning import coordinated
+from provisioning.coordinated import Member
 from provisioning.driver import Driver
 from vjob import config as vconfig
 from vjob.errors import InputError, SchemaOutdatedError, SchemaTooNewError, StoreError, VjobError
@@ -50,10 +59,15 @@ VM_NAME_PREFIX = "vjob-pbs-"
 
 
 def check_vm(value: str) -> str:
-    """`vjob-pbs-<PBS job id>`, the name the pilot gives a PBS job's VM; nothing else."""
+    """`vjob-pbs-<PBS job id>`, the name the pilot gives a PBS job's VM, or
+    `vjob-pbs-<job id>-<rank>` for each VM of a multi-node job; nothing else."""
     if not value.startswith(VM_NAME_PREFIX):
         raise InputError(f"vm = {value[:80]!r}: not a PBS job's VM (vjob-pbs-<job id>)")
-    names.job_id(value[len(VM_NAME_PREFIX) :], field=f"vm = {value[:80]!r}: job id")
+    rest = value[len(VM_NAME_PREFIX) :]
+    ranked = re.fullmatch(r"(.+)-[0-9]{1,3}", rest)
+    if ranked is not None and names.JOB_ID.fullmatch(ranked.group(1)):
+        return value
+    names.job_id(rest, field=f"vm = {value[:80]!r}: job id")
     return value
 
 
@@ -161,28 +175,53 @@ def _store_or_none(cfg: vconfig.Config) -> Store | None:
     return store
 
 
-def run(cfg: vconfig.Config, action: str, vm: str, node: str) -> str:
-    """Save or restore `vm` on `node`; what happened, in one line."""
+def parse_member(value: str) -> tuple[str, str]:
+    """`--also VM@NODE`: another VM of the same multi-node job and the node it is on."""
+    vm, sep, node = value.partition("@")
+    if not sep:
+        raise InputError(f"--also {value[:80]!r}: must be VM@NODE")
+    return check_vm(vm), names.node(node, field=f"--also {value[:80]!r}: node")
+
+
+def run(cfg: vconfig.Config, action: str, vm: str, node: str, also: Sequence[tuple[str, str]] = ()) -> str:
+    """Save or restore `vm` on `node` (with the other VMs of its job, `also`, as one cut);
+    what happened, in one line."""
     check_vm(vm)
     names.node(node, field="--node")
+    members = [(vm, node), *also]
+    if len({v for v, _n in members}) != len(members):
+        raise InputError(f"--also: a VM is named twice: {[v for v, _n in members]}")
     store = _store_or_none(cfg)
+    records: list[dict[str, Any]] = []
     try:
         with Driver(cfg.provisioning, data_dir=cfg.data_path, store=store) as driver:
-            state_path = driver.state_path(vm, node)
-            if action == "save":
-                snap = driver.save(vm, node)
-                record = {"size_bytes": snap.size_bytes, "sha256": snap.sha256, "created_at": snap.created_at}
+            if action == "save" and also:
+                cut = coordinated.checkpoint(driver, [Member(v, n) for v, n in members])
+                snaps = [cut.snapshots[v] for v, _n in members]
+            elif action == "save":
+                snaps = [driver.save(vm, node)]
+            elif also:
+                coordinated.restore(driver, [Member(v, n) for v, n in members])
             else:
                 driver.restore(vm, node)
-                record = {"overlay_path": str(driver.overlay_path(vm, node))}
+            for i, (v, n) in enumerate(members):
+                record: dict[str, Any] = {"vm": v, "node": n, "state_path": str(driver.state_path(v, n))}
+                if action == "save":
+                    snap = snaps[i]
+                    record |= {"size_bytes": snap.size_bytes, "sha256": snap.sha256, "created_at": snap.created_at}
+                else:
+                    record["overlay_path"] = str(driver.overlay_path(v, n))
+                records.append(record)
     finally:
         if store is not None:
             store.close()
     done = "saved" if action == "save" else "restored"
+    what = f"VM {vm} {done} on {node}" if not also else f"{len(members)} VMs of the job {done} in one cut"
     if store is None:
-        write_pending(cfg, {"op": done, "vm": vm, "node": node, "state_path": str(state_path), **record})
-        return f"VM {vm} {done} on {node} (store unreachable: recorded once it is back)"
-    return f"VM {vm} {done} on {node}"
+        for record in records:
+            write_pending(cfg, {"op": done, **record})
+        return f"{what} (store unreachable: recorded once it is back)"
+    return what
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -198,6 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
         one = sub.add_parser(action, help=f"{action} vjob-pbs-<job id> on this node")
         one.add_argument("vm", help="the VM name, vjob-pbs-<PBS job id>")
         one.add_argument("--node", required=True, help="this MoM's node name, as in [provisioning.nodes]")
+        one.add_argument("--also", action="append", default=[], metavar="VM@NODE",
+                         help="another VM of the same multi-node job and its node (all go in one cut)")  # fmt: skip
     sub.add_parser("flush", help="write the records kept while the store was unreachable")
     return parser
 
@@ -216,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             finally:
                 store.close()
             return 0
-        print(run(cfg, args.action, args.vm, args.node))
+        print(run(cfg, args.action, args.vm, args.node, [parse_member(m) for m in args.also]))
         return 0
     except VjobError as exc:
         print(f"vjob: {exc}", file=sys.stderr)

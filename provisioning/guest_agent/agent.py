@@ -18,6 +18,12 @@ files. The agent
 * writes the exit status to `/.vjob/exit` on the job disk (128+N for a signal, like a shell),
   syncs and unmounts it; vjob-init then powers the guest off.
 
+A multi-node job (docs/multinode.md) has one VM per node; job.json's `network` gives this VM
+its address on the job's private network, every VM's host name (/etc/hosts), the host file at
+$VJOB_NODEFILE, and the job's ssh key: sshd runs and the user reaches every VM without a
+password. Only the first VM (`leader`) runs the script; the others wait, reachable, until the
+pilot ends the job.
+
 Everything in job.json came from the host but was written into a disk the user could have
 prepared: it is checked here too (types, sizes, names), and the job never runs as root unless
 its uid is 0 (a root job on the host).
@@ -27,10 +33,13 @@ Standard library only: it runs with the guest's python3, and nothing of vjob is 
 
 from __future__ import annotations
 
+import fcntl
+import ipaddress
 import json
 import os
 import re
 import socket
+import struct
 import subprocess
 import sys
 import termios
@@ -47,6 +56,15 @@ STDERR_TTY = "/dev/ttyS2"
 MAX_JOB_JSON = 4 << 20
 USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 HOST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]{0,62}")
+NODEFILE = Path("/etc/vjob/nodefile")
+MAC_RE = re.compile(r"[0-9a-f]{2}(?::[0-9a-f]{2}){5}")
+PEER_RE = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
+MAX_PEERS = 254
+PEER_WAIT_S = 600.0
+SSH_KEY_RE = re.compile(r"ssh-ed25519 [A-Za-z0-9+/=]{40,200}")
+PRIVATE_KEY_RE = re.compile(
+    r"-----BEGIN OPENSSH PRIVATE KEY-----\n[A-Za-z0-9+/=\n]{100,2000}-----END OPENSSH PRIVATE KEY-----\n"
+)
 FORBIDDEN_CWD = ("/proc", "/sys", "/dev", "/etc", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/boot", "/vjob", "/run")
 """A working directory is bind-mounted at its host path: never over what the guest runs on."""
 
@@ -65,6 +83,67 @@ class Job:
     home: str
     cwd: str
     hostname: str
+    network: Network | None = None
+
+
+@dataclass(frozen=True)
+class Network:
+    """This VM's place on the job's private network (job.json `network`)."""
+
+    mac: str
+    ip: str
+    prefix: int
+    peers: list[tuple[str, str]]
+    """(ip, host name) of every VM of the job, the first VM first."""
+    leader: bool
+    ssh_private: str = ""
+    ssh_public: str = ""
+
+
+def parse_network(data: object) -> Network:
+    """job.json's `network`, every field checked (it reaches /etc/hosts and ssh's files)."""
+    if not isinstance(data, dict):
+        raise JobError("network: must be an object")
+    mac = data.get("mac")
+    if not isinstance(mac, str) or not MAC_RE.fullmatch(mac):
+        raise JobError(f"network.mac: {str(mac)[:40]!r}: must match {MAC_RE.pattern}")
+    prefix = data.get("prefix")
+    if not isinstance(prefix, int) or isinstance(prefix, bool) or not 8 <= prefix <= 30:
+        raise JobError(f"network.prefix: {str(prefix)[:40]!r}: must be an integer in 8..30")
+    raw_peers = data.get("peers")
+    if not isinstance(raw_peers, list) or not 1 <= len(raw_peers) <= MAX_PEERS:
+        raise JobError(f"network.peers: must be a list of 1..{MAX_PEERS} [ip, hostname] pairs")
+    peers = []
+    for item in raw_peers:
+        if not (isinstance(item, list) and len(item) == 2 and all(isinstance(x, str) for x in item)):
+            raise JobError(f"network.peers: {str(item)[:80]!r}: must be an [ip, hostname] pair")
+        peers.append((_ipv4("network.peers", item[0]), _peer_name(item[1])))
+    ip = _ipv4("network.ip", data.get("ip"))
+    if ip not in {p[0] for p in peers}:
+        raise JobError(f"network.ip: {ip} is not one of network.peers")
+    private, public = data.get("ssh_private", ""), data.get("ssh_public", "")
+    if private or public:
+        if not isinstance(private, str) or not PRIVATE_KEY_RE.fullmatch(private):
+            raise JobError("network.ssh_private: must be one OpenSSH private key")
+        if not isinstance(public, str) or not SSH_KEY_RE.fullmatch(public):
+            raise JobError(f"network.ssh_public: {str(public)[:40]!r}: must match {SSH_KEY_RE.pattern}")
+    leader = data.get("leader")
+    if not isinstance(leader, bool):
+        raise JobError("network.leader: must be true or false")
+    return Network(mac, ip, prefix, peers, leader, private, public)
+
+
+def _ipv4(field: str, value: object) -> str:
+    try:
+        return str(ipaddress.IPv4Address(value if isinstance(value, str) else ""))
+    except ValueError:
+        raise JobError(f"{field}: {str(value)[:40]!r}: must be an IPv4 address") from None
+
+
+def _peer_name(value: str) -> str:
+    if not PEER_RE.fullmatch(value):
+        raise JobError(f"network.peers: host name {value[:80]!r}: must match {PEER_RE.pattern}")
+    return value
 
 
 def check_path(field: str, value: object) -> str:
@@ -119,6 +198,7 @@ def parse_job(data: object) -> Job:
         home=check_path("home", data.get("home")),
         cwd=check_cwd(data.get("cwd")),
         hostname=hostname,
+        network=parse_network(data["network"]) if data.get("network") is not None else None,
     )
 
 
@@ -141,6 +221,117 @@ def ensure_user(job: Job, etc: Path = Path("/etc")) -> None:
         name = job.user if not any(u[0] == job.user for u in users) else f"vjob-u{job.uid}"
         with passwd_file.open("a") as fh:
             fh.write(f"{name}:x:{job.uid}:{job.gid}::{job.home}:/bin/bash\n")
+
+
+_SIOCSIFFLAGS, _SIOCGIFFLAGS, _SIOCSIFADDR, _SIOCSIFNETMASK = 0x8914, 0x8913, 0x8916, 0x891C
+_IFF_UP = 0x1
+
+
+def _ifreq(name: str, tail: bytes = b"") -> bytes:
+    return struct.pack("16s", name.encode()) + tail.ljust(24, b"\0")
+
+
+def _sockaddr(ip: str) -> bytes:
+    return struct.pack("HH4s", socket.AF_INET, 0, socket.inet_aton(ip))
+
+
+def _link_up(sock: socket.socket, name: str) -> None:
+    flags = struct.unpack("16sH", fcntl.ioctl(sock, _SIOCGIFFLAGS, _ifreq(name))[:18])[1]
+    fcntl.ioctl(sock, _SIOCSIFFLAGS, _ifreq(name, struct.pack("H", flags | _IFF_UP)))
+
+
+def interface_of(mac: str, sys_net: Path = Path("/sys/class/net")) -> str:
+    """The guest's interface with `mac` (the kernel's name, eth0 or ens3, is not ours to fix)."""
+    for path in sorted(sys_net.iterdir()):
+        try:
+            if (path / "address").read_text().strip().lower() == mac:
+                return path.name
+        except OSError:
+            continue
+    raise JobError(f"network.mac: no interface with address {mac} in the guest")
+
+
+def setup_network(net: Network, hostname: str, etc: Path = Path("/etc")) -> None:
+    """Address the job's NIC (ioctl: the image has no iproute2), name every VM in /etc/hosts,
+    write the host file, and start sshd with the job's key when the image has it."""
+    mask = str(ipaddress.IPv4Network(f"0.0.0.0/{net.prefix}").netmask)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        _link_up(sock, "lo")
+        name = interface_of(net.mac)
+        fcntl.ioctl(sock, _SIOCSIFADDR, _ifreq(name, _sockaddr(net.ip)))
+        fcntl.ioctl(sock, _SIOCSIFNETMASK, _ifreq(name, _sockaddr(mask)))
+        _link_up(sock, name)
+    lines = ["127.0.0.1 localhost\n", *(f"{ip} {host}\n" for ip, host in net.peers)]
+    (etc / "hosts").write_text("".join(lines))
+    nodefile = etc / NODEFILE.relative_to("/etc")
+    nodefile.parent.mkdir(mode=0o755, exist_ok=True)
+    nodefile.write_text("".join(f"{host} slots=1\n" for _ip, host in net.peers))
+    nodefile.chmod(0o644)
+    _say(f"network: {name} {net.ip}/{net.prefix} as {hostname}, {len(net.peers)} VMs")
+
+
+def user_ssh_dir(job: Job) -> Path:
+    """The user's ~/.ssh, created root's way but refused when any part of it is a symbolic
+    link: a home under the working directory comes from the job disk, which the user wrote."""
+    home_ssh = Path(job.home) / ".ssh"
+    home_ssh.mkdir(mode=0o700, exist_ok=True)
+    if os.path.realpath(home_ssh) != str(home_ssh) or not home_ssh.is_dir():
+        raise JobError(f"home: {job.home[:80]!r}: ~/.ssh is or goes through a symbolic link")
+    os.chown(home_ssh, job.uid, job.gid, follow_symlinks=False)
+    os.chmod(home_ssh, 0o700)
+    return home_ssh
+
+
+def write_user_file(path: Path, text: str, mode: int, uid: int, gid: int) -> None:
+    """Write `path` for the user without following a link planted at its name."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+    try:
+        os.write(fd, text.encode())
+        os.fchmod(fd, mode)
+        os.fchown(fd, uid, gid)
+    finally:
+        os.close(fd)
+
+
+def setup_ssh(job: Job, net: Network, etc: Path = Path("/etc")) -> bool:
+    """sshd with a host key of this boot, and the job's key for the user (no password between
+    the job's VMs). False when the image has no sshd."""
+    if not net.ssh_private or not Path("/usr/sbin/sshd").exists():
+        return False
+    host_key = etc / "ssh" / "ssh_host_ed25519_key"
+    if not host_key.exists():
+        _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(host_key)])
+    names = " ".join(host for _ip, host in net.peers)
+    conf = etc / "ssh" / "ssh_config.d" / "vjob.conf"
+    conf.parent.mkdir(mode=0o755, exist_ok=True)
+    # The job's own private network, host keys made at each VM's boot: nothing to pin.
+    conf.write_text(f"Host {names}\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n")
+    home_ssh = user_ssh_dir(job)
+    for fname, text, mode in (("id_ed25519", net.ssh_private, 0o600), ("id_ed25519.pub", net.ssh_public + "\n", 0o644),
+                              ("authorized_keys", net.ssh_public + "\n", 0o600)):  # fmt: skip
+        write_user_file(home_ssh / fname, text, mode, job.uid, job.gid)
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+    _run(["/usr/sbin/sshd", "-o", "UsePAM=no", "-o", f"HostKey={host_key}", "-o", "PasswordAuthentication=no"])
+    return True
+
+
+def wait_for_peers(net: Network, timeout_s: float = PEER_WAIT_S) -> list[str]:
+    """Before the script starts on the first VM, every other VM answers on ssh's port: the VMs
+    boot one after another (each job disk is built first), and a script's first `ssh vm1` must
+    not meet a VM still booting. Returns the peers still silent at the timeout (the script
+    then runs anyway, and is told on its stderr)."""
+    waiting = [ip for ip, _host in net.peers if ip != net.ip]
+    deadline = time.monotonic() + timeout_s
+    while waiting and time.monotonic() < deadline:
+        for ip in list(waiting):
+            try:
+                socket.create_connection((ip, 22), timeout=2).close()
+                waiting.remove(ip)
+            except OSError:
+                continue
+        if waiting:
+            time.sleep(1)
+    return waiting
 
 
 def _say(text: str) -> None:
@@ -180,6 +371,8 @@ def run_job(job: Job, script: Path, *, stdout: int, stderr: int) -> int:
     """Run the job as its user; returns the exit status (128+N when killed by signal N)."""
     env = dict(job.env)
     env.update({"HOME": job.home, "USER": job.user, "LOGNAME": job.user, "VJOB_GUEST": "1"})
+    if job.network is not None:
+        env["VJOB_NODEFILE"] = str(NODEFILE)
     env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
     argv = [str(script), *job.argv[1:]]
     if not script.read_bytes().startswith(b"#!"):
@@ -209,6 +402,17 @@ def main() -> int:
     ensure_user(job)
     _make_dirs_for(job)
     _run(["mount", "--bind", str(MOUNT / WORK), job.cwd])
+    if job.network is not None:
+        setup_network(job.network, job.hostname)
+        ssh = setup_ssh(job, job.network)
+        if ssh:
+            _say("sshd started")
+        if not job.network.leader:
+            _say("peer ready: the job's script runs on the first VM")
+            while True:  # the pilot ends this VM with the job
+                time.sleep(3600)
+        silent = wait_for_peers(job.network) if ssh else []
+        _say(f"peers reachable at uptime {time.clock_gettime(time.CLOCK_BOOTTIME):.2f}; silent: {silent}")
     script = control / "script"
     os.chmod(script, 0o755)
     stdout, stderr = _raw_tty(STDOUT_TTY), _raw_tty(STDERR_TTY)

@@ -1,0 +1,190 @@
+"""A multi-node vjob: one VM per node of the allocation, on a private network of the job.
+
+Why the first node's pilot drives every VM (through the VM driver, each VM on its node's
+libvirt) rather than one independent pilot per node: a checkpoint must be one consistent cut
+(provisioning.coordinated pauses every VM before any is saved) and a resume must bring them
+all back paused before any runs. One process that holds every VM does that without a
+distributed protocol between pilots; the Pilot's life cycle (boot, adopt, save on SIGTERM or
+on a request, restore, finish) is unchanged, `JobVMs` stands in for its one VM.
+
+The VMs are `<vjob name>-<rank>`; rank 0 runs the user's script, the others wait reachable as
+`vm1`, `vm2`… (provisioning.network gives the MACs, addresses and host file); every VM has a
+copy of the working directory on its job disk, only rank 0's is copied back at the end.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from agent.pilot import DriverVM
+from provisioning import network
+from vjob import log, proc
+from vjob.model import VMState
+from vjob.store.identities import Address
+
+_log = log.get("pilot")
+
+
+def member_names(vm: str, count: int) -> list[str]:
+    """The VM names of a job of `count` nodes: `<vm>-0` runs the script."""
+    return [f"{vm}-{rank}" for rank in range(count)]
+
+
+def job_ssh_key(comment: str) -> tuple[str, str]:
+    """A fresh ed25519 key pair for the job's user between its VMs (private, public).
+
+    Made by the pilot, as the job's user, at the job's first boot; it lives only on the job
+    disks of the job's own VMs."""
+    with tempfile.TemporaryDirectory(prefix="vjob-key-") as tmp:
+        key = Path(tmp) / "id"
+        proc.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(key)], timeout_s=30)
+        return key.read_text(), " ".join(key.with_suffix(".pub").read_text().split()[:2])
+
+
+def network_of(addresses: Sequence[Address], rank: int, ssh: tuple[str, str] | None) -> dict[str, object]:
+    """job.json's `network` for the VM of `rank` (provisioning.guest_agent.agent.parse_network)."""
+    peers = network.peers(addresses)
+    me = peers[rank]
+    return {
+        "mac": me.mac,
+        "ip": str(me.ip),
+        "prefix": 24,
+        "peers": [[str(p.ip), p.hostname] for p in peers],
+        "leader": rank == 0,
+        "ssh_private": ssh[0] if ssh else "",
+        "ssh_public": ssh[1] if ssh else "",
+    }
+
+
+class JobVMs:
+    """The VMs of one multi-node job, driven together; the Pilot sees the first one."""
+
+    def __init__(
+        self,
+        driver: Any,
+        vm: str,
+        nodes: Sequence[str],
+        subnet_id: int,
+        spec_factory: Callable[[int, str, str], Any],
+    ) -> None:
+        """`spec_factory(rank, vm name, node)` builds the VMSpec of one VM (its job disk too)."""
+        self.driver = driver
+        self.subnet_id = subnet_id
+        self._spec_factory = spec_factory
+        self._settled = False
+        self.members = [
+            DriverVM(driver, name, node, (lambda r=rank, n=name, nd=node: spec_factory(r, n, nd)))
+            for rank, (name, node) in enumerate(zip(member_names(vm, len(nodes)), nodes, strict=True))
+        ]
+        self.leader = self.members[0]
+        self.name = self.leader.name
+        self.node = self.leader.node
+        self.uri = self.leader.uri
+
+    def nodes(self) -> list[str]:
+        return [m.node for m in self.members]
+
+    def _coordinated(self, from_nodes: Sequence[str] = ()) -> list[Any]:
+        from provisioning.coordinated import Member  # heavy: libvirt-python (the driver)
+
+        froms = list(from_nodes) if len(from_nodes) == len(self.members) else [m.node for m in self.members]
+        return [Member(m.name, m.node, from_node=f) for m, f in zip(self.members, froms, strict=True)]
+
+    def _ensure_network(self) -> None:
+        for node in dict.fromkeys(self.nodes()):  # one bridge per node (libvirt), in node order
+            network.ensure_bridge(self.driver.connection(node), self.subnet_id)
+
+    def _remove_network(self) -> None:
+        for node in dict.fromkeys(self.nodes()):
+            try:
+                network.remove_bridge(self.driver.connection(node), self.subnet_id)
+            except Exception as exc:  # noqa: BLE001 - a bridge left behind costs nothing; logged
+                _log.warning("job network not removed", node=node, error=str(exc))
+
+    def console_log(self) -> Path:
+        return self.leader.console_log()
+
+    def output_logs(self) -> tuple[Path, Path]:
+        return self.leader.output_logs()
+
+    def active(self) -> bool:
+        if not self._settled:  # the pilot's first look: finish a cut a killed pilot left half done
+            self._settled = True
+            self._finish_cut()
+        return self.leader.active()
+
+    def _finish_cut(self) -> None:
+        """A pilot SIGKILLed during a coordinated save (the RMS's grace time ran out) leaves some
+        VMs saved and the others paused — all at the moment of the cut, since every VM was paused
+        before any save began. Restoring the saved ones paused and letting all run again gives
+        back that one consistent state; booting afresh would lose the job."""
+        saved = [m for m in self.members if self.driver.state(m.name, m.node) == VMState.SAVED]
+        live = [m for m in self.members if m.active()]
+        if not saved or not live:
+            return  # nothing half done: a whole save is restored the usual way, a live job adopted
+        self._ensure_network()
+        for m in saved:
+            self.driver.restore(m.name, m.node, paused=True)
+        for m in self.members:
+            self.driver.unpause(m.name, m.node)
+        _log.warning("half-done checkpoint undone: the job runs on", saved=[m.name for m in saved],
+                     paused=[m.name for m in live])  # fmt: skip
+
+    def boot(self) -> None:
+        saved = [m for m in self.members if self.driver.state(m.name, m.node) == VMState.SAVED]
+        if saved and len(saved) == len(self.members):
+            _log.warning("the job's VMs are saved though the pilot never said so: restoring them")
+            self.restore(self.node, self.nodes())  # killed between the cut and its state file
+            return
+        self._ensure_network()
+        try:
+            for rank, m in enumerate(self.members):  # every job disk first: the VMs then boot together
+                self.driver.define(self._spec_factory(rank, m.name, m.node), m.node)
+            for m in reversed(self.members):  # the script's VM last
+                self.driver.boot(m.name, m.node)
+        except Exception:
+            self._remove_network()  # the VMs are kept for a look; the bridge is made again by a retry
+            raise
+
+    def save(self) -> tuple[Path, int]:
+        from provisioning import coordinated  # heavy: libvirt-python (the driver)
+
+        cut = coordinated.checkpoint(self.driver, self._coordinated())
+        snap = cut.snapshots[self.leader.name]
+        self._remove_network()
+        _log.info("multi-node job saved", vms=len(self.members), consistent=cut.consistent,
+                  pause_to_saved_s=round(cut.pause_to_saved_s, 3))  # fmt: skip
+        return Path(snap.memory_path), sum(int(s.size_bytes) for s in cut.snapshots.values())
+
+    def restore(self, saved_on: str, member_nodes: Sequence[str] = ()) -> None:
+        from provisioning import coordinated  # heavy: libvirt-python (the driver)
+
+        self._ensure_network()
+        froms = list(member_nodes) or self.nodes()  # each state where its VM is, unless told
+        resumed = coordinated.restore(self.driver, self._coordinated(froms))
+        _log.info("multi-node job restored", vms=len(self.members),
+                  restore_to_running_s=round(resumed.restore_to_running_s, 3))  # fmt: skip
+
+    def delete(self) -> None:
+        for m in self.members:
+            m.delete()
+        self._remove_network()
+
+    def collect(self, workdir: Path) -> int | None:
+        return self.leader.collect(workdir)
+
+    def cpu(self) -> tuple[float, int] | None:
+        """CPU seconds and vCPUs of all the job's VMs together; None when one is unreadable."""
+        readings = [m.cpu() for m in self.members]
+        if any(r is None for r in readings):
+            return None
+        return sum(r[0] for r in readings if r), sum(r[1] for r in readings if r)
+
+    def forget(self, node: str) -> None:
+        for m in self.members:
+            m.forget(node)
+            if m.node != node:
+                m.forget(m.node)
