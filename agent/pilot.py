@@ -37,17 +37,18 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
+from agent import pilot_requests
 from provisioning import job_disk
 from vjob import log
 from vjob.errors import VjobError
 from vjob.model import VMState
-from vjob.pilot_files import PilotDir, PilotState, PilotStatus
+from vjob.pilot_files import PilotDir, PilotState, PilotStatus, RequestKind
 
 EXIT_FINISHED = 0
 EXIT_CHECKPOINTED = 0
@@ -79,8 +80,13 @@ class DriverVM:
         snap = self.driver.save(self.name, self.node)
         return Path(snap.memory_path), int(snap.size_bytes)
 
-    def restore(self, saved_on: str) -> None:
+    def restore(self, saved_on: str, member_nodes: Sequence[str] = ()) -> None:
+        """`member_nodes`: a multi-node job's (agent.pilot_multinode); one VM has none."""
         self.driver.restore(self.name, self.node, from_node=saved_on or self.node)
+
+    def nodes(self) -> list[str]:
+        """The node of each VM of the job: one here (agent.pilot_multinode has several)."""
+        return [self.node]
 
     def delete(self) -> None:
         self.driver.delete(self.name, self.node)
@@ -91,6 +97,16 @@ class DriverVM:
     def collect(self, workdir: Path) -> int | None:
         """A real job's exit status, after copying its files back (None: it never ended)."""
         return job_disk.collect(self.driver.job_disk_path(self.name, self.node), workdir).exit_code
+
+    def cpu(self) -> tuple[float, int] | None:
+        """CPU seconds used so far and vCPUs, from libvirt's domain info; None when unreadable."""
+        import libvirt  # heavy: libvirt-python, only in a pilot that runs a VM
+
+        try:
+            info = self.driver.connection(self.node).lookupByName(self.name).info()
+        except (libvirt.libvirtError, VjobError):  # a domain gone, a node unreachable: a reading is never needed
+            return None
+        return info[4] / 1e9, int(info[3])
 
     def forget(self, node: str) -> None:
         """Delete whatever an older job of the same name left on `node` (VM, disk, state)."""
@@ -115,6 +131,8 @@ class PilotSettings:
     workdir: Path | None = None
     """A real job's working directory (staged into its job disk, results copied back); None
     for the counter guest."""
+    cpu_sample_s: float = 5.0
+    """How often the VM's CPU time is written to the state file (the control loop's demand)."""
 
 
 class _Signals:
@@ -237,7 +255,7 @@ class Pilot:
             try:
                 return self._watch()
             finally:
-                for tail in tails:
+                for tail in self._tails:  # the tails now copying (a context switch may have moved them)
                     tail.stop()
         except VjobError as exc:
             self.log.error("pilot failed", error=str(exc))
@@ -279,20 +297,20 @@ class Pilot:
             return
         if previous is not None and previous.memory_saved:
             self._resumed = True
-            self._restore(previous.saved_node)
+            self._restore(previous.saved_node, previous.member_nodes)
             return
         self._say(f"booting VM {self.vm.name} ({self.s.image or 'default image'}) on {self.s.node}")
         self.vm.boot()
         self._move(PilotState.RUNNING, boots=self.status.boots + 1)
         self.log.info("booted")
 
-    def _restore(self, saved_on: str) -> None:
+    def _restore(self, saved_on: str, member_nodes: Sequence[str] = ()) -> None:
         local = saved_on == self.s.node
         where = "locally" if local else f"remotely (saved on {saved_on})"
         self._say(f"restoring VM {self.vm.name} {where} on {self.s.node}")
         self._move(PilotState.RESTORING)
         t0 = time.monotonic()
-        self.vm.restore(saved_on)
+        self.vm.restore(saved_on, member_nodes)
         took = time.monotonic() - t0
         st = self.status
         assert st is not None
@@ -305,12 +323,31 @@ class Pilot:
         )
         self.log.info("restored", local=local, seconds=round(took, 3))
 
+    def retail(self) -> None:
+        """Copy the guest's output from where its VM now is (a context switch moved it; the
+        console and output logs on the new node start empty)."""
+        for tail in self._tails:
+            tail.stop()
+        if self.real:
+            out_log, err_log = self.vm.output_logs()
+            self._tails = [ConsoleTail(out_log, self.out, start_at_end=False),
+                           ConsoleTail(err_log, self.err, start_at_end=False)]  # fmt: skip
+        else:
+            self._tails = [ConsoleTail(self.vm.console_log(), self.out, start_at_end=False)]
+        for tail in self._tails:
+            tail.start()
+
     def _watch(self) -> int:
         """The pilot's loop until the guest ends or the job is checkpointed."""
         while True:
             if self.signals.terminate.is_set():
                 return self._save_and_exit("SIGTERM")
             request = self.pdir.read_request()
+            if request is not None and request.kind is not RequestKind.CHECKPOINT:
+                ended = pilot_requests.carry_out(self, request)  # one action of a live context switch
+                if ended is not None:
+                    return ended
+                request = None
             if request is not None or self.signals.checkpoint.is_set():
                 self.signals.checkpoint.clear()
                 self._save(request.request_id if request else "signal", request.nodes if request else ())
@@ -319,8 +356,20 @@ class Pilot:
                 continue
             if not self.vm.active():
                 return self._finish()
+            self._sample_cpu()
             self.signals.wake.wait(self.s.poll_s)
             self.signals.wake.clear()
+
+    def _sample_cpu(self) -> None:
+        """Every `cpu_sample_s`, the VM's CPU counter into the state file (no history entry)."""
+        st = self.status
+        now = time.time()
+        if st is None or st.state is not PilotState.RUNNING or now - st.cpu_at < self.s.cpu_sample_s:
+            return
+        reading = self.vm.cpu()
+        if reading is not None:
+            self.status = replace(st, cpu_seconds=reading[0], cpu_at=now, vcpus=reading[1])
+            self.pdir.write_state(self.status)
 
     def _finish(self) -> int:
         """The guest powered off: a real job's files come back and its exit status is ours."""
@@ -355,8 +404,9 @@ class Pilot:
         copied = [t.offset for t in self._tails] if self.real and len(self._tails) == 2 else []
         self._move(
             PilotState.SAVED,
-            saved_node=self.s.node,
-            saved_nodes=list(nodes) or [self.s.node],
+            saved_node=self.vm.node,  # the pilot's node unless a context switch moved the VM
+            saved_nodes=list(nodes) or [self.vm.node],
+            member_nodes=self.vm.nodes() if len(self.vm.nodes()) > 1 else [],
             save_seconds=took,
             save_bytes=size,
             memory_path=str(path),
@@ -388,7 +438,7 @@ class Pilot:
         self._say("not requeued: resuming the VM here")
         self.log.warning("checkpoint not followed by a requeue: resuming", waited=self.s.orphan_resume_s)
         self.pdir.withdraw_request()
-        self._restore(self.s.node)
+        self._restore(self.s.node, self.vm.nodes() if len(self.vm.nodes()) > 1 else ())
         return False
 
 

@@ -7,14 +7,18 @@ live agent's checkpoint requests or roll its switch back under it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from agent.act import finish_checkpoint
+from agent.pilot_performer import EXECUTOR_TAG, PilotRequestPerformer
+from preemption.executor import ExecutionReport, Executor, KeyedPerformer
 from vjob.errors import CommandError, VjobError
 from vjob.model import JobState
 from vjob.pilot_files import PilotState
 from vjob.store import jobs as store_jobs
 from vjob.store import journal
+from vjob.store.db import Store
 
 if TYPE_CHECKING:
     from agent.loop import Agent
@@ -29,9 +33,13 @@ def recover(agent: Agent) -> list[int]:
     disk behind a held job.
     """
     store = agent.store()
+    performer = PilotRequestPerformer(lambda a: agent.pilot_dir(a.vjob), timeout_s=agent.checkpoint_timeout_s,
+                                      reason="recovery")  # fmt: skip
+    handled = [r.switch_id for r in finish_live_switches(store, agent.rms, lambda _sw: performer, agent.log)]
     states = {j.id: j.state for j in agent.adapter.jobs()}
-    handled = []
     for sw in journal.open_switches(store, rms=agent.rms):
+        if sw.plan.get("executor") == EXECUTOR_TAG:
+            continue  # a live switch left open by finish_live_switches (failed to journal its end)
         all_done = True
         for action in sw.actions:
             if action.state not in journal.OPEN_ACTION_STATES:
@@ -69,4 +77,26 @@ def recover(agent: Agent) -> list[int]:
     return handled
 
 
-__all__ = ["recover"]
+def finish_live_switches(
+    store: Store, rms: str, performer_for: Callable[[journal.JournalSwitch], KeyedPerformer], logger: Any
+) -> list[ExecutionReport]:
+    """Finish the live switches (every action through the pilots) a killed agent left open.
+
+    Why roll forward: every action of such a plan is a request the pilot answers once, under a
+    key stable across agents; the pools before the crash freed the room the next ones need,
+    so carrying on is what keeps every node viable. An action that cannot be done now stops
+    the switch as the executor would (`failed`, the rest `planned`): each VM is then running
+    or asleep on disk where its pilot says, never lost, and the next decision starts from there.
+    """
+    reports = []
+    for sw in journal.open_switches(store, rms=rms):
+        if sw.plan.get("executor") != EXECUTOR_TAG:
+            continue
+        executor = Executor(performer_for(sw), store, pipeline_interval_s=0.0, tag=EXECUTOR_TAG)
+        report = executor.finish(sw)
+        logger.info("recovered live switch", switch=sw.id, outcome=report.state, summary=report.summary())
+        reports.append(report)
+    return reports
+
+
+__all__ = ["finish_live_switches", "recover"]

@@ -12,15 +12,19 @@ writing to disk overlaps.
 
 Why stop at the first failed pool: the next pool's actions were planned on the room this pool
 frees; starting them after a failure could overload a node. What was done is reported.
+
+Why `finish`: a switch cut short by a crash is carried on from the journal by the next agent
+(agent.recover), skipping what was done; a KeyedPerformer gets each action's stable journal
+key, so an action that was under way when the agent died is recognised, not done twice.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from preemption.planner.plan import Plan, PlanAction
 from vjob import log
@@ -41,6 +45,30 @@ class ActionPerformer(Protocol):
     def resume(self, vm: str, node: str, source: str | None) -> None: ...
 
     def migrate(self, vm: str, source: str, destination: str) -> None: ...
+
+
+@runtime_checkable
+class KeyedPerformer(Protocol):
+    """A performer that needs each action's journal key (e.g. the pilots': the key is the
+    request id, so an action repeated after a crash is recognised and never done twice)."""
+
+    def perform(self, action: PlanAction, key: str) -> None: ...
+
+
+@runtime_checkable
+class JobPerformer(Protocol):
+    """A performer that checkpoints a multi-VM job as one consistent cut: every VM paused
+    before any is saved, all restored paused before any runs (provisioning.coordinated).
+    The executor hands it the suspends (or resumes) of one vjob in a pool together."""
+
+    def suspend_job(self, actions: Sequence[PlanAction]) -> None: ...
+
+    def resume_job(self, actions: Sequence[PlanAction]) -> None: ...
+
+
+def action_key(switch_id: int, action_id: int) -> str:
+    """The stable name of one journalled action (switch id, action row id)."""
+    return f"sw{switch_id}-a{action_id}"
 
 
 @dataclass
@@ -99,21 +127,56 @@ class Executor:
         pipeline_interval_s: float = 1.0,
         max_parallel: int = 16,
         job_key: Callable[[PlanAction], str] | None = None,
+        tag: str = "",
     ) -> None:
         self.performer = performer
         self.store = store
         self.pipeline_interval_s = pipeline_interval_s
         self.max_parallel = max(1, max_parallel)
         self.job_key = job_key or (lambda a: a.vjob)
+        self.tag = tag
+        """Journalled with the plan (`executor`), so a restarted agent knows which performer
+        can finish the switch (agent.recover)."""
+        self._switch_id = 0
 
     def execute(self, plan: Plan, *, reason: str = "") -> ExecutionReport:
         started = time.monotonic()
         switch_id, ids = self._journal_plan(plan, reason)
         logger = log.get("executor").bind(switch=switch_id)
         logger.info("switch_start", pools=len(plan.pools), cost=plan.cost, reason=reason, jobs=_jobs(plan.actions))
+        return self._run(plan, switch_id, ids, set(), started)
+
+    def finish(self, switch: journal.JournalSwitch) -> ExecutionReport:
+        """Carry on a journalled switch a previous agent left open: the actions already done
+        are skipped, the others run again pool by pool (a keyed performer recognises an action
+        its VM already answered). The switch ends done, or failed where execute would stop."""
+        started = time.monotonic()
+        plan = Plan.from_dict(switch.plan, source=f"switch {switch.id}")
+        if len(switch.actions) != len(plan.actions):
+            raise ValueError(f"switch {switch.id}: the journal holds {len(switch.actions)} actions, "
+                             f"its plan {len(plan.actions)}")  # fmt: skip
+        rows = iter(switch.actions)  # journalled in plan order (ids ascending)
+        ids, done = {}, set()
+        for i, pool in enumerate(plan.pools):
+            for k in range(len(pool)):
+                row = next(rows)
+                ids[(i, k)] = row.id
+                if row.state == "done":
+                    done.add(row.id)
+        journal.set_switch(self.store, switch.id, "running")
+        log.get("executor").bind(switch=switch.id).info("switch_finish", skipped=len(done), reason=switch.reason)
+        return self._run(plan, switch.id, ids, done, started)
+
+    def _run(
+        self, plan: Plan, switch_id: int, ids: dict[tuple[int, int], int], done: set[int], started: float
+    ) -> ExecutionReport:
+        logger = log.get("executor").bind(switch=switch_id)
+        self._switch_id = switch_id
         report = ExecutionReport(switch_id=switch_id, state="done", pools_done=0)
         for index, pool in enumerate(plan.pools):
-            failed = self._run_pool(pool, [ids[(index, k)] for k in range(len(pool))], report)
+            todo = [(a, ids[(index, k)]) for k, a in enumerate(pool) if ids[(index, k)] not in done]
+            report.done.extend(a for k, a in enumerate(pool) if ids[(index, k)] in done)
+            failed = self._run_pool(tuple(a for a, _ in todo), [rid for _, rid in todo], report)
             if failed:
                 report.state = "failed"
                 report.not_started = [a for later in plan.pools[index + 1 :] for a in later]
@@ -128,10 +191,14 @@ class Executor:
     # -- one pool -------------------------------------------------------------------------
     def _run_pool(self, pool: tuple[PlanAction, ...], record_ids: list[int], report: ExecutionReport) -> bool:
         ids = {id(a): rid for a, rid in zip(pool, record_ids, strict=True)}
+        jobs, pool = _job_groups(pool) if isinstance(self.performer, JobPerformer) else ([], pool)
         schedule = start_offsets(pool, self.pipeline_interval_s)
         t0 = time.monotonic()
         futures: list[tuple[PlanAction, Future[None]]] = []
-        with ThreadPoolExecutor(max_workers=min(self.max_parallel, max(1, len(pool)))) as workers:
+        with ThreadPoolExecutor(max_workers=min(self.max_parallel, max(1, len(pool) + len(jobs)))) as workers:
+            for group in jobs:  # a multi-VM job's cut: one call for all its VMs
+                fut = workers.submit(self._perform_job, group, [ids[id(a)] for a in group])
+                futures.extend((a, fut) for a in group)
             for offset, action in schedule:
                 delay = t0 + offset - time.monotonic()
                 if delay > 0:
@@ -150,12 +217,35 @@ class Executor:
     def _perform(self, action: PlanAction, record_id: int) -> None:
         journal.set_action(self.store, record_id, "running")
         try:
-            _dispatch(self.performer, action)
+            if isinstance(self.performer, KeyedPerformer):
+                self.performer.perform(action, action_key(self._switch_id, record_id))
+            else:
+                _dispatch(self.performer, action)
         except Exception as exc:  # any driver failure: journal it, then let the pool report it
             journal.set_action(self.store, record_id, "failed", str(exc) or type(exc).__name__)
             log.get("executor").error("action_failed", action=action.kind.value, vm=action.vm, error=str(exc))
             raise
         journal.set_action(self.store, record_id, "done")
+
+    def _perform_job(self, group: list[PlanAction], record_ids: list[int]) -> None:
+        """The suspends or resumes of one multi-VM vjob, through the performer's coordinated
+        path; each action is journalled as usual (all done, or all failed with the error)."""
+        assert isinstance(self.performer, JobPerformer)
+        for rid in record_ids:
+            journal.set_action(self.store, rid, "running")
+        try:
+            if group[0].kind is Action.SUSPEND:
+                self.performer.suspend_job(group)
+            else:
+                self.performer.resume_job(group)
+        except Exception as exc:  # the cut failed (it rolled itself back): journal every action
+            for rid in record_ids:
+                journal.set_action(self.store, rid, "failed", str(exc) or type(exc).__name__)
+            log.get("executor").error("job_action_failed", action=group[0].kind.value, vjob=group[0].vjob,
+                                      vms=[a.vm for a in group], error=str(exc))  # fmt: skip
+            raise
+        for rid in record_ids:
+            journal.set_action(self.store, rid, "done")
 
     # -- journal --------------------------------------------------------------------------
     def _journal_plan(self, plan: Plan, reason: str) -> tuple[int, dict[tuple[int, int], int]]:
@@ -165,7 +255,8 @@ class Executor:
             for i, pool in enumerate(plan.pools)
             for a in pool
         ]
-        switch_id, ids = journal.open_switch(self.store, reason, plan.to_dict(), planned)
+        recorded = plan.to_dict() | ({"executor": self.tag} if self.tag else {})
+        switch_id, ids = journal.open_switch(self.store, reason, recorded, planned)
         return switch_id, dict(zip(keys, ids, strict=True))
 
     def _set_switch(self, switch_id: int, state: str) -> None:
@@ -183,6 +274,17 @@ def _dispatch(performer: ActionPerformer, a: PlanAction) -> None:
         performer.resume(a.vm, _node(a.dst, a), a.src)
     else:
         performer.migrate(a.vm, _node(a.src, a), _node(a.dst, a))
+
+
+def _job_groups(pool: tuple[PlanAction, ...]) -> tuple[list[list[PlanAction]], tuple[PlanAction, ...]]:
+    """The suspends (resumes) of each vjob with several VMs in the pool, and the other actions."""
+    groups: dict[tuple[str, Action], list[PlanAction]] = {}
+    for a in pool:
+        if a.kind in (Action.SUSPEND, Action.RESUME) and a.vjob:
+            groups.setdefault((a.vjob, a.kind), []).append(a)
+    jobs = [sorted(g, key=lambda x: (x.node or "", x.vm)) for g in groups.values() if len(g) > 1]
+    grouped = {id(a) for g in jobs for a in g}
+    return jobs, tuple(a for a in pool if id(a) not in grouped)
 
 
 def _node(value: str | None, a: PlanAction) -> str:

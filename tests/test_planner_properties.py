@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from preemption.planner import Instance, NodeSpec, NoViablePlacementError, VMSpec, make_plan, validate
+from preemption.planner.sequencing import SequencingError
 from preemption.planner.workload import generate
 from vjob.model import VJobState
 
@@ -67,8 +68,8 @@ def test_generated_plans_are_valid_and_cpsat_never_dearer_than_ffd(inst: Instanc
     validate(inst, cp)
     try:
         ffd = make_plan(inst, optimizer="ffd")
-    except NoViablePlacementError:
-        return  # FFD may fail to pack what CP-SAT packs; nothing to compare
+    except (NoViablePlacementError, SequencingError):
+        return  # FFD may fail to pack, or to order, what CP-SAT plans; nothing to compare
     validate(inst, ffd)
     assert cp.cost <= ffd.cost
 

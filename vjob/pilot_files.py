@@ -18,7 +18,8 @@ followed.
 Layout of `<pilot_dir>/<rms>-<job id>/` (mode 0700, files 0600; `[agent] pilot_dir`, default
 <data_dir>/pilots, on a filesystem the agent and the compute nodes share):
   state.json    written by the pilot: where the VM runs, what it is doing, where it was saved
-  request.json  written by the agent: "checkpoint now" (removed to withdraw it)
+  request.json  written by the agent: "checkpoint now" (removed to withdraw it), or one action
+                of a context switch: suspend, resume on a node, migrate, stop (RequestKind)
 The VM's overlay, console log and memory state are where the VM driver keeps them
 (provisioning.driver); state.json names the paths.
 """
@@ -85,6 +86,9 @@ class PilotStatus:
     saved_node: str = ""
     saved_nodes: list[str] = field(default_factory=list)
     """Every node the job held when it was checkpointed (from the agent's request)."""
+    member_nodes: list[str] = field(default_factory=list)
+    """A multi-node job: the node of each of its VMs (the first VM's first) when they were last
+    saved, where a resume copies each state from; [] for a job of one VM."""
     console_bytes_at_save: int = 0
     """Size of the console log when the VM was last saved: what the guest printed before."""
     output_bytes_at_save: list[int] = field(default_factory=list)
@@ -97,7 +101,15 @@ class PilotStatus:
     """The saved memory state (while saved); the VM driver's file."""
     console_log: str = ""
     request_id: str = ""
-    """The checkpoint request this save answers ("" for a save on SIGTERM)."""
+    """The checkpoint request this save answers ("" for a save on SIGTERM); for a switch
+    request (RequestKind other than checkpoint), the last one the pilot carried out or refused."""
+    request_error: str = ""
+    """Why the pilot could not carry out the switch request `request_id` ("" when it did)."""
+    cpu_seconds: float = 0.0
+    """CPU time the running VM has used (libvirt's counter), read at `cpu_at`: two readings
+    give the VM's measured CPU demand (preemption.planner.control.cpu_demand)."""
+    cpu_at: float = 0.0
+    vcpus: int = 0
     message: str = ""
     history: list[dict[str, Any]] = field(default_factory=list)
     """One entry per state change: {"state", "at", "node"}: the demo's timeline."""
@@ -130,21 +142,41 @@ class PilotStatus:
         return cls(**kwargs)
 
 
+class RequestKind(StrEnum):
+    """What the agent asks a pilot. `checkpoint` (the RMS mode): save, then wait to be
+    requeued. The others carry out one action of a context-switch plan (preemption.executor)
+    with the job staying allocated: `suspend` saves and keeps the VM asleep until a `resume`
+    (on `node`, from the state on `from_node`), `migrate` moves the running VM live to `node`,
+    `stop` powers it off and ends the job. Removing a `suspend` request wakes the VM where it
+    slept (the switch was rolled back)."""
+
+    CHECKPOINT = "checkpoint"
+    SUSPEND = "suspend"
+    RESUME = "resume"
+    MIGRATE = "migrate"
+    STOP = "stop"
+
+
 @dataclass(frozen=True)
 class CheckpointRequest:
-    """The agent asks the pilot to save its VM; `request_id` comes back in the pilot's state."""
+    """The agent asks the pilot to act on its VM; `request_id` comes back in the pilot's state."""
 
     request_id: str
     at: float
     reason: str = ""
     nodes: tuple[str, ...] = ()
     """The nodes the job holds: where a local resume should put it back."""
+    kind: RequestKind = RequestKind.CHECKPOINT
+    node: str = ""
+    """resume, migrate: the node the VM goes to."""
+    from_node: str = ""
+    """resume: the node holding the saved state ("" for the node the pilot saved it on)."""
 
 
-_FLOATS = {"since", "save_seconds", "restore_seconds"}
-_INTS = {"pid", "memory_mb", "boots", "restores", "local_restores", "console_bytes_at_save", "save_bytes"}
+_FLOATS = {"since", "save_seconds", "restore_seconds", "cpu_seconds", "cpu_at"}
+_INTS = {"pid", "memory_mb", "boots", "restores", "local_restores", "console_bytes_at_save", "save_bytes", "vcpus"}
 _NAMES = {"job_id", "vm", "node", "image", "saved_node", "request_id"}
-_PATHS = {"uri", "memory_path", "console_log", "message"}
+_PATHS = {"uri", "memory_path", "console_log", "message", "request_error"}
 
 
 def _typed(name: str, value: Any, source: str) -> Any:
@@ -180,7 +212,7 @@ def _typed(name: str, value: Any, source: str) -> Any:
         ):
             raise bad("must be a list of at most two byte counts")
         return list(value)
-    if name == "saved_nodes":
+    if name in ("saved_nodes", "member_nodes"):
         if (
             not isinstance(value, list)
             or len(value) > 4096
@@ -325,18 +357,57 @@ class PilotDir:
         if data is None:
             return None
         try:
-            return CheckpointRequest(
+            req = CheckpointRequest(
                 str(data["request_id"]), float(data["at"]), str(data.get("reason", "")),
-                tuple(str(n) for n in data.get("nodes", ())),
+                tuple(str(n) for n in data.get("nodes", ())), RequestKind(data.get("kind", "checkpoint")),
+                str(data.get("node", "")), str(data.get("from_node", "")),
             )  # fmt: skip
         except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise InputError(f"{self.request_file}: not a checkpoint request ({exc})") from None
+        for name in ("request_id", "node", "from_node"):
+            if not _NAME.fullmatch(getattr(req, name)):
+                raise InputError(f"{self.request_file}: field {name!r} = {getattr(req, name)[:80]!r}: not a name")
+        if req.kind in (RequestKind.RESUME, RequestKind.MIGRATE) and not req.node:
+            raise InputError(f"{self.request_file}: a {req.kind.value} request needs field 'node'")
+        return req
 
     # -- the agent's side -------------------------------------------------------------
     def request_checkpoint(self, request_id: str, reason: str = "", nodes: tuple[str, ...] = ()) -> CheckpointRequest:
-        req = CheckpointRequest(request_id, time.time(), reason, tuple(nodes))
-        _write_atomic(self.request_file, asdict(req))
+        return self.request(RequestKind.CHECKPOINT, request_id, reason=reason, nodes=nodes)
+
+    def request(
+        self,
+        kind: RequestKind,
+        request_id: str,
+        *,
+        node: str = "",
+        from_node: str = "",
+        reason: str = "",
+        nodes: tuple[str, ...] = (),
+    ) -> CheckpointRequest:
+        """Ask for one switch action (see RequestKind); replaces any earlier request atomically,
+        so a sleeping pilot never sees the file gone between a `suspend` and its `resume`."""
+        for name, value in (("request_id", request_id), ("node", node), ("from_node", from_node)):
+            if not _NAME.fullmatch(value):
+                raise InputError(f"pilot request: {name} = {value[:80]!r}: not a name")
+        req = CheckpointRequest(request_id, time.time(), reason, tuple(nodes), RequestKind(kind), node, from_node)
+        data = asdict(req)
+        data["kind"] = req.kind.value
+        _write_atomic(self.request_file, data)
         return req
+
+    def answer_to(self, request_id: str) -> PilotStatus | None:
+        """The pilot's state once it has carried out (or refused, `request_error`) the switch
+        request `request_id`; None while it has not (an unreadable state file is "not yet")."""
+        try:
+            st = self.read_state()
+        except InputError:
+            return None
+        if st is None or st.request_id != request_id:
+            return None
+        if st.request_error or st.state in (PilotState.RUNNING, PilotState.FINISHED):
+            return st
+        return st if st.state is PilotState.SAVED and st.memory_saved else None
 
     def withdraw_request(self) -> None:
         self.request_file.unlink(missing_ok=True)

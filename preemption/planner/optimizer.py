@@ -40,7 +40,7 @@ from preemption.planner.plan import Plan, local_cost
 from preemption.planner.sequencing import SequencingError, build_plan
 from preemption.planner.validator import validate
 from vjob import log
-from vjob.errors import InputError, VjobError
+from vjob.errors import InputError
 
 Optimizer = Literal["cpsat", "ffd"]
 
@@ -140,13 +140,16 @@ def make_plan(
         candidates += [(f"{name}+early", pull_early(inst, p)) for name, p in candidates[:2]]
 
     skipped = 0
+    slowest = 0.0  # the longest candidate so far: one more is started only if it fits the budget
     for name, placement in candidates:
         if name in plans:
             continue
-        if plans and time.perf_counter() > deadline:
+        t0 = time.perf_counter()
+        if plans and t0 + slowest > deadline:
             skipped += 1
             continue
         plan = _sequenced(inst, placement, name, errors)
+        slowest = max(slowest, time.perf_counter() - t0)
         if plan is not None:
             plans[name] = plan
     if skipped:
@@ -157,7 +160,9 @@ def make_plan(
     ranked = [plans[name] for name, _ in candidates if name in plans]
     best = min(ranked, key=lambda p: p.cost, default=None)
     if best is None:
-        raise VjobError("no viable sequence of actions for any placement found: " + "; ".join(errors))
+        # A placement exists but no candidate could be ordered (e.g. FFD's only placement has a
+        # migration cycle with no pivot): a sequencing failure, which callers tell from a bug.
+        raise SequencingError("no viable sequence of actions for any placement found: " + "; ".join(errors))
     if optimizer == "cpsat" and len(best.pools) > 1:
         best = _defer_dear_actions(inst, best, stats, deadline)
     stats["seconds"] = round(time.perf_counter() - started, 3)
@@ -216,14 +221,18 @@ def _defer_dear_actions(inst: Instance, plan: Plan, stats: dict[str, object], de
     mem = {v.id: v.mem for v in inst.vms}
     thresholds = sorted({local_cost(a, mem[a.vm]) for a in plan.actions}, reverse=True)[1:]
     best = plan
+    slowest = 0.0  # one more threshold only if it and the winner's validation fit the budget
     for limit in thresholds:
-        if time.perf_counter() > deadline:
+        t0 = time.perf_counter()
+        if t0 + 3 * slowest > deadline:  # the build, the validation, a margin for a busy machine
             stats["defer_thresholds_skipped"] = True
             break
         try:
             candidate = build_plan(inst, plan.placement, optimizer=plan.optimizer, defer_above=limit)
         except SequencingError:
             continue
+        finally:
+            slowest = max(slowest, time.perf_counter() - t0)
         if candidate.cost < best.cost:
             best = candidate
             stats["defer_above"] = limit

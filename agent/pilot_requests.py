@@ -1,0 +1,135 @@
+"""The pilot's side of a live context switch: suspend, resume on a node, migrate, stop.
+
+Why in the pilot and not in the agent: the pilot is the one process that owns its vjob's VM
+for the whole life of the job (it holds the RMS allocation, copies the guest's output, saves
+on SIGTERM). The agent only writes a request (vjob.pilot_files.RequestKind) and waits for the
+answer in the state file; the pilot carries it out through the VM driver, which reaches every
+node by its libvirt URI. A `suspend` keeps the job allocated and the VM asleep on disk until a
+`resume` names where it wakes up — Entropy's sleeping state, not the RMS's requeue.
+
+Answers: the pilot writes the request's id in its state once it is done (RUNNING on the new
+node, SAVED with the memory state, FINISHED), or with `request_error` when it could not do it;
+a request already answered is never carried out twice, so the agent may repeat a request after
+a crash (agent.recover) without the VM moving twice.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from vjob.errors import VjobError
+from vjob.pilot_files import CheckpointRequest, PilotState, RequestKind
+
+if TYPE_CHECKING:
+    from agent.pilot import Pilot
+
+EXIT_STOPPED = 0
+
+
+def carry_out(pilot: Pilot, req: CheckpointRequest) -> int | None:
+    """Carry out one switch request; returns the pilot's exit status when the job ends, else None."""
+    st = pilot.status
+    assert st is not None
+    if req.request_id == st.request_id:
+        return None  # answered already (or being slept on): nothing to do twice
+    try:
+        if req.kind is RequestKind.SUSPEND:
+            pilot._save(req.request_id, req.nodes)
+            return _sleep(pilot, req.request_id)
+        if req.kind is RequestKind.MIGRATE:
+            _migrate(pilot, req)
+            return None
+        if req.kind is RequestKind.STOP:
+            return _stop(pilot, req.request_id)
+        raise VjobError(f"a {req.kind.value} request needs a sleeping VM; VM {pilot.vm.name} is running")
+    except VjobError as exc:
+        _refuse(pilot, req.request_id, str(exc))
+        return None
+
+
+def _refuse(pilot: Pilot, request_id: str, error: str) -> None:
+    assert pilot.status is not None
+    pilot.log.error("switch request failed", request=request_id, error=error)
+    pilot._move(pilot.status.state, request_id=request_id, request_error=error[:2000])
+
+
+def _sleep(pilot: Pilot, suspend_id: str) -> int | None:
+    """Asleep after a `suspend`: wait for a resume or a stop; a withdrawn request wakes the VM
+    where it slept (the switch was rolled back); SIGTERM ends the pilot with the VM saved."""
+    while True:
+        if pilot.signals.terminate.wait(pilot.s.poll_s):
+            pilot._say("ended by the resource manager while asleep: VM state kept")
+            return 0
+        try:
+            req = pilot.pdir.read_request()
+        except VjobError as exc:
+            pilot.log.warning("unreadable request while asleep", error=str(exc))
+            continue
+        if req is None:
+            pilot._say("suspend withdrawn: resuming the VM where it slept")
+            _resume(pilot, pilot.vm.node, pilot.vm.node, "")
+            return None
+        if req.request_id == suspend_id:
+            continue
+        assert pilot.status is not None
+        if req.request_id == pilot.status.request_id:
+            continue  # a request refused while asleep, not yet replaced
+        try:
+            if req.kind is RequestKind.RESUME:
+                _resume(pilot, req.node, req.from_node or pilot.status.saved_node or pilot.vm.node, req.request_id)
+                return None
+            if req.kind is RequestKind.STOP:
+                return _stop(pilot, req.request_id)
+            raise VjobError(f"a {req.kind.value} request needs a running VM; VM {pilot.vm.name} sleeps")
+        except VjobError as exc:
+            _refuse(pilot, req.request_id, str(exc))
+
+
+def _resume(pilot: Pilot, node: str, saved_on: str, request_id: str) -> None:
+    """Restore the sleeping VM on `node` from its state on `saved_on` (a copy when they differ)."""
+    assert pilot.status is not None
+    local = saved_on == node
+    pilot._say(f"resuming VM {pilot.vm.name} on {node}" + ("" if local else f" (state copied from {saved_on})"))
+    several = len(pilot.vm.nodes()) > 1  # a multi-node job (agent.pilot_multinode): one cut for all its VMs
+    if several and node != pilot.vm.node:
+        raise VjobError(f"VM {pilot.vm.name}: a job of several VMs resumes where it slept, not on {node}")
+    pilot._move(PilotState.RESTORING)
+    t0 = time.monotonic()
+    if several:
+        pilot.vm.restore(saved_on, pilot.status.member_nodes)
+    else:
+        pilot.vm.driver.restore(pilot.vm.name, node, from_node=saved_on)
+    took = time.monotonic() - t0
+    _moved_to(pilot, node)
+    st = pilot.status
+    pilot._move(PilotState.RUNNING, node=node, uri=pilot.vm.uri, memory_path="", restores=st.restores + 1,
+                local_restores=st.local_restores + (1 if local else 0), restore_seconds=took,
+                request_id=request_id, request_error="")  # fmt: skip
+    pilot.log.info("resumed", node=node, local=local, seconds=round(took, 3))
+
+
+def _migrate(pilot: Pilot, req: CheckpointRequest) -> None:
+    src = pilot.vm.node
+    if len(pilot.vm.nodes()) > 1:
+        raise VjobError(f"VM {pilot.vm.name}: a job of several VMs is not migrated VM by VM by its pilot")
+    pilot._say(f"migrating VM {pilot.vm.name} live from {src} to {req.node}")
+    pilot.vm.driver.migrate(pilot.vm.name, src, req.node)
+    _moved_to(pilot, req.node)
+    pilot._move(PilotState.RUNNING, node=req.node, uri=pilot.vm.uri, request_id=req.request_id, request_error="")
+    pilot.log.info("migrated", source=src, destination=req.node)
+
+
+def _stop(pilot: Pilot, request_id: str) -> int:
+    """The vjob is terminated by the plan: its VM (running or asleep) is deleted, the job ends."""
+    pilot._say(f"stopped by a context switch: deleting VM {pilot.vm.name}")
+    pilot.vm.delete()
+    pilot._move(PilotState.FINISHED, memory_path="", request_id=request_id, request_error="")
+    return EXIT_STOPPED
+
+
+def _moved_to(pilot: Pilot, node: str) -> None:
+    """The VM now lives on `node`: the pilot's handle and the output copy follow it there."""
+    pilot.vm.node = node
+    pilot.vm.uri = pilot.vm.driver.uri(node)
+    pilot.retail()

@@ -1,0 +1,298 @@
+"""Live context switches: a plan from the planner carried out on real vjobs through their pilots.
+
+Each vjob is a real pilot process (`vjob run`) over libvirt's test driver; the executor asks the
+pilots for every action (suspend, resume on a node — locally or from another node's state —,
+stop, run through a stand-in for the RMS that starts the job's pilot), journalled in the store.
+An executor killed with SIGKILL in the middle of a switch leaves it open in the journal; the
+recovery finishes it, no VM lost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent import consolidate
+from agent.consolidate import ControlState
+from agent.loop import Agent
+from agent.metrics import AgentMetrics
+from agent.observe import Observation
+from agent.pilot_performer import EXECUTOR_TAG, PilotRequestPerformer
+from agent.recover import finish_live_switches
+from preemption.executor import Executor
+from preemption.planner import Instance, NodeSpec, Plan, PlanAction, VMSpec, make_plan, validate
+from tests.services import wait_for
+from tests.services.libvirt import make_test_node
+from vjob import log
+from vjob.config import parse
+from vjob.model import Action, ClusterView, Node, VJobState
+from vjob.pilot_files import PilotDir, PilotState, PilotStatus, RequestKind
+from vjob.store import journal
+from vjob.store.db import Store
+
+pytestmark = pytest.mark.libvirt
+REPO = Path(__file__).resolve().parents[1]
+R, S, T = VJobState.RUNNING, VJobState.SLEEPING, VJobState.TERMINATED
+MEM = 128
+
+
+@pytest.fixture
+def site(tmp_path: Path):
+    # One test-driver node per name: a VM defined on node2 is not on node1 (a resume there copies
+    # its state; a live migration is refused, as libvirt's test driver cannot migrate).
+    uris = "".join(f'{n} = "{make_test_node(tmp_path / "nodes", n)}"\n' for n in ("node1", "node2", "node3"))
+    (tmp_path / "vjob.toml").write_text(
+        f'data_dir = "{tmp_path / "data"}"\n[provisioning]\ndefault_uri = "test:///default"\n'
+        f"[provisioning.nodes]\n{uris}"
+    )
+    procs: list[subprocess.Popen[str]] = []
+    yield tmp_path, procs
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.communicate(timeout=30)
+
+
+def _pilot(site, job: str, node: str) -> subprocess.Popen[str]:
+    path, procs = site
+    cmd = [sys.executable, "-m", "vjob.cli", "--config", str(path / "vjob.toml"), "run", "--job-id", job,
+           "--node", node, "--memory", str(MEM)]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    procs.append(proc)
+    return proc
+
+
+def _pdir(site, job: str) -> PilotDir:
+    return PilotDir(site[0] / "data" / "pilots", "slurm", job)
+
+
+def _st(site, job: str) -> PilotStatus:
+    st = _pdir(site, job).read_state()
+    assert st is not None
+    return st
+
+
+def _running(site, job: str) -> None:
+    wait_for(lambda: _pdir(site, job).exists() and _st(site, job).state is PilotState.RUNNING, 60, f"pilot {job}")
+
+
+def _asleep(site, job: str) -> None:
+    """Put vjob `job` to sleep through its pilot (the state a previous switch would leave)."""
+    pdir = _pdir(site, job)
+    pdir.request(RequestKind.SUSPEND, f"setup-{job}")
+    wait_for(lambda: pdir.answer_to(f"setup-{job}") is not None, 30, f"pilot {job} asleep")
+
+
+def _performer(site, **kw) -> PilotRequestPerformer:
+    return PilotRequestPerformer(lambda a: _pdir(site, a.vjob), timeout_s=60, **kw)
+
+
+def _vm(job: str, state: VJobState, host: str | None) -> VMSpec:
+    return VMSpec(f"vjob-slurm-{job}", job, 1, MEM, state, host)
+
+
+def test_a_planned_switch_runs_on_real_pilots_and_the_journal_shows_every_action(site, store: Store):
+    # node1: vjob 61 runs; node2: vjob 63 runs, and 62 sleeps with its state there; node3: 64 runs.
+    for job, node in (("61", "node1"), ("62", "node2"), ("63", "node2"), ("64", "node3")):
+        _pilot(site, job, node)
+    for job in ("61", "62", "63", "64"):
+        _running(site, job)
+    _asleep(site, "62")
+    inst = Instance(
+        nodes=tuple(NodeSpec(n, 1, 1024) for n in ("node1", "node2", "node3")),
+        vms=(
+            _vm("61", R, "node1"),
+            _vm("62", S, "node2"),
+            _vm("63", R, "node2"),
+            _vm("64", R, "node3"),
+            _vm("65", VJobState.WAITING, None),
+        ),
+        target={"61": S, "62": R, "63": R, "64": T, "65": R},
+    )
+    plan = make_plan(inst, time_limit_s=5)
+    validate(inst, plan)
+    kinds = {a.kind for a in plan.actions}
+    assert kinds == {Action.SUSPEND, Action.RESUME, Action.STOP, Action.RUN}
+    (resume,) = [a for a in plan.actions if a.kind is Action.RESUME]
+    assert (resume.src, resume.dst) == ("node2", "node1")  # node2 is full: 62 wakes where 61 slept
+    assert len(plan.pools) == 2
+
+    started: list[str] = []
+
+    def start_job(action: PlanAction) -> None:  # the RMS starts the job on the planned node
+        started.append(action.vjob)
+        assert action.dst is not None
+        _pilot(site, action.vjob, action.dst)
+
+    executor = Executor(_performer(site, start_job=start_job), store, pipeline_interval_s=0.1, tag=EXECUTOR_TAG,
+                        job_key=lambda a: f"slurm:{a.vjob}")  # fmt: skip
+    report = executor.execute(plan, reason="live test")
+    assert report.state == "done", report.summary()
+    assert started == ["65"]
+
+    a, b, c, d, e = (_st(site, j) for j in ("61", "62", "63", "64", "65"))
+    assert a.state is PilotState.SAVED and a.memory_saved and a.saved_node == "node1"
+    assert (b.state, b.node, b.restores, b.local_restores) == (PilotState.RUNNING, "node1", 1, 0)
+    assert (c.state, c.node) == (PilotState.RUNNING, "node2")
+    assert c.cpu_at > 0 and c.vcpus >= 1  # the pilot reports its VM's CPU counter (the control loop's demand)
+    assert d.state is PilotState.FINISHED
+    assert (e.state, e.node, e.boots) == (PilotState.RUNNING, "node3", 1)
+    _path, procs = site
+    assert procs[3].wait(timeout=30) == 0  # vjob 64's job ended with its stop
+
+    sw = journal.load(store, report.switch_id)
+    assert sw.state == "done" and sw.plan["executor"] == EXECUTOR_TAG
+    assert sorted((x.action, x.rms_job_id) for x in sw.actions) == [
+        ("resume", "62"), ("run", "65"), ("stop", "64"), ("suspend", "61")]  # fmt: skip
+    assert all(x.state == "done" for x in sw.actions)
+    times = journal.action_times(store, report.switch_id)
+    by_kind = {x.action: times[x.id] for x in sw.actions}
+    assert by_kind["resume"][0] >= by_kind["suspend"][1]  # the resume waited for the room the suspend freed
+
+
+def test_a_refused_action_fails_the_switch_and_the_vm_stays_where_it_is(site, store: Store):
+    _pilot(site, "71", "node1")
+    _running(site, "71")
+    # libvirt's test driver cannot migrate: the pilot refuses, the switch fails at that pool.
+    plan = Plan(pools=((PlanAction(Action.MIGRATE, "vjob-slurm-71", "71", "node1", "node2"),),),
+                placement={"vjob-slurm-71": "node2"}, cost=MEM)  # fmt: skip
+    report = Executor(_performer(site), store, tag=EXECUTOR_TAG).execute(plan)
+    assert report.state == "failed"
+    assert "the pilot refused" in report.failed[0][1] and "migrate" in report.failed[0][1]
+    st = _st(site, "71")
+    assert (st.state, st.node) == (PilotState.RUNNING, "node1") and st.request_error
+
+
+STALL = """
+import sys, time
+from agent import consolidate
+from agent.consolidate import ControlState
+from agent.loop import Agent
+from agent.metrics import AgentMetrics
+from agent.observe import Observation
+from agent.pilot_performer import EXECUTOR_TAG, PilotRequestPerformer
+from preemption.executor import Executor
+from preemption.planner import Plan
+from vjob.model import Action
+from vjob.pilot_files import PilotDir, RequestKind
+from vjob.store.db import Store
+import json
+
+root, url, plan_file = sys.argv[1:4]
+pdir = lambda a: PilotDir(root, "slurm", a.vjob)
+
+class Stalling(PilotRequestPerformer):
+    # The resume is asked for, then the executor hangs: it is killed with the action running.
+    def perform(self, action, key):
+        if action.kind is Action.RESUME:
+            pdir(action).request(RequestKind.RESUME, key, node=action.dst, from_node=action.src)
+            print("stalled", flush=True)
+            time.sleep(600)
+        super().perform(action, key)
+
+plan = Plan.from_dict(json.load(open(plan_file)))
+Executor(Stalling(pdir, timeout_s=60), Store(url), pipeline_interval_s=0, tag=EXECUTOR_TAG,
+         job_key=lambda a: "slurm:" + a.vjob).execute(plan, reason="to be killed")
+"""
+
+
+def test_an_executor_killed_mid_switch_is_finished_by_the_recovery(site, store: Store, db_url: str):
+    # Pool 0 suspends 81 (node1) and 83 (node2); pool 1 resumes 82 on node1 from node2 and 84 on node2 locally.
+    for job, node in (("81", "node1"), ("82", "node2"), ("83", "node2"), ("84", "node2")):
+        _pilot(site, job, node)
+    for job in ("81", "82", "83", "84"):
+        _running(site, job)
+    _asleep(site, "82")
+    _asleep(site, "84")
+    plan = Plan(
+        pools=(
+            (PlanAction(Action.SUSPEND, "vjob-slurm-81", "81", "node1"),
+             PlanAction(Action.SUSPEND, "vjob-slurm-83", "83", "node2")),
+            (PlanAction(Action.RESUME, "vjob-slurm-82", "82", "node2", "node1"),
+             PlanAction(Action.RESUME, "vjob-slurm-84", "84", "node2", "node2")),
+        ),
+        placement={"vjob-slurm-82": "node1", "vjob-slurm-84": "node2"},
+        cost=0,
+    )  # fmt: skip
+    plan_file = site[0] / "plan.json"
+    plan_file.write_text(json.dumps(plan.to_dict()))
+    out = site[0] / "executor.out"
+    with open(out, "w") as fh:
+        proc = subprocess.Popen([sys.executable, "-c", STALL, str(site[0] / "data" / "pilots"), db_url,
+                                 str(plan_file)], cwd=REPO, stdout=fh, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        wait_for(lambda: "stalled" in out.read_text() or proc.poll() is not None, 60, "executor stalled")
+        assert proc.poll() is None, out.read_text()
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
+    (sw,) = journal.open_switches(store, rms="slurm")
+    states = sorted((x.rms_job_id, x.state) for x in sw.actions)
+    assert states[0] == ("81", "done") and states[2] == ("83", "done")
+    assert {states[1][1], states[3][1]} <= {"running", "planned"} and "running" in {states[1][1], states[3][1]}
+
+    (report,) = finish_live_switches(store, "slurm", lambda _sw: _performer(site), log.get("test"))
+    assert report.state == "done", report.summary()
+    assert journal.load(store, sw.id).state == "done"
+    assert all(x.state == "done" for x in journal.load(store, sw.id).actions)
+    for job, state, node in (("81", PilotState.SAVED, "node1"), ("82", PilotState.RUNNING, "node1"),
+                             ("83", PilotState.SAVED, "node2"), ("84", PilotState.RUNNING, "node2")):  # fmt: skip
+        st = _st(site, job)
+        assert (st.state, st.node if state is PilotState.RUNNING else st.saved_node) == (state, node), job
+    assert _st(site, "82").restores == 1  # resumed once, though asked twice (before and after the crash)
+    assert journal.open_switches(store) == []
+    assert all(p.poll() is None for p in site[1])  # every pilot still alive: no VM lost
+
+
+class _NoRMS:
+    """The control step never asks the RMS anything: it plans the vjobs the pilots hold."""
+
+    name = "slurm"
+
+    def __getattr__(self, name: str):
+        raise AssertionError(f"the control step called the adapter's {name}")
+
+
+def test_the_control_loop_relieves_an_overloaded_node_from_measured_demand(site, store: Store):
+    # Three VMs compute on node1 (2 CPUs) and no other node is usable: the loop measures them
+    # busy from two readings of their pilots' CPU counters, and suspends the last vjob (FCFS).
+    for job in ("91", "92", "93"):
+        _pilot(site, job, "node1")
+    for job in ("91", "92", "93"):
+        _running(site, job)
+    cfg = parse({"data_dir": str(site[0] / "data"), "planner": {"interval_s": 30, "optimizer": "ffd"},
+                 "agent": {"checkpoint_timeout_s": 60}})  # fmt: skip
+    agent = Agent(cfg, _NoRMS(), rms="slurm", metrics=AgentMetrics())  # type: ignore[arg-type]
+    agent._store = store
+    view = ClusterView(now=time.time(), nodes=(Node("node1", 2, 4096),), jobs=())
+
+    def observation() -> Observation:
+        return Observation(view, {j: _st(site, j) for j in ("91", "92", "93")}, {}, True)
+
+    state = ControlState()
+    first = {j: _st(site, j).cpu_at for j in ("91", "92", "93")}
+    consolidate.observed_vms(observation(), state, busy=0.5)  # first readings
+    wait_for(lambda: all(_st(site, j).cpu_at > first[j] for j in first), 30, "second CPU readings")
+    report = consolidate.step(agent, observation(), state)
+
+    assert state.decision is not None and state.decision.overloaded == ("node1",)
+    assert [vm.cpu for vm in state.decision.instance.vms] == [1, 1, 1]  # measured: all three compute
+    assert all(state.readings[f"vjob-slurm-{j}"][1] > first[j] for j in first)  # from the second readings
+    assert report is not None and report.state == "done", report
+    assert state.plan is not None
+    (action,) = state.plan.actions
+    assert (action.kind, action.vjob) == (Action.SUSPEND, "93")
+    assert _st(site, "93").state is PilotState.SAVED
+    assert {_st(site, j).state for j in ("91", "92")} == {PilotState.RUNNING}
+    sw = journal.load(store, report.switch_id)
+    assert sw.reason == "consolidation: measured demand" and [a.state for a in sw.actions] == ["done"]
