@@ -3,8 +3,12 @@
 Prints the run's figures and, as a ratio measured in the same run, how much slower ubis is
 than fcfs-easy on the same workload (the price of priorities and preemption). The last line is
 one JSON object: {"bench": "simulate", "jobs", "nodes", "policy", "seconds", "events_per_s", ...}.
-`--priority-refresh S` measures the approximate replay that reuses priorities for S simulated
-seconds (docs/simulator.md, Speed); the default, 0, is the exact replay.
+`--policy vjob` also replays the same workload with the former vjob pass, which sorted the
+whole queue at every pass (`Simulation.full_sort_vjob`), and reports how many times faster the
+compiled order is (`full_sort_over_compiled`) and whether both schedules are the same
+(`same_schedule`, SHA-256 of every start, end and segment). `--priority-refresh S` measures
+the approximate replay that reuses priorities for S simulated seconds (docs/simulator.md,
+Speed); the default, 0, is the exact replay.
 
     .venv/bin/python bench/simulate.py [--jobs 100000] [--nodes 1056] [--no-baseline] [--priority-refresh 0]
 """
@@ -16,9 +20,9 @@ import json
 import os
 import time
 
-from simulator.engine import ClusterModel, simulate
+from simulator.engine import ClusterModel, Simulation, simulate
 from simulator.lublin import generate
-from simulator.metrics import summary
+from simulator.metrics import schedule_digest, summary
 from simulator.setup import UbisSetup, apply
 from vjob.config import PriorityConfig
 
@@ -68,6 +72,23 @@ def main() -> None:
         "preemptions": result.preemptions,
         "load_average": round(os.getloadavg()[0], 1),
     }
+    if args.policy == "vjob":
+        sim = Simulation(workload, model, "vjob", prio)
+        sim.full_sort_vjob = True
+        t0 = time.perf_counter()
+        cpu0 = time.process_time()
+        before = sim.run()
+        full_s = time.perf_counter() - t0
+        full_cpu = time.process_time() - cpu0
+        same = schedule_digest(before) == schedule_digest(result)
+        print(f"vjob with the whole queue sorted at each pass (before): {full_s:.2f} s wall, {full_cpu:.2f} s CPU")
+        print(f"  the same schedule: {same} (SHA-256 {schedule_digest(result)[:16]}...)")
+        figures["full_sort_seconds"] = round(full_s, 2)
+        figures["full_sort_cpu_seconds"] = round(full_cpu, 2)
+        figures["full_sort_over_compiled"] = round(full_s / seconds, 2)
+        figures["full_sort_cpu_over_compiled"] = round(full_cpu / cpu, 2)
+        figures["same_schedule"] = same
+        figures["schedule_sha256"] = schedule_digest(result)
     if not args.no_baseline:
         t0 = time.perf_counter()
         simulate(workload, model, "fcfs-easy", prio)

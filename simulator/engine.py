@@ -48,6 +48,7 @@ from preemption.scheduling.policies import (
 from preemption.scheduling.victims import Candidate, choose_victims
 from simulator.node_pool import FREE, take_nodes
 from simulator.queue_rows import queue_append, queue_remove
+from simulator.vjob_order import AHEAD_OFF, AHEAD_QUEUE, backfill_window, vjob_queue_order
 from simulator.workload import Workload
 from ubis_priority.compiled import (
     COLUMNS,
@@ -125,6 +126,9 @@ class Result:
     """Per job: checkpoint + restart + OS-swap seconds spent holding nodes without computing."""
     ran_privileged: np.ndarray
     """Per job: ran as an interactive job within the cap (counted against it)."""
+    fit_at: np.ndarray
+    """Per interactive job: the first moment it was queued and fitted under the cap (nan:
+    never), from which an admitted job's wait is measured (metrics, `admitted`)."""
     segments: list[tuple[int, float, float, int]]
     """(job index, start, end, nodes) of every run segment, in the order they closed."""
     preemptions: int = 0
@@ -221,6 +225,11 @@ class Simulation:
         self.end = [math.nan] * n
         self.overhead = [0.0] * n
         self.privileged = [False] * n
+        self.fit_at = [math.nan] * n
+        self._unfit: dict[int, list[int]] = {}
+        """Queued interactive jobs that have not fitted under the cap yet, by size; `_unfit_sizes`
+        is a heap of those sizes, so that a freed cap checks only the sizes that now fit."""
+        self._unfit_sizes: list[int] = []
         self.prev_nodes: list[np.ndarray | None] = [None] * n
         # running state: job -> (alloc time, run start, nodes); token invalidates stale ENDs
         self.running: dict[int, tuple[float, float, np.ndarray]] = {}
@@ -251,6 +260,12 @@ class Simulation:
         # scratch arrays, so a pass allocates nothing of the workload's size
         self._mark = np.zeros(n + 2, dtype=bool)
         self._rank = np.zeros(n, dtype=np.int64)
+        self.full_sort_vjob = False
+        """vjob: rank the queue with `np.lexsort` at every pass (the former path, the same
+        order as `vjob_order.vjob_queue_order`; bench/simulate.py's baseline)."""
+        self._vorder = np.empty(n, dtype=np.int64)
+        self._vtier = np.empty(n, dtype=np.int64)
+        self._vrest = np.empty(n, dtype=np.int64)
         # priority_refresh_s > 0: each job's last priority, the queue ranked by them, and when
         # the whole queue was last rated
         self._prio = np.zeros(n, dtype=np.float64)
@@ -276,6 +291,7 @@ class Simulation:
             preempt_count=np.array([]),
             overhead_s=np.array([]),
             ran_privileged=np.array([]),
+            fit_at=np.array([]),
             segments=[],
         )
 
@@ -306,13 +322,13 @@ class Simulation:
                     self._release(j, now)
                     dirty = True
                 else:  # REQUEUE: the checkpoint is written, the job may resume
-                    self._enqueue(j)
+                    self._enqueue(j, now)
                     dirty = True
             while nxt < n and self.submit[nxt] <= now:
                 j = nxt
                 nxt += 1
                 res.events += 1
-                self._enqueue(j)
+                self._enqueue(j, now)
                 if self.need[j] <= self.free or (self.inter[j] and preempts(self.policy)):
                     dirty = True
             if dirty and self.queued_sizes and self._may_start():
@@ -325,9 +341,10 @@ class Simulation:
         res.preempt_count = self.pc_a.astype(np.int64)
         res.overhead_s = np.array(self.overhead)
         res.ran_privileged = np.array(self.privileged, dtype=bool)
+        res.fit_at = np.array(self.fit_at)
         return res
 
-    def _enqueue(self, j: int) -> None:
+    def _enqueue(self, j: int, now: float) -> None:
         self.arrived.append(j)
         n = self.need[j]
         self.queued_sizes[n] = self.queued_sizes.get(n, 0) + 1
@@ -335,6 +352,23 @@ class Simulation:
             self._smallest = n
         if self.inter[j]:
             self.queued_interactive[n] = self.queued_interactive.get(n, 0) + 1
+            if within_cap(self.held_interactive, n, self.cap_nodes):
+                self.fit_at[j] = now
+            elif n in self._unfit:
+                self._unfit[n].append(j)
+            else:
+                self._unfit[n] = [j]
+                heapq.heappush(self._unfit_sizes, n)
+
+    def _cap_freed(self, now: float) -> None:
+        """Record when queued interactive jobs first fit under the cap (`fit_at`): the cap
+        room only grows when a job counted against it ends. Jobs that started beyond the cap
+        meanwhile are no longer queued and keep no fit time."""
+        sizes = self._unfit_sizes
+        while sizes and within_cap(self.held_interactive, sizes[0], self.cap_nodes):
+            for j in self._unfit.pop(heapq.heappop(sizes)):
+                if math.isnan(self.first_start[j]):
+                    self.fit_at[j] = now
 
     def _dequeued(self, j: int) -> None:
         n = self.need[j]
@@ -413,7 +447,20 @@ class Simulation:
         if head >= 0 and self.free > 0 and not (self.blocking and head_priv):
             shadow, extra = reservation(now, self.free, self.need[head], self._held)
             depth = self.model.backfill_depth
-            if ranking is None:
+            if ranking is None and self.by_cost and not self.full_sort_vjob:
+                count = backfill_window(
+                    order,
+                    head_at + 1,
+                    self.inter_a,
+                    self.ahead == "backfill",
+                    -1 if depth is None else depth,
+                    self.hard_cap,
+                    self._vrest,
+                )
+                rest = self._vrest[:count]
+                need, est = self.need_a[rest], self.est_a[rest]
+                late = backfill_arrays(now, self.free, shadow, extra, rest, need, est, -1)
+            elif ranking is None:
                 rest = order[head_at + 1 :]
                 if self.by_cost and self.ahead == "backfill":  # interactive jobs looked at first
                     inter = self.inter_a[rest]
@@ -467,6 +514,21 @@ class Simulation:
         if self.policy == "fcfs-easy" or qa.shape[0] == 1:
             self._guard = int(qa[0]) if self.by_cost and not self.inter[int(qa[0])] else -1
             return qa, None
+        if self.by_cost and not self.full_sort_vjob:
+            count = qa.shape[0]
+            self._guard = vjob_queue_order(
+                qa,
+                self.inter_a,
+                self.need_a,
+                self.pc_a,
+                self.submit_a,
+                self.held_interactive,
+                float(self.cap_nodes),
+                AHEAD_QUEUE if self.ahead in ("queue", "guarded") else AHEAD_OFF,
+                self._vorder,
+                self._vtier,
+            )
+            return self._vorder[:count], None
         if self.by_cost:
             tiers = vjob_tiers(
                 self._privileged(qa),
@@ -597,6 +659,7 @@ class Simulation:
         self.free_by_os[self.os[j]] += n  # _start put every node of j on j's image
         if self.privileged[j]:
             self.held_interactive -= n
+            self._cap_freed(now)
         self.end[j] = now
         self.remaining[j] = 0.0
 

@@ -237,7 +237,7 @@ def simulation(s: State) -> Simulation:
         if j.state == "held":
             sim.since_a[i] = j.since
             sim.prev_nodes[i] = np.array(j.previous, dtype=np.int64)
-        sim._enqueue(i)
+        sim._enqueue(i, NOW)
     assert sim.usage.shape[0] == len(users)
     sim.usage[:] = [s.usage[u] for u in users]
     sim.usage_t = NOW

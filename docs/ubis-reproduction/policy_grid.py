@@ -45,7 +45,7 @@ _TRACE: dict[str, Any] = {}
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     """One replay from a picklable spec; returns its JSON line."""
     if spec["trace"] not in _TRACE:
-        _TRACE[spec["trace"]] = read_trace(spec["trace"])
+        _TRACE[spec["trace"]] = read_trace(spec["trace"], lenient=spec["lenient"])
     base = _TRACE[spec["trace"]].take(slice(0, spec["jobs"]))
     w = apply(base, spec["nodes"], UbisSetup(spec["frac"], spec["size"], os_count=2, seed=spec["seed"]))
     model = ClusterModel(nodes=spec["nodes"], backfill_depth=spec["backfill_depth"])
@@ -68,6 +68,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "interactive_mean_wait_s": doc["by_class"]["interactive"].get("mean_wait_s"),
         "interactive_within_cap_mean_wait_s": doc["interactive_within_cap_mean_wait_s"],
         "interactive_within_cap": doc["interactive_within_cap"],
+        "interactive_admitted": doc["interactive_admitted"],
         "max_interactive_nodes": doc["max_interactive_nodes"],
         "preemptions": doc["preemptions"],
         "preempted_jobs": doc["preempted_jobs"],
@@ -86,6 +87,7 @@ def main() -> None:
     parser.add_argument("--cells", default="", help="frac:size:cap,... (default: the 36-cell grid's 18 x 2 caps)")
     parser.add_argument("--backfill-depth", type=int, default=500, help="EASY window (jobs); 0 = unbounded")
     parser.add_argument("--ablation", action="store_true", help="vjob's [scheduling] variants instead of policies")
+    parser.add_argument("--lenient", action="store_true", help="skip malformed trace lines (wagap-2013 has 2)")
     parser.add_argument("--workers", type=int, default=2, help="processes")
     parser.add_argument("--out", required=True, help="JSON lines file to append to")
     args = parser.parse_args()
@@ -112,6 +114,7 @@ def main() -> None:
             "variant": variant,
             "cap_mode": mode,
             "backfill_depth": args.backfill_depth or None,
+            "lenient": args.lenient,
         }
         for (frac, size, cap), seed, (policy, label, variant), mode in itertools.product(
             cells, args.seeds.split(","), runs, args.cap_modes.split(",")

@@ -99,8 +99,9 @@ class Decision:
     priorities: Mapping[str, float] = field(default_factory=dict)
     """UBIS priority of every pending or held job."""
     rms_priorities: Mapping[str, int] = field(default_factory=dict)
-    """The same mapped to the RMS's integer knob (Slurm site factor, PBS priority); empty when
-    the RMS has none (OAR)."""
+    """The same mapped to the RMS's integer knob (Slurm site factor, PBS priority); under
+    `vjob`, the pass's queue order mapped to it instead (`_rank_priorities`); empty when the
+    RMS has none (OAR)."""
     preemptions: tuple[Preemption, ...] = ()
     releases: tuple[Release, ...] = ()
     waiting_interactive: tuple[str, ...] = ()
@@ -160,6 +161,8 @@ def decide(
     state.anchors.update(anchors or {})
     queue = [j for j in view.pending if j.state is JobState.PENDING or j.id in sleeping]
     ordered = _order(policy, queue, pending_prio, state)
+    if policy == "vjob" and knob is not None and ordered:
+        rms_prio = _rank_priorities(ordered, pending_prio, prios.terms.max_priority, knob)
     started: list[str] = []
     preemptions: list[Preemption] = []
     head: Job | None = None
@@ -244,6 +247,22 @@ def _order(policy: str, queue: Sequence[Job], prio: Mapping[str, float], state: 
     else:
         order = ubis_order([prio[j.id] for j in queue], submit)
     return [queue[int(i)] for i in order]
+
+
+def _rank_priorities(
+    ordered: Sequence[Job], pending: Mapping[str, float], max_priority: float, knob: PriorityKnob
+) -> dict[str, int]:
+    """vjob's order as the RMS's integer priorities, the first job highest: the RMS starts the
+    pending jobs itself, and with UBIS priorities on its knob it would serve small batch jobs
+    before the large job vjob's order keeps at the head (found by
+    tests/test_policy_live_order.py on Slurm). Pending jobs outside the queue (held by
+    someone else) get the lowest value."""
+    n = len(ordered)
+    ranks = np.array([(n - k) / n * max_priority for k in range(n)], dtype=np.float64)
+    ints = integer_priority(ranks, max_priority, knob.low, knob.high)
+    out = dict.fromkeys(pending, knob.low)
+    out.update({job.id: int(v) for job, v in zip(ordered, ints, strict=True)})
+    return out
 
 
 def _estimate(job: Job) -> float:

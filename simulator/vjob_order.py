@@ -1,0 +1,124 @@
+"""The vjob queue order and its backfill window, compiled, for the simulator's pass.
+
+Why not `np.lexsort` as `tick.decide` does: the order is `policies.vjob_order` (tiers, then
+submission time, ties in queue order), and sorting the whole queue at every pass made a vjob
+replay three times slower than a ubis one. The queue buffer (`queue_rows`) keeps jobs in the
+order they were queued, and a job queued only once (every job until it is checkpointed) was
+queued in submission order, so within each tier the queue order is almost always already the
+sorted order: one linear pass splits the queue into its tiers and a tier is sorted (stably,
+as `lexsort` does) only when it is not already in submission order — in practice only the
+checkpointed jobs', a handful. The result is the same permutation as
+`np.lexsort((submit, vjob_tiers(...)))`, which tests/test_scheduling_vjob_order.py checks on
+random queues and tests/test_decision_differential.py through the whole pass.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numpy.typing import NDArray
+
+AHEAD_OFF, AHEAD_QUEUE = 0, 1
+"""`interactive` tiering: off (tiers 0, 1, 3) or on (over-cap interactive jobs are tier 2)."""
+
+
+@numba.njit(cache=True, nogil=True)
+def vjob_queue_order(
+    qjobs: NDArray[np.int64],
+    inter: NDArray[np.bool_],
+    need: NDArray[np.int64],
+    preempt_count: NDArray[np.float64],
+    submit: NDArray[np.float64],
+    held: int,
+    cap: float,
+    ahead: int,
+    out: NDArray[np.int64],
+    tier_of: NDArray[np.int64],
+) -> int:  # pragma: no cover - compiled; tests call it through numba
+    """Write the jobs `qjobs` into `out` in vjob's order and return the guard (the first
+    batch job of that order, -1 if none). Tiers as `policies.vjob_tiers`: 0 interactive
+    within the cap (`held + need <= cap`, `within_cap`'s comparison), 1 checkpointed before,
+    2 (when `ahead`) the other interactive jobs, 3 the rest. `tier_of` is scratch of the
+    queue's length."""
+    n = qjobs.shape[0]
+    counts = np.zeros(4, dtype=np.int64)
+    for k in range(n):
+        j = qjobs[k]
+        if inter[j] and held + need[j] <= cap:
+            t = 0
+        elif preempt_count[j] > 0:
+            t = 1
+        elif ahead == AHEAD_QUEUE and inter[j]:
+            t = 2
+        else:
+            t = 3
+        tier_of[k] = t
+        counts[t] += 1
+    starts = np.zeros(4, dtype=np.int64)
+    for t in range(1, 4):
+        starts[t] = starts[t - 1] + counts[t - 1]
+    fill = starts.copy()
+    for k in range(n):
+        t = tier_of[k]
+        out[fill[t]] = qjobs[k]
+        fill[t] += 1
+    for t in range(4):
+        lo, hi = starts[t], starts[t] + counts[t]
+        ordered = True
+        for k in range(lo + 1, hi):
+            if submit[out[k]] < submit[out[k - 1]]:
+                ordered = False
+                break
+        if not ordered:
+            part = out[lo:hi].copy()
+            by = np.argsort(submit[part], kind="mergesort")
+            for k in range(hi - lo):
+                out[lo + k] = part[by[k]]
+    for k in range(n):
+        if not inter[out[k]]:
+            return out[k]
+    return -1
+
+
+@numba.njit(cache=True, nogil=True)
+def backfill_window(
+    order: NDArray[np.int64],
+    start: int,
+    inter: NDArray[np.bool_],
+    interactive_first: bool,
+    depth: int,
+    drop_interactive: bool,
+    out: NDArray[np.int64],
+) -> int:  # pragma: no cover - compiled
+    """The jobs EASY looks at after the head (`order[start:]`) into `out`, returning their
+    count: interactive jobs first when `interactive_first` (each group in order), cut to
+    `depth` jobs (-1: all), then without the interactive ones when `drop_interactive` (the
+    hard cap) — `_schedule`'s former NumPy steps in the same sequence."""
+    m = 0
+    if interactive_first:
+        for k in range(start, order.shape[0]):
+            if inter[order[k]]:
+                out[m] = order[k]
+                m += 1
+        for k in range(start, order.shape[0]):
+            if depth >= 0 and m >= depth:
+                break
+            if not inter[order[k]]:
+                out[m] = order[k]
+                m += 1
+    else:
+        for k in range(start, order.shape[0]):
+            if depth >= 0 and m >= depth:
+                break
+            out[m] = order[k]
+            m += 1
+    if depth >= 0 and m > depth:
+        m = depth
+    if drop_interactive:
+        kept = 0
+        for k in range(m):
+            if not inter[out[k]]:
+                out[kept] = out[k]
+                kept += 1
+        m = kept
+    return m
