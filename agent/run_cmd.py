@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import base64
 import binascii
+import dataclasses
 import os
 import pwd
 import re
@@ -31,9 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from agent.pilot import DriverVM, Pilot, PilotSettings
+from agent.pilot_multinode import JobVMs, job_ssh_key, member_names, network_of
 from plugins import RMS_PACKAGES, job_environment
+from plugins.slurm import hostlist
 from plugins.slurm.images import requested_image
-from provisioning import guest, images, job_disk, safe_dirs
+from provisioning import guest, images, job_disk, network, safe_dirs
 from vjob.cli import load_config
 from vjob.config import Config, ProvisioningConfig
 from vjob.errors import CommandError, InputError, UsageError
@@ -50,13 +53,44 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]{0,62}")
 
 
+RUN_EPILOG = """\
+examples:
+  vjob run                                         in a job script: image from #VJOB os= or $VJOB_OS
+  vjob run --os debian12 --script job.sh -- a b     the unchanged job.sh in a Debian guest, args a b
+  vjob run --os debian-tiny --payload work.sh       the counter guest runs work.sh
+  vjob run --rms pbs --memory 512 --script job.sh   under PBS, a 512 MiB guest
+
+The job id and node come from the RMS's environment (e.g. SLURM_JOB_ID, SLURMD_NODENAME);
+see docs/realjobs.md."""
+
+
 def register(sub: Any) -> None:
-    p = sub.add_parser("run", help="the in-job pilot: run this job inside a VM that survives checkpoints")
-    p.add_argument("--rms", choices=sorted(RMS_PACKAGES), default="slurm")
+    p = sub.add_parser(
+        "run",
+        help="the in-job pilot: run this job inside a VM that survives checkpoints",
+        description="Run as a job's command inside its RMS allocation: start the job's VM (the tiny\n"
+        "counter guest, or a catalogue image running the job's script unchanged), resume it from its\n"
+        "snapshot after a requeue, save it when the agent checkpoints the job, and exit with the\n"
+        "script's status. Normally started by the RMS hook (job_submit.lua, the PBS hook), not by hand.",
+        epilog=RUN_EPILOG,
+    )
+    p.add_argument(
+        "--rms", choices=sorted(RMS_PACKAGES), default="slurm", help="the RMS running this job (default slurm)"
+    )
     p.add_argument("--job-id", help="the RMS job id (default: from the job's environment)")
     p.add_argument("--node", help="the RMS node name (default: from the job's environment)")
+    p.add_argument(
+        "--nodes",
+        help="a multi-node job's nodes, comma-separated (default: the job's node list: one VM per node)",
+    )
     p.add_argument("--os", dest="os_image", help="OS image (default: $VJOB_OS or the script's #VJOB os= line)")
-    p.add_argument("--memory", type=int, default=128, metavar="MIB", help="VM memory in MiB (default 128)")
+    p.add_argument(
+        "--memory",
+        type=int,
+        default=128,
+        metavar="MIB",
+        help="VM memory in MiB (default 128, at least 72; a real image gets at least 256)",
+    )
     p.add_argument("--payload", metavar="FILE", help="shell script the guest runs instead of its counter")
     p.add_argument(
         "--script", metavar="FILE", help="real image: the job's script, run unchanged in the guest ('-': stdin)"
@@ -68,7 +102,7 @@ def register(sub: Any) -> None:
         type=float,
         default=30.0,
         metavar="S",
-        help="after a save the agent asked for, resume here if not requeued within S seconds",
+        help="after a save the agent asked for, resume here if not requeued within S seconds (default 30)",
     )
     p.set_defaults(func=_run)
 
@@ -103,6 +137,12 @@ def _run(args: argparse.Namespace) -> int:
         orphan_resume_s=args.orphan_resume, restart_count=_restart_count(args, env), workdir=workdir,
     )  # fmt: skip
     driver = _driver(cfg, prov)
+    nodes = _job_nodes(args, env, node)
+    if len(nodes) > 1:
+        try:
+            return _run_multinode(args, cfg, prov, driver, settings, job, local, nodes)
+        finally:
+            driver.close()
     try:
 
         def spec() -> Any:
@@ -136,6 +176,61 @@ def _run_tiny(
         return Pilot(settings, PilotDir(pilot_root(cfg), args.rms, job_id), vm).run()
     finally:
         driver.close()
+
+
+def _run_multinode(
+    args: argparse.Namespace,
+    cfg: Config,
+    prov: ProvisioningConfig,
+    driver: Any,
+    settings: PilotSettings,
+    job: job_disk.JobDescription,
+    local: images.LocalImage,
+    nodes: list[str],
+) -> int:
+    """One VM per node on the job's network (agent.pilot_multinode); the first runs the script."""
+    name = vm_name(args.rms, settings.job_id)
+    addresses = network.pilot_addresses(args.rms, settings.job_id, member_names(name, len(nodes)))
+    keys: list[tuple[str, str]] = []
+
+    def spec(rank: int, vm: str, node: str) -> Any:
+        if not keys:  # one key for the job, made at its first boot only
+            keys.append(job_ssh_key(f"vjob-{args.rms}-{settings.job_id}"))
+        disk = driver.job_disk_path(vm, node)
+        safe_dirs.ensure_dir(disk.parent, 0o711)
+        mine = dataclasses.replace(job, hostname=f"vm{rank}", network=network_of(addresses, rank, keys[0]))
+        job_disk.build(settings.workdir or Path.cwd(), mine, disk, limit_bytes=prov.stage_limit_mb * 2**20,
+                       free_bytes=prov.job_disk_free_mb * 2**20)  # fmt: skip
+        nic = (addresses[rank].mac, network.bridge_name(addresses[rank].subnet_id))
+        return dataclasses.replace(real_spec(local, vm, settings.memory_mb, disk, cpu_model=prov.cpu_model), nic=nic)
+
+    vms = JobVMs(driver, name, nodes, addresses[0].subnet_id, spec)
+    return Pilot(settings, PilotDir(pilot_root(cfg), args.rms, settings.job_id), vms).run()  # type: ignore[arg-type]
+
+
+def _job_nodes(args: argparse.Namespace, env: JobEnvironment, node: str) -> list[str]:
+    """The allocation's nodes, this one first (it runs the script): --nodes, else the RMS's list
+    (Slurm: the hostlist in $SLURM_JOB_NODELIST; PBS, OAR: the node file, one line per slot)."""
+    if args.nodes:
+        names = [n.strip() for n in args.nodes.split(",") if n.strip()]
+    elif args.rms == "slurm":
+        raw = os.environ.get(env.node_list, "")
+        names = list(hostlist.expand(raw, f"${env.node_list}")) if raw else []
+    else:
+        try:
+            text = Path(os.environ.get(env.node_list, "")).read_text() if os.environ.get(env.node_list) else ""
+        except OSError as exc:
+            raise InputError(f"${env.node_list}: cannot read the node file: {exc.strerror}") from None
+        names = [line.strip().split(".")[0] for line in text.splitlines() if line.strip()]
+    for n in names:
+        if not HOST_NAME.fullmatch(n):
+            raise InputError(f"node list: {n[:80]!r} is not a node name")
+    unique = list(dict.fromkeys(names))
+    if len(unique) <= 1:
+        return [node]  # a job of one node, whatever name the RMS's list gives it
+    if node not in unique:
+        raise InputError(f"node {node}: not in the job's node list {','.join(unique)[:200]}; give --node or --nodes")
+    return [node, *(n for n in unique if n != node)]
 
 
 def user_provisioning(prov: ProvisioningConfig) -> ProvisioningConfig:

@@ -12,7 +12,7 @@ from typing import Any
 
 import plugins.oar as oar
 from plugins.oar.client import OarClient
-from plugins.oar.parse import resource_id
+from plugins.oar.parse import HOLDING_STATES, resource_id
 from saline_bew.repository import Repository
 from vjob.errors import ConfigError
 
@@ -27,7 +27,7 @@ class Site:
     def free_cores(self) -> int:
         """Alive resources of this site that no running job holds."""
         resources = self.client.resources()
-        busy = {r for j in self.client.jobs() if not j.finished and j.state != "Waiting" for r in j.resources}
+        busy = {r for j in self.client.jobs(HOLDING_STATES) for r in j.resources}
         mine = [r for r in resources if _belongs(r, self)]
         return sum(1 for r in mine if r["state"] == "Alive" and resource_id(r) not in busy)
 

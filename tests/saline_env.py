@@ -7,7 +7,13 @@ parsing and real store are what is tested. Real OAR is in test_saline_e2e (marke
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import pty
+import pwd
+import re
+import signal
 import subprocess
 import threading
 import time
@@ -39,6 +45,8 @@ class FakeOar:
         self.resources = [{"resource_id": i, "id": i, "state": "Alive", "network_address": "n1"} for i in range(1, 5)]
         self.details: list[dict[str, Any]] = []
         """What GET /jobs/details.json lists (current jobs), paged with offset/limit like OAR."""
+        self.after_page: Any = None
+        """Called with the offset after each page of jobs/details is sent (jobs end meanwhile)."""
         self.submitted: list[dict[str, Any]] = []
         self.deleted: list[str] = []
         self.delay_s = delay_s
@@ -67,8 +75,13 @@ class FakeOar:
                     query = parse_qs(urlsplit(path).query)
                     offset = int(query.get("offset", ["0"])[0])
                     limit = int(query.get("limit", ["500"])[0])  # OAR's API answers 500 by default
-                    page = fake.details[offset : offset + limit]
-                    return self._send(200, {"items": page, "total": len(fake.details), "offset": offset})
+                    wanted = query["state"][0].split(",") if "state" in query else None
+                    found = [j for j in fake.details if wanted is None or j.get("state") in wanted]
+                    page = found[offset : offset + limit]
+                    self._send(200, {"items": page, "total": len(found), "offset": offset})
+                    if fake.after_page is not None:
+                        fake.after_page(offset)
+                    return None
                 if path.startswith("jobs/") and path.endswith(".json"):
                     found = fake.jobs.get(path[len("jobs/") : -len(".json")])
                     return self._send(200, found) if found is not None else self._send(404, {})
@@ -154,3 +167,71 @@ def new_job(store: Store, key: str, *, user: str = "nobody", phase: str = "submi
     )
     if phase != "submitted" or changes:
         journal.record(store, key, "test", phase=phase, **changes)
+
+
+class InteractiveJob:
+    """A real `oarsub -I` by a user, under a pseudo-terminal (oarsub -I wants one), as a user
+    at a terminal types it: the shell on the node is reached when `Connect to OAR job` shows.
+
+    A thread reads the terminal so oarsub never blocks on output while the test steps the
+    manager; `started_after_s` is how long the user waited for the shell."""
+
+    def __init__(self, user: str, resource: str, properties: str) -> None:
+        home = pwd.getpwnam(user).pw_dir
+        argv = ["runuser", "-u", user, "--", "oarsub", "-I", "-l", resource, "-p", properties]
+        env = {"PATH": os.environ["PATH"], "PWD": home, "HOME": home, "LANG": "C", "TERM": "dumb"}
+        self.submitted = time.monotonic()
+        self.started_after_s: float | None = None
+        self.output = b""
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # the child: becomes the user's oarsub, never returns
+            os.chdir(home)
+            os.execvpe(argv[0], argv, env)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = os.read(self.fd, 4096)
+            except OSError:  # the terminal closed: oarsub ended
+                return
+            if not data:
+                return
+            self.output += data
+            if self.started_after_s is None and b"Connect to OAR job" in self.output:
+                self.started_after_s = time.monotonic() - self.submitted
+
+    @property
+    def job_id(self) -> str | None:
+        found = re.search(rb"OAR_JOB_ID=(\d+)", self.output)
+        return found.group(1).decode() if found else None
+
+    def wait_for(self, text: bytes, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.output:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"oarsub -I: {text!r} not seen in {timeout:.0f} s: {self.output[-600:]!r}")
+            time.sleep(0.2)
+
+    def type(self, line: str) -> None:
+        os.write(self.fd, line.encode() + b"\n")
+
+    def close(self) -> int:
+        """Leave the shell (OAR then ends the job); kill oarsub if it does not end."""
+        if self.started_after_s is not None:
+            with contextlib.suppress(OSError):
+                self.type("exit")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                break
+            time.sleep(0.2)
+        else:
+            os.kill(self.pid, signal.SIGTERM)
+            _, status = os.waitpid(self.pid, 0)
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+        self._reader.join(timeout=5)
+        return os.waitstatus_to_exitcode(status)

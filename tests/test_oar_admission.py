@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from plugins.oar.client import OarCommands, OarRest
+from plugins.oar.client import OarCommands
 from provisioning.driver import Driver
 from saline_bew import admission, journal, server
 from saline_bew.manager import HOLDER, Manager
@@ -133,17 +133,3 @@ def test_oarsub_besteffort_vjob_is_wrapped_and_fails_open_without_vjob(
     assert "Saline did not take the job (Saline refused it" in proc.stdout, proc.stdout
     assert oarstat(untouched)["command"] == "sleep 300" and took < 15
     oardel(oar_id, plain, untouched)
-
-
-@pytest.mark.slow
-def test_a_rest_listing_of_more_than_500_jobs_is_complete(oar_cluster) -> None:
-    """501 held jobs (one array submission): GET /jobs/details answers 500 per page."""
-    proc = oarsub(oar_cluster.user, "--hold", "--array", "501", "-n", "vjobpage", "-l", "/resource_id=1", "true")
-    array = re.search(r"OAR_ARRAY_ID=(\d+)", proc.stdout)
-    assert array, proc.stdout + proc.stderr
-    try:
-        jobs = OarRest(oar_cluster.api_url, timeout_s=120).jobs()
-        mine = [j for j in jobs if j.name == "vjobpage"]
-        assert len(mine) == 501 and len({j.id for j in mine}) == 501
-    finally:
-        subprocess.run(["oardel", "--array", array.group(1)], capture_output=True, timeout=120, check=False)

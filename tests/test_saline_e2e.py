@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -29,6 +29,7 @@ from saline_bew.manager import Manager
 from saline_bew.repository import Repository
 from saline_bew.sites import Site
 from saline_bew.vms import SalineVMs
+from tests.saline_env import InteractiveJob
 from vjob.config import ProvisioningConfig, parse
 from vjob.store.db import Store
 
@@ -126,8 +127,16 @@ def _fill_site_a(env: Env) -> str:
     return OarCommands().submit(req, user=env.oar.user)
 
 
-def _run_kill_resume(env: Env, manager: Manager) -> tuple[list[int], list[int], journal.SalineJob]:
-    """Start at site a, get killed there by a normal job, resume at site b.
+def _batch_blocker(env: Env) -> Callable[[], None]:
+    blocker = _fill_site_a(env)
+    return lambda: OarCommands().delete(blocker, user=env.oar.user)
+
+
+def _run_kill_resume(
+    env: Env, manager: Manager, fill: Callable[[Env], Callable[[], None]] = _batch_blocker
+) -> tuple[list[int], list[int], journal.SalineJob]:
+    """Start at site a, get killed there by a normal job (`fill` submits it and returns how
+    to end it), resume at site b.
 
     The kill is handled by a *new* Manager over the same store, as after a restart of the
     manager process: everything it needs must come from the journal.
@@ -141,7 +150,7 @@ def _run_kill_resume(env: Env, manager: Manager) -> tuple[list[int], list[int], 
     if manager.cfg.snapshot_period_s < 600:  # wait for a snapshot of a counting guest, then 2 more ticks
         _until(manager, job.key, lambda j: (j.snapshot_at or 0) > counting_at, 60, "a snapshot while counting")
         wait_for_counter(log_a, (guest_probe.last_counter(log_a) or 0) + 2, 30)
-    blocker = _fill_site_a(env)
+    end_blocker = fill(env)
     manager.vms.driver.close()
     manager = env.manager(**_saline_settings(manager))  # the manager restarts: state comes from the store
     try:
@@ -155,7 +164,7 @@ def _run_kill_resume(env: Env, manager: Manager) -> tuple[list[int], list[int], 
         after = guest_probe.counters(log_b)
         return before, after, resumed
     finally:
-        OarCommands().delete(blocker, user=env.oar.user)
+        end_blocker()
         manager.cancel(job.key)
         manager.step()
 
@@ -187,3 +196,28 @@ def test_with_the_checkpoint_signal_nothing_is_lost(env: Env) -> None:
     assert snap.detail["reason"] == "checkpoint"
     assert after[0] == before[-1] + 1, f"work lost across the checkpoint: {before[-3:]} → {after[:3]}"
     print(f"\ncheckpoint signal: counter {before[-1]} → {after[0]} (nothing lost)")
+
+
+def test_oarsub_interactive_takes_the_nodes_of_a_besteffort_vjob(env: Env) -> None:
+    """A user's `oarsub -I` on a full site: OAR warns the vjob, Saline suspends it into the
+    repository and gives the nodes back, the user gets the shell long before OAR's 60 s kill
+    deadline, and the vjob resumes at site b from that snapshot with nothing lost."""
+    shells: list[InteractiveJob] = []
+
+    def interactive(env: Env) -> Callable[[], None]:
+        shell = InteractiveJob(env.oar.user, f"/resource_id={env.oar.resources_per_site},walltime=0:10:00",
+                               env.oar.properties("a"))  # fmt: skip
+        shells.append(shell)
+        return shell.close
+
+    manager = env.manager(snapshot_period_s=3600, checkpoint_delay_s=60)
+    before, after, job = _run_kill_resume(env, manager, fill=interactive)
+    shell = shells[0]
+    assert shell.started_after_s is not None, shell.output[-600:]
+    assert shell.started_after_s < 60, f"the shell waited {shell.started_after_s:.0f} s: OAR's kill, not Saline"
+    seen = OarCommands().job(shell.job_id or "")
+    assert seen is not None and seen.job_type == "INTERACTIVE", seen
+    killed = next(e for e in journal.events(manager.store, job.key) if e.kind == "killed")
+    assert killed.detail["cause"] == "checkpoint" and killed.detail["lost_s"] == 0
+    assert after[0] == before[-1] + 1, f"work lost across the checkpoint: {before[-3:]} → {after[:3]}"
+    print(f"\noarsub -I: shell after {shell.started_after_s:.1f} s; counter {before[-1]} → {after[0]}")

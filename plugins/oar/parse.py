@@ -32,6 +32,8 @@ STATES: dict[str, JobState] = {
     "Terminated": JobState.COMPLETED,
 }
 FINAL_STATES = frozenset({"Error", "Terminated"})
+HOLDING_STATES = ("toLaunch", "Launching", "Running", "Finishing", "Suspended", "Resuming")
+"""The states in which a job holds its resources (a held or waiting job holds none)."""
 
 # What OAR writes in the event log when its scheduler kills a best-effort job for a normal one.
 BESTEFFORT_KILL = "BESTEFFORT_KILL"
@@ -255,7 +257,8 @@ def job_from_dict(key: str, d: Any, *, source: str) -> OarJob:
     if not user:
         raise InputError(f"{where}: missing field 'job_user' (or 'owner')")
     try:
-        events = tuple(_event(e) for e in _list("events", d.get("events")))
+        # In the order OAR logged them: neither oarstat nor the API promises an order.
+        events = tuple(sorted((_event(e) for e in _list("events", d.get("events"))), key=lambda e: e.event_id))
         resubmit = _int_or_none("resubmit_job_id", d.get("resubmit_job_id"))
         walltime = d.get("walltime")
         return OarJob(
