@@ -21,11 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from preemption.scheduling.policies import check_policy
+from simulator import deadline_cli
 from simulator.lublin import generate
+from simulator.remap_cli import simulate_remap
 from simulator.setup import UbisSetup, apply
 from simulator.sweep import write_sweep
 from simulator.swf import open_text, read_swf, summarise, write_swf
 from simulator.torque_accounting import read_torque_accounting
+from simulator.tune.space import weight_variants, weights_label
 from vjob.cli import load_config, require_extra
 from vjob.config import PriorityConfig, SchedulingConfig
 from vjob.errors import InputError
@@ -79,7 +82,7 @@ def register(sub: Any) -> None:
         "--seeds 1,2,3 --no-plots --out grid",
     )
     sim.add_argument("--trace", required=True, help="SWF (plain or .gz) or Torque accounting log")
-    sim.add_argument("--nodes", type=int, required=True, help="machine size (nodes)")
+    sim.add_argument("--nodes", type=int, default=None, help="machine size (nodes; not with --subclusters)")
     sim.add_argument(
         "--policy",
         default=None,
@@ -129,7 +132,26 @@ def register(sub: Any) -> None:
     )
     sim.add_argument("--sweep", action="store_true", help="run the grid policies × fractions × sizes × caps × seeds")
     sim.add_argument("--workers", type=int, default=None, help="processes for --sweep (default: all cores)")
+    sim.add_argument(
+        "--weight",
+        action="append",
+        default=[],
+        metavar="wN=V[,V...]",
+        help="UBIS weight to set, or vary with --sweep: w1..w7 or a [priority.weights] name (repeatable; "
+        "e.g. --weight w3=0.05,0.1,0.2)",
+    )
     sim.add_argument("--out", required=True, help="output directory")
+    sim.add_argument(
+        "--subclusters",
+        default=None,
+        help="heterogeneous farm (TOML of sub-clusters and job kinds; docs/remap.md): replay on it instead",
+    )
+    sim.add_argument(
+        "--remap",
+        default="none,arrive-f",
+        help="with --subclusters: none (fastest free sub-cluster first) or arrive-f (remapping); comma list",
+    )
+    deadline_cli.add_arguments(sim)
     sim.set_defaults(func=_simulate)
 
 
@@ -225,6 +247,13 @@ def _seeds(text: str | None, seed: int) -> list[int]:
 
 
 def _simulate(args: argparse.Namespace) -> int:
+    if args.subclusters:
+        return simulate_remap(args, read_trace(args.trace, lenient=args.lenient), _seeds(args.seeds, args.seed))
+    if args.nodes is None:
+        raise InputError("--nodes: required (the machine size in nodes), unless --subclusters gives the farm")
+    if deadline_cli.wanted(args):  # the deadline replay (docs/deadline.md): no numba needed
+        require_extra("vjob simulate", *(() if args.no_plots else ("matplotlib",)))
+        return deadline_cli.run(args, load_config(args), read_trace)
     require_extra("vjob simulate", "numba", *(() if args.no_plots and not args.sweep else ("matplotlib",)))
     cfg = load_config(args)
     sched = cfg.scheduling.model_dump()
@@ -245,7 +274,8 @@ def _simulate(args: argparse.Namespace) -> int:
         if args.interactive_cap is not None
         else [cfg.priority.interactive_cap]
     )
-    grid = list(itertools.product(policies, fracs, sizes, caps, seeds))
+    variants = weight_variants(args.weight)
+    grid = list(itertools.product(policies, fracs, sizes, caps, seeds, variants))
     if len(grid) > 1 and not args.sweep:
         raise InputError("several values given for a parameter: add --sweep to run the grid")
     out = Path(args.out)
@@ -267,8 +297,9 @@ def _simulate(args: argparse.Namespace) -> int:
         "cap_mode": args.cap_mode,
     }
     if not args.sweep:
-        policy, frac, size, cap, seed = grid[0]
+        policy, frac, size, cap, seed, weights = grid[0]
         spec = {"policy": policy, "frac": frac, "size": size, "cap": cap, "seed": seed, "out": str(out)}
+        spec["weights"] = weights
         doc = run_one(base | spec, show=True)
         _print_table(doc)
         return 0
@@ -301,7 +332,10 @@ def run_one(spec: dict[str, Any], show: bool = False) -> dict[str, Any]:
         backfill_depth=spec["backfill_depth"] if spec["backfill_depth"] > 0 else None,
         priority_refresh_s=spec["priority_refresh_s"],
     )
-    priority = PriorityConfig.model_validate(spec["priority"] | {"interactive_cap": spec["cap"]})
+    weights = spec.get("weights") or {}
+    priority = PriorityConfig.model_validate(
+        spec["priority"] | {"interactive_cap": spec["cap"], "weights": spec["priority"]["weights"] | weights}
+    )
     scheduling = SchedulingConfig.model_validate(spec.get("scheduling", {}))
     cap_mode = spec.get("cap_mode", "preempt")
     started = time.perf_counter()
@@ -323,6 +357,7 @@ def run_one(spec: dict[str, Any], show: bool = False) -> dict[str, Any]:
         "cap_mode": cap_mode,
         "scheduling": scheduling.model_dump(),
         "seed": spec["seed"],
+        "weights": weights_label(weights),
         "wall_seconds": seconds,
     }
     return write_all(result, Path(spec["out"]), extra, plots=spec["plots"])
@@ -351,15 +386,19 @@ def _print_table(doc: dict[str, Any]) -> None:
 
 
 def _sweep(
-    base: dict[str, Any], grid: list[tuple[str, float, float, float, int]], out: Path, workers: int | None
+    base: dict[str, Any],
+    grid: list[tuple[str, float, float, float, int, dict[str, float]]],
+    out: Path,
+    workers: int | None,
 ) -> int:
     out.mkdir(parents=True, exist_ok=True)
     specs = []
-    several = len({seed for *_, seed in grid}) > 1
-    for policy, frac, size, cap, seed in grid:
+    several = len({cell[4] for cell in grid}) > 1
+    for policy, frac, size, cap, seed, weights in grid:
         name = f"{policy}_f{frac:g}_s{size:g}_c{cap:g}" + (f"_seed{seed}" if several else "")
+        name += "".join(f"_{w.replace('=', '')}" for w in weights_label(weights).split())
         spec = {"policy": policy, "frac": frac, "size": size, "cap": cap, "seed": seed, "out": str(out / name)}
-        specs.append(base | spec)
+        specs.append(base | spec | {"weights": weights})
     docs: list[dict[str, Any]] = []
     workers = workers or os.cpu_count() or 1
     with Progress(len(specs), "sweep") as progress, ProcessPoolExecutor(max_workers=workers) as pool:

@@ -18,7 +18,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from vjob.errors import ConfigError
 from vjob.secrets import MASK, is_secret_name, mask_text
@@ -216,6 +216,11 @@ class PlannerConfig(Section):
     """Wall-clock budget of one planning, model building included: CP-SAT improves on the best
     heuristic placement until then, and the plan comes from the heuristics alone when it is
     too short for the solver."""
+    interval_s: float = Field(0.0, ge=0, le=86400)
+    """The agent's control loop (Entropy): every this many seconds it re-plans the vjobs it holds
+    from their measured CPU demand and carries the switch out live; 0 turns the loop off."""
+    busy: float = Field(0.5, gt=0, le=1)
+    """Share of an interval a vCPU must compute to count as busy (one CPU of demand)."""
 
 
 class SlurmConfig(Section):
@@ -315,6 +320,126 @@ class SalineConfig(Section):
         return value.lower()
 
 
+TUNE_OBJECTIVES = (
+    "interactive_response",
+    "interactive_wait",
+    "batch_response",
+    "batch_slowdown",
+    "large_batch_response",
+    "utilization",
+)
+"""What a `vjob tune` trial can optimise (simulator/tune/space.py measures them)."""
+TUNE_BOUNDS: dict[str, tuple[float, float]] = {
+    **{name: (0.0, 0.5) for name in PriorityWeights.model_fields},
+    "interactive_cap": (0.02, 0.5),
+    "head_slack_s": (0.0, 7200.0),
+    "max_preemptions": (0.0, 5.0),
+}
+"""Tunable parameters and their built-in search ranges (the first value is also the floor)."""
+
+
+class TuneConfig(Section):
+    """`vjob tune`: what is searched, within which bounds, for which objectives (docs/tune.md)."""
+
+    objectives: list[Literal[TUNE_OBJECTIVES]] = ["interactive_response", "batch_slowdown"]  # type: ignore[valid-type]
+    """What a trial measures on the training part of the trace: interactive_response,
+    interactive_wait, batch_response, batch_slowdown, large_batch_response (lowered) or
+    utilization (raised)."""
+    policy: Literal["ubis", "vjob"] = "ubis"
+    """The policy the trials replay: the weights rank the queue under ubis; vjob's knobs
+    (head_slack_s, max_preemptions) act under vjob."""
+    sampler: Literal["nsga2", "tpe"] = "nsga2"
+    """Optuna's sampler: NSGA-II (a genetic front) or multi-objective TPE (better with few trials)."""
+    search: list[str] = list(TUNE_BOUNDS)[:8]
+    """Parameters searched: the weights (usage ... interactive), interactive_cap, head_slack_s,
+    max_preemptions; the others keep their [priority] / [scheduling] values."""
+    bounds: dict[str, tuple[float, float]] = {}
+    """Search range per parameter, [low, high]; parameters not listed use the built-in range
+    (weights 0..0.5, interactive_cap 0.02..0.5, head_slack_s 0..7200, max_preemptions 0..5)."""
+    train_fraction: float = Field(0.7, gt=0.05, lt=1)
+    """Share of the trace's span (from its start) the trials replay; the rest is held back."""
+
+    @field_validator("search")
+    @classmethod
+    def _search(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if name not in TUNE_BOUNDS:
+                raise ValueError(f"{name!r}: not a tunable parameter ({', '.join(TUNE_BOUNDS)})")
+        if not value:
+            raise ValueError("nothing to search: name at least one parameter")
+        return value
+
+    @field_validator("bounds")
+    @classmethod
+    def _bounds(cls, value: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
+        for name, (low, high) in value.items():
+            if name not in TUNE_BOUNDS:
+                raise ValueError(f"{name!r}: not a tunable parameter ({', '.join(TUNE_BOUNDS)})")
+            if not low < high:
+                raise ValueError(f"{name} = [{low:g}, {high:g}]: bounds inverted or empty (need low < high)")
+            if low < TUNE_BOUNDS[name][0]:
+                raise ValueError(f"{name} = [{low:g}, {high:g}]: low must be >= {TUNE_BOUNDS[name][0]:g}")
+        return value
+
+
+class RemapConfig(Section):
+    """Heterogeneity-aware remapping (ARRIVE-F; preemption/remap, docs/remap.md): the paper's
+    β and τ, the gain threshold and the guards against ping-pong."""
+
+    beta: float = Field(20.0, gt=0, le=10_000)
+    """Profiling windows a predicted gain is counted over (the paper's β)."""
+    tau_s: float = Field(50.0, gt=0, le=86_400)
+    """Seconds of one profiling window (the paper's τ); a job is profiled a whole window on its
+    sub-cluster before it can be moved for gain."""
+    threshold_s: float = Field(60.0, allow_inf_nan=False)
+    """A move or swap is made only when its predicted gain (VM-seconds, migration cost
+    deducted) exceeds this."""
+    max_migrations: int = Field(2, ge=0, le=1000)
+    """Migrations per job at most (thrashing moves included): no ping-pong."""
+    thrash_pages_s: float = Field(1000.0, ge=0)
+    """Pages swapped in per second above which a guest thrashes and is moved at once."""
+    migrate_bandwidth_mb_s: float = Field(110.0, gt=0)
+    """Bandwidth of a live migration (MB/s), for its cost: memory × 1.2 / bandwidth."""
+
+
+class DeadlineConfig(Section):
+    """Deadline-aware admission (docs/deadline.md): a job is accepted, or kept running, while its
+    x-factor (how late it is projected to end, as a share of what it has left) is below X."""
+
+    admission: str = Field("none", pattern=r"^(none|static|adaptive|cdf)$")
+    """How X is set: none (no deadline policy), static, adaptive (towards target_failure) or cdf
+    (from past jobs' headroom so that cdf_probability of them would succeed)."""
+    action: str = Field("cancel", pattern=r"^(cancel|checkpoint)$")
+    """A running vjob over X: cancel it, or checkpoint it and resume it where it can still finish."""
+    buffer: float = Field(0.05, ge=0, le=10)
+    """Deadline slack given to replayed trace jobs: deadline = submit + (1 + buffer) × requested time."""
+    static_x: float = Field(0.1, ge=-1, le=10)
+    """X for `static`, and the starting X of `adaptive` and `cdf`."""
+    x_min: float = Field(0.1, ge=-1, le=10)
+    """Lowest X the adaptive and cdf thresholds may reach."""
+    x_max: float = Field(0.9, ge=-1, le=10)
+    """Highest X the adaptive and cdf thresholds may reach."""
+    delta_x: float = Field(0.05, ge=0, le=1)
+    """Adaptive step: X moves by delta_x × |target − measured failure rate| per finished job."""
+    target_failure: float = Field(0.15, ge=0, le=1)
+    """Failure rate the adaptive threshold steers to."""
+    cdf_probability: float = Field(0.8, gt=0, le=1)
+    """cdf: share of past jobs that would have met their deadline at x = X."""
+    window: int = Field(100, ge=1, le=100_000)
+    """Finished jobs in the measured failure rate (and, ×20, headroom samples for cdf)."""
+    threshold_file: str = ""
+    """Where the agent publishes X for the submit hooks; empty: vjob-deadline.threshold beside
+    slurm.conf (Slurm) — the hook reads it and refuses jobs with x >= X."""
+    stale_after_s: float = Field(600.0, gt=0, le=86400)
+    """A threshold file older than this is ignored by the hooks (they accept every job)."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> DeadlineConfig:
+        if self.x_min > self.x_max:
+            raise ValueError(f"x_min = {self.x_min} > x_max = {self.x_max}: need x_min <= x_max")
+        return self
+
+
 class Config(Section):
     """The whole configuration file."""
 
@@ -331,6 +456,9 @@ class Config(Section):
     slurm: SlurmConfig = SlurmConfig()
     pbs: PbsConfig = PbsConfig()
     saline: SalineConfig = SalineConfig()
+    deadline: DeadlineConfig = DeadlineConfig()
+    tune: TuneConfig = TuneConfig()
+    remap: RemapConfig = RemapConfig()
 
     @property
     def data_path(self) -> Path:
