@@ -233,6 +233,7 @@ class Agent:
                     self.adapter,
                     act=obs.store_ok,
                     checkpoint=lambda j, why: self._deadline_checkpoint(obs, j, why, report, decision),
+                    store=self.store() if obs.store_ok else None,
                 )
             except VjobError as exc:  # never let the deadline duty stop the tick
                 self.log.error("deadline evaluation failed", error=str(exc))

@@ -132,7 +132,9 @@ def read_deadline_status(cfg: Any, errors: list[str]) -> dict[str, Any]:
     """The agent's last deadline evaluation (agent.deadline): X and each job's deadline, x and
     predicted end. Missing file: no deadline policy ran; a broken one is a warning."""
     path = cfg.data_path / STATUS_NAME
-    empty: dict[str, Any] = {"X": None, "admission": None, "failure_rate": None, "at": None, "jobs": {}}
+    empty: dict[str, Any] = {
+        "X": None, "admission": None, "failure_rate": None, "at": None, "vo_model": None, "jobs": {},
+    }  # fmt: skip
     try:
         raw = path.read_bytes()[: 4 * 2**20]
         doc = json.loads(raw)
@@ -198,6 +200,13 @@ def _status(args: argparse.Namespace) -> int:
                        "-" if j["predicted_end"] is None else time.strftime(fmt, time.localtime(j["predicted_end"])),
                        j["decision"])  # fmt: skip
         console.print(dt)
+    vo = dl["vo_model"]
+    if isinstance(vo, dict):
+        console.print(
+            f"VO model: {vo.get('source')} ({vo.get('observations')} finished jobs observed, "
+            f"learned kinds: {', '.join(vo.get('learned') or []) or 'none'}); slowdown given to the hooks "
+            f"{vo.get('slowdown')}, base {vo.get('base')}, per neighbour {vo.get('per_neighbour')}"
+        )
     for err in data["errors"]:
         console.print(f"[yellow]warning:[/] {err}")
     return 0

@@ -315,3 +315,26 @@ class LeaseRecord(Base):
     owner: Mapped[str] = mapped_column(String(128))
     expires_at: Mapped[float] = mapped_column(Float)
     acquired_at: Mapped[float] = mapped_column(Float)
+
+
+class VOObservationRecord(Base):
+    """A finished vjob the deadline agent watched (vjob.store.vo_observations): what the VO model
+    predicted and what the job took, from which the agent refits the model online."""
+
+    __tablename__ = "vo_observations"
+    __table_args__ = (
+        UniqueConstraint("job_id", "finished_at"),
+        CheckConstraint("colocated >= 0", name="colocated"),
+        CheckConstraint("walltime_s > 0 AND actual_s > 0 AND predicted_s > 0", name="durations"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(String(64))
+    finished_at: Mapped[float] = mapped_column(Float)
+    kind: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    """cpu / mem / io when known; NULL: the agent could not tell (counts for every kind)."""
+    colocated: Mapped[int] = mapped_column(Integer)
+    """The most other running jobs seen sharing a node with it."""
+    walltime_s: Mapped[float] = mapped_column(Float)
+    predicted_s: Mapped[float] = mapped_column(Float)
+    actual_s: Mapped[float] = mapped_column(Float)
