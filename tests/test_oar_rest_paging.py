@@ -18,6 +18,7 @@ from plugins.oar.parse import HOLDING_STATES
 from saline_bew.repository import Repository
 from saline_bew.sites import Site
 from tests.saline_env import FakeOar
+from tests.services import wait_for
 
 
 def _job(i: int, state: str = "Running") -> dict[str, object]:
@@ -59,6 +60,10 @@ def test_free_cores_sees_the_jobs_past_the_first_page(tmp_path) -> None:
 @pytest.mark.oar
 def test_a_real_rest_listing_of_more_than_500_jobs_is_complete(oar_cluster, tmp_path) -> None:
     """501 held jobs (one array submission, so one oarsub): GET /jobs/details pages at 500."""
+    # The OAR server is shared by the suite: a best-effort job an earlier test killed may still be
+    # finishing. Start from a site where nothing holds resources, so the free-core count is exact.
+    rest = OarRest(oar_cluster.api_url, timeout_s=120)
+    wait_for(lambda: rest.jobs(HOLDING_STATES) == [], 180, "earlier tests' OAR jobs to end", interval=2)
     home = os.path.expanduser(f"~{oar_cluster.user}")
     env = {"PATH": os.environ["PATH"], "PWD": home, "HOME": home, "LANG": "C"}
     argv = ["oarsub", "--hold", "--array", str(PAGE + 1), "-n", "vjobpage", "-l", "/resource_id=1", "true"]
@@ -67,7 +72,6 @@ def test_a_real_rest_listing_of_more_than_500_jobs_is_complete(oar_cluster, tmp_
     array = re.search(r"OAR_ARRAY_ID=(\d+)", proc.stdout)
     assert array, proc.stdout + proc.stderr
     try:
-        rest = OarRest(oar_cluster.api_url, timeout_s=120)
         mine = [j for j in rest.jobs() if j.name == "vjobpage"]
         assert len(mine) == PAGE + 1 and len({j.id for j in mine}) == PAGE + 1
         assert {j.state for j in mine} == {"Hold"}
