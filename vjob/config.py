@@ -10,10 +10,13 @@ when it exists; with none of them the embedded defaults apply (SQLite under the 
 
 from __future__ import annotations
 
+import ast
+import inspect
 import ipaddress
 import os
 import re
 import sys
+import textwrap
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -45,7 +48,9 @@ _SITE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 class Section(BaseModel):
     """Base of every section: unknown keys are errors, values are validated on assignment."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+    # No use_attribute_docstrings: it parses every class's source at import (70 ms of each
+    # `vjob` command); only `vjob config reference` reads the docstrings (_attribute_docs).
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 class DatabaseConfig(Section):
@@ -613,7 +618,7 @@ def _reference_section(model: type[BaseModel], prefix: str, lines: list[str]) ->
             for attr, op in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<"))
             if getattr(m, attr, None) is not None
         )
-        desc = " ".join((field.description or "").split())
+        desc = " ".join((field.description or _attribute_docs(model).get(name, "")).split())
         rows.append(f"| `{name}` | {_type_name(ann)} | {shown} | {limits} | {desc} |")
     if rows:
         lines += [f"## `[{prefix}]`" if prefix else "## top level", ""]
@@ -624,6 +629,24 @@ def _reference_section(model: type[BaseModel], prefix: str, lines: list[str]) ->
     for name, sub, is_list in nested:
         key = f"{prefix}.{name}" if prefix else name
         _reference_section(sub, f"[{key}]" if is_list else key, lines)
+
+
+def _attribute_docs(model: type[BaseModel]) -> dict[str, str]:
+    """The string under each field of `model` and its bases, read from their source."""
+    docs: dict[str, str] = {}
+    for cls in reversed([c for c in model.__mro__ if issubclass(c, BaseModel) and c is not BaseModel]):
+        body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0]
+        assert isinstance(body, ast.ClassDef)
+        for stmt, after in zip(body.body, body.body[1:], strict=False):
+            if (
+                isinstance(stmt, ast.AnnAssign)
+                and isinstance(stmt.target, ast.Name)
+                and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)
+            ):
+                docs[stmt.target.id] = after.value.value
+    return docs
 
 
 def _model_of(ann: Any) -> type[BaseModel] | None:
