@@ -55,6 +55,10 @@ def quota(driver: Driver, node: str, share: float | None) -> None:
         _, controllers, path = line.split(":", 2)
         if "cpu" in controllers.split(","):
             base = Path("/sys/fs/cgroup/cpu") / path.lstrip("/")
+            # The main thread sits in libvirt's emulator/ child, the vCPU threads in vcpuN/: the
+            # cap goes on their common parent, the domain's own cgroup, or the vCPU runs uncapped.
+            if base.name == "emulator":
+                base = base.parent
             (base / "cpu.cfs_period_us").write_text("100000")
             (base / "cpu.cfs_quota_us").write_text(str(-1 if share is None else int(100_000 * share)))
             return
