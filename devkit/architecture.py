@@ -44,8 +44,10 @@ SAME_LAYER_FORBIDDEN: frozenset[tuple[str, str]] = frozenset(
     }
 )
 
-HEAVY = ("libvirt", "ortools", "numba", "matplotlib", "optuna")
-"""Optional heavy dependencies: the only reason an import may sit inside a function."""
+HEAVY = ("libvirt", "ortools", "numba", "matplotlib", "optuna", "pydantic", "structlog")
+"""Optional heavy dependencies, and the two slow imports `vjob --help` must not pay for (the
+command loads its configuration only when a command runs): the only reasons an import may sit
+inside a function."""
 
 
 def modules(root: Path = REPO) -> list[Path]:

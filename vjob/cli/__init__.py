@@ -18,11 +18,13 @@ import sys
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from vjob import __version__, log
-from vjob import config as vconfig
+from vjob import __version__
 from vjob.errors import UsageError, VjobError
+
+if TYPE_CHECKING:
+    from vjob import config as vconfig
 
 
 @dataclass(frozen=True)
@@ -197,6 +199,10 @@ def _requested_command(argv: Sequence[str]) -> str | None:
 
 def load_config(args: argparse.Namespace) -> vconfig.Config:
     """The configuration named by --config / $VJOB_CONFIG, with logging set up from it."""
+    # Imported here, not at the top, so that `vjob --help` stays under 0.3 s.
+    from vjob import config as vconfig  # heavy: pydantic
+    from vjob import log  # heavy: structlog
+
     cfg = vconfig.load(getattr(args, "config", None))
     log.configure("debug" if getattr(args, "debug", False) else cfg.logging.level, cfg.logging.format)
     return cfg
