@@ -19,19 +19,24 @@ from typing import Any
 from preemption.deadline import (
     Bounds,
     Continuation,
+    Held,
     VOModel,
     adaptive_threshold,
+    admit,
     cdf_threshold,
     continuation,
     failure_rate,
+    held_verdict,
+    job_kind,
     predicted_remaining,
     refit_vo_model,
-    x_factor,
+    resume_x,
 )
 from preemption.deadline.threshold_file import THRESHOLD_NAME, write_threshold
+from preemption.scheduling.tick import Release
 from vjob import log
 from vjob.config import Config
-from vjob.errors import VjobError
+from vjob.errors import InputError, VjobError
 from vjob.model import ClusterView, Job, JobState
 from vjob.rms import RMSAdapter
 from vjob.store import vo_observations
@@ -39,8 +44,6 @@ from vjob.store.db import Store
 
 STATUS_NAME = "deadline.json"
 """Per-vjob deadline, x and prediction, rewritten each tick for `vjob status`."""
-OBSERVATIONS_KEPT = 1000
-"""Newest finished-job observations the VO model is refitted from (the store keeps more)."""
 
 _log = log.get("agent.deadline")
 
@@ -61,6 +64,8 @@ class JobDeadline:
     x: float | None
     predicted_end: float | None
     decision: str
+    done_s: float = 0.0
+    """Bare seconds of its work done (run time / slowdown): kept when it is checkpointed."""
 
 
 @dataclass
@@ -77,8 +82,17 @@ class DeadlineKeeper:
     """The model given (`vo`), in force until enough jobs have finished to refit it."""
     watched: dict[str, tuple[float, int]] = field(default_factory=dict)
     """Running job → (predicted run time when first seen running, most co-located jobs seen)."""
-    observations: deque[vo_observations.Observation] = field(default_factory=lambda: deque(maxlen=OBSERVATIONS_KEPT))
+    observations: deque[vo_observations.Observation] = field(default_factory=deque)
     loaded: bool = False
+    parked: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Jobs whose VM this agent checkpointed for their deadline → (bare seconds of work done,
+    when): held until a placement with x < X exists (`releases`), cancelled when none can (in
+    memory: a restarted agent releases them by the ordinary rule)."""
+    given_up: set[str] = field(default_factory=set)
+    """Parked jobs cancelled because no placement could save them: never released."""
+    kinds: dict[str, str | None] = field(default_factory=dict)
+    """Job → the VO model's kind it declares (`--comment=vjob:kind=cpu`), None: none or a
+    bad one (then the worst kind is assumed); looked up once per job with a deadline."""
 
     def __post_init__(self) -> None:
         self.prior = self.vo
@@ -86,11 +100,18 @@ class DeadlineKeeper:
         self.x = None if d.admission == "none" else d.static_x
         self.outcomes = deque(maxlen=d.window)
         self.headrooms = deque(maxlen=d.window * 20)
+        self.observations = deque(self.observations, maxlen=d.vo_observations)
 
     @property
     def slowdown(self) -> float:
         """The hook's prediction factor for a job alone in a VM: the worst kind (it cannot tell)."""
-        return max(self.vo.slowdown(k) for k in self.vo.base)
+        return self.vo.worst(0)
+
+    def refit(self) -> VOModel:
+        d = self.cfg.deadline
+        return refit_vo_model(
+            self.prior, self.observations, min_samples=d.vo_min_samples, max_slowdown=d.vo_max_slowdown
+        )
 
     def learn(self, view: ClusterView, finished: Sequence[Job] = ()) -> None:
         """Count finished jobs with a deadline (once each) and move X (adaptive, cdf)."""
@@ -104,7 +125,7 @@ class DeadlineKeeper:
             ok = job.end_time <= job.deadline
             self.outcomes.append(ok)
             if job.start_time is not None and job.walltime:
-                predicted = job.walltime * self.slowdown
+                predicted = job.walltime * self.vo.worst(0, self.kinds.get(job.id))
                 self.headrooms.append(1.0 - (job.end_time - job.start_time) / predicted if ok else -1.0)
             if d.admission == "adaptive" and self.x is not None:
                 self.x = adaptive_threshold(
@@ -125,13 +146,38 @@ class DeadlineKeeper:
         if self.loaded or store is None:
             return
         try:
-            rows = vo_observations.recent(store, OBSERVATIONS_KEPT)
+            rows = vo_observations.recent(store, self.cfg.deadline.vo_observations)
         except VjobError as exc:
             _log.warning("cannot load the VO observations, retrying next tick", error=str(exc))
             return
         self.loaded = True
         self.observations.extend(reversed(rows))
-        self.vo = refit_vo_model(self.prior, self.observations)
+        self.vo = self.refit()
+
+    def learn_kinds(self, view: ClusterView, adapter: RMSAdapter) -> None:
+        """The kind each job with a deadline declares in its comment, once per job, where the
+        adapter shows the RMS's own fields (`job_fields`: Slurm's Comment). Why only those
+        jobs: one RMS query each, and only their x depends on it (their finished runs then
+        teach the VO model per kind)."""
+        fields = getattr(adapter, "job_fields", None)
+        present = {j.id for j in view.jobs}
+        for job_id in [j for j in self.kinds if j not in present and j not in self.watched]:
+            del self.kinds[job_id]
+        if not callable(fields):
+            return
+        for job in view.jobs:
+            if job.deadline is None or job.id in self.kinds:
+                continue
+            try:
+                comment = fields(job.id).get("Comment", "")
+            except (VjobError, LookupError) as exc:
+                _log.info("cannot read the job's comment, retrying next tick", job=job.id, error=str(exc))
+                continue
+            try:
+                self.kinds[job.id] = job_kind(comment if isinstance(comment, str) else "")
+            except InputError as exc:
+                _log.warning("job kind refused, assuming the worst kind", job=job.id, error=str(exc))
+                self.kinds[job.id] = None
 
     def watch(self, view: ClusterView, store: Store | None, adapter: RMSAdapter) -> list[Job]:
         """Follow running jobs with a time limit. The view holds no finished job (adapters list
@@ -139,15 +185,13 @@ class DeadlineKeeper:
         where the adapter has it: Slurm); if it completed — not cancelled, failed or acted on:
         their run time is not their work — record predicted vs actual and refit. Returns the
         finished jobs looked up, for `learn`."""
-        sharing: dict[str, int] = {}
-        for job in view.running:
-            for node in job.allocated_nodes:
-                sharing[node] = sharing.get(node, 0) + 1
+        sharing = _sharing(view)
         in_view = {j.id for j in view.jobs}
         for job in view.jobs:
             if job.state is JobState.RUNNING and job.walltime and job.start_time is not None:
                 others = max((sharing.get(n, 1) - 1 for n in job.allocated_nodes), default=0)
-                predicted, colocated = self.watched.get(job.id, (job.walltime * self.slowdown, 0))
+                alone = self.vo.worst(0, self.kinds.get(job.id))
+                predicted, colocated = self.watched.get(job.id, (job.walltime * alone, 0))
                 self.watched[job.id] = (predicted, max(colocated, others))
             else:
                 self.watched.pop(job.id, None)  # requeued, suspended: this run is not a whole one
@@ -164,7 +208,7 @@ class DeadlineKeeper:
             if job.state is JobState.COMPLETED and job.start_time is not None and job.end_time is not None:
                 learned |= self.observe(job, job.end_time - job.start_time, predicted, colocated, store)
         if learned:
-            self.vo = refit_vo_model(self.prior, self.observations)
+            self.vo = self.refit()
         return finished
 
     def observe(self, job: Job, actual: float, predicted: float, colocated: int, store: Store | None) -> bool:
@@ -175,7 +219,7 @@ class DeadlineKeeper:
                 vo_observations.Observation(
                     job_id=job.id,
                     finished_at=job.end_time or 0.0,
-                    kind=None,
+                    kind=self.kinds.get(job.id),
                     colocated=colocated,
                     walltime_s=job.walltime or 0.0,
                     predicted_s=predicted,
@@ -193,22 +237,78 @@ class DeadlineKeeper:
                 _log.warning("cannot record the VO observation", job=job.id, error=str(exc))
         return True
 
-    def evaluate(self, job: Job, now: float) -> JobDeadline | None:
-        """x of a running or pending job with a deadline and a time limit, and what to do."""
+    def evaluate(self, job: Job, now: float, neighbours: int = 0) -> JobDeadline | None:
+        """x of a job with a deadline and a time limit, and what to do with it.
+
+        A running job is judged at the slowdown of where it runs (`neighbours`: the most other
+        jobs on one of its nodes); over X it is checkpointed only if it could make it in a VM
+        alone, the checkpoint and restore (`checkpoint_s`) included — the simulator's rule, so
+        a checkpoint is never taken for a job no placement can save. A job this agent
+        checkpointed for its deadline (`parked`) is judged as it would resume alone: hold, or
+        cancel when even that misses."""
         if job.deadline is None or not job.walltime:
             return None
+        d = self.cfg.deadline
+        left = job.deadline - now
+        kind = self.kinds.get(job.id)
+        solo = self.vo.worst(0, kind)
+        if job.id in self.parked:
+            done = self.parked[job.id][0]
+            x = resume_x(job.walltime, done, solo, left, pause_s=d.checkpoint_s)
+            verdict = held_verdict(x, None, self.x)
+            remaining = predicted_remaining(job.walltime, done, solo) + d.checkpoint_s
+            return JobDeadline(job.id, job.deadline, x, now + remaining, verdict.value, done)
+        here = self.vo.worst(neighbours, kind)
         done = 0.0
         if job.state is JobState.RUNNING and job.start_time is not None:
-            done = max(0.0, now - job.start_time) / self.slowdown
-        remaining = predicted_remaining(job.walltime, done, self.slowdown)
-        x = x_factor(remaining, job.deadline - now)
+            done = max(0.0, now - job.start_time) / here
+        remaining = predicted_remaining(job.walltime, done, here)
+        x = resume_x(job.walltime, done, here, left)
         decision = Continuation.CONTINUE
         if job.state is JobState.RUNNING:
-            best = x_factor(predicted_remaining(job.walltime, done, 1.0), job.deadline - now)
+            alone = resume_x(job.walltime, done, solo, left, pause_s=d.checkpoint_s)
             decision = continuation(
-                x, self.x, action=self.cfg.deadline.action, can_meet_elsewhere=self.x is not None and best < self.x
+                x, self.x, action=d.action, can_meet_elsewhere=self.x is not None and admit(alone, self.x)
             )
-        return JobDeadline(job.id, job.deadline, x, now + remaining, decision.value)
+        return JobDeadline(job.id, job.deadline, x, now + remaining, decision.value, done)
+
+    def releases(self, view: ClusterView, offered: Sequence[Release], now: float | None = None) -> list[Release]:
+        """The tick's releases, with each job this agent checkpointed for its deadline let go
+        only onto a placement where x < X (held_verdict, the simulator's rule), pinned there.
+
+        The placement: the nodes the pass resumes it on (its saved ones) when it names them,
+        else the least busy usable nodes — the RMS, left to choose, may put it back beside the
+        neighbours it was stopped for. Busy means running jobs on the node, as the RMS
+        reports them (a node shared by several jobs slows each)."""
+        offered = [rel for rel in offered if rel.job_id not in self.given_up]
+        if not self.parked:
+            return offered
+        now = time.time() if now is None else now
+        busy = _sharing(view)
+        usable = sorted((n.name for n in view.nodes if n.state.usable), key=lambda n: (busy.get(n, 0), n))
+        out: list[Release] = []
+        for rel in offered:
+            job = next((j for j in view.jobs if j.id == rel.job_id), None)
+            if rel.job_id not in self.parked or job is None or job.deadline is None or not job.walltime:
+                out.append(rel)  # not held for its deadline: the ordinary rule
+                continue
+            nodes = tuple(rel.preferred_nodes) or tuple(usable[: job.nodes])
+            if len(nodes) < job.nodes:
+                continue
+            done, left = self.parked[job.id][0], job.deadline - now
+            pause, kind = self.cfg.deadline.checkpoint_s, self.kinds.get(job.id)
+            alone = resume_x(job.walltime, done, self.vo.worst(0, kind), left, pause_s=pause)
+            neighbours = max(busy.get(n, 0) for n in nodes)
+            here = resume_x(job.walltime, done, self.vo.worst(neighbours, kind), left, pause_s=pause)
+            verdict = held_verdict(alone, here, self.x)
+            _log.info("deadline: checkpointed job offered a release", job=job.id, nodes=list(nodes),
+                      x=round(here, 3), X=self.x, verdict=verdict.value)  # fmt: skip
+            if verdict is Held.RELEASE:
+                out.append(Release(job.id, nodes))
+                for n in nodes:  # a second job released this tick counts the first as a neighbour
+                    busy[n] = busy.get(n, 0) + 1
+                usable.sort(key=lambda n: (busy.get(n, 0), n))
+        return out
 
     def tick(
         self,
@@ -226,6 +326,7 @@ class DeadlineKeeper:
         job without a VM (nothing to save): that one is requeued through the RMS and restarts."""
         now = time.time()
         self.load_observations(store)
+        self.learn_kinds(view, adapter)
         self.learn(view, self.watch(view, store, adapter))
         path = threshold_path(self.cfg, self.rms)
         if path is not None and self.x is not None:
@@ -234,18 +335,24 @@ class DeadlineKeeper:
             except OSError as exc:
                 _log.warning("cannot publish the deadline threshold", path=str(path), error=str(exc))
         rows = []
+        busy = _sharing(view)
+        self.unpark(view)
         for job in view.jobs:
-            row = self.evaluate(job, now)
+            running = job.state is JobState.RUNNING
+            neighbours = max((busy.get(n, 1) - 1 for n in job.allocated_nodes), default=0) if running else 0
+            row = self.evaluate(job, now, neighbours)
             if row is None:
                 continue
             rows.append(row)
+            if act and job.id in self.parked and row.decision == Held.CANCEL.value:
+                self.cancel_parked(job.id, row, adapter)
             if not act or job.id in self.acted or row.decision == Continuation.CONTINUE.value:
                 continue
             try:
                 if row.decision == Continuation.CANCEL.value:
                     adapter.cancel(job.id)
                 elif checkpoint is not None and checkpoint(job.id, _reason(row, self.x)):
-                    pass  # saved and requeue-held; the tick's releases resume it
+                    self.parked[job.id] = (row.done_s, now)  # held until a placement with x < X exists
                 elif adapter.abilities.requeue_hold:
                     adapter.requeue_hold(job.id)
                     adapter.release(job.id)
@@ -260,6 +367,29 @@ class DeadlineKeeper:
             )
         self.write_status(rows, now)
         return rows
+
+    def unpark(self, view: ClusterView) -> None:
+        """Forget the parked jobs that left the view or run again (a run started after their
+        checkpoint): from then on they are judged as any running job."""
+        jobs = {j.id: j for j in view.jobs}
+        self.given_up &= jobs.keys()
+        for job_id, (_, at) in list(self.parked.items()):
+            job = jobs.get(job_id)
+            if job is None or (job.state is JobState.RUNNING and (job.start_time or 0) > at):
+                del self.parked[job_id]
+
+    def cancel_parked(self, job_id: str, row: JobDeadline, adapter: RMSAdapter) -> None:
+        """A job held for its deadline that cannot make it even alone: cancelled, not kept to
+        its deadline with its saved state (the simulator cancels such a waiting job too)."""
+        try:
+            adapter.cancel(job_id)
+        except VjobError as exc:
+            _log.error("deadline cancel failed, retrying next tick", job=job_id, error=str(exc))
+            return
+        del self.parked[job_id]
+        self.given_up.add(job_id)
+        _log.info("deadline: checkpointed job can no longer make it anywhere: cancelled", job=job_id,
+                  x=round(row.x or 0, 3), X=self.x)  # fmt: skip
 
     def write_status(self, rows: list[JobDeadline], now: float) -> None:
         doc: dict[str, Any] = {
@@ -320,6 +450,15 @@ def _finished_jobs(adapter: RMSAdapter, job_ids: list[str]) -> dict[str, Job]:
             if isinstance(job, Job):
                 found[job_id] = job
     return found
+
+
+def _sharing(view: ClusterView) -> dict[str, int]:
+    """Running jobs per node, as the RMS reports them (a node shared by several slows each)."""
+    sharing: dict[str, int] = {}
+    for job in view.running:
+        for node in job.allocated_nodes:
+            sharing[node] = sharing.get(node, 0) + 1
+    return sharing
 
 
 def _reason(row: JobDeadline, threshold: float | None) -> str:

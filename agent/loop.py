@@ -31,7 +31,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent import act, consolidate
+from agent import act, consolidate, remap_step
 from agent.deadline import DeadlineKeeper
 from agent.metrics import AgentMetrics
 from agent.observe import Observation, observe
@@ -122,6 +122,8 @@ class Agent:
         """The Entropy control loop's readings and last decision (`planner.interval_s`)."""
         self.deadline = DeadlineKeeper(cfg, rms)
         """X for the submit hooks and the running vjobs' x-factors (agent.deadline)."""
+        self.remap = remap_step.RemapState()
+        """Live remapping's samples and last decisions (`[remap] farm_file`, agent.remap_step)."""
 
     # -- store ----------------------------------------------------------------------------
     def store(self) -> Store:
@@ -244,12 +246,18 @@ class Agent:
                 if not self.lease_valid() and not self.hold_lease():
                     break
                 report.checkpointed += act.preempt(self, pre, obs)
-            for rel in decision.releases:
+            releases = decision.releases
+            if self.cfg.deadline.admission != "none":  # a job held for its deadline: only where x < X
+                releases = tuple(self.deadline.releases(obs.view, releases))
+            for rel in releases:
                 if act.release(self, rel):
                     report.released.append(rel.job_id)
             every = self.cfg.planner.interval_s
+            switched = None
             if every > 0 and not decision.preemptions and time.time() - self.control.last_step >= every:
-                consolidate.step(self, obs, self.control)  # re-plan from the measured demand
+                switched = consolidate.step(self, obs, self.control)  # re-plan from the measured demand
+            if self.cfg.remap.farm_file and not decision.preemptions and switched is None:
+                self._remap(obs)  # on this tick's observation: only when nothing moved since
         except StoreError as exc:
             self.store_failed(exc)
             self._recovered = False  # the journal may hold a switch cut short: look again
@@ -257,6 +265,17 @@ class Agent:
             report.errors.append(str(exc))
         self.metrics.last_tick.set(time.time())
         return report
+
+    def _remap(self, obs: Observation) -> None:
+        """The remapping step (agent.remap_step); its failure never stops the tick (a store
+        failure excepted: the tick's own handling applies)."""
+        try:
+            remap_step.step(self, obs, self.remap)
+        except StoreError:
+            raise
+        except VjobError as exc:
+            self.metrics.errors.labels(kind="remap").inc()
+            self.log.error("remapping step failed", error=str(exc))
 
     def _dry_tick(self, report: TickReport) -> TickReport:
         """A dry-run tick: the decision an active agent would take, logged and returned; no

@@ -84,6 +84,9 @@ CATALOGUE: tuple[DeployFile, ...] = (
     DeployFile("oar-admission-rule", "vjob:oar/vjob_admission_rule.pl", "/etc/vjob/oar/vjob_admission_rule.pl",
                0o644, "OAR admission rule template (oarsub -t besteffort -t vjob=IMAGE → Saline vjob); "
                "install it with vjob oar install-rules, which fills in the site and socket"),
+    DeployFile("oar-deadline-rule", "vjob:oar/vjob_deadline_rule.pl", "/etc/vjob/oar/vjob_deadline_rule.pl",
+               0o644, "OAR admission rule template refusing -t deadline= jobs whose x-factor exceeds X; "
+               "install it with vjob oar install-deadline-rule, which fills in the threshold file's path"),
     DeployFile("grafana-dashboard", "vjob:monitoring/grafana-vjob-agent.json",
                "/var/lib/grafana/dashboards/vjob-agent.json", 0o644,
                "Grafana dashboard of the agent's metrics (import it, pick the Prometheus data source)"),

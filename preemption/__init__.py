@@ -8,8 +8,8 @@ threshold file the agent publishes for the submit hooks (`preemption.deadline.th
 
 Heterogeneity remapping (issue 20; docs/remap.md) is `preemption.remap`: ARRIVE-F's performance
 models and its move/swap decisions, pure functions used by the simulator's heterogeneous replay
-(`vjob simulate --subclusters`). The live agent does not call them yet: no running vjob is
-remapped on a real cluster.
+(`vjob simulate --subclusters`) and by the agent's live remapping (agent.remap_step, `[remap]
+farm_file`: one-VM vjobs swapped between sub-clusters by live migration, `preemption.remap.live`).
 
 The cluster-wide context switch (issue 6; docs/planner.md), for the agent and the simulator:
 

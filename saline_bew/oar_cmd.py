@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from saline_bew import admission, server
+from saline_bew import admission, deadline_rule, server
 from vjob.cli import load_config
 from vjob.errors import UsageError
 
@@ -54,6 +54,28 @@ def register(sub: Any) -> None:
     )
     u.add_argument("--oaradmissionrules", default="oaradmissionrules", help="path of OAR's oaradmissionrules command")
     u.set_defaults(func=_uninstall)
+    d = osub.add_parser(
+        "install-deadline-rule",
+        help="install (or replace) the deadline rule: refuse oarsub -t deadline=DATE when x >= X",
+        description="Install vjob's deadline admission rule with oaradmissionrules (saline_bew.deadline_rule): "
+        "a job with OAR's -t deadline=DATE whose x-factor is at or over the X the agent publishes in "
+        "[deadline] threshold_file is refused with x, X and why; without a usable file every job is accepted.",
+        epilog="example: vjob oar install-deadline-rule --threshold-file /var/lib/vjob/vjob-deadline.threshold",
+    )
+    d.add_argument("--threshold-file", default=None, help="the file the agent publishes X in "
+                   "(default: [deadline] threshold_file, which must then be set)")  # fmt: skip
+    d.add_argument("--print", action="store_true", help="print the rendered rule instead of installing it")
+    d.add_argument("--oaradmissionrules", default="oaradmissionrules", help="path of OAR's oaradmissionrules command")
+    d.set_defaults(func=_install_deadline)
+    du = osub.add_parser(
+        "uninstall-deadline-rule",
+        help="remove vjob's deadline admission rule",
+        description="Remove vjob's deadline rule from OAR's admission_rules table (jobs with -t deadline= are then "
+        "accepted without the x-factor check).",
+        epilog="example: vjob oar uninstall-deadline-rule",
+    )
+    du.add_argument("--oaradmissionrules", default="oaradmissionrules", help="path of OAR's oaradmissionrules command")
+    du.set_defaults(func=_uninstall_deadline)
 
 
 def _install(args: argparse.Namespace) -> int:
@@ -79,4 +101,23 @@ def _install(args: argparse.Namespace) -> int:
 def _uninstall(args: argparse.Namespace) -> int:
     removed = admission.uninstall(args.oaradmissionrules)
     print(f"vjob admission rule{'s' if len(removed) > 1 else ''} #{removed} removed" if removed else "no vjob rule")
+    return 0
+
+
+def _install_deadline(args: argparse.Namespace) -> int:
+    path = args.threshold_file or load_config(args).deadline.threshold_file
+    if not path:
+        raise UsageError("--threshold-file: required, or set [deadline] threshold_file (OAR has no default place)")
+    rule = deadline_rule.render(threshold_file=path)
+    if args.print:
+        print(rule, end="")
+        return 0
+    new, replaced = deadline_rule.install(rule, args.oaradmissionrules)
+    print(f"vjob deadline rule #{new} installed, reading {path}" + (f" (replaced #{replaced})" if replaced else ""))
+    return 0
+
+
+def _uninstall_deadline(args: argparse.Namespace) -> int:
+    removed = deadline_rule.uninstall(args.oaradmissionrules)
+    print(f"vjob deadline rule #{removed} removed" if removed else "no vjob deadline rule")
     return 0

@@ -24,13 +24,16 @@ from typing import Any
 from preemption.deadline import (
     Bounds,
     Continuation,
+    Held,
     VOModel,
     adaptive_threshold,
     admit,
     cdf_threshold,
     continuation,
     failure_rate,
+    held_verdict,
     predicted_remaining,
+    resume_x,
     x_factor,
 )
 from simulator.deadline_workload import DJob
@@ -235,8 +238,7 @@ def simulate_deadline(
             )
         else:
             sd = slowdown(vo, r.job, nodes)
-        rem = predicted_remaining(r.job.estimate, r.done, sd) + r.pause
-        return x_factor(rem, r.job.deadline - now)
+        return resume_x(r.job.estimate, r.done, sd, r.job.deadline - now, pause_s=r.pause)
 
     def start(r: _Run, nodes: list[int], now: float) -> None:
         for n in nodes:
@@ -299,14 +301,9 @@ def simulate_deadline(
                 res.missed += 1
                 finish(r, False, None, used.get(r.job.id, 0.0))
                 continue
-            if (
-                thr is not None
-                and thr.x is not None
-                and x_factor(
-                    predicted_remaining(r.job.estimate, r.done, 1.0 + vo.base[r.job.kind]) + r.pause, r.job.deadline - t
-                )
-                >= thr.x
-            ):
+            limit = thr.x if thr is not None else None
+            x_alone = resume_x(r.job.estimate, r.done, 1.0 + vo.base[r.job.kind], r.job.deadline - t, pause_s=r.pause)
+            if limit is not None and held_verdict(x_alone, None, limit) is Held.CANCEL:  # hopeless anywhere
                 res.cancelled += 1
                 finish(r, False, None, used.get(r.job.id, 0.0), cancelled=True)
                 continue
@@ -315,8 +312,8 @@ def simulate_deadline(
                 still.append(r)
                 continue
             x = predicted_x(r, t, nodes, pending=True)
-            if thr is not None and thr.x is not None and r.checkpoints and not admit(x, thr.x):
-                still.append(r)  # a checkpointed job resumes only where it can make it
+            if r.checkpoints and held_verdict(x_alone, x, limit) is not Held.RELEASE:
+                still.append(r)  # a checkpointed job resumes only where it can make it (the agent's rule too)
                 continue
             r.x_admit = x
             sd = max(vo.slowdown(r.job.kind, [k for _, k in kinds_on[n]]) for n in set(nodes))
@@ -370,11 +367,9 @@ def simulate_deadline(
                 rem = predicted_remaining(r.job.estimate, r.done, sd_now) + r.pause
                 x = x_factor(rem, r.job.deadline - t)
                 r.checks.append((t, rem, x))
-                best = x_factor(
-                    predicted_remaining(r.job.estimate, r.done, 1.0 + vo.base[r.job.kind]) + s.checkpoint_s,
-                    r.job.deadline - t,
-                )
-                c = continuation(x, thr.x, action=s.action, can_meet_elsewhere=best < thr.x)
+                alone = resume_x(r.job.estimate, r.done, 1.0 + vo.base[r.job.kind], r.job.deadline - t,
+                                 pause_s=s.checkpoint_s)  # fmt: skip
+                c = continuation(x, thr.x, action=s.action, can_meet_elsewhere=admit(alone, thr.x))
                 if c is Continuation.CANCEL:
                     stop(r)
                     res.cancelled += 1

@@ -4,6 +4,7 @@ deadline duty publishes X and acts on a running job predicted to miss."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import threading
 import time
@@ -22,7 +23,7 @@ from tests.services import wait_for
 from vjob.config import parse
 from vjob.errors import CommandError
 from vjob.model import ClusterView, JobState
-from vjob.pilot_files import PilotState, PilotStatus, RequestKind
+from vjob.pilot_files import PilotDir, PilotState, PilotStatus, RequestKind
 from vjob.store import jobs as store_jobs
 from vjob.store import journal
 from vjob.store.db import Store
@@ -129,10 +130,17 @@ def test_the_agent_publishes_X_and_cancels_a_running_job_predicted_to_miss(
     # no threshold yet: a job 10 min long with 3 min to its deadline is let in (fail open) and runs
     doomed = _job_id(_sbatch(cluster, time.time() + 180, "--time=10"))
     jobs.append(doomed)
-    wait_for(lambda: slurm_adapter.job(doomed).state is JobState.RUNNING, 30, "the doomed job running")
+    # 10 min with 7.5 min left: of unknown kind (the worst, io: 1.10) x = 0.32 >= 0.3, cancelled;
+    # declared CPU-bound (1.02) x = 0.26, let run — the kind read from its comment
+    typed = _job_id(_sbatch(cluster, time.time() + 450, "--time=10", "--comment=vjob:kind=cpu"))
+    jobs.append(typed)
+    for j in (doomed, typed):
+        wait_for(lambda j=j: slurm_adapter.job(j).state is JobState.RUNNING, 30, f"job {j} running")
     keeper = DeadlineKeeper(cfg, "slurm")
     view = ClusterView(now=time.time(), jobs=tuple(slurm_adapter.jobs()))
     rows = {r.job_id: r for r in keeper.tick(view, slurm_adapter, act=True)}
+    assert keeper.kinds[typed] == "cpu" and keeper.kinds[doomed] is None
+    assert rows[typed].decision == "continue" and 0.2 < (rows[typed].x or 0) < 0.3
     published = read_threshold(cluster.etc / THRESHOLD_NAME, now=time.time())
     assert published is not None and published.x == pytest.approx(0.3) and published.slowdown > 1
     assert published.stale_after_s == 1234  # [deadline] stale_after_s, for the hooks
@@ -153,6 +161,16 @@ def _gone_or(adapter: SlurmAdapter, job_id: str, state: JobState) -> bool:
         return True
 
 
+def _filler(cluster: DevCluster, node: str) -> str:
+    """A one-CPU job on `node`: the neighbour that slows a vjob beside it (the VO model)."""
+    out = subprocess.run(
+        ["sbatch", "--parsable", "--output=/dev/null", "--job-name=vjobfill", f"--nodelist={node}", "--time=10"],
+        input="#!/bin/sh\nsleep 600\n", capture_output=True, text=True, timeout=30,
+        env={"PATH": "/usr/bin:/bin", **cluster.env},
+    )  # fmt: skip
+    return _job_id(out)
+
+
 def test_with_action_checkpoint_the_agent_requeues_a_job_that_can_still_make_it(
     cluster: DevCluster, slurm_adapter: SlurmAdapter, jobs: list[str], tmp_path: Path
 ) -> None:
@@ -160,62 +178,73 @@ def test_with_action_checkpoint_the_agent_requeues_a_job_that_can_still_make_it(
         {
             "data_dir": str(tmp_path),
             "slurm": {"conf": str(cluster.conf)},
-            "deadline": {"admission": "static", "static_x": 0.01, "x_min": 0.0, "action": "checkpoint"},
+            "deadline": {"admission": "static", "static_x": 0.0, "x_min": 0.0, "action": "checkpoint",
+                         "checkpoint_s": 0},
         }
-    )
-    # 10 min at the VM slowdown (1.1) is 11 min for 10.5 min left: x ≈ 0.05 >= 0.01; at no
-    # overhead it would make it (x < 0), so it is put back in the queue instead of cancelled
-    job_id = _job_id(_sbatch(cluster, time.time() + 630, "--time=10"))
+    )  # fmt: skip
+    # beside a neighbour on node1, 10 min at the VM slowdown (1.10 + 0.08) is 11.8 min for 11.5
+    # min left: x > 0 = X; alone (1.10, 11 min) it would make it, so it is put back in the
+    # queue instead of cancelled (no VM: requeued, it restarts)
+    jobs.append(_filler(cluster, "node1"))
+    job_id = _job_id(_sbatch(cluster, time.time() + 690, "--time=10", "--nodelist=node1"))
     jobs.append(job_id)
     wait_for(lambda: slurm_adapter.job(job_id).state is JobState.RUNNING, 30, "the job running")
+    wait_for(lambda: slurm_adapter.job(jobs[0]).state is JobState.RUNNING, 30, "its neighbour running")
     keeper = DeadlineKeeper(cfg, "slurm")
     rows = {r.job_id: r for r in keeper.tick(ClusterView(now=time.time(), jobs=tuple(slurm_adapter.jobs())),
                                              slurm_adapter, act=True)}  # fmt: skip
-    assert rows[job_id].decision == "checkpoint"
+    assert rows[job_id].decision == "checkpoint" and rows[job_id].x is not None and rows[job_id].x > 0
     wait_for(lambda: slurm_adapter.job_fields(job_id).get("Restarts", "0") != "0", 30, "the job requeued")
     assert slurm_adapter.job(job_id).state in (JobState.PENDING, JobState.RUNNING)
+    assert keeper.parked == {}  # no VM saved: nothing held for a placement
 
 
-def test_with_action_checkpoint_the_agent_saves_a_running_vjob_through_the_preemption_path(
+def test_a_vjob_checkpointed_for_its_deadline_is_released_only_where_it_makes_it(
     cluster: DevCluster, slurm_adapter: SlurmAdapter, jobs: list[str], tmp_path: Path
 ) -> None:
-    """A vjob (a job with a pilot whose VM runs on its node) predicted to miss is checkpointed
-    as a preemption victim is: the switch journalled with a suspend of its VM, the pilot asked
-    to save it, the job requeue-held (the tick's releases resume it later) — not restarted.
-    The pilot here is a stand-in answering through the pilot files (the real one needs a
-    QEMU guest: tests/test_agent_e2e_slurm.py covers that path end to end for preemption)."""
+    """Two vjobs (jobs with a pilot whose VM runs on their node) share node1 with a third job
+    and are predicted to miss there: both are checkpointed as a preemption victim is (the
+    switch journalled with a suspend of the VM, the pilot asked to save it, the job
+    requeue-held). They run again only on a placement where x < X (the simulator's rule):
+    after X moves down, the one that still makes it alone is released pinned to a free node —
+    not left for Slurm to put back on node1 — and the one that no longer can is cancelled
+    instead of released. The pilots are stand-ins answering through the pilot files (the real
+    one needs a QEMU guest: tests/test_agent_e2e_slurm.py covers that path end to end for
+    preemption)."""
     cfg = parse(
         {
             "data_dir": str(tmp_path / "data"),
             "slurm": {"conf": str(cluster.conf)},
             "agent": {"checkpoint_timeout_s": 60},
-            "deadline": {"admission": "static", "static_x": 0.01, "x_min": 0.0, "action": "checkpoint"},
+            "deadline": {"admission": "static", "static_x": 0.0, "x_min": 0.0, "action": "checkpoint",
+                         "checkpoint_s": 0},
         }
-    )
+    )  # fmt: skip
     Store(cfg.database_url).upgrade()
-    job_id = _job_id(_sbatch(cluster, time.time() + 630, "--time=10"))  # x ≈ 0.05 >= 0.01, as above
-    jobs.append(job_id)
-    wait_for(lambda: slurm_adapter.job(job_id).state is JobState.RUNNING, 30, "the job running")
-    node = slurm_adapter.job(job_id).allocated_nodes[0]
+    jobs.append(_filler(cluster, "node1"))
+    # three jobs on node1 (1.10 + 2 × 0.08 = 1.26): 10 min of work needs 12.6 min; alone 11 min
+    now = time.time()
+    keep = _job_id(_sbatch(cluster, now + 740, "--time=10", "--nodelist=node1"))  # alone x ≈ -0.12
+    lose = _job_id(_sbatch(cluster, now + 690, "--time=10", "--nodelist=node1"))  # alone x ≈ -0.045
+    jobs += [keep, lose]
+    for j in jobs:
+        wait_for(lambda j=j: slurm_adapter.job(j).state is JobState.RUNNING, 30, f"job {j} running")
     agent = Agent(cfg, slurm_adapter, rms="slurm")
-    pdir = agent.pilot_dir(job_id)
-    pdir.ensure()
-    running = PilotStatus(job_id=job_id, vm=pdir.vm, node=node, uri="test:///default", state=PilotState.RUNNING,
-                          since=time.time(), image="debian-tiny", memory_mb=64)  # fmt: skip
-    pdir.write_state(running)
+    asked: dict[str, str] = {}
     stop = threading.Event()
-    asked: list[str] = []
+    pilots = {j: _stand_in_pilot(agent, j, "node1") for j in (keep, lose)}
 
     def pilot() -> None:  # saves the VM when asked, as agent.pilot does
-        while not stop.wait(0.1):
-            req = pdir.read_request()
-            if req is not None and req.kind is RequestKind.CHECKPOINT:
-                asked.append(req.reason)
+        while not stop.wait(0.1) and len(asked) < len(pilots):
+            for j, (pdir, running) in pilots.items():
+                req = pdir.read_request()
+                if j in asked or req is None or req.kind is not RequestKind.CHECKPOINT:
+                    continue
+                asked[j] = req.reason
                 memory = pdir.path / "memory.save"
                 memory.write_bytes(b"saved")
                 pdir.write_state(running.moved(PilotState.SAVED, request_id=req.request_id, memory_path=str(memory),
-                                               saved_node=node, saved_nodes=[node]))  # fmt: skip
-                return
+                                               saved_node="node1", saved_nodes=["node1"]))  # fmt: skip
 
     thread = threading.Thread(target=pilot, daemon=True)
     thread.start()
@@ -224,17 +253,33 @@ def test_with_action_checkpoint_the_agent_saves_a_running_vjob_through_the_preem
     finally:
         stop.set()
         thread.join(10)
-    assert report.checkpointed == [job_id], report.errors
-    assert asked and asked[0].startswith(f"deadline: job {job_id} predicted to miss its deadline (x = ")
-    (switch,) = [sw for sw in journal.recent(agent.store()) if sw.reason.startswith(f"deadline: job {job_id} ")]
+    assert sorted(report.checkpointed) == sorted([keep, lose]), report.errors
+    assert asked[keep].startswith(f"deadline: job {keep} predicted to miss its deadline (x = ")
+    (switch,) = [sw for sw in journal.recent(agent.store()) if sw.reason.startswith(f"deadline: job {keep} ")]
     assert [(a.action, a.job_key, a.vm_name, a.state) for a in switch.actions] == [
-        ("suspend", f"slurm:{job_id}", pdir.vm, "done")
+        ("suspend", f"slurm:{keep}", pilots[keep][0].vm, "done")
     ]
     held = {"JobState": "PENDING", "Reason": "job_requeued_in_held_state"}
-    wait_for(lambda: {k: slurm_adapter.job_fields(job_id).get(k) for k in held} == held, 30, "the job requeue-held")
-    record = store_jobs.get(agent.store(), "slurm", job_id)
-    assert record is not None and record.preempted_since is not None  # released later by the tick
-    # the next tick releases it like any checkpointed vjob (its pilot then restores the VM),
-    # and the deadline duty does not checkpoint it a second time
+    for j in (keep, lose):
+        wait_for(lambda j=j: {k: slurm_adapter.job_fields(j).get(k) for k in held} == held, 30, f"job {j} held")
+        record = store_jobs.get(agent.store(), "slurm", j)
+        assert record is not None and record.preempted_since is not None
+    # X moves down (as an adaptive X does after failures): alone, `keep` still makes it, `lose` not
+    agent.deadline.x = -0.08
     again = agent.tick()
-    assert again.released == [job_id] and again.checkpointed == [], again.errors
+    assert again.checkpointed == [], again.errors  # not checkpointed a second time
+    assert again.released == [keep], (again.released, again.errors)
+    pinned = slurm_adapter.job_fields(keep).get("ReqNodeList", "")
+    assert pinned and pinned != "node1" and pinned in {f"node{i}" for i in range(2, 9)}
+    wait_for(lambda: _gone_or(slurm_adapter, lose, JobState.CANCELLED), 30, "the hopeless vjob cancelled")
+    shown = json.loads((cfg.data_path / "deadline.json").read_text())["jobs"]
+    assert shown[lose]["decision"] == "cancel" and shown[keep]["decision"] == "hold"
+
+
+def _stand_in_pilot(agent: Agent, job_id: str, node: str) -> tuple[PilotDir, PilotStatus]:
+    pdir = agent.pilot_dir(job_id)
+    pdir.ensure()
+    running = PilotStatus(job_id=job_id, vm=pdir.vm, node=node, uri="test:///default", state=PilotState.RUNNING,
+                          since=time.time(), image="debian-tiny", memory_mb=64)  # fmt: skip
+    pdir.write_state(running)
+    return pdir, running

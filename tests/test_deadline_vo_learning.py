@@ -4,6 +4,7 @@ starting from the learned model after a restart."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ from preemption.deadline import KINDS, VOModel, refit_vo_model
 from preemption.deadline.vo_learning import MAX_COLOCATED, MAX_SLOWDOWN, MIN_SAMPLES
 from tests.services import wait_for
 from vjob.config import parse
-from vjob.errors import CommandError, InputError
+from vjob.errors import CommandError, ConfigError, InputError
 from vjob.model import ClusterView, Job, JobState
 from vjob.store import vo_observations
 from vjob.store.db import Store
@@ -267,7 +268,8 @@ def test_a_real_agent_tick_records_a_finished_slurm_job(
     slurm_cluster: DevCluster, slurm_adapter: SlurmAdapter, tmp_path: Path
 ) -> None:
     """Live: a watched job leaves squeue's view when it ends; the next tick looks it up
-    (`scontrol show job`) and records its time limit, predicted and actual run time."""
+    (`scontrol show job`) and records its time limit, predicted and actual run time — and the
+    kind it declared in its comment (a job with a deadline: `vjob:kind=cpu`)."""
     cfg = parse(
         {
             "data_dir": str(tmp_path),
@@ -278,7 +280,14 @@ def test_a_real_agent_tick_records_a_finished_slurm_job(
     store = Store(cfg.database_url)
     store.upgrade()
     out = subprocess.run(
-        ["sbatch", "--parsable", "--output=/dev/null", "--job-name=vjobvo", "--time=1"],
+        [
+            "sbatch",
+            "--parsable",
+            "--output=/dev/null",
+            "--job-name=vjobvo",
+            "--time=1",
+            f"--comment=vjob:deadline={int(time.time()) + 3600},vjob:kind=cpu",
+        ],
         input="#!/bin/sh\nsleep 3\n",
         capture_output=True,
         text=True,
@@ -303,7 +312,7 @@ def test_a_real_agent_tick_records_a_finished_slurm_job(
         rows = [o for o in vo_observations.recent(store) if o.job_id == job_id]
         assert len(rows) == 1, rows
         assert rows[0].walltime_s == 60 and 2.0 <= rows[0].actual_s <= 30.0
-        assert rows[0].predicted_s == pytest.approx(60 * max(keeper.prior.slowdown(k) for k in KINDS))  # worst alone
+        assert rows[0].kind == "cpu" and rows[0].predicted_s == pytest.approx(60 * keeper.prior.slowdown("cpu"))
         assert job_id not in keeper.watched
     finally:
         store.close()
@@ -311,3 +320,39 @@ def test_a_real_agent_tick_records_a_finished_slurm_job(
             slurm_adapter.cancel(job_id)
         except CommandError:
             pass
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("vo_min_samples", 0), ("vo_min_samples", "many"), ("vo_max_slowdown", 0.5), ("vo_max_slowdown", 1e9),
+     ("vo_observations", 0), ("vo_observations", 5001), ("checkpoint_s", -1)],
+)  # fmt: skip
+def test_a_bad_learning_bound_is_refused_naming_the_field_and_value(key: str, value: object) -> None:
+    with pytest.raises(ConfigError, match=rf"deadline\.{key} = {re.escape(repr(value))}"):
+        parse({"deadline": {key: value}})
+
+
+def test_the_learning_bounds_come_from_the_configuration(tmp_path: Path) -> None:
+    """[deadline] vo_min_samples, vo_max_slowdown and vo_observations replace the built-in 20,
+    3 and 1,000: three jobs suffice, each clipped to 1.5, and only the newest 3 count."""
+    cfg = parse(
+        {
+            "data_dir": str(tmp_path / "state"),
+            "deadline": {"admission": "static", "threshold_file": str(tmp_path / "thr"), "vo_min_samples": 3,
+                         "vo_max_slowdown": 1.5, "vo_observations": 3},
+        }
+    )  # fmt: skip
+    keeper = DeadlineKeeper(cfg, "slurm")
+    t0 = time.time() - 10_000
+    ran = {"1": 1100.0, "2": 1300.0, "3": 5000.0, "4": 1200.0}  # job 1 drops out of the newest 3
+    for job_id, actual in ran.items():
+        job = Job(id=job_id, user="u", state=JobState.RUNNING, walltime=1000.0, start_time=t0)
+        keeper.tick(_view(job), _FinishedJobs(), act=False)  # type: ignore[arg-type]
+        end = Job(id=job_id, user="u", state=JobState.COMPLETED, walltime=1000.0, start_time=t0,
+                  end_time=t0 + actual)  # fmt: skip
+        keeper.tick(_view(), _FinishedJobs(end), act=False)  # type: ignore[arg-type]
+        if job_id == "2":
+            assert keeper.vo is keeper.prior  # two observations: fewer than vo_min_samples = 3
+    assert [o.job_id for o in keeper.observations] == ["2", "3", "4"]
+    assert keeper.vo.source == "learned" and keeper.vo.meta["max_slowdown"] == 1.5
+    assert keeper.slowdown == pytest.approx((1.3 + 1.5 + 1.2) / 3)  # 5000 / 1000 clipped to 1.5

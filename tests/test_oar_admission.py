@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -22,8 +23,9 @@ from pathlib import Path
 import pytest
 
 from plugins.oar.client import OarCommands
+from preemption.deadline.threshold_file import THRESHOLD_NAME, read_threshold, write_threshold
 from provisioning.driver import Driver
-from saline_bew import admission, journal, server
+from saline_bew import admission, deadline_rule, journal, server
 from saline_bew.manager import HOLDER, Manager
 from saline_bew.repository import Repository
 from saline_bew.sites import Site
@@ -132,4 +134,61 @@ def test_oarsub_besteffort_vjob_is_wrapped_and_fails_open_without_vjob(
     untouched = job_id(proc)
     assert "Saline did not take the job (Saline refused it" in proc.stdout, proc.stdout
     assert oarstat(untouched)["command"] == "sleep 300" and took < 15
+
+    # -t vjob=IMAGE without -t besteffort: refused by OAR with the reason, whatever vjob's state
+    alone = oarsub(user, *[w for w in submit if w != "besteffort"][1:])
+    said = alone.stdout + alone.stderr
+    assert alone.returncode != 0 and "OAR_JOB_ID" not in said, said
+    assert "vjob: refused: -t vjob=IMAGE needs -t besteffort" in said, said
     oardel(oar_id, plain, untouched)
+
+
+def _local(t: float) -> str:
+    """A date as OAR's `-t deadline=` takes it (local time, as its scheduler reads it)."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def test_oarsub_with_a_deadline_over_X_is_refused_and_the_rule_fails_open(oar_cluster) -> None:
+    """vjob's deadline rule (saline_bew.deadline_rule) in a real OAR: `oarsub -t deadline=DATE`
+    whose x-factor is at or over the X in the agent's threshold file is refused with x, X and
+    why; with the file missing, corrupt, stale or future-dated, the same oarsub is accepted."""
+    where = Path(tempfile.mkdtemp(prefix="vjob-oar-deadline-"))
+    os.chmod(where, 0o755)
+    path = where / THRESHOLD_NAME
+    vjob = [sys.executable, "-m", "vjob.cli", "oar"]
+    done = subprocess.run([*vjob, "install-deadline-rule", "--threshold-file", str(path)], capture_output=True,
+                          text=True, timeout=60, check=True)  # fmt: skip
+    (new,) = deadline_rule.installed()
+    assert f"vjob deadline rule #{new} installed, reading {path}" in done.stdout
+    accepted: list[str] = []
+    user = oar_cluster.user
+    try:
+        assert deadline_rule.installed() == [new] and new not in admission.installed()
+        now = time.time()
+        write_threshold(path, 0.2, 1.1, now)
+        # 60 min × 1.1 = 66 min to run, 30 min left: x = (66 − 30) / 66 = 0.55 >= 0.2
+        late = ("-t", f"deadline={_local(now + 1800)}", "-l", "/resource_id=1,walltime=1:00:00", "sleep 300")
+        refused = oarsub(user, *late)
+        said = refused.stdout + refused.stderr
+        assert refused.returncode != 0 and "OAR_JOB_ID" not in said, said
+        assert "vjob: refused: the job cannot be expected to meet its deadline: x = 0.55 >= X = 0.20" in said
+        assert "time limit 60 min x VM slowdown 1.10 = 66 min to run, deadline in 30 min" in said
+        # two hours left: accepted, the deadline kept for OAR's own scheduler
+        ok = job_id(oarsub(user, "-t", f"deadline={_local(now + 7200)}", *late[2:]))
+        accepted.append(ok)
+        assert any(t.startswith("deadline=") for t in oarstat(ok)["types"])
+        # no usable threshold: no check, the refused request accepted (fail open)
+        for content in ("corrupt", "stale", "future", "missing"):
+            if content == "corrupt":
+                path.write_bytes(b"x=banana slowdown=\xff at=yesterday\n")
+            elif content in ("stale", "future"):
+                write_threshold(path, 0.0, 1.1, now + (3600 if content == "future" else -3600))
+            else:
+                path.unlink()
+            assert read_threshold(path, now=time.time()) is None  # the agent's reader agrees
+            accepted.append(job_id(oarsub(user, *late)))
+    finally:
+        oardel(*accepted)
+        gone = subprocess.run([*vjob, "uninstall-deadline-rule"], capture_output=True, text=True, timeout=60)
+        assert f"vjob deadline rule #[{new}] removed" in gone.stdout and deadline_rule.installed() == []
+        shutil.rmtree(where, ignore_errors=True)

@@ -137,6 +137,11 @@ class SchedulingConfig(Section):
     them first when it backfills; queue = they queue ahead of every batch job (and can become
     the head); guarded = they are looked at before the batch jobs and start when they fit and
     keep the first batch job's reservation within head_slack_s, but never hold a reservation."""
+    victims: Literal["cost", "guard"] = "cost"
+    """vjob, the order victims are taken in: cost = fewest earlier preemptions, nodes on the
+    image, smallest checkpoint; guard = first those whose return would not move the first batch
+    job's reserved start (they end after it, or are back and done before it), then by cost
+    (shorter interactive waits, but more preemptions cost batch work; docs/policy.md)."""
 
 
 class AgentConfig(Section):
@@ -305,6 +310,10 @@ class SalineConfig(Section):
     """How often the manager looks at OAR and at each vjob's VMs."""
     requeue_after_s: float = Field(30.0, gt=0)
     """A resubmitted vjob still waiting after this long moves to a site with free resources."""
+    migrate_wait_s: float = Field(20.0, ge=0)
+    """On OAR's checkpoint signal the manager asks OAR for new resources (same site, then
+    another) and live-migrates the VMs there; this is the longest wait for such a job to
+    start before the next try or the suspension to the repository. 0: always suspend."""
     default_walltime: str = "2:00:00"
     """Walltime of a best-effort submission that names none (OAR's h:mm:ss)."""
     socket: str = "/run/vjob/saline.sock"
@@ -405,6 +414,9 @@ class RemapConfig(Section):
     """Pages swapped in per second above which a guest thrashes and is moved at once."""
     migrate_bandwidth_mb_s: float = Field(110.0, gt=0)
     """Bandwidth of a live migration (MB/s), for its cost: memory × 1.2 / bandwidth."""
+    farm_file: str = ""
+    """Sub-cluster file (the `[[subcluster]]` entries of `vjob simulate --subclusters`): set, the
+    agent remaps running vjobs live every tau_s (swaps only, docs/remap.md); empty: off."""
 
 
 class DeadlineConfig(Section):
@@ -437,6 +449,16 @@ class DeadlineConfig(Section):
     slurm.conf (Slurm) — the hook reads it and refuses jobs with x >= X."""
     stale_after_s: float = Field(600.0, gt=0, le=86400)
     """A threshold file older than this is ignored by the hooks (they accept every job)."""
+    checkpoint_s: float = Field(120.0, ge=0, le=86400)
+    """Wall seconds a checkpoint and its restore cost a vjob: counted in its x when the agent
+    weighs checkpointing it for its deadline and releasing it afterwards (the simulator's 120 s)."""
+    vo_min_samples: int = Field(20, ge=1, le=100_000)
+    """Finished jobs of a kind needed before the learned VO model replaces the configured one."""
+    vo_max_slowdown: float = Field(3.0, ge=1, le=100)
+    """Largest slowdown one finished job may show in the VO fit (actual / time limit is clipped
+    to [1, this]): bounds what one hostile or absurd job can move the model."""
+    vo_observations: int = Field(1000, ge=1, le=5000)
+    """Newest finished-job observations the VO model is refitted from (the store keeps 5,000)."""
 
     @model_validator(mode="after")
     def _bounds(self) -> DeadlineConfig:

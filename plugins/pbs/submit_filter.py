@@ -15,6 +15,10 @@ job and shows the filter's stderr to the user. This filter:
 * adds `#PBS -v VJOB_CLASS=...,VJOB_OS=...` (merged into an existing `#PBS -v` line), for
   the pilot and for people reading `qstat -f`; the adapter itself derives the class again
   from the job's `interactive` attribute and queue, never from this variable;
+* refuses a job with a deadline (`-v VJOB_DEADLINE=EPOCH`) and a walltime (`-l walltime=`)
+  whose x-factor is at or over the X the vjob agent publishes in its threshold file
+  ([deadline] threshold_file), with job_submit.lua's message (x, X and why); no file, a
+  malformed, stale or future-dated one: no check (docs/deadline.md);
 * fails open: on any internal error, an unreadable configuration, or when it needs longer
   than its time budget, it prints the script unchanged and exits 0, so a broken filter can
   never stop a site from submitting jobs.
@@ -22,7 +26,9 @@ job and shows the filter's stderr to the user. This filter:
 Why standalone (standard library only, no `vjob` import): it runs on every login node for
 every qsub, where the vjob package may not be installed and where start-up time is paid by
 every user. It reads the [pbs] section of the vjob configuration ($VJOB_CONFIG or
-/etc/vjob/vjob.toml): os_images, interactive_queues, besteffort_queues, filter_budget_s.
+/etc/vjob/vjob.toml): os_images, interactive_queues, besteffort_queues, filter_budget_s; and
+[deadline] threshold_file. It carries its own reader of the threshold file, with the rules of
+preemption.deadline.threshold_file (as job_submit.lua and the OpenPBS hook do).
 Needs Python >= 3.8, and tomllib (3.11) or the tomli package to read the configuration
 (without either it passes every script through unchanged). Installation: deploy/pbs/README.md.
 """
@@ -33,6 +39,7 @@ import os
 import re
 import signal
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
@@ -46,6 +53,15 @@ HEADER_LINES = 5000
 """Directives are only read from the header; stop looking after this many lines."""
 HEADER_BYTES = 1 << 20
 CHUNK = 1 << 16
+THRESHOLD_LINE = re.compile(
+    r"x=(-?\d{1,3}(?:\.\d{1,9})?) slowdown=(\d{1,3}(?:\.\d{1,9})?) at=(\d{1,12})(?: stale=(\d{1,5}))?\n?"
+)
+"""preemption.deadline.threshold_file's line; the same limits below."""
+THRESHOLD_MAX_BYTES = 256
+THRESHOLD_DEFAULT_STALE_S = 600
+THRESHOLD_MAX_STALE_S = 86400
+DEADLINE = re.compile(r"[0-9]{1,12}")
+WALLTIME = re.compile(r"(?:(?:([0-9]{1,6}):)?([0-9]{1,6}):)?([0-9]{1,9})")
 
 
 class Rejected(Exception):
@@ -62,6 +78,8 @@ class Settings:
     interactive_queues: tuple[str, ...] = ("interactive",)
     besteffort_queues: tuple[str, ...] = ()
     budget_s: float = 2.0
+    threshold_file: str = ""
+    """[deadline] threshold_file: where the agent publishes X; empty: no deadline check."""
 
 
 @dataclass
@@ -73,6 +91,7 @@ class Request:
     interactive: bool = False
     queue: str = ""
     variables: dict[str, str] = field(default_factory=dict)
+    walltime: str = ""
 
 
 def load_settings(environ: dict[str, str]) -> Settings:
@@ -86,7 +105,8 @@ def load_settings(environ: dict[str, str]) -> Settings:
     if not os.path.exists(path):
         return Settings()
     with open(path, "rb") as fh:
-        section = tomllib.load(fh).get("pbs", {})
+        document = tomllib.load(fh)
+    section = document.get("pbs", {})
     budget = float(section.get("filter_budget_s", 2.0))
     if not 0 < budget <= 60:
         raise ValueError(f"{path}: pbs.filter_budget_s = {budget}: must be in (0, 60]")
@@ -95,6 +115,7 @@ def load_settings(environ: dict[str, str]) -> Settings:
         interactive_queues=tuple(str(x) for x in section.get("interactive_queues", ("interactive",))),
         besteffort_queues=tuple(str(x) for x in section.get("besteffort_queues", ())),
         budget_s=budget,
+        threshold_file=str(document.get("deadline", {}).get("threshold_file", "")),
     )
 
 
@@ -126,6 +147,12 @@ def _options(tokens: Sequence[str], request: Request, *, argv: bool = False) -> 
         elif token == "-v" and value:
             request.variables.update(_variable_list(value))
             i += 1
+        elif token == "-l" and value:
+            for item in value.split(","):
+                key, _, amount = item.partition("=")
+                if key.strip() == "walltime":
+                    request.walltime = amount.strip()
+            i += 1
         i += 1
 
 
@@ -154,6 +181,11 @@ def read_header(lines: list[str], argv: Sequence[str]) -> tuple[Request, int]:
                     request.job_class = value
                 else:
                     request.os_image = value
+    given = Request()  # qsub's command line overrides the script's directives
+    _options(argv, given, argv=True)
+    request.walltime = given.walltime or request.walltime
+    if "VJOB_DEADLINE" in given.variables:
+        request.variables["VJOB_DEADLINE"] = given.variables["VJOB_DEADLINE"]
     return request, end
 
 
@@ -184,6 +216,49 @@ def decide(request: Request, settings: Settings) -> tuple[str, str]:
     if image and settings.os_images and image not in settings.os_images:
         raise Rejected(f"os = {image!r}: unknown OS image; this site offers {', '.join(settings.os_images)}")
     return derived, image
+
+
+def load_threshold(path: str, now: float) -> tuple[float, float] | None:
+    """(X, slowdown) the agent published, or None (no check): missing, malformed, stale (older
+    than the file's own stale=) or from the future."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(THRESHOLD_MAX_BYTES + 1)
+    except OSError:
+        return None
+    m = THRESHOLD_LINE.fullmatch(raw.decode("ascii", "replace")) if len(raw) <= THRESHOLD_MAX_BYTES else None
+    if not m:
+        return None
+    x, slowdown, at = float(m.group(1)), float(m.group(2)), int(m.group(3))
+    stale = int(m.group(4)) if m.group(4) else THRESHOLD_DEFAULT_STALE_S
+    if slowdown <= 0 or not 1 <= stale <= THRESHOLD_MAX_STALE_S or now - at > stale or at - now > 60:
+        return None
+    return x, slowdown
+
+
+def deadline_refusal(request: Request, settings: Settings, now: float) -> str | None:
+    """Why a job cannot be expected to meet its deadline (x >= X), or None: no threshold file
+    configured or usable, no deadline (digits only) or no walltime ([[H:]M:]S) — no check."""
+    deadline = request.variables.get("VJOB_DEADLINE", "").strip()
+    wall = WALLTIME.fullmatch(request.walltime)
+    if not settings.threshold_file or not DEADLINE.fullmatch(deadline) or not wall:
+        return None
+    hours, minutes, seconds = (int(g) if g else 0 for g in wall.groups())
+    limit = hours * 3600 + minutes * 60 + seconds
+    published = load_threshold(settings.threshold_file, now)
+    if limit <= 0 or published is None:
+        return None
+    threshold, slowdown = published
+    remaining = limit * slowdown
+    left = int(deadline) - now
+    x = (remaining - left) / remaining
+    if x < threshold:
+        return None
+    return (
+        f"the job cannot be expected to meet its deadline: x = {x:.2f} >= X = {threshold:.2f} "
+        f"(time limit {limit // 60} min x VM slowdown {slowdown:.2f} = {remaining / 60:.0f} min to run, "
+        f"deadline in {left / 60:.0f} min); ask for a later deadline or a shorter time limit"
+    )
 
 
 def tag(lines: list[str], header_end: int, derived: str, image: str) -> list[str]:
@@ -224,6 +299,9 @@ def filter_script(data: bytes, argv: Sequence[str], settings: Settings, notices:
     lines = header_lines(data)
     request, end = read_header(lines, argv)
     derived, image = decide(request, settings)
+    refusal = deadline_refusal(request, settings, time.time())
+    if refusal:
+        raise Rejected(refusal)
     if notices is not None and (notice := ignored_claim(request, derived)):
         notices.append(notice)
     tagged = "".join(tag(lines[:end], end, derived, image)).encode("utf-8", errors="surrogateescape")

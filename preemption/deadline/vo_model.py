@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,21 @@ from typing import Any
 from vjob.errors import InputError
 
 KINDS = ("cpu", "mem", "io")
+_KIND_TAG = re.compile(r"(?:^|[\s,;])vjob:kind=([^\s,;]{0,64})")
+_KIND_NAME = re.compile("|".join(KINDS))
+
+
+def job_kind(attribute: str) -> str | None:
+    """The kind a job declares in its free-text attribute (Slurm's `--comment=vjob:kind=cpu`),
+    None when it declares none; one that is not a known kind is refused naming it (job
+    data is hostile: checked with fullmatch, never trusted as a key)."""
+    found = _KIND_TAG.search(attribute[:4096])
+    if found is None:
+        return None
+    kind = found.group(1)
+    if not _KIND_NAME.fullmatch(kind):
+        raise InputError(f"job kind = {kind[:64]!r}: must be one of {', '.join(KINDS)}")
+    return kind
 
 
 def _check_kind(kind: str) -> str:
@@ -55,6 +71,16 @@ class VOModel:
         """Wall time in the VM over bare wall time for a job of `kind` beside `neighbours`."""
         row = self.pair[_check_kind(kind)]
         return 1.0 + self.base[kind] + sum(row[_check_kind(n)] for n in neighbours)
+
+    def worst(self, neighbours: int = 0, kind: str | None = None) -> float:
+        """The slowdown of a job beside `neighbours` VMs of unknown kinds, each the kind that
+        hurts it most; of unknown `kind` (None), the worst kind. What the live agent uses: it
+        does not know its neighbours' kinds, and over-predicting refuses a job where
+        under-predicting lets it run to its deadline for nothing."""
+        if neighbours < 0:
+            raise InputError(f"VO model: neighbours = {neighbours!r}: must be >= 0")
+        kinds = KINDS if kind is None else (_check_kind(kind),)
+        return max(1.0 + self.base[k] + neighbours * max(self.pair[k].values()) for k in kinds)
 
     @classmethod
     def default(cls) -> VOModel:
