@@ -23,6 +23,7 @@ from vjob.errors import InputError, StoreError, VjobError
 from vjob.model import ClusterView, Job, JobState, VJobState
 from vjob.pilot_files import PilotDir, PilotState, PilotStatus, all_dirs
 from vjob.store import jobs as store_jobs
+from vjob.store import journal
 from vjob.store import vms as store_vms
 from vjob.store.db import Store
 from vjob.store.schema import JobRecord
@@ -144,11 +145,16 @@ def _remember_vms(agent: Agent, store: Store, rms_jobs: Sequence[Job], pilots: d
     recorded = agent.recorded_vms
     for gone in set(recorded) - {j.id for j in rms_jobs}:
         del recorded[gone]
+    off = [
+        j.id for j in rms_jobs if j.allocated_nodes and j.id in pilots and pilots[j.id].node not in j.allocated_nodes
+    ]
+    # A VM off its allocation is believed only where root's journal migrated it (agent.remap_step).
+    moved_to = {m.vm_name: m.destination for m in journal.migrations(store, agent.rms, off)} if off else {}
     for job in rms_jobs:
         st = pilots.get(job.id)
         if job.state is not JobState.RUNNING or st is None or st.state is not PilotState.RUNNING:
             continue
-        if job.allocated_nodes and st.node not in job.allocated_nodes:
+        if job.allocated_nodes and st.node not in job.allocated_nodes and moved_to.get(st.vm) != st.node:
             agent.log.warning("pilot claims a node the RMS did not allocate", jobs=[job.id], node=st.node)
             continue
         if recorded.get(job.id) == (st.node, st.image):

@@ -18,6 +18,7 @@ from vjob.pilot_files import all_dirs, pilot_root
 from vjob.store import jobs as store_jobs
 from vjob.store import journal
 from vjob.store import snapshots as store_snapshots
+from vjob.store import vms as store_vms
 from vjob.store.db import open_store
 
 EPILOG = """\
@@ -55,6 +56,10 @@ def collect(cfg: Any, rms: str, switches: int = 10, snapshots: int = 20) -> dict
     """Everything `vjob status` shows, as plain data (also used by the demo)."""
     out: dict[str, Any] = {"rms": rms, "at": time.time(), "vjobs": [], "switches": [], "snapshots": [], "errors": []}
     records: dict[str, Any] = {}
+    hosts: dict[str, list[str]] = {}
+    """Where root recorded each job's VMs (the `vms` rows): the real hosts, which after a
+    remapping swap are not the nodes the RMS shows for the job."""
+    moves: dict[str, list[str]] = {}
     store = None
     try:
         store = open_store(cfg)
@@ -75,6 +80,9 @@ def collect(cfg: Any, rms: str, switches: int = 10, snapshots: int = 20) -> dict
                 rec = store_jobs.get(store, rms, st.job_id)
                 if rec is not None:
                     records[st.job_id] = rec
+                hosts[st.job_id] = sorted({vm.node for vm in store_vms.of_job(store, rms, st.job_id)})
+            for m in journal.migrations(store, rms, [st.job_id for st in pilots]):
+                moves.setdefault(m.rms_job_id, []).append(f"{m.source}->{m.destination}")
             for sw in journal.recent(store, switches):
                 times = journal.action_times(store, sw.id)
                 out["switches"].append(
@@ -120,6 +128,8 @@ def collect(cfg: Any, rms: str, switches: int = 10, snapshots: int = 20) -> dict
                 "preempt_count": rec.preempt_count if rec else None,
                 "preempted_seconds": rec.preempted_seconds if rec else None,
                 "vjob_state": rec.vjob_state if rec else None,
+                "hosts": hosts.get(st.job_id),
+                "migrations": moves.get(st.job_id, []),
             }
         )
     out["deadline"] = read_deadline_status(cfg, out["errors"])
@@ -160,12 +170,15 @@ def _status(args: argparse.Namespace) -> int:
 
     console = Console()
     vt = Table(title=f"vjobs ({data['rms']})")
-    for col in ("job", "VM", "node", "pilot", "image", "boots", "restores (local)", "last save", "Pn", "Pt (s)"):
+    cols = ("job", "VM", "node", "hosts (store)", "moves", "pilot", "image", "boots", "restores (local)", "last save",
+            "Pn", "Pt (s)")  # fmt: skip
+    for col in cols:
         vt.add_column(col)
     for v in data["vjobs"]:
         save = f"{v['save_seconds']:.2f} s / {v['save_bytes'] / 2**20:.0f} MiB" if v["save_bytes"] else "-"
         vt.add_row(
-            v["job"], v["vm"], v["node"], v["pilot"], v["image"], str(v["boots"]),
+            v["job"], v["vm"], v["node"], ",".join(v["hosts"] or []) or "-", ", ".join(v["migrations"]) or "-",
+            v["pilot"], v["image"], str(v["boots"]),
             f"{v['restores']} ({v['local_restores']})", save,
             "-" if v["preempt_count"] is None else str(v["preempt_count"]),
             "-" if v["preempted_seconds"] is None else f"{v['preempted_seconds']:.0f}",

@@ -31,27 +31,10 @@ from typing import Annotated
 
 from pydantic import Field
 
+from preemption.remap.farm import Positive, SubClusterEntry, read_farm_toml, subclusters_from
 from preemption.remap.models import SubCluster
-from vjob.config import parse_toml
-from vjob.errors import ConfigError, InputError
+from vjob.errors import InputError
 from vjob.json_input import InputModel, Name, validate
-
-MAX_FILE_BYTES = 1 << 20
-Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-
-
-class SubClusterEntry(InputModel):
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
-    """Sub-cluster name: letters, digits, _ . - (it becomes a node feature)."""
-    nodes: Annotated[int, Field(ge=1, le=1_000_000)]
-    cores_per_node: Annotated[int, Field(ge=1, le=4096)]
-    memory_mb_per_node: Annotated[int, Field(ge=1)]
-    freq_ghz: Positive
-    latency_us: Positive = 50.0
-    bandwidth_mb_s: Positive = 110.0
-    rank: Annotated[int, Field(ge=0)] | None = None
-    """Nominal speed order for "fastest free first" (0 = fastest); default: by freq_ghz."""
-    cycles: dict[Name, Annotated[float, Field(ge=0, allow_inf_nan=False)]] = Field(default_factory=dict)
 
 
 class KindEntry(InputModel):
@@ -105,27 +88,14 @@ class Farm:
 def load_farm(path: str | Path) -> Farm:
     """Read and check a sub-cluster file; any problem is an InputError naming entry and field."""
     p = Path(path)
-    source = f"--subclusters {p}"
-    try:
-        with p.open("rb") as fh:
-            raw = fh.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise InputError(f"{source}: cannot read: {exc.strerror}") from None
-    if len(raw) > MAX_FILE_BYTES:
-        raise InputError(f"{source}: larger than {MAX_FILE_BYTES} bytes")
-    try:
-        data = parse_toml(raw, str(p))
-    except ConfigError as exc:  # the same message, as the error class of an input file
-        raise InputError(str(exc)) from None
+    data = read_farm_toml(p, f"--subclusters {p}")
     return parse_farm(data, str(p))
 
 
 def parse_farm(data: object, source: str) -> Farm:
     doc = validate(FarmFile, data, source)
+    subs = subclusters_from(doc.subcluster, source)
     names = [s.name for s in doc.subcluster]
-    for i, name in enumerate(names):
-        if name in names[:i]:
-            raise InputError(f"{source}: subcluster[{i}].name = {name!r}: duplicate sub-cluster name")
     kinds = [k.name for k in doc.kind]
     for i, k in enumerate(doc.kind):
         if k.name in kinds[:i]:
@@ -138,29 +108,7 @@ def parse_farm(data: object, source: str) -> Farm:
                 raise InputError(f"{source}: kind[{i}].time.{name}: no such sub-cluster (have {', '.join(names)})")
     if sum(k.weight for k in doc.kind) <= 0:
         raise InputError(f"{source}: kind[*].weight: at least one weight must be > 0")
-    events = {e for s in doc.subcluster for e in s.cycles}
-    for i, s in enumerate(doc.subcluster):
-        missing = sorted(events - set(s.cycles))
-        if missing:
-            raise InputError(f"{source}: subcluster[{i}].cycles: no entry for event {missing[0]!r}")
-    order = sorted(range(len(names)), key=lambda i: -doc.subcluster[i].freq_ghz)
-    auto_rank = {i: r for r, i in enumerate(order)}
-    subs = [
-        SubCluster(
-            name=s.name,
-            nodes=s.nodes,
-            cores_per_node=s.cores_per_node,
-            memory_mb_per_node=s.memory_mb_per_node,
-            freq_ghz=s.freq_ghz,
-            latency_us=s.latency_us,
-            bandwidth_mb_s=s.bandwidth_mb_s,
-            cycles=s.cycles,
-            rank=s.rank if s.rank is not None else auto_rank[i],
-        )
-        for i, s in enumerate(doc.subcluster)
-    ]
-    subs.sort(key=lambda s: (s.rank, s.name))
     kinds_out = tuple(
         JobKind(k.name, k.memory_mb_per_core, k.accuracy, MappingProxyType(dict(k.time)), k.weight) for k in doc.kind
     )
-    return Farm(tuple(subs), kinds_out, doc.thrash_factor)
+    return Farm(subs, kinds_out, doc.thrash_factor)

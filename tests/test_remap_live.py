@@ -5,18 +5,17 @@ it finishes there with the checksum computed here. The timing comparison is benc
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from provisioning import guest
 from provisioning.driver import Driver, VMSpec
+from tests import bench_scripts
 from vjob.config import ProvisioningConfig
 
 pytestmark = [
@@ -26,15 +25,6 @@ pytestmark = [
 ]
 
 ITERATIONS = 30_000
-
-
-def _bench() -> ModuleType:
-    path = Path(__file__).resolve().parents[1] / "bench" / "remap_live.py"
-    spec = importlib.util.spec_from_file_location("bench_remap_live", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _checksum(n: int) -> int:
@@ -47,7 +37,7 @@ def _checksum(n: int) -> int:
 def test_cpu_bound_guest_moves_to_the_free_fast_node_and_finishes_with_the_same_result(
     libvirt_system: str, libvirt_second_node: str
 ) -> None:
-    bench = _bench()
+    bench = bench_scripts.load("remap_live")
     files = guest.build(payload=bench.PAYLOAD.format(n=ITERATIONS))
     work = Path(tempfile.mkdtemp(prefix="vjob-remap-live-", dir="/var/tmp"))
     work.chmod(0o755)

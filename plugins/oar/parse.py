@@ -352,5 +352,8 @@ def nodes_from_resources(resources: list[dict[str, Any]], *, busy: set[int] | No
             state = NodeState.MIXED
         site = str(rs[0].get("site") or rs[0].get("cluster") or "default")
         memory = max(_integer("memnode", r.get("memnode") or 0) for r in rs) or 1024
-        nodes.append(Node(name=host, cpus=len(rs), memory_mb=memory, site=site, state=state))
+        # OAR's `cluster` property names a homogeneous group of nodes: the node's kind
+        # (a sub-cluster for remapping, preemption.remap.models.subcluster_of).
+        kinds = tuple(dict.fromkeys(str(r["cluster"]) for r in rs if r.get("cluster") not in (None, "")))
+        nodes.append(Node(name=host, cpus=len(rs), memory_mb=memory, site=site, state=state, features=kinds))
     return nodes

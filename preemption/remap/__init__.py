@@ -1,6 +1,7 @@
 """Heterogeneity-aware remapping (ARRIVE-F, Atif & Strazdins; issue 20; docs/remap.md).
 
-Pure functions shared by the simulator (simulator/remap_engine.py) and, later, the agent:
+Pure functions shared by the simulator (simulator/remap_engine.py) and the agent (agent/remap_step.py,
+through `preemption.remap.live`: the RMS view — swaps of equal node counts, home moves):
 
     from preemption.remap import SubCluster, Profile, RemapParams, RunningJob, decide
     from preemption.remap.models import compute_time, blocking_time, nonblocking_time, delta

@@ -159,3 +159,35 @@ def action_times(store: Store, switch_id: int) -> dict[int, tuple[float | None, 
             )
         )
         return {r[0]: (r[1], r[2], r[3]) for r in rows}
+
+
+@dataclass(frozen=True)
+class Migration:
+    """A live migration the journal holds as done: where root moved a job's VM, and when."""
+
+    rms_job_id: str
+    vm_name: str
+    source: str
+    destination: str
+    finished_at: float
+
+
+def migrations(store: Store, rms: str, job_ids: Sequence[str] | None = None, chunk: int = 500) -> list[Migration]:
+    """The done `migrate` actions of this RMS's jobs (all, or of `job_ids`), oldest first: how
+    many times each job was moved (remapping's bound) and the host each VM was last moved to —
+    root's own record, where a pilot's word for its node is the user's (agent.observe)."""
+    base = select(ActionRecord).where(ActionRecord.action == "migrate", ActionRecord.state == "done")
+    if job_ids is None:
+        queries = [base.where(ActionRecord.job_key.like(f"{rms}:%"))]
+    else:
+        keys = [f"{rms}:{j}" for j in job_ids]
+        queries = [base.where(ActionRecord.job_key.in_(keys[i : i + chunk])) for i in range(0, len(keys), chunk)]
+    rows: list[ActionRecord] = []
+    with store.session() as s:
+        for query in queries:
+            rows.extend(s.scalars(query))
+        rows.sort(key=lambda r: (r.finished_at or 0.0, r.id))
+        return [
+            Migration(r.job_key.split(":", 1)[1], r.vm_name, r.source or "", r.destination or "", r.finished_at or 0.0)
+            for r in rows
+        ]

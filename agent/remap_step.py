@@ -1,0 +1,217 @@
+"""Live remapping in the agent (ARRIVE-F, docs/remap.md): profile, decide, swap by live migration.
+
+Why a thin step around pure parts: the decision is `preemption.remap.policy.decide` through
+`preemption.remap.live` (the RMS view: swaps of equal node counts only, no move onto nodes the
+RMS has not given the job, a VM off its allocation sent home as soon as its own node is free);
+this module only gathers inputs and carries the moves out. Each tick it sends home what must
+go home; every `[remap] tau_s` it also samples each node's vjob VMs through libvirt
+(provisioning.profiling), prices the window on every sub-cluster and swaps what gains.
+
+A move is a `migrate` action of an executor switch through the vjobs' pilots
+(agent.pilot_performer), journalled like every switch: a crash mid-swap is finished by
+agent.recover, the journal counts each job's migrations (the bound against ping-pong) and
+holds, root-written, the host each VM was moved to (agent.observe trusts a pilot's node
+outside its allocation only when the journal moved it there); the store's `vms` rows follow.
+
+Scope: vjobs of one VM. A pilot refuses to migrate a job of several VMs VM by VM
+(agent.pilot_requests), so those are not remapped yet (the pure parts handle several VMs).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from agent.observe import Observation
+from agent.pilot_performer import EXECUTOR_TAG, PilotRequestPerformer
+from preemption.executor import ExecutionReport, Executor
+from preemption.planner.plan import Plan, PlanAction
+from preemption.remap.farm import load_subclusters
+from preemption.remap.live import (
+    Move,
+    Placement,
+    decide_swaps,
+    homeward,
+    job_subcluster,
+    moves_for,
+    node_subclusters,
+    running_jobs,
+)
+from preemption.remap.models import Profile, SubCluster
+from preemption.remap.policy import Decision, RemapParams
+from vjob.errors import VjobError
+from vjob.model import Action, JobState
+from vjob.pilot_files import PilotState
+from vjob.store import journal
+from vjob.store import vms as store_vms
+
+if TYPE_CHECKING:
+    from libvirt import virConnect
+
+    from agent.loop import Agent
+    from provisioning.profiling import DomainSample
+
+Sampler = Callable[[str, Sequence[str]], Mapping[str, "DomainSample"]]
+"""(node, VM names on it) → one sample of each: libvirt's domain statistics by default."""
+
+
+@dataclass
+class RemapState:
+    """What the step carries between ticks: the farm, the last sample of each VM (the start
+    of its current window), and the last decisions and switch (for the log and tests)."""
+
+    sampler: Sampler | None = None
+    farm: dict[str, SubCluster] | None = None
+    samples: dict[str, DomainSample] = field(default_factory=dict)
+    last_profile: float = 0.0
+    decisions: list[Decision] = field(default_factory=list)
+    moves: list[Move] = field(default_factory=list)
+    report: ExecutionReport | None = None
+
+
+def libvirt_sampler(connection: Callable[[str], virConnect]) -> Sampler:
+    """Samples through `connection(node)` (the provisioning driver's, one per node); each new
+    VM gets its perf events and balloon statistics turned on once."""
+    from provisioning.profiling import Profiler  # heavy: libvirt-python, only when remapping is on
+
+    profilers: dict[str, Profiler] = {}
+    enabled: set[tuple[str, str]] = set()
+
+    def sample(node: str, vms: Sequence[str]) -> Mapping[str, DomainSample]:
+        prof = profilers.get(node)
+        if prof is None:
+            prof = profilers[node] = Profiler(connection(node))
+        for vm in vms:
+            if (node, vm) not in enabled:
+                prof.enable(vm)
+                enabled.add((node, vm))
+        return prof.sample(vms)
+
+    return sample
+
+
+def placements(obs: Observation, moved_to: Mapping[str, str], counts: Mapping[str, int]) -> list[Placement]:
+    """Running one-VM vjobs with a running pilot, each on the node its pilot names when the RMS
+    allocated it or the journal moved its VM there (`moved_to`: VM → last destination)."""
+    out = []
+    now = obs.view.now
+    for job in obs.view.running:
+        st = obs.pilots.get(job.id)
+        if job.state is not JobState.RUNNING or st is None or st.state is not PilotState.RUNNING:
+            continue
+        if job.nodes != 1 or len(job.allocated_nodes) > 1:
+            continue  # several VMs: not migrated VM by VM (module docstring)
+        if job.allocated_nodes and st.node not in job.allocated_nodes and moved_to.get(st.vm) != st.node:
+            continue  # a node the pilot claims but neither the RMS nor root put it on
+        remaining = None
+        if job.walltime is not None and job.start_time is not None:
+            remaining = max(0.0, job.start_time + job.walltime - now)
+        out.append(Placement(job.id, ((st.vm, st.node),), job.allocated_nodes, st.memory_mb, remaining,
+                             counts.get(job.id, 0)))  # fmt: skip
+    return out
+
+
+def step(agent: Agent, obs: Observation, state: RemapState) -> ExecutionReport | None:
+    """One remapping look: homeward moves every tick; profiles and swaps every τ."""
+    cfg = agent.cfg.remap
+    if state.farm is None:
+        state.farm = load_subclusters(cfg.farm_file)
+    farm = state.farm
+    store = agent.store()
+    done = journal.migrations(store, agent.rms, [j.id for j in obs.view.running])
+    moved_to = {m.vm_name: m.destination for m in done}
+    counts: dict[str, int] = {}
+    for m in done:
+        counts[m.rms_job_id] = counts.get(m.rms_job_id, 0) + 1
+    places = placements(obs, moved_to, counts)
+    moves = homeward(places)
+    now = time.monotonic()
+    if not moves and now - state.last_profile >= cfg.tau_s:
+        state.last_profile = now
+        params = RemapParams(cfg.beta, cfg.tau_s, cfg.threshold_s, cfg.max_migrations, cfg.thrash_pages_s)
+        node_sc = node_subclusters(obs.view.nodes, farm)
+        profiles = _profile(agent, state, places, node_sc, farm)
+        jobs = running_jobs(places, profiles, node_sc, farm, params, cfg.migrate_bandwidth_mb_s)
+        state.decisions = decide_swaps(jobs, farm, params)
+        moves = moves_for(state.decisions, places)
+    state.moves = moves
+    if not moves:
+        return None
+    state.report = report = _carry_out(agent, obs, moves)
+    for m in moves:
+        state.samples.pop(m.vm, None)  # its next window starts on the new host
+    return report
+
+
+def _profile(
+    agent: Agent,
+    state: RemapState,
+    places: Sequence[Placement],
+    node_sc: Mapping[str, str],
+    farm: Mapping[str, SubCluster],
+) -> dict[str, Profile | None]:
+    """Each job's profile over the window since its VMs' last samples (None: no window yet)."""
+    from preemption.remap.online import profile_from_window  # heavy: libvirt (provisioning.profiling)
+    from provisioning.profiling import window  # heavy: libvirt
+
+    if state.sampler is None:
+        from provisioning.driver import Driver  # heavy: libvirt-python
+
+        state.sampler = libvirt_sampler(Driver(agent.cfg.provisioning, data_dir=agent.cfg.data_path).connection)
+    by_node: dict[str, list[str]] = {}
+    for p in places:
+        for vm, node in p.vms:
+            by_node.setdefault(node, []).append(vm)
+    fresh: dict[str, DomainSample] = {}
+    for node, vms in sorted(by_node.items()):
+        try:
+            fresh.update(state.sampler(node, sorted(vms)))
+        except VjobError as exc:  # a VM that just ended, a node unreachable: no window there
+            agent.log.warning("remap: cannot sample a node's VMs", node=node, error=str(exc))
+    out: dict[str, Profile | None] = {}
+    for p in places:
+        sc = job_subcluster(p, node_sc)
+        vm = p.vms[0][0]
+        prev, now = state.samples.get(vm), fresh.get(vm)
+        out[p.job] = None
+        if sc is not None and prev is not None and now is not None and now.t > prev.t:
+            out[p.job] = profile_from_window(window(prev, now), freq_ghz=farm[sc].freq_ghz)
+    state.samples = fresh
+    return out
+
+
+def _carry_out(agent: Agent, obs: Observation, moves: Sequence[Move]) -> ExecutionReport:
+    """The moves as one journalled switch of `migrate` actions through the pilots; each VM
+    moved is then recorded on its new host in the store."""
+    actions = tuple(PlanAction(Action.MIGRATE, m.vm, m.job, m.src, m.dst) for m in moves)
+    plan = Plan(pools=(actions,), placement={m.vm: m.dst for m in moves}, cost=len(moves), optimizer="remap")
+    why = "; ".join(sorted({f"{m.job} {m.why}" for m in moves}))
+    agent.log.info("remap: migrating", moves=[f"{m.vm} {m.src}->{m.dst} ({m.why})" for m in moves])
+    performer = PilotRequestPerformer(lambda a: agent.pilot_dir(a.vjob), timeout_s=agent.checkpoint_timeout_s,
+                                      reason="remap")  # fmt: skip
+    executor = Executor(performer, agent.store(), tag=EXECUTOR_TAG, job_key=lambda a: f"{agent.rms}:{a.vjob}")
+    report = executor.execute(plan, reason=f"remap: {why}")
+    jobs = {j.id: j for j in obs.view.jobs}
+    for a in report.done:
+        st = obs.pilots.get(a.vjob)
+        job = jobs.get(a.vjob)
+        if job is not None and st is not None and a.dst is not None:
+            store_vms.remember(agent.store(), agent.rms, job, vm=a.vm, node=a.dst, image=st.image,
+                               memory_mb=st.memory_mb)  # fmt: skip
+            agent.recorded_vms[job.id] = (a.dst, st.image)
+    agent.log.info("remap: done", switch=report.switch_id, summary=report.summary())
+    return report
+
+
+def summary(state: RemapState) -> dict[str, Any]:
+    """The last decisions and moves, as plain data (logs, tests)."""
+    return {
+        "decisions": [{"kind": d.kind, "reason": d.reason, "jobs": list(d.jobs), "gain_s": d.gain_s}
+                      for d in state.decisions],
+        "moves": [{"job": m.job, "vm": m.vm, "src": m.src, "dst": m.dst, "why": m.why} for m in state.moves],
+    }  # fmt: skip
+
+
+__all__ = ["RemapState", "Sampler", "libvirt_sampler", "placements", "step", "summary"]

@@ -1,0 +1,242 @@
+"""Live remapping in the agent, end to end on real pilots over libvirt's test driver.
+
+Two vjobs run through real pilots (`vjob run`): job 11 on a slow node, job 12 on a fast one.
+The remapping step samples them (the hypervisor's readings: 11 busy, 12 idle), decides a swap,
+and carries it out as a journalled switch of two `migrate` actions through the pilots; the store
+then records each VM on its new host, a restarted agent believes the pilots' off-allocation
+nodes from the journal, and `vjob status` shows the real hosts and the moves. When job 12 ends,
+job 11 goes home to the node the RMS allocated it.
+
+The test driver cannot migrate between two libvirts, so both nodes are the same test-driver
+libvirt in each pilot: there the migration is libvirt's "already there" and the pilot moves its
+VM's node; the real live migration between two libvirtds is tests/test_remap_live.py's (realvm).
+The sampler is the test's (each pilot's test driver lives in its own process, out of the
+agent's sight); the libvirt sampler itself is tested on a test-driver node below.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from agent import observe as agent_observe
+from agent.loop import Agent
+from agent.metrics import AgentMetrics
+from agent.observe import Observation
+from agent.pilot_performer import EXECUTOR_TAG, PilotRequestPerformer
+from agent.recover import finish_live_switches
+from agent.remap_step import RemapState, libvirt_sampler, step, summary
+from agent.status_cmd import collect
+from preemption.planner.plan import Plan, PlanAction
+from provisioning.driver import Driver
+from provisioning.profiling import DomainSample
+from provisioning.vm_types import DriverError
+from tests.services import wait_for
+from tests.services.libvirt import make_test_node
+from vjob import log
+from vjob.config import Config, parse
+from vjob.model import Action, ClusterView, Job, JobState, Node
+from vjob.pilot_files import PilotDir, PilotState, PilotStatus
+from vjob.store import journal
+from vjob.store import vms as store_vms
+from vjob.store.db import Store
+
+pytestmark = pytest.mark.libvirt
+REPO = Path(__file__).resolve().parents[1]
+FARM = """
+[[subcluster]]
+name = "slow"
+nodes = 1
+cores_per_node = 1
+memory_mb_per_node = 4096
+freq_ghz = 1.0
+cycles = { cycles = 1.0 }
+[[subcluster]]
+name = "fast"
+nodes = 1
+cores_per_node = 1
+memory_mb_per_node = 4096
+freq_ghz = 3.0
+cycles = { cycles = 1.0 }
+"""
+NODES = (Node("s1", 1, 4096, features=("slow",)), Node("f1", 1, 4096, features=("fast",)))
+
+
+class _NoRMS:
+    """The remapping step never asks the RMS anything: the observation carries its view."""
+
+    name = "slurm"
+
+    def __getattr__(self, name: str):
+        raise AssertionError(f"the remapping step called the adapter's {name}")
+
+
+@pytest.fixture
+def site(tmp_path: Path):
+    (tmp_path / "farm.toml").write_text(FARM)
+    (tmp_path / "vjob.toml").write_text(
+        f'data_dir = "{tmp_path / "data"}"\n[provisioning]\ndefault_uri = "test:///default"\n'
+    )
+    procs: list[subprocess.Popen[str]] = []
+    yield tmp_path, procs
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.communicate(timeout=30)
+
+
+def _cfg(path: Path, db_url: str) -> Config:
+    return parse({
+        "data_dir": str(path / "data"),
+        "database": {"url": db_url},
+        "agent": {"checkpoint_timeout_s": 60},
+        "remap": {"farm_file": str(path / "farm.toml"), "tau_s": 50, "beta": 20, "threshold_s": 10},
+    })  # fmt: skip
+
+
+def _pilot(site, job: str, node: str) -> subprocess.Popen[str]:
+    path, procs = site
+    cmd = [sys.executable, "-m", "vjob.cli", "--config", str(path / "vjob.toml"), "run", "--job-id", job,
+           "--node", node, "--memory", "128"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    procs.append(proc)
+    return proc
+
+
+def _st(site, job: str) -> PilotStatus:
+    st = PilotDir(site[0] / "data" / "pilots", "slurm", job).read_state()
+    assert st is not None
+    return st
+
+
+def _job(job: str, node: str) -> Job:
+    return Job(job, "alice", rms="slurm", state=JobState.RUNNING, allocated_nodes=(node,), start_time=time.time())
+
+
+class _Hypervisor:
+    """What libvirt would report of each VM: CPU time growing at `share` of a vCPU per second,
+    on a clock that advances one window τ per sample of a node."""
+
+    def __init__(self, share: Mapping[str, float]) -> None:
+        self.share = share
+        self.calls: dict[str, int] = {}
+
+    def __call__(self, node: str, vms: Sequence[str]) -> Mapping[str, DomainSample]:
+        t = 50.0 * self.calls.get(node, 0)
+        self.calls[node] = self.calls.get(node, 0) + 1
+        return {vm: DomainSample(vm, t, int(self.share[vm] * t * 1e9), 1) for vm in vms}
+
+
+def test_a_busy_vjob_on_a_slow_node_swaps_with_an_idle_one_journalled_stored_and_shown(site, store: Store, db_url: str):
+    path, procs = site
+    _pilot(site, "11", "s1")
+    _pilot(site, "12", "f1")
+    for j in ("11", "12"):
+        pdir = PilotDir(path / "data" / "pilots", "slurm", j)
+        wait_for(lambda: pdir.exists() and _st(site, j).state is PilotState.RUNNING, 60, f"pilot {j}")  # noqa: B023
+    cfg = _cfg(path, db_url)
+    agent = Agent(cfg, _NoRMS(), rms="slurm", metrics=AgentMetrics())  # type: ignore[arg-type]
+    agent._store = store
+    jobs = (_job("11", "s1"), _job("12", "f1"))
+
+    def observation(jobs: tuple[Job, ...]) -> Observation:
+        view = ClusterView(now=time.time(), nodes=NODES, jobs=jobs)
+        return Observation(view, {j.id: _st(site, j.id) for j in jobs}, {}, True)
+
+    state = RemapState(sampler=_Hypervisor({"vjob-slurm-11": 1.0, "vjob-slurm-12": 0.0}))
+    assert step(agent, observation(jobs), state) is None  # the first samples: no window yet
+    assert state.decisions == [] and set(state.samples) == {"vjob-slurm-11", "vjob-slurm-12"}
+    assert step(agent, observation(jobs), state) is None  # τ has not passed: no new look
+    state.last_profile -= cfg.remap.tau_s  # τ later
+
+    report = step(agent, observation(jobs), state)
+    assert report is not None and report.state == "done", report
+    (d,) = summary(state)["decisions"]
+    assert d["kind"] == "swap" and set(d["jobs"]) == {"11", "12"}
+    assert d["gain_s"] == pytest.approx(50 * (2 / 3) * 20 - 2 * 128 * 1.2 / 110)
+    assert (_st(site, "11").node, _st(site, "12").node) == ("f1", "s1")
+
+    sw = journal.load(store, report.switch_id)
+    assert sw.state == "done" and sw.reason.startswith("remap: ") and sw.plan["executor"] == EXECUTOR_TAG
+    assert sorted((a.action, a.rms_job_id, a.source, a.state) for a in sw.actions) == [
+        ("migrate", "11", "s1", "done"), ("migrate", "12", "f1", "done")]  # fmt: skip
+    assert [(m.rms_job_id, m.source, m.destination) for m in journal.migrations(store, "slurm")] in (
+        [("11", "s1", "f1"), ("12", "f1", "s1")], [("12", "f1", "s1"), ("11", "s1", "f1")])  # fmt: skip
+    assert [v.node for v in store_vms.of_job(store, "slurm", "11")] == ["f1"]
+    assert [v.node for v in store_vms.of_job(store, "slurm", "12")] == ["s1"]
+
+    # A restarted agent (nothing in memory) believes the pilots' off-allocation nodes: the journal moved them.
+    fresh = Agent(cfg, _NoRMS(), rms="slurm", metrics=AgentMetrics())  # type: ignore[arg-type]
+    agent_observe._remember_vms(fresh, store, list(jobs), {j.id: _st(site, j.id) for j in jobs})
+    assert {j: n for j, (n, _img) in fresh.recorded_vms.items()} == {"11": "f1", "12": "s1"}
+    # ... and not a pilot that claims a node nobody moved it to.
+    liar = {"11": _st(site, "11"), "12": _st(site, "12").moved(PilotState.RUNNING, node="f9")}
+    fresh.recorded_vms.clear()
+    agent_observe._remember_vms(fresh, store, list(jobs), liar)
+    assert set(fresh.recorded_vms) == {"11"}
+
+    status = {v["job"]: v for v in collect(cfg, "slurm")["vjobs"]}
+    assert (status["11"]["node"], status["11"]["hosts"], status["11"]["migrations"]) == ("f1", ["f1"], ["s1->f1"])
+    assert (status["12"]["node"], status["12"]["hosts"], status["12"]["migrations"]) == ("s1", ["s1"], ["f1->s1"])
+
+    # Within τ again: nothing more (the bound and the threshold are the policy's tests).
+    assert step(agent, observation(jobs), state) is None
+
+    # Job 12 ends: the RMS frees f1, where job 11's VM runs; 11 goes home to s1 at the next tick.
+    procs[1].send_signal(signal.SIGTERM)
+    procs[1].communicate(timeout=60)
+    report = step(agent, observation(jobs[:1]), state)
+    assert report is not None and report.state == "done", report
+    assert [(m["vm"], m["src"], m["dst"], m["why"]) for m in summary(state)["moves"]] == [
+        ("vjob-slurm-11", "f1", "s1", "home")]  # fmt: skip
+    assert _st(site, "11").node == "s1"
+    assert [v.node for v in store_vms.of_job(store, "slurm", "11")] == ["s1"]
+    assert collect(cfg, "slurm")["vjobs"][0]["migrations"] == ["s1->f1", "f1->s1"]
+
+    # An agent killed right after journalling a remapping move: the next one finishes it from the journal.
+    move = PlanAction(Action.MIGRATE, "vjob-slurm-11", "11", "s1", "f1")
+    plan = Plan(pools=((move,),), placement={move.vm: "f1"}, cost=1, optimizer="remap")
+    journal.open_switch(store, "remap: 11 swap", plan.to_dict() | {"executor": EXECUTOR_TAG},
+                        [journal.PlannedAction(0, "migrate", move.vm, "slurm:11", "s1", "f1")])  # fmt: skip
+    performer = PilotRequestPerformer(lambda a: PilotDir(path / "data" / "pilots", "slurm", a.vjob), timeout_s=60)
+    (finished,) = finish_live_switches(store, "slurm", lambda _sw: performer, log.get("test"))
+    assert finished.state == "done" and _st(site, "11").node == "f1"
+    assert [m.destination for m in journal.migrations(store, "slurm", ["11"])] == ["f1", "s1", "f1"]
+
+
+DOMAIN = """<domain type='test'><name>{name}</name><memory>131072</memory><vcpu>1</vcpu>
+<os><type>hvm</type></os></domain>"""
+
+
+def test_the_libvirt_sampler_reads_each_nodes_vms_through_the_drivers_connection(tmp_path: Path) -> None:
+    uri = make_test_node(tmp_path / "nodes", "n1")
+    driver = Driver(parse({"provisioning": {"nodes": {"n1": uri}}}).provisioning, data_dir=tmp_path)
+    conn = driver.connection("n1")
+    for name in ("vm1", "vm2"):
+        conn.defineXML(DOMAIN.format(name=name)).create()
+    sample = libvirt_sampler(driver.connection)
+    first = sample("n1", ["vm1"])
+    again = sample("n1", ["vm1", "vm2"])
+    assert set(first) == {"vm1"} and set(again) == {"vm1", "vm2"}
+    assert again["vm1"].t > first["vm1"].t and again["vm1"].cpu_time_ns >= first["vm1"].cpu_time_ns > 0
+    perf = conn.lookupByName("vm1").perfEvents()  # turned on once, when first sampled
+    assert perf["instructions"] and perf["cpu_cycles"]
+    with pytest.raises(DriverError, match="ghost"):
+        sample("n1", ["ghost"])
+    driver.close()
+
+
+def test_a_bad_farm_file_is_logged_and_the_tick_goes_on(tmp_path: Path) -> None:
+    cfg = parse({"data_dir": str(tmp_path / "data"), "remap": {"farm_file": str(tmp_path / "none.toml")}})
+    agent = Agent(cfg, _NoRMS(), rms="slurm", metrics=AgentMetrics())  # type: ignore[arg-type]
+    view = ClusterView(now=time.time(), nodes=NODES, jobs=())
+    agent._remap(Observation(view, {}, {}, True))  # no exception: logged and counted
+    assert agent.metrics.errors.labels(kind="remap")._value.get() == 1
