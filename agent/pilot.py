@@ -391,7 +391,7 @@ class Pilot:
         return code
 
     def _save(self, request_id: str, nodes: tuple[str, ...] = ()) -> None:
-        self._move(PilotState.SAVING, request_id=request_id)
+        self._move(PilotState.SAVING, request_id=request_id, request_error="")  # a refusal before is no answer to this
         t0 = time.monotonic()
         path, size = self.vm.save()
         took = time.monotonic() - t0

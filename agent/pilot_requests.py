@@ -11,6 +11,11 @@ Answers: the pilot writes the request's id in its state once it is done (RUNNING
 node, SAVED with the memory state, FINISHED), or with `request_error` when it could not do it;
 a request already answered is never carried out twice, so the agent may repeat a request after
 a crash (agent.recover) without the VM moving twice.
+
+A multi-node job (agent.pilot_multinode) is one cut of all its VMs: `suspend` saves them all
+(provisioning.coordinated), a `resume` where they slept restores them all, `stop` deletes them
+all; a `migrate` or a `resume` on (or from) another node would move its VMs one by one and is
+refused with a `request_error` that says so.
 """
 
 from __future__ import annotations
@@ -90,10 +95,10 @@ def _resume(pilot: Pilot, node: str, saved_on: str, request_id: str) -> None:
     """Restore the sleeping VM on `node` from its state on `saved_on` (a copy when they differ)."""
     assert pilot.status is not None
     local = saved_on == node
-    pilot._say(f"resuming VM {pilot.vm.name} on {node}" + ("" if local else f" (state copied from {saved_on})"))
     several = len(pilot.vm.nodes()) > 1  # a multi-node job (agent.pilot_multinode): one cut for all its VMs
-    if several and node != pilot.vm.node:
-        raise VjobError(f"VM {pilot.vm.name}: a job of several VMs resumes where it slept, not on {node}")
+    if several and (node != pilot.vm.node or not local):
+        raise VjobError(_one_by_one(pilot, f"a resume on {node}" + ("" if local else f" from {saved_on}")))
+    pilot._say(f"resuming VM {pilot.vm.name} on {node}" + ("" if local else f" (state copied from {saved_on})"))
     pilot._move(PilotState.RESTORING)
     t0 = time.monotonic()
     if several:
@@ -112,12 +117,24 @@ def _resume(pilot: Pilot, node: str, saved_on: str, request_id: str) -> None:
 def _migrate(pilot: Pilot, req: CheckpointRequest) -> None:
     src = pilot.vm.node
     if len(pilot.vm.nodes()) > 1:
-        raise VjobError(f"VM {pilot.vm.name}: a job of several VMs is not migrated VM by VM by its pilot")
+        raise VjobError(_one_by_one(pilot, f"a live migration to {req.node}"))
     pilot._say(f"migrating VM {pilot.vm.name} live from {src} to {req.node}")
     pilot.vm.driver.migrate(pilot.vm.name, src, req.node)
     _moved_to(pilot, req.node)
     pilot._move(PilotState.RUNNING, node=req.node, uri=pilot.vm.uri, request_id=req.request_id, request_error="")
     pilot.log.info("migrated", source=src, destination=req.node)
+
+
+def _one_by_one(pilot: Pilot, what: str) -> str:
+    """Why a multi-node job refuses to move: its VMs are one job whose snapshot is one
+    consistent cut (provisioning.coordinated); moving one VM (its leader) while the others stay
+    would split it, and a pilot has no way to place every VM of a plan's single action."""
+    return (
+        f"VM {pilot.vm.name}: {what} refused: a multi-node job (VMs on {', '.join(pilot.vm.nodes())}) is "
+        "suspended, resumed and stopped "
+        "as a whole where its VMs are; it is not moved VM by VM (checkpoint it and let the resource "
+        "manager requeue it to place it elsewhere)"
+    )
 
 
 def _stop(pilot: Pilot, request_id: str) -> int:

@@ -81,7 +81,8 @@ def register(sub: Any) -> None:
     p.add_argument("--node", help="the RMS node name (default: from the job's environment)")
     p.add_argument(
         "--nodes",
-        help="a multi-node job's nodes, comma-separated (default: the job's node list: one VM per node)",
+        help="a multi-node job's nodes, comma-separated (default: the job's node list: one VM per node;"
+        " the counter guest is one VM unless --nodes names several)",
     )
     p.add_argument("--os", dest="os_image", help="OS image (default: $VJOB_OS or the script's #VJOB os= line)")
     p.add_argument(
@@ -167,6 +168,14 @@ def _run_tiny(
     )  # fmt: skip
     driver = _driver(cfg)
     try:
+        # The counter guest is one VM unless --nodes names several (it has no network stack; a
+        # multi-node counter job is how the test driver exercises agent.pilot_multinode).
+        nodes = _job_nodes(args, env, node) if args.nodes else [node]
+        if len(nodes) > 1:
+            subnet = network.pilot_subnet_id(args.rms, job_id)
+            vms = JobVMs(driver, name, nodes, subnet, lambda _rank, vm, _node: guest_spec(
+                TINY_IMAGE, vm, args.memory, payload, qemu_user=cfg.provisioning.qemu_user))  # fmt: skip
+            return Pilot(settings, PilotDir(pilot_root(cfg), args.rms, job_id), vms).run()  # type: ignore[arg-type]
         vm = DriverVM(
             driver,
             name,

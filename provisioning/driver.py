@@ -143,6 +143,10 @@ class Driver:
         base = self.vm_dir(node) / check_name("vm", vm)
         return base.with_name(base.name + ".stdout.log"), base.with_name(base.name + ".stderr.log")
 
+    def disk_paths(self, vm: str, node: str) -> dict[str, Path]:
+        """The VM's disks on `node` by role (integrity.DISK_ROLES): what moves with its state."""
+        return {"overlay": self.overlay_path(vm, node), "job_disk": self.job_disk_path(vm, node)}
+
     def state_path(self, vm: str, node: str) -> Path:
         return self.snapshot_dir(node) / f"{check_name('vm', vm)}{STATE_SUFFIX}"
 
@@ -439,14 +443,18 @@ class Driver:
         if dom.state()[0] == libvirt.VIR_DOMAIN_PAUSED:
             self._call("unpause", vm, node, dom.resume)
 
-    def save(self, vm: str, node: str, *, job_id: int | None = None, bypass_cache: bool = False) -> Snapshot:
+    def save(
+        self, vm: str, node: str, *, job_id: int | None = None, bypass_cache: bool = False, with_disks: bool = True
+    ) -> Snapshot:
         """Suspend the VM to disk: memory state to the snapshot dir, overlay kept in place.
 
         A paused VM (coordinated checkpoint) is saved as running, so that its restore needs no
         extra resume. `bypass_cache` writes the state with O_DIRECT
         (VIR_DOMAIN_SAVE_BYPASS_CACHE): it does not evict the node's page cache, and a save is
         then timed like a copy that also bypasses it. Repeating it on a VM already saved
-        returns the existing snapshot.
+        returns the existing snapshot. `with_disks`: the overlay and job disk are hashed into
+        the manifest too (integrity.disk_digests), so a copy of them is checked on arrival;
+        `snapshot`, which copies the overlay itself, skips it.
         """
         self._ensure_dirs(node)
         path = self.state_path(vm, node)
@@ -468,7 +476,8 @@ class Driver:
                 transfer.rename(self._ep(partial, node), path)  # the agent died between libvirt's save and the rename
             else:
                 raise DriverError("save", vm, node, "the VM is not running and has no saved state")
-        snap = self._describe(vm, node, "memory", path, None, job_id)
+        disks = self.disk_paths(vm, node) if with_disks else None
+        snap = self._describe(vm, node, "memory", path, None, job_id, disks=disks)
         self._update_vm(vm, state=VMState.SAVED)
         _log.info("vm saved", vm=vm, node=node, bytes=snap.size_bytes, path=str(path))
         return snap
@@ -504,9 +513,9 @@ class Driver:
             return  # already resumed (a repeated call)
         expected = self.verify(vm, src)
         if src != node:
+            disks = integrity.recorded_disks(integrity.read_manifest(self.state_path(vm, src), self.host(src)))
             self._ensure_dirs(node)
-            self._copy_between(vm, src, node)
-            self._check_copy(vm, src, node, expected)
+            self._copy_checked(vm, src, node, expected, disks)
         self._restore_state_file(
             vm, node, self.state_path(vm, node), paused=paused, bypass_cache=bypass_cache, retarget=src != node
         )
@@ -516,18 +525,25 @@ class Driver:
         self._update_vm(vm, node=node, state=VMState.RUNNING, overlay_path=str(self.overlay_path(vm, node)))
         _log.info("vm restored", vm=vm, node=node, source=src)
 
-    def _check_copy(self, vm: str, src: str, dst: str, expected: Snapshot) -> None:
-        """The state copied to `dst` must be the one recorded at save time (size + sha256,
-        hashed on `dst`); otherwise the copy is removed there and the restore refused, and the
+    def _copy_checked(self, vm: str, src: str, dst: str, expected: Snapshot, disks: dict[str, dict[str, Any]]) -> None:
+        """Copy the saved VM from `src` to `dst`. The state copied must be the one recorded at
+        save time (size + sha256, hashed on `dst`), and so must its overlay and job disk when
+        their digests were recorded (`disks`; checked as soon as they arrive, before the state
+        is sent); otherwise the copies are removed there and the restore refused, and the
         source's snapshot stays where it is."""
         state = self.state_path(vm, dst)
+        paths, sources = self.disk_paths(vm, dst), self.disk_paths(vm, src)
         try:
+            self._copy_between(vm, src, dst, lambda: integrity.check_disks(vm, dst, disks, paths, self.host(dst)))
             integrity.check_against(
                 vm, dst, state, {"size_bytes": expected.size_bytes, "sha256": expected.sha256}, self.host(dst)
             )
         except SnapshotError as exc:
             transfer.remove(self._ep(state, dst))
             transfer.remove(self._ep(integrity.manifest_path(state), dst))
+            for role, path in paths.items():  # a disk both nodes share is the source's own: kept
+                if not transfer.same_file(self._ep(sources[role], src), self._ep(path, dst)):
+                    transfer.remove(self._ep(path, dst))
             raise SnapshotError(
                 "restore",
                 vm,
@@ -580,7 +596,8 @@ class Driver:
             output_logs=self.output_logs(vm, node),
         )
 
-    def _copy_between(self, vm: str, src: str, dst: str) -> None:
+    def _copy_between(self, vm: str, src: str, dst: str, disks_arrived: Callable[[], None]) -> None:
+        """Overlay and job disk, then (after `disks_arrived`, which may refuse them) the state."""
         method = self.config.copy_method
         timeout = self.config.operation_timeout_s
         state_src, state_dst = self.state_path(vm, src), self.state_path(vm, dst)
@@ -596,6 +613,7 @@ class Driver:
             job_dst = self.job_disk_path(vm, dst)
             transfer.copy(job_src, Endpoint(job_dst, self.host(dst)), method=method, timeout_s=timeout)
             self._own_overlay(vm, dst, job_dst)
+        disks_arrived()
         transfer.copy(
             Endpoint(integrity.manifest_path(state_src), self.host(src)),
             Endpoint(integrity.manifest_path(state_dst), self.host(dst)),
@@ -686,7 +704,7 @@ class Driver:
         if memory.exists() and integrity.manifest_path(memory).exists():
             return self._describe(vm, node, "full", memory, overlay_copy, job_id)
         state = self.state_path(vm, node)
-        self.save(vm, node)
+        self.save(vm, node, with_disks=False)
         try:
             transfer.copy(Endpoint(self.overlay_path(vm, node)), Endpoint(overlay_copy), method="local")
             os.replace(state, memory)
@@ -761,9 +779,18 @@ class Driver:
         )
 
     def _describe(
-        self, vm: str, node: str, kind: str, path: Path, overlay: Path | None, job_id: int | None
+        self,
+        vm: str,
+        node: str,
+        kind: str,
+        path: Path,
+        overlay: Path | None,
+        job_id: int | None,
+        *,
+        disks: dict[str, Path] | None = None,
     ) -> Snapshot:
-        """Hash a fresh state file (on its node), write its manifest and its store row (once)."""
+        """Hash a fresh state file (on its node), write its manifest and its store row (once);
+        `disks` (role: path) are hashed into the manifest too."""
         host = self.host(node)
         existing = integrity.read_manifest(path, host)
         actual = transfer.size(Endpoint(path, host))
@@ -783,6 +810,7 @@ class Driver:
                     "sha256": digest,
                     "created_at": created,
                     "overlay": str(overlay) if overlay else None,
+                    integrity.DISKS: integrity.disk_digests(disks, host) if disks else {},
                 },
                 host,
             )

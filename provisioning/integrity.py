@@ -72,3 +72,51 @@ def check_against(vm: str, node: str, path: Path, expected: dict[str, Any], host
             node,
             f"snapshot {where} is corrupt: sha256 {digest[:12]}…, recorded {str(expected['sha256'])[:12]}…",
         )
+
+
+DISKS = "disks"
+"""The manifest's key for the VM's disks at save time: {role: {path, size_bytes, sha256}}."""
+DISK_ROLES = ("overlay", "job_disk")
+
+
+def disk_digests(paths: dict[str, Path], host: str | None = None) -> dict[str, dict[str, Any]]:
+    """Size and sha256 of each of the saved VM's disks that exists, hashed on `host`.
+
+    Why at save time: a saved VM's overlay and job disk do not change until it runs again, and
+    they travel with its memory state to another node; the state alone being checked there,
+    a corrupted overlay copy would start a guest on a damaged disk. Recorded beside the state,
+    they are checked on arrival like the state (`check_disks`)."""
+    digests: dict[str, dict[str, Any]] = {}
+    for role, path in paths.items():
+        where = transfer.Endpoint(path, host)
+        size = transfer.size(where)
+        if size is not None:
+            digests[role] = {"path": str(path), "size_bytes": size, "sha256": transfer.sha256(where)}
+    return digests
+
+
+def recorded_disks(manifest: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """The disk digests of a manifest, each well formed (a manifest from before they were
+    recorded has none: its disks are then not checked, as before)."""
+    raw = manifest.get(DISKS) if manifest else None
+    if not isinstance(raw, dict):
+        return {}
+    disks: dict[str, dict[str, Any]] = {}
+    for role in DISK_ROLES:
+        entry = raw.get(role)
+        if not isinstance(entry, dict):
+            continue
+        size, digest = entry.get("size_bytes"), entry.get("sha256")
+        if isinstance(size, int) and isinstance(digest, str):
+            disks[role] = {"size_bytes": size, "sha256": digest}
+    return disks
+
+
+def check_disks(
+    vm: str, node: str, recorded: dict[str, dict[str, Any]], paths: dict[str, Path], host: str | None = None
+) -> None:
+    """Raise SnapshotError (naming the disk) unless each recorded disk is at `paths` on `host`
+    with the size and sha256 it had when the VM was saved."""
+    for role, expected in recorded.items():
+        if role in paths:
+            check_against(vm, node, paths[role], expected, host)

@@ -7,9 +7,11 @@ test_multinode_realvm.py; here the logic runs fast on test-driver nodes.
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import libvirt
 import pytest
@@ -18,7 +20,7 @@ from agent.pilot_multinode import JobVMs
 from plugins.pbs import hook_vm
 from preemption.executor import Executor
 from preemption.planner.plan import Plan, PlanAction
-from provisioning import coordinated
+from provisioning import coordinated, integrity, transfer
 from provisioning.coordinated import Member
 from provisioning.driver import Driver, DriverError, SnapshotError, VMSpec
 from provisioning.performer import DriverPerformer
@@ -205,3 +207,40 @@ def test_a_pilot_killed_in_the_middle_of_a_cut_leaves_a_job_its_next_pilot_runs_
     coordinated.checkpoint(driver, MEMBERS)
     JobVMs(driver, "job7", ["n1", "n2"], 0x77, lambda *_a: pytest.fail("a saved job must not boot")).boot()
     assert all(driver.state(m.vm, m.node) == VMState.RUNNING for m in MEMBERS)
+
+
+def test_a_corrupted_overlay_copy_is_caught_by_the_manifest_and_the_source_kept(
+    tmp_path: Path, test_nodes: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The overlay and job disk are hashed into the manifest at save time: an overlay whose copy
+    arrives altered (the state's copy intact) is refused on the destination, removed there, and
+    the source's snapshot still verifies and restores."""
+    image = tmp_path / "base.qcow2"
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(image), "64M"], check=True, timeout=30)
+    cfg = ProvisioningConfig(nodes=test_nodes, vm_dir=str(tmp_path / "vms" / "{node}"),
+                             snapshot_dir=str(tmp_path / "snap" / "{node}"), operation_timeout_s=30)  # fmt: skip
+    with Driver(cfg, data_dir=tmp_path / "data") as drv:
+        drv.define(VMSpec("job8-0", image), "n1")
+        drv.boot("job8-0", "n1")
+        drv.save("job8-0", "n1")
+        overlay = drv.overlay_path("job8-0", "n1")
+        disks = json.loads(integrity.manifest_path(drv.state_path("job8-0", "n1")).read_text())["disks"]
+        assert disks["overlay"]["sha256"] == transfer.sha256_file(overlay)  # recorded at save time
+        real_copy = transfer.copy
+
+        def altering_copy(src: transfer.Endpoint, dst: transfer.Endpoint, **kw: Any) -> None:
+            real_copy(src, dst, **kw)
+            if dst.path.suffix == ".qcow2":  # the overlay's copy only: the state arrives intact
+                data = bytearray(dst.path.read_bytes())
+                data[len(data) // 2] ^= 0xFF
+                dst.path.write_bytes(bytes(data))
+
+        monkeypatch.setattr(transfer, "copy", altering_copy)
+        with pytest.raises(SnapshotError, match=r"does not match the snapshot recorded at save time \(.*snapshot "
+                           r"\S+/n2/job8-0\.qcow2 is corrupt.*the snapshot on n1 is kept"):  # fmt: skip
+            drv.restore("job8-0", "n2", from_node="n1")
+        assert not drv.overlay_path("job8-0", "n2").exists() and not drv.state_path("job8-0", "n2").exists()
+        assert drv.state("job8-0", "n2") is None and drv.verify("job8-0", "n1")
+        assert transfer.sha256_file(overlay) == disks["overlay"]["sha256"]  # the source's disk is untouched
+        # (an unaltered copy restores: test_multinode_transfer.py, on real QEMU; the test driver
+        # cannot restore a state under another node's paths)

@@ -25,7 +25,7 @@ import pytest
 
 from devkit import guest_probe
 from devkit.guest_probe import wait_for_counter
-from provisioning import guest
+from provisioning import guest, integrity, transfer
 from provisioning.driver import Driver, SnapshotError, VMSpec
 from tests.services.second_host import SecondHost, second_host  # noqa: F401 - fixture
 from vjob.config import ProvisioningConfig
@@ -37,12 +37,13 @@ VM = "vjob-mn-transfer"
 TICK_TIMEOUT_S = 40.0
 REAL_RSYNC = shutil.which("rsync") or "/usr/bin/rsync"
 
-# Stand-ins for a bad network, around the real rsync. "$MODE" picks the fault; only the
-# memory state (the last file copied, *.state) is hit; every call is counted.
+# Stand-ins for a bad network, around the real rsync. "$RSYNC_MODE" picks the fault; only the
+# file whose name ends with "$RSYNC_HIT" (default: the memory state, *.state) is hit; every call
+# is counted. A corrupted file has one byte changed in its middle, its size kept.
 WRAPPER = """#!/bin/sh
 echo "$*" >> "$RSYNC_CALLS"
 case "$*" in
-  *.state\\ *) ;;
+  *${{RSYNC_HIT:-.state}}\\ *) ;;
   *) exec {real} "$@" ;;
 esac
 if [ "$RSYNC_MODE" = kill-once ] && [ ! -e "$RSYNC_CALLS.killed" ]; then
@@ -52,7 +53,10 @@ fi
 {real} "$@" || exit $?
 if [ "$RSYNC_MODE" = corrupt ]; then
   for last; do :; done
-  printf 'X' | dd of="$last" bs=1 seek=1000000 conv=notrunc status=none
+  size=$(stat -c %s "$last")
+  byte=$(dd if="$last" bs=1 skip=$((size / 2)) count=1 status=none | od -An -tu1 | tr -d ' ')
+  next=$(printf %o $(((${{byte:-0}} + 1) % 256)))
+  printf "\\\\$next" | dd of="$last" bs=1 seek=$((size / 2)) conv=notrunc status=none
 fi
 """
 
@@ -157,6 +161,16 @@ def test_2_a_corrupted_copy_is_refused_and_the_source_kept(
     assert not driver.state_path(VM, "a").exists()  # the bad copy was removed, nothing started
     assert driver.state(VM, "a") is None
     assert driver.verify(VM, "b").size_bytes > 32 << 20  # the source is intact and still verifies
+    # The overlay altered on the way, the state intact: caught by the digest recorded at save
+    # time (provisioning.integrity.disk_digests), not by rsync (the change is made after it)
+    monkeypatch.setenv("RSYNC_HIT", ".qcow2")
+    overlay_b = driver.overlay_path(VM, "b")
+    with pytest.raises(SnapshotError, match=rf"save time .*{overlay_b.name} is corrupt.*the snapshot on b is kept"):
+        driver.restore(VM, "a", from_node="b")
+    assert not overlay_b.exists() and not driver.state_path(VM, "a").exists()  # no copy left on a
+    assert driver.state(VM, "a") is None
+    recorded = integrity.recorded_disks(integrity.read_manifest(state_b, host.ssh_host))
+    assert transfer.sha256(transfer.Endpoint(overlay_b, host.ssh_host)) == recorded["overlay"]["sha256"]  # b's intact
 
 
 def test_3_a_copy_killed_half_way_is_retried(

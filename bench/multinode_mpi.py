@@ -1,0 +1,195 @@
+"""An MPI ring in a two-node vjob, checkpointed mid-run and resumed (issue 16; a bench, not CI).
+
+    .venv/bin/python bench/multinode_mpi.py [--rounds 40] [--checkpoint-at 8] [--memory 512]
+
+Root only (root's libvirt, `vjob image build`). The site image `mpi` is debian12 plus Debian's
+`openmpi-bin` and `python3-mpi4py` (`vjob image build mpi --packages openmpi-bin,python3-mpi4py`;
+taken from the build cache when there). A 2-VM vjob (`vjob run --nodes node1,node2`: both
+"nodes" on this machine's libvirt, as on the dev cluster) runs
+`mpirun --hostfile "$VJOB_NODEFILE" -np 2 python3 ring.py ROUNDS`: each round rank 0 sends a
+counter to rank 1, which adds one and sends it back, adding one too. After `--checkpoint-at`
+rounds the bench asks the pilot for a checkpoint as the agent does (both VMs paused, then
+saved: one cut), ends the pilot as a requeue would (SIGTERM), starts the job's pilot again (both
+VMs restored paused, then run together) and waits for the end: the final counter must be
+2 × ROUNDS, the value of an uninterrupted run, and every round must be printed once.
+
+Prints one JSON line: image size and build time (against debian12's, same cache rules), the
+job's time to its first round (boot of both VMs under TCG + mpirun's ssh launch), the cut
+(pause → all saved) and restore (start → all running) times, and whether the result matched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from provisioning import image_build, kvm_probe, network
+from provisioning.images import Catalogue
+from vjob.config import ProvisioningConfig
+from vjob.store.db import Store
+
+IMAGE = "mpi"
+PACKAGES = "openmpi-bin,python3-mpi4py"
+RING = """\
+import sys
+import time
+
+from mpi4py import MPI
+
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+counter = 0
+for r in range(int(sys.argv[1])):
+    if rank == 0:
+        comm.send(counter + 1, dest=1)
+        counter = comm.recv(source=size - 1)
+        print(f"round {r + 1} counter {counter}", flush=True)
+        time.sleep(1)
+    else:
+        counter = comm.recv(source=rank - 1) + 1
+        comm.send(counter, dest=(rank + 1) % size)
+if rank == 0:
+    print(f"final {counter}", flush=True)
+"""
+JOB = """#!/bin/bash
+set -e
+mpirun --allow-run-as-root --hostfile "$VJOB_NODEFILE" -np 2 python3 ring.py "$1"
+"""
+
+
+def _pilot(base: Path, work: Path, job_id: str, memory: int, out: Path, rounds: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "vjob.cli", "--config", str(base / "vjob.toml"), "run", "--job-id", job_id,
+         "--node", "node1", "--nodes", "node1,node2", "--os", IMAGE, "--memory", str(memory),
+         "--script", "job.sh", "--", str(rounds)],
+        cwd=work, stdout=out.open("wb"), stderr=out.with_suffix(".err").open("wb"),
+    )  # fmt: skip
+
+
+def _wait_for(path: Path, pattern: bytes, timeout_s: float, pilot: subprocess.Popen[bytes]) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        if path.exists() and re.search(pattern, path.read_bytes(), re.M):
+            return time.monotonic() - t0
+        if pilot.poll() is not None:
+            raise SystemExit(f"bench: the pilot ended ({pilot.returncode}) before {pattern!r}; see {path}")
+        time.sleep(0.5)
+    raise SystemExit(f"bench: {pattern!r} not in {path} after {timeout_s:.0f} s")
+
+
+def _events(err: Path, name: str) -> list[dict[str, object]]:
+    return [json.loads(line) for line in err.read_text(errors="replace").splitlines() if f'"{name}"' in line]
+
+
+def _forget(base: Path, job_id: str) -> None:
+    """The job's VMs and bridge, whatever state the run left them in."""
+    from provisioning.driver import Driver  # heavy: libvirt-python
+    from vjob.config import load
+
+    cfg = load(str(base / "vjob.toml"))
+    with Driver(cfg.provisioning, data_dir=cfg.data_path) as driver:
+        for rank in range(2):
+            driver.delete(f"vjob-slurm-{job_id}-{rank}", "node1")
+        network.remove_bridge(driver.connection("node1"), network.pilot_subnet_id("slurm", job_id))
+
+
+def ring(base: Path, rounds: int, at: int, memory: int) -> dict[str, object]:
+    from vjob.pilot_files import PilotDir, PilotState
+
+    work = base / "work"
+    work.mkdir()
+    (work / "job.sh").write_text(JOB)
+    (work / "ring.py").write_text(RING)
+    job_id = f"9{os.getpid()}"  # fresh: no state of an older job under this id
+    pdir = PilotDir(base / "data" / "pilots", "slurm", job_id)
+    first, second = base / "run1.out", base / "run2.out"
+    t0 = time.monotonic()
+    pilot = _pilot(base, work, job_id, memory, first, rounds)
+    again: subprocess.Popen[bytes] | None = None
+    try:
+        first_round_s = _wait_for(first, rb"^round 1 ", 1800, pilot)
+        _wait_for(first, rb"^round %d " % at, 600, pilot)
+        pdir.request_checkpoint("bench-mpi", "bench")
+        deadline = time.monotonic() + 600
+        while (st := pdir.read_state()) is None or st.state is not PilotState.SAVED:
+            if time.monotonic() > deadline or pilot.poll() is not None:
+                raise SystemExit(f"bench: no checkpoint; see {first.with_suffix('.err')}")
+            time.sleep(0.2)
+        pilot.send_signal(signal.SIGTERM)  # the requeue
+        pilot.wait(timeout=120)
+        again = _pilot(base, work, job_id, memory, second, rounds)
+        code = again.wait(timeout=1800)
+        total_s = time.monotonic() - t0
+    finally:
+        for p in (pilot, again):
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                p.wait(timeout=120)
+        _forget(base, job_id)
+    text = second.read_text(errors="replace")
+    counters = [int(m.group(1)) for m in re.finditer(r"^round \d+ counter (\d+)$", text, re.M)]
+    final = re.search(r"^final (\d+)$", text, re.M)
+    cuts = _events(first.with_suffix(".err"), "coordinated checkpoint")
+    restored = _events(second.with_suffix(".err"), "multi-node job restored")
+    return {
+        "rounds": rounds,
+        "checkpoint_at_round": at,
+        "exit": code,
+        "final": int(final.group(1)) if final else None,
+        "expected": 2 * rounds,
+        "ok": bool(final) and int(final.group(1)) == 2 * rounds and counters == [2 * i for i in range(1, rounds + 1)],
+        "first_round_s": round(first_round_s, 1),
+        "cut_consistent": bool(cuts) and all(c.get("consistent") for c in cuts),
+        "pause_to_saved_s": cuts[0].get("pause_to_saved_s") if cuts else None,
+        "restore_to_running_s": restored[0].get("restore_to_running_s") if restored else None,
+        "total_s": round(total_s, 1),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=40, help="ring rounds (default 40, one a second)")
+    parser.add_argument("--checkpoint-at", type=int, default=8, help="checkpoint after this round (default 8)")
+    parser.add_argument("--memory", type=int, default=512, help="MiB per VM (default 512)")
+    args = parser.parse_args()
+    if not 1 <= args.checkpoint_at < args.rounds:
+        raise SystemExit("bench: --checkpoint-at must be at least 1 and below --rounds")
+    base = Path(tempfile.mkdtemp(prefix="vjob-bench-mpi-", dir="/var/tmp"))
+    base.chmod(0o755)
+    try:
+        store = Store(f"sqlite:///{base / 'vjob.sqlite'}")
+        store.upgrade()
+        catalogue = Catalogue(store, ProvisioningConfig(), data_dir=base / "data")
+        plain = image_build.build(catalogue, "debian12")
+        mpi = image_build.build(catalogue, IMAGE, packages=PACKAGES)
+        store.close()
+        (base / "vjob.toml").write_text(f'data_dir = "{base / "data"}"\n')
+        line: dict[str, object] = {
+            "bench": "multinode_mpi",
+            "vms": 2,
+            "domain_type": kvm_probe.cached("qemu64") or "qemu",
+            "image_mb": round(mpi.size_bytes / 2**20, 1),
+            "debian12_mb": round(plain.size_bytes / 2**20, 1),
+            "build_s": round(mpi.build_s, 1),
+            "build_cached": mpi.cached,
+            "debian12_build_s": round(plain.build_s, 1),
+            "debian12_cached": plain.cached,
+        }
+        line.update(ring(base, args.rounds, args.checkpoint_at, args.memory))
+        print(json.dumps(line))
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
