@@ -66,16 +66,17 @@ def _run(args: list[str], timeout_s: float = 60) -> str:
     return proc.stdout
 
 
-def installed(command: str = "oaradmissionrules") -> list[int]:
-    """Ids of the vjob rules in OAR's admission_rules table (normally zero or one)."""
+def installed(command: str = "oaradmissionrules", *, mark: str = MARK) -> list[int]:
+    """Ids of the vjob rules in OAR's admission_rules table (normally zero or one); `mark`:
+    the first line of another vjob rule (the deadline rule, saline_bew.deadline_rule)."""
     out = _run([command, "-S"])
-    return [int(m.group(2)) for m in _LISTED.finditer(out) if m.group(3).startswith(MARK)]
+    return [int(m.group(2)) for m in _LISTED.finditer(out) if m.group(3).startswith(mark)]
 
 
-def install(rule: str, command: str = "oaradmissionrules") -> tuple[int, list[int]]:
+def install(rule: str, command: str = "oaradmissionrules", *, mark: str = MARK) -> tuple[int, list[int]]:
     """Add `rule` (enabled, priority PRIORITY), then remove the vjob rules installed before:
     (new id, replaced ids). Added first, so there is no moment without the rule."""
-    before = installed(command)
+    before = installed(command, mark=mark)
     fd, tmp = tempfile.mkstemp(prefix="vjob-rule-", suffix=".pl")
     try:
         with os.fdopen(fd, "w") as out:
@@ -84,7 +85,7 @@ def install(rule: str, command: str = "oaradmissionrules") -> tuple[int, list[in
         _run([command, "-n", "-r", tmp, "-P", str(PRIORITY), "-Y"])
     finally:
         Path(tmp).unlink(missing_ok=True)
-    new = [i for i in installed(command) if i not in before]
+    new = [i for i in installed(command, mark=mark) if i not in before]
     if len(new) != 1:
         raise CommandError([command, "-n"], f"the new rule was not found afterwards (rules now: {new})")
     for old in before:
@@ -92,9 +93,9 @@ def install(rule: str, command: str = "oaradmissionrules") -> tuple[int, list[in
     return new[0], before
 
 
-def uninstall(command: str = "oaradmissionrules") -> list[int]:
+def uninstall(command: str = "oaradmissionrules", *, mark: str = MARK) -> list[int]:
     """Remove every vjob rule; the ids removed (none: nothing was installed)."""
-    ids = installed(command)
+    ids = installed(command, mark=mark)
     for i in ids:
         _run([command, "-d", str(i)])
     return ids

@@ -41,13 +41,13 @@ from plugins.oar.parse import OarJob
 from provisioning import transfer
 from provisioning.driver import DriverError
 from provisioning.transfer import sha256_file
-from saline_bew import grammar, identity, journal, lease, phases
+from saline_bew import grammar, identity, journal, lease, phases, relocation
 from saline_bew.gathering import REPOSITORY, Gathering
 from saline_bew.journal import LeaseLost, SalineJob
 from saline_bew.metrics import SalineMetrics
 from saline_bew.repository import RepositoryError
 from saline_bew.sites import Site
-from saline_bew.vms import SalineVMs, snapshot_files, suspend_to_stage
+from saline_bew.vms import SalineVMs, snapshot_files
 from vjob import log
 from vjob.config import Config
 from vjob.errors import CommandError, ConfigError, InputError, StoreError, VjobError
@@ -64,6 +64,8 @@ MAX_FAILURES = 5
 """Failures in a row (not counting OAR being unreachable) after which a vjob is failed."""
 FAILURE_BACKOFF_S = 30.0
 """Wait after a first failure before trying the vjob again; doubles with each failure."""
+RELOCATION = "relocation"
+"""Journal entry of the path chosen on OAR's warning (migration or suspension) and its time."""
 ADMISSION_TIMEOUT_S = 120.0
 """An admitted vjob whose OAR job never shows up (a later admission rule refused it, oarsub
 died) is abandoned after this long: nobody asked for it any more."""
@@ -427,7 +429,7 @@ class Manager:
         elif kind is phases.Kind.MOVE:
             self._maybe_move(job)
         elif kind is phases.Kind.EVACUATE:
-            self._evacuate(job, action.event_id or 0)
+            self._evacuate(job, action.event_id or 0, action.warned_at or self.clock())
         elif kind is phases.Kind.SNAPSHOT:
             self.snapshot(job, reason="periodic")
 
@@ -451,12 +453,18 @@ class Manager:
         if job.snapshot_label and job.snapshot_site:
             repo = self._site(job.snapshot_site).repository
             for vm, node in zip(job.vm_names, placement, strict=True):
-                self.vms.restore(vm, node, job.snapshot_label, repo.label_dir(job.key, job.snapshot_label))
+                self.vms.restore(vm, node, job.snapshot_label, repo.label_dir(job.key, job.snapshot_label), repo.host)
             store_jobs.record_resume(self.store, journal.RMS, job.key)
+            detail: dict[str, object] = {"label": job.snapshot_label, "from_site": job.snapshot_site}
+            detail["hosts"] = placement
+            warned_at = _suspended_at(journal.events(self.store, job.key))
+            if warned_at is not None:  # suspended on OAR's warning: the suspend/resume path ends here
+                detail["since_warning_s"] = round(self.clock() - warned_at, 3)
+                self.metrics.relocation_seconds.labels(path=relocation.Path.SUSPEND).observe(self.clock() - warned_at)
             self._record(
                 job.key,
                 "resumed",
-                {"label": job.snapshot_label, "from_site": job.snapshot_site, "hosts": placement},
+                detail,
                 phase="running",
                 hosts=placement,
                 last_event_id=seen,
@@ -514,21 +522,12 @@ class Manager:
         """
         label = f"s{int(self.clock() * 1000)}"
         taken_at = self.clock()
-        holdings: dict[str, tuple[str, ...]] = {}
+        began = time.monotonic()
         members = list(zip(job.vm_names, job.hosts, strict=True))
-        self.vms.pause_all(members)  # one consistent cut: every VM stops before any is saved
-        try:
-            for vm, node in members:
-                if suspend:
-                    suspend_to_stage(self.vms, vm, node, label)
-                else:
-                    self.vms.snapshot(vm, node, label, job_id=job.job_id)
-                holdings[node] = (*holdings.get(node, ()), vm)
-        except BaseException:
-            self.vms.unpause_all(members)  # the VMs not saved yet run on, as before the attempt
-            raise
-        if not suspend:
-            self.vms.unpause_all(members)
+        self.vms.checkpoint(members, label, job_id=job.job_id, keep_running=not suspend)  # one consistent cut
+        holdings: dict[str, tuple[str, ...]] = {}
+        for vm, node in members:
+            holdings[node] = (*holdings.get(node, ()), vm)
         expected: dict[str, tuple[int, str]] = {}
         for vm, node in zip(job.vm_names, job.hosts, strict=True):
             for name in snapshot_files(vm, label):
@@ -541,7 +540,10 @@ class Manager:
             Gathering(self._copier(job, label)).run(holdings)
             repo.verify(job.key, label, expected)
         except (RepositoryError, OSError) as exc:
-            repo.remove_label(job.key, label)
+            try:
+                repo.remove_label(job.key, label)
+            except RepositoryError as gone:  # an unreachable repository keeps the half copy; never resumed from
+                _log.warning("half snapshot not removed", jobs=[job.key], label=label, error=str(gone))
             for vm in job.vm_names:
                 for n in set(job.hosts):
                     self.vms.drop_staged(vm, n, label)
@@ -567,6 +569,7 @@ class Manager:
                 "reason": reason,
                 "bytes": sum(s for s, _ in expected.values()),
                 "gather_s": round(time.monotonic() - started, 3),
+                "took_s": round(time.monotonic() - began, 3),
             },
             snapshot_label=label,
             snapshot_site=job.site,
@@ -597,18 +600,163 @@ class Manager:
 
         return copy
 
-    def _evacuate(self, job: SalineJob, event_id: int) -> None:
-        """OAR asked for a checkpoint: suspend the VMs into the repository, free the nodes."""
+    def _evacuate(self, job: SalineJob, event_id: int, warned_at: float) -> None:
+        """OAR asked for a checkpoint: live-migrate the VMs to resources OAR gives at once (same
+        site, then another: the paper's order, `saline_bew.relocation`); when none come in
+        time, suspend the VMs into the repository and free the nodes."""
+        plan, extra = self._relocate(job, event_id, warned_at)
+        if plan is None:
+            return  # migrated: the vjob runs on elsewhere, nothing was written to the repository
+        job = journal.get(self.store, job.key)  # a failed try may have moved some VMs already
         safe = self.snapshot(job, reason="checkpoint", suspend=True)
         job = journal.get(self.store, job.key)
         for vm, node in zip(job.vm_names, job.hosts, strict=True):
             self.vms.stop(vm, node)
-        try:
-            self._site(job.site).client.delete(job.oar_job_id or "", user=job.user)
-        except CommandError as exc:  # the job may already be gone: OAR's kill follows anyway
-            _log.warning("oardel after checkpoint failed", jobs=[job.key], error=str(exc))
+        for site_name, oar_id in [(job.site, job.oar_job_id or ""), *extra]:
+            try:
+                self._site(site_name).client.delete(oar_id, user=job.user)
+            except CommandError as exc:  # the job may already be gone: OAR's kill follows anyway
+                _log.warning("oardel after checkpoint failed", jobs=[job.key], oar_job=oar_id, error=str(exc))
+        freed_s = self.clock() - warned_at
+        self._record(
+            job.key,
+            RELOCATION,
+            {
+                "path": str(relocation.Path.SUSPEND),
+                "reason": plan.reason,
+                "warned_at": warned_at,
+                "freed_s": round(freed_s, 2),
+            },
+        )
+        self.metrics.relocations.labels(path=relocation.Path.SUSPEND).inc()
         lost = 0.0 if safe else self.clock() - (job.snapshot_at or job.created_at)
         self._count_kill(job, cause="checkpoint", lost_s=lost, event_id=event_id)
+
+    def _relocate(
+        self, job: SalineJob, event_id: int, warned_at: float
+    ) -> tuple[relocation.Plan | None, list[tuple[str, str]]]:
+        """Try the live migrations `relocation.plan` chooses. (None, []) once the vjob runs on
+        elsewhere; else the plan (its reason is journalled) and the OAR jobs a failed try left
+        holding VMs, which the suspension must give back too."""
+        need = job.vm_count * job.vcpus
+        possible = self.vms.can_migrate()
+        free: dict[str, int | None] = {}
+        for name, site in self.sites.items() if possible and self.cfg.migrate_wait_s > 0 else ():
+            try:  # asked only when a migration could follow: every second counts before OAR's kill
+                free[name] = site.free_cores()
+            except VjobError as exc:
+                free[name] = None
+                _log.warning("site unreachable", site=name, error=str(exc))
+        events = journal.events(self.store, job.key)
+        plan = relocation.plan(
+            need=need,
+            site=job.site,
+            free=free,
+            time_left_s=warned_at + self.cfg.checkpoint_delay_s - self.clock(),
+            suspend_s=_last_detail(
+                events, "snapshot", "took_s", default=relocation.suspend_estimate_s(job.memory_mb, job.vm_count)
+            ),
+            migrate_s=relocation.migrate_estimate_s(
+                job.memory_mb, job.vm_count, _last_detail(events, "migrated", "mb_per_s", default=0.0)
+            ),
+            wait_s=self.cfg.migrate_wait_s,
+            migration_possible=possible,
+        )
+        extra: list[tuple[str, str]] = []
+        end = time.monotonic() + plan.wait_s
+        for i, target in enumerate(plan.targets):
+            left_s = end - time.monotonic()
+            if left_s <= 0:
+                break
+            # Each try gets its share of what is left: the own site's free cores may be the very
+            # ones the job that caused the warning waits for, and OAR then never starts ours there.
+            until = time.monotonic() + left_s / (len(plan.targets) - i)
+            done, left = self._migrate_to(job, target, until, event_id, warned_at)
+            if done:
+                return None, []
+            extra += left
+            job = journal.get(self.store, job.key)
+            if extra:
+                break  # VMs are split between two OAR jobs: suspend them where they are
+        return plan, extra
+
+    def _migrate_to(
+        self, job: SalineJob, target: relocation.Target, until: float, event_id: int, warned_at: float
+    ) -> tuple[bool, list[tuple[str, str]]]:
+        """Ask `target`'s OAR for the vjob's resources and move the VMs there live once it
+        starts the job. (True, []) when every VM runs there and the warned job is given back;
+        (False, OAR jobs still holding some VMs) otherwise, the new job deleted if it holds none."""
+        site = self._site(target.site)
+        try:
+            new_id = site.client.submit(self._request(job, site), user=job.user)
+        except CommandError as exc:
+            self._record(job.key, "migration_failed", {"site": target.site, "error": str(exc)[:1000]})
+            return False, []
+        self._record(job.key, "migration_requested", {"site": target.site, "path": target.path, "oar_job_id": new_id})
+        oj = site.client.job(new_id, user=job.user)
+        while not (oj is not None and oj.state == "Running" and oj.hosts):
+            if oj is None or oj.finished or time.monotonic() >= until:
+                self._give_back(site, new_id, job)
+                why = f"OAR did not start job {new_id} in the time left" if oj and not oj.finished else (
+                    f"OAR job {new_id} ended before it ran")  # fmt: skip
+                self._record(job.key, "migration_failed", {"site": target.site, "oar_job_id": new_id, "error": why})
+                return False, []
+            time.sleep(min(1.0, self.cfg.poll_interval_s))
+            oj = site.client.job(new_id, user=job.user)
+        placement = [oj.hosts[i % len(oj.hosts)] for i in range(job.vm_count)]
+        hosts = list(job.hosts)
+        started = time.monotonic()
+        try:
+            for i, (vm, src, dst) in enumerate(zip(job.vm_names, job.hosts, placement, strict=True)):
+                if src != dst:  # other cores of the same node: the VM stays where it is
+                    self.vms.migrate(vm, src, dst)
+                hosts[i] = dst
+        except DriverError as exc:
+            moved = hosts != list(job.hosts)
+            if not moved:
+                self._give_back(site, new_id, job)
+            self._record(
+                job.key,
+                "migration_failed",
+                {"site": target.site, "oar_job_id": new_id, "error": str(exc)[:1000], "hosts": hosts},
+                hosts=hosts,
+            )
+            return False, [(target.site, new_id)] if moved else []
+        migrate_s = time.monotonic() - started
+        since = self.clock() - warned_at
+        old_site, old_id = job.site, job.oar_job_id or ""
+        self._record(
+            job.key,
+            "migrated",
+            {
+                "path": target.path,
+                "from_site": old_site,
+                "from_hosts": list(job.hosts),
+                "hosts": placement,
+                "oar_job_id": new_id,
+                "migrate_s": round(migrate_s, 3),
+                "mb_per_s": round(job.memory_mb * job.vm_count / migrate_s, 1) if migrate_s > 0 else 0.0,
+                "since_warning_s": round(since, 3),
+            },
+            site=target.site,
+            oar_job_id=new_id,
+            hosts=placement,
+            last_event_id=event_id,
+            error="",
+        )
+        self._record(job.key, RELOCATION, {"path": target.path, "warned_at": warned_at, "running_s": round(since, 3)})
+        self.metrics.relocations.labels(path=target.path).inc()
+        self.metrics.relocation_seconds.labels(path=target.path).observe(since)
+        self._give_back(self._site(old_site), old_id, job)
+        _log.info("vjob live-migrated on OAR's warning", jobs=[job.key], to_site=target.site, hosts=placement,
+                  since_warning_s=round(since, 1))  # fmt: skip
+        return True, []
+
+    def _give_back(self, site: Site, oar_id: str, job: SalineJob) -> None:
+        try:
+            site.client.delete(oar_id, user=job.user)
+        except CommandError as exc:  # gone already, or OAR's kill follows
+            _log.warning("oardel failed", jobs=[job.key], oar_job=oar_id, error=str(exc))
 
     # -- end of an OAR job ----------------------------------------------------------------
     def _ever_ran(self, job: SalineJob) -> bool:
@@ -746,3 +894,23 @@ def store_jobs_terminate(store: Store, key: str) -> None:
 
 def _copy_file(src: Path, dest: Path) -> None:
     transfer.copy(transfer.Endpoint(src), transfer.Endpoint(dest), method="local")
+
+
+def _last_detail(events: list[journal.Event], kind: str, field: str, *, default: float) -> float:
+    """The newest journalled `field` of a `kind` entry (a measured duration or speed)."""
+    for ev in reversed(events):
+        value = ev.detail.get(field) if ev.kind == kind else None
+        if isinstance(value, int | float) and value > 0:
+            return float(value)
+    return default
+
+
+def _suspended_at(events: list[journal.Event]) -> float | None:
+    """When OAR warned the vjob that was suspended on that warning and not resumed since."""
+    for ev in reversed(events):
+        if ev.kind in phases.DEPLOY_EVENTS:
+            return None
+        if ev.kind == RELOCATION and ev.detail.get("path") == relocation.Path.SUSPEND:
+            at = ev.detail.get("warned_at")
+            return float(at) if isinstance(at, int | float) else None
+    return None

@@ -6,7 +6,7 @@ each must count only its own events. Served only when `[saline] metrics_port` is
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
 
 from vjob.prometheus import series_names
 
@@ -34,6 +34,19 @@ class SalineMetrics:
         )
         self.refused = Gauge(
             "vjob_saline_refused_rows", "Store rows refused by their checks (never acted on)", registry=r
+        )
+        self.relocations = Counter(
+            "vjob_saline_relocations_total",
+            "OAR warnings (checkpoint signal) handled, by the path taken: live migration or suspension",
+            ["path"],
+            registry=r,
+        )
+        self.relocation_seconds = Histogram(
+            "vjob_saline_relocation_seconds",
+            "From OAR's warning to the VMs running elsewhere, by path",
+            ["path"],
+            buckets=_SECONDS,
+            registry=r,
         )
         self.last_pass = Gauge("vjob_saline_last_pass_timestamp_seconds", "When the last pass ended", registry=r)
 

@@ -58,6 +58,8 @@ class Action:
     """KILLED: work lost since the last safe point."""
     event_id: int | None = None
     """EVACUATE: the newest OAR checkpoint event acted on."""
+    warned_at: float | None = None
+    """EVACUATE: when OAR first warned (its kill follows `checkpoint_delay_s` later)."""
 
 
 class JobRecord(Protocol):
@@ -115,9 +117,11 @@ def decide(job: JobRecord, seen: Observed, *, now: float, timing: Timing) -> Act
         if oj.state == "Waiting" and now - job.updated_at > timing.requeue_after_s:
             return Action(Kind.MOVE)
         return Action(Kind.WAIT)
-    checkpoints = [e.event_id for e in oj.events if e.type in CHECKPOINT_EVENTS and e.event_id > job.last_event_id]
-    if checkpoints:
-        return Action(Kind.EVACUATE, event_id=max(checkpoints))
+    warnings = [e for e in oj.events if e.type in CHECKPOINT_EVENTS and e.event_id > job.last_event_id]
+    if warnings:  # OAR repeats the warning every scheduler pass: the first one starts the countdown
+        return Action(
+            Kind.EVACUATE, event_id=max(e.event_id for e in warnings), warned_at=min(e.date for e in warnings)
+        )
     if seen.vms_finished:
         return Action(Kind.COMPLETE)
     if now - seen.last_safe_point >= timing.snapshot_period_s:

@@ -18,7 +18,8 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from provisioning import guest, transfer
+from provisioning import coordinated, guest, transfer
+from provisioning.coordinated import Cut, Member
 from provisioning.driver import (  # _write_manifest: the driver's own manifest format
     MANIFEST_SUFFIX,
     OVERLAY_COPY_SUFFIX,
@@ -28,6 +29,7 @@ from provisioning.driver import (  # _write_manifest: the driver's own manifest 
     _write_manifest,
 )
 from provisioning.images import Catalogue
+from provisioning.vm_types import Snapshot
 from saline_bew.identity import NetworkIdentity
 from vjob.errors import InputError
 from vjob.model import VMState
@@ -87,34 +89,53 @@ class SalineVMs:
         self.driver.define(spec, node, job_id=job_id)
         self.driver.boot(spec.name, node)
 
-    def snapshot(self, vm: str, node: str, label: str, *, job_id: int) -> Path:
-        """Memory + overlay of a running VM into the node's snapshot dir; the VM keeps running."""
-        self.driver.snapshot(vm, node, label=label, job_id=job_id)
-        return self.driver.snapshot_dir(node)
+    def checkpoint(self, members: list[tuple[str, str]], label: str, *, job_id: int, keep_running: bool) -> Cut:
+        """One consistent cut of the vjob's VMs, left under `label` in their nodes' snapshot dirs.
 
-    def pause_all(self, members: list[tuple[str, str]]) -> None:
-        """Pause every VM of a job before any is saved: the snapshots are then one consistent cut
-        (each memory state is the VM as it was when all had stopped), whatever order the saves
-        take. A VM that does not run is left as it is."""
-        for vm, node in members:
-            self.driver.pause(vm, node)
+        Through provisioning.coordinated, the one checkpoint path of vjob (agent, PBS hook,
+        Saline): every VM is paused before any is saved, so the snapshots are one cut of the job
+        whatever order the saves take. With `keep_running` (a periodic snapshot) the VMs are
+        restored paused and let run together; without it (OAR's checkpoint signal) they stay
+        stopped at the cut, since work done after the kept state would be lost anyway.
+        """
+        coord = [Member(vm, node) for vm, node in members]
+        cut = coordinated.checkpoint(self.driver, coord, job_id=job_id)
+        try:
+            for vm, node in members:
+                _stage(self.driver, cut.snapshots[vm], vm, node, label, keep_state=keep_running)
+        except BaseException:
+            for vm, node in members:
+                self.drop_staged(vm, node, label)
+            if keep_running:  # the job runs on from its saved state, as before the attempt
+                coordinated.restore(self.driver, coord)
+            raise
+        if keep_running:
+            coordinated.restore(self.driver, coord)
+        return cut
 
-    def unpause_all(self, members: list[tuple[str, str]]) -> None:
-        """Let every still-paused VM of a job run again (after its snapshot, or a failed one)."""
-        for vm, node in members:
-            if self.driver.state(vm, node) is not None:
-                self.driver.unpause(vm, node)
+    def can_migrate(self) -> bool:
+        """Live migration needs the overlay at one path on every node (`Driver.migrate`): a
+        vm_dir shared by the nodes, so not one with `{node}` in it."""
+        return "{node}" not in self.driver.config.vm_dir
+
+    def migrate(self, vm: str, src: str, dst: str) -> None:
+        """Move a running VM to `dst` live: it never stops, so no work is lost and no snapshot
+        is written."""
+        self.driver.migrate(vm, src, dst)
 
     def stage_dir(self, node: str) -> Path:
         return self.driver.snapshot_dir(node)
 
-    def restore(self, vm: str, node: str, label: str, source_dir: Path) -> None:
-        """Start `vm` on `node` from the snapshot files in `source_dir` (a repository)."""
+    def restore(self, vm: str, node: str, label: str, source_dir: Path, host: str | None = None) -> None:
+        """Start `vm` on `node` from the snapshot files in `source_dir` (a repository; on `host`
+        over rsync when it is remote). The driver checks the memory state that arrived against
+        its manifest before restoring it."""
         self.driver.delete(vm, node)
         dest = self.driver.snapshot_dir(node)
         dest.mkdir(parents=True, exist_ok=True, mode=0o700)
+        method = "local" if host is None else "rsync"
         for name in snapshot_files(vm, label):
-            transfer.copy(transfer.Endpoint(source_dir / name), transfer.Endpoint(dest / name), method="local")
+            transfer.copy(transfer.Endpoint(source_dir / name, host), transfer.Endpoint(dest / name), method=method)
         self.driver.restore_snapshot(vm, node, label=label)
         self.drop_staged(vm, node, label)
 
@@ -134,21 +155,22 @@ class SalineVMs:
         return self.driver.console_log(vm, node)
 
 
-def suspend_to_stage(vms: SalineVMs, vm: str, node: str, label: str) -> None:
-    """Suspend `vm` (it stops for good) and leave its snapshot files under `label` in the
-    node's snapshot dir, named as `Driver.snapshot` names them so a restore is the same.
+def _stage(driver: Driver, snap: Snapshot, vm: str, node: str, label: str, *, keep_state: bool) -> None:
+    """Name the saved state of `vm` and a copy of its overlay `label` in the node's snapshot dir,
+    with the manifest of the state, as `Driver.snapshot` names them (a restore is the same).
 
-    Why not `Driver.snapshot`: that one resumes the VM after saving it, and on OAR's
-    checkpoint signal the VM must not run on after the state that is kept, or the work in
-    between would be lost.
+    `keep_state`: the VM is restored from its state file next, so the labelled state is a hard
+    link to it (one directory, no copy of the memory); otherwise the state file is moved.
     """
-    driver = vms.driver
-    snap = driver.save(vm, node)
     stage = driver.snapshot_dir(node)
     memory = stage / f"{vm}@{label}{STATE_SUFFIX}"
     overlay_copy = stage / f"{vm}@{label}{OVERLAY_COPY_SUFFIX}"
     transfer.copy(transfer.Endpoint(driver.overlay_path(vm, node)), transfer.Endpoint(overlay_copy), method="local")
-    os.replace(snap.memory_path, memory)
+    memory.unlink(missing_ok=True)  # a label is never reused; a crashed earlier attempt may have left it
+    if keep_state:
+        os.link(snap.memory_path, memory)
+    else:
+        os.replace(snap.memory_path, memory)
     _write_manifest(
         memory,
         {

@@ -17,7 +17,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -235,3 +235,18 @@ class InteractiveJob:
             os.close(self.fd)
         self._reader.join(timeout=5)
         return os.waitstatus_to_exitcode(status)
+
+
+def until(manager: Manager, key: str, predicate: Callable[[journal.SalineJob], bool], timeout: float, what: str
+          ) -> journal.SalineJob:  # fmt: skip
+    """Manager passes, one a second, until the vjob `key` satisfies `predicate`; the journal
+    is in the error when it does not within `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        manager.step()
+        job = journal.get(manager.store, key)
+        if predicate(job):
+            return job
+        time.sleep(1)
+    kinds = [(e.kind, e.detail) for e in journal.events(manager.store, key)]
+    raise AssertionError(f"{what}: not reached in {timeout:.0f} s; journal: {kinds}")

@@ -180,9 +180,16 @@ def test_hostile_words_fail_open_with_the_reason(
     assert journal.all_jobs(manager.store) == []
 
 
-def test_interactive_and_non_besteffort_vjobs_are_plain_jobs(tmp_path: Path, manager: Manager, sock: Path) -> None:
-    after, printed = run_rule(tmp_path, sock, types=["vjob=empty"], command="./x")
-    assert after["types"] == [] and after["command"] == "./x" and "for best-effort jobs" in printed
+def test_a_non_besteffort_vjob_is_refused_saying_why(tmp_path: Path) -> None:
+    """`-t vjob=IMAGE` alone: the user wants the image and a job that survives preemption;
+    running it on the bare nodes would give neither, so oarsub refuses it (vjob need not be up)."""
+    with pytest.raises(
+        AssertionError, match=r"RULE DIED: \[ADMISSION RULE\] vjob: refused: -t vjob=IMAGE needs -t besteffort"
+    ):
+        run_rule(tmp_path, tmp_path / "nobody-listens.sock", types=["vjob=empty"], command="./x")
+
+
+def test_interactive_vjobs_are_plain_jobs(tmp_path: Path, manager: Manager, sock: Path) -> None:
     after, printed = run_rule(tmp_path, sock, types=["besteffort", "vjob=empty"], job_type="INTERACTIVE")
     assert after["types"] == ["besteffort"] and "interactive" in printed
     assert journal.all_jobs(manager.store) == []

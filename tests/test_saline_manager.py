@@ -17,6 +17,7 @@ import pytest
 
 from plugins.oar.client import OarRest
 from plugins.oar.parse import OarEvent, OarJob
+from provisioning import coordinated
 from provisioning.driver import Driver
 from provisioning.images import Catalogue
 from saline_bew import identity, journal
@@ -266,7 +267,9 @@ def test_a_kill_after_a_snapshot_resumes_from_the_repository(manager: Manager) -
 
 
 @pytest.mark.parametrize("suspend", [False, True])
-def test_a_two_vm_vjob_is_snapshotted_in_one_cut(manager: Manager, suspend: bool) -> None:
+def test_a_two_vm_vjob_is_snapshotted_in_one_cut(
+    manager: Manager, suspend: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Every VM of the job is paused before any of them is saved (issue: Saline used to save one
     VM after another while the others ran on, which is no consistent snapshot of the job)."""
     job = _running(manager, vms=2)
@@ -280,11 +283,20 @@ def test_a_two_vm_vjob_is_snapshotted_in_one_cut(manager: Manager, suspend: bool
             return _real(vm, node, *args, **kwargs)
 
         setattr(driver, name, spy)
+    cuts: list[coordinated.Cut] = []
+    real_checkpoint = coordinated.checkpoint
+
+    def spy_checkpoint(*args: object, **kwargs: object) -> coordinated.Cut:
+        cuts.append(real_checkpoint(*args, **kwargs))  # type: ignore[arg-type]
+        return cuts[-1]
+
+    monkeypatch.setattr(coordinated, "checkpoint", spy_checkpoint)
     assert manager.snapshot(job, reason="checkpoint" if suspend else "periodic", suspend=suspend)
-    pauses = [i for i, (what, _) in enumerate(calls) if what == "pause"]
-    saves = [i for i, (what, _) in enumerate(calls) if what in ("save", "snapshot")]
-    assert {vm for what, vm in calls if what == "pause"} == set(job.vm_names)
-    assert max(pauses) < min(saves), f"a save began before every VM was paused: {calls}"
+    [cut] = cuts  # provisioning's one coordinated path (issue 16), not a loop of Saline's own
+    assert cut.consistent and set(cut.snapshots) == set(job.vm_names)
+    first_save = min(i for i, (what, _) in enumerate(calls) if what in ("save", "snapshot"))
+    paused_first = {vm for what, vm in calls[:first_save] if what == "pause"}
+    assert paused_first == set(job.vm_names), f"a save began before every VM was paused: {calls}"
     states = {manager.vms.driver.state(vm, "n1") for vm in job.vm_names}
     if suspend:
         assert VMState.RUNNING not in states, "on OAR's checkpoint signal the VMs stop at the snapshot"

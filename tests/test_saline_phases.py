@@ -57,8 +57,8 @@ NOW = 2000.0
         (Rec(), Observed(oar_job=oj(), vms_finished=True), Action(Kind.COMPLETE)),
         (
             Rec(),
-            Observed(oar_job=oj("Running", (5, "CHECKPOINT", NOW), (9, "CHECKPOINT", NOW))),
-            Action(Kind.EVACUATE, event_id=9),
+            Observed(oar_job=oj("Running", (5, "CHECKPOINT", NOW - 8), (9, "CHECKPOINT", NOW))),
+            Action(Kind.EVACUATE, event_id=9, warned_at=NOW - 8),  # the first warning starts OAR's countdown
         ),
         (
             Rec(last_event_id=9),

@@ -2,7 +2,8 @@
 # Saline best-effort vjob (COMMAND runs in VMs that survive OAR's kills). Installed by
 # `vjob oar install-rules`, removed by `vjob oar uninstall-rules`; do not edit in place.
 # It fails open: if Saline cannot take the job (no manager, store down, a bad word, no answer
-# within @TIMEOUT@ s), the job is accepted as a plain best-effort job, with a message.
+# within @TIMEOUT@ s), the job is accepted as a plain best-effort job, with a message. A
+# `-t vjob=IMAGE` without `-t besteffort` is refused with the reason (it does not need vjob up).
 # Only core Perl modules (IO::Socket::UNIX, JSON::PP): it runs inside oarsub, as uid oar.
 {
     my ($vjob_image, $vjob_vms);
@@ -16,7 +17,11 @@
         # OAR's type check (rule "Check if job types are valid") does not know vjob's types.
         @{$type_list} = @vjob_types;
         if (not grep(/^besteffort$/, @{$type_list})) {
-            print("[ADMISSION RULE] vjob: -t vjob=... is for best-effort jobs (-t besteffort); job accepted as a plain OAR job\n");
+            # Refused rather than run on the bare nodes: the user asked for an image and a job
+            # that survives preemption; neither would hold. Not a vjob failure: nothing to fail open.
+            die("[ADMISSION RULE] vjob: refused: -t vjob=IMAGE needs -t besteffort (on OAR a vjob is a best-effort "
+                . "job run in VMs that survive OAR's kills; see docs/saline.md). Add -t besteffort, or drop -t vjob=... "
+                . "to run on the nodes themselves.\n");
         } elsif ($jobType eq "INTERACTIVE" or $reservationField ne "None") {
             print("[ADMISSION RULE] vjob: an interactive job or a reservation cannot be a vjob; job accepted as a plain OAR job\n");
         } else {

@@ -1,0 +1,97 @@
+"""Where a best-effort vjob goes when OAR warns it (checkpoint signal): the paper's order.
+
+Why a pure module: the Saline paper (section 3.1.1, "using notification callbacks") asks the
+RMS for new resources first and live-migrates the VMs there — at the same site, then at
+another one — and suspends them to the repository only when no room is found. Which of
+those to try, and how many tries fit before OAR's kill, follows from what the manager
+observed (free cores per site, the time left, how long a suspension took last time); the
+manager carries the plan out (saline_bew.manager), this module does no I/O.
+
+The time budget: a try costs the wait for OAR to start the new job plus the migration; the
+suspension that follows a failed try must still end before the kill. So the tries together
+may wait at most `time left - suspend - migrate - margin` (and `saline.migrate_wait_s`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+MARGIN_S = 5.0
+"""Kept free before OAR's kill on top of the estimates (scheduler passes, a slow save)."""
+MIN_WAIT_S = 3.0
+"""A try with less time than this for OAR to start the job (a scheduler pass) is not made."""
+MIGRATE_MB_PER_S = 100.0
+"""Live-migration speed assumed before one was measured (a 1 Gbit/s link, pre-copy overhead)."""
+
+
+class Path(StrEnum):
+    SAME_SITE = "migrate_same_site"
+    OTHER_SITE = "migrate_other_site"
+    SUSPEND = "suspend"
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    site: str
+    path: Path
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    targets: tuple[Target, ...]
+    """Live migrations to try, in order; the suspension to the repository always follows a
+    failed last try."""
+    wait_s: float
+    """How long the tries may wait in all for OAR to start the jobs asked for: after that the
+    suspension must begin to end before OAR's kill."""
+    reason: str
+    """Why no migration is planned: journalled with the choice."""
+
+
+def plan(
+    *,
+    need: int,
+    site: str,
+    free: Mapping[str, int | None],
+    time_left_s: float,
+    suspend_s: float,
+    migrate_s: float,
+    wait_s: float,
+    migration_possible: bool = True,
+) -> Plan:
+    """The migrations to try for a vjob needing `need` cores, warned at `site`.
+
+    `free`: free cores per site as observed now (None: that site's OAR did not answer), the
+    vjob's own cores not included (OAR is taking them back). `time_left_s`: until OAR's kill.
+    `suspend_s`, `migrate_s`: estimates of a suspension to the repository and of moving the
+    VMs live. `wait_s`: the longest wait for OAR to start a job (0: never migrate).
+    `migration_possible`: the nodes can live-migrate at all (one overlay path on every node).
+    """
+    if need < 1:
+        raise ValueError(f"need = {need}: a vjob needs at least one core")
+    if wait_s <= 0:
+        return Plan((), 0.0, "live migration disabled (saline.migrate_wait_s = 0)")
+    if not migration_possible:
+        return Plan((), 0.0, "live migration needs one overlay path on every node (a shared vm_dir)")
+    roomy = [name for name, cores in free.items() if cores is not None and cores >= need]
+    order = [Target(site, Path.SAME_SITE)] if site in roomy else []
+    order += [Target(name, Path.OTHER_SITE) for name in roomy if name != site]
+    if not order:
+        return Plan((), 0.0, f"no site has {need} free cores")
+    budget = min(wait_s, time_left_s - suspend_s - migrate_s - MARGIN_S)
+    if budget < MIN_WAIT_S:
+        return Plan((), 0.0, f"{time_left_s:.0f} s left: no time to try a migration and still suspend")
+    return Plan(tuple(order), budget, "")
+
+
+def migrate_estimate_s(memory_mb: int, vm_count: int, measured_mb_per_s: float | None = None) -> float:
+    """How long moving the VMs' memory should take: at the last measured speed, else assumed."""
+    speed = measured_mb_per_s if measured_mb_per_s and measured_mb_per_s > 0 else MIGRATE_MB_PER_S
+    return 1.0 + memory_mb * vm_count / speed
+
+
+def suspend_estimate_s(memory_mb: int, vm_count: int) -> float:
+    """A suspension before one was measured: save the memory, then copy it to the repository."""
+    return 2.0 + 2 * memory_mb * vm_count / MIGRATE_MB_PER_S
