@@ -204,6 +204,28 @@ Executor(Stalling(pdir, timeout_s=60), Store(url), pipeline_interval_s=0, tag=EX
 """
 
 
+def kill_stalled_executor(
+    script: str, work: Path, pilots: Path, db_url: str, plan: Plan, timeout_s: float = 60
+) -> None:
+    """The agent dying in the middle of a switch: the executor of `plan` runs in a process of
+    its own (`script`, argv: pilots, db_url, plan file) and is killed with SIGKILL once it says
+    it stalled."""
+    plan_file = work / "plan.json"
+    plan_file.write_text(json.dumps(plan.to_dict()))
+    out = work / "executor.out"
+    with open(out, "w") as fh:
+        proc = subprocess.Popen([sys.executable, "-c", script, str(pilots), db_url, str(plan_file)], cwd=REPO,
+                                stdout=fh, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        wait_for(lambda: "stalled" in out.read_text() or proc.poll() is not None, timeout_s, "executor stalled")
+        assert proc.poll() is None, out.read_text()
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
+
+
 def test_an_executor_killed_mid_switch_is_finished_by_the_recovery(site, store: Store, db_url: str):
     # Pool 0 suspends 81 (node1) and 83 (node2); pool 1 resumes 82 on node1 from node2 and 84 on node2 locally.
     for job, node in (("81", "node1"), ("82", "node2"), ("83", "node2"), ("84", "node2")):
@@ -222,20 +244,7 @@ def test_an_executor_killed_mid_switch_is_finished_by_the_recovery(site, store: 
         placement={"vjob-slurm-82": "node1", "vjob-slurm-84": "node2"},
         cost=0,
     )  # fmt: skip
-    plan_file = site[0] / "plan.json"
-    plan_file.write_text(json.dumps(plan.to_dict()))
-    out = site[0] / "executor.out"
-    with open(out, "w") as fh:
-        proc = subprocess.Popen([sys.executable, "-c", STALL, str(site[0] / "data" / "pilots"), db_url,
-                                 str(plan_file)], cwd=REPO, stdout=fh, stderr=subprocess.STDOUT)  # fmt: skip
-    try:
-        wait_for(lambda: "stalled" in out.read_text() or proc.poll() is not None, 60, "executor stalled")
-        assert proc.poll() is None, out.read_text()
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=30)
+    kill_stalled_executor(STALL, site[0], site[0] / "data" / "pilots", db_url, plan)
     (sw,) = journal.open_switches(store, rms="slurm")
     states = sorted((x.rms_job_id, x.state) for x in sw.actions)
     assert states[0] == ("81", "done") and states[2] == ("83", "done")
