@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from preemption.scheduling.easy import backfill_arrays, backfill_leading, reservation
-from preemption.scheduling.guard import keeps_reservation, returning
+from preemption.scheduling.guard import HARMFUL, harmful, keeps_reservation, returning
 from preemption.scheduling.policies import (
     blocks_behind_interactive,
     check_cap_mode,
@@ -126,9 +126,11 @@ class Result:
     """Per job: checkpoint + restart + OS-swap seconds spent holding nodes without computing."""
     ran_privileged: np.ndarray
     """Per job: ran as an interactive job within the cap (counted against it)."""
-    fit_at: np.ndarray
-    """Per interactive job: the first moment it was queued and fitted under the cap (nan:
-    never), from which an admitted job's wait is measured (metrics, `admitted`)."""
+    fit_wait: np.ndarray
+    """Per interactive job: the seconds it was queued while it fitted under the cap (the cap
+    had room for it), up to its first start, the victims' checkpoints included: an admitted
+    job's wait (metrics, `admitted`). Time it waited for room under the cap is left out,
+    also after it fitted once and then lost the room to another interactive job."""
     segments: list[tuple[int, float, float, int]]
     """(job index, start, end, nodes) of every run segment, in the order they closed."""
     preemptions: int = 0
@@ -161,6 +163,7 @@ class Simulation:
         self.head_slack_s = sched.head_slack_s
         self.ahead = sched.interactive_ahead
         self.guarded = self.by_cost and self.ahead == "guarded"
+        self.harmless_first = sched.victims == "guard"
         self.hard_cap = check_cap_mode(cap_mode) == "hard"
         self._guard = -1
         self._anchors: dict[int, float] = {}
@@ -225,11 +228,11 @@ class Simulation:
         self.end = [math.nan] * n
         self.overhead = [0.0] * n
         self.privileged = [False] * n
-        self.fit_at = [math.nan] * n
-        self._unfit: dict[int, list[int]] = {}
-        """Queued interactive jobs that have not fitted under the cap yet, by size; `_unfit_sizes`
-        is a heap of those sizes, so that a freed cap checks only the sizes that now fit."""
-        self._unfit_sizes: list[int] = []
+        self.fit_wait = [0.0] * n
+        self._fit_since = [math.nan] * n
+        """Per queued interactive job: since when it fits under the cap (nan: it does not)."""
+        self._waiting: dict[int, dict[int, None]] = {}
+        """Queued interactive jobs that never started, by size (`_cap_moved` walks them)."""
         self.prev_nodes: list[np.ndarray | None] = [None] * n
         # running state: job -> (alloc time, run start, nodes); token invalidates stale ENDs
         self.running: dict[int, tuple[float, float, np.ndarray]] = {}
@@ -291,7 +294,7 @@ class Simulation:
             preempt_count=np.array([]),
             overhead_s=np.array([]),
             ran_privileged=np.array([]),
-            fit_at=np.array([]),
+            fit_wait=np.array([]),
             segments=[],
         )
 
@@ -341,7 +344,7 @@ class Simulation:
         res.preempt_count = self.pc_a.astype(np.int64)
         res.overhead_s = np.array(self.overhead)
         res.ran_privileged = np.array(self.privileged, dtype=bool)
-        res.fit_at = np.array(self.fit_at)
+        res.fit_wait = np.array(self.fit_wait)
         return res
 
     def _enqueue(self, j: int, now: float) -> None:
@@ -352,23 +355,38 @@ class Simulation:
             self._smallest = n
         if self.inter[j]:
             self.queued_interactive[n] = self.queued_interactive.get(n, 0) + 1
+            self._waiting.setdefault(n, {})[j] = None
             if within_cap(self.held_interactive, n, self.cap_nodes):
-                self.fit_at[j] = now
-            elif n in self._unfit:
-                self._unfit[n].append(j)
-            else:
-                self._unfit[n] = [j]
-                heapq.heappush(self._unfit_sizes, n)
+                self._fit_since[j] = now
 
-    def _cap_freed(self, now: float) -> None:
-        """Record when queued interactive jobs first fit under the cap (`fit_at`): the cap
-        room only grows when a job counted against it ends. Jobs that started beyond the cap
-        meanwhile are no longer queued and keep no fit time."""
-        sizes = self._unfit_sizes
-        while sizes and within_cap(self.held_interactive, sizes[0], self.cap_nodes):
-            for j in self._unfit.pop(heapq.heappop(sizes)):
-                if math.isnan(self.first_start[j]):
-                    self.fit_at[j] = now
+    def _cap_moved(self, before: int, now: float) -> None:
+        """The nodes held within the cap went from `before` to `held_interactive`: the queued
+        interactive jobs whose size now fits, or no longer fits, start or stop counting
+        their admitted wait (`fit_wait`)."""
+        after = self.held_interactive
+        for n, jobs in self._waiting.items():
+            was, fits = within_cap(before, n, self.cap_nodes), within_cap(after, n, self.cap_nodes)
+            if was == fits:
+                continue
+            for j in jobs:
+                if fits:
+                    self._fit_since[j] = now
+                else:
+                    self.fit_wait[j] += now - self._fit_since[j]
+                    self._fit_since[j] = math.nan
+
+    def _started_waiting(self, j: int, alloc: float) -> None:
+        """Interactive job j leaves the queue, running from `alloc` (after its victims'
+        checkpoints when it preempted): its admitted wait stops there."""
+        n = self.need[j]
+        jobs = self._waiting[n]
+        del jobs[j]
+        if not jobs:
+            del self._waiting[n]
+        since = self._fit_since[j]
+        if not math.isnan(since):
+            self.fit_wait[j] += alloc - since
+            self._fit_since[j] = math.nan
 
     def _dequeued(self, j: int) -> None:
         n = self.need[j]
@@ -633,6 +651,8 @@ class Simulation:
         run_start = alloc + overhead
         if math.isnan(self.first_start[j]):
             self.first_start[j] = alloc
+            if self.inter[j]:
+                self._started_waiting(j, alloc)
         self.running[j] = (alloc, run_start, nodes)
         if self._anchors:
             self._anchors.pop(j, None)
@@ -643,6 +663,7 @@ class Simulation:
             self.privileged[j] = True
             self.held_interactive += n
             self.result.max_interactive_held = max(self.result.max_interactive_held, self.held_interactive)
+            self._cap_moved(self.held_interactive - n, now)
         self.token[j] += 1
         self._push(run_start + self.remaining[j], END, j, self.token[j])
 
@@ -659,7 +680,7 @@ class Simulation:
         self.free_by_os[self.os[j]] += n  # _start put every node of j on j's image
         if self.privileged[j]:
             self.held_interactive -= n
-            self._cap_freed(now)
+            self._cap_moved(self.held_interactive + n, now)
         self.end[j] = now
         self.remaining[j] = 0.0
 
@@ -699,6 +720,8 @@ class Simulation:
         extra = int(self.need_a[va].sum())
         if self.by_cost:  # cost first: a job preempted fewer times is the cheaper victim
             prio = self.pc_a[va].copy()
+            if self.harmless_first and self._guard >= 0:
+                prio += HARMFUL * np.array(self._harm(j, now, cands), dtype=np.float64)
         else:
             self._decay(now)
             prio = queue_priorities(
@@ -769,6 +792,19 @@ class Simulation:
             self._covered.append(self.holds[(0, j)])
         return True
 
+    def _guard_holds(self) -> list[tuple[float, int]]:
+        """What holds nodes as the guard's reservation counts it (`tick._Pass.guard_holds`)."""
+        held = list(self._held)
+        for hold in self._covered:
+            held.remove(hold)
+        return [*held, *self._returning]
+
+    def _harm(self, j: int, now: float, cands: list[int]) -> list[bool]:
+        """Which of `cands` would move the guard's reserved start if j preempted them
+        (`guard.harmful`, with the holds `_keeps_guard` reads; `tick._Pass.harm`)."""
+        start, _ = reservation(now, self.free, self.need[self._guard], self._guard_holds())
+        return harmful(now, start, [(self.holds[(0, v)][0], self.ckpt_s[v]) for v in cands], self.est_left[j])
+
     def _keeps_guard(self, j: int, now: float, victims: list[int], taken_free: int) -> bool:
         """Whether starting j on `taken_free` free nodes and the nodes of `victims` (none: a
         plain start) keeps the guard's reservation within the slack (`guard.keeps_reservation`,
@@ -777,14 +813,11 @@ class Simulation:
         for v in victims:
             ready = max(ready, now + self.ckpt_s[v])
         gone = [(*self.holds[(0, v)], self.ckpt_s[v]) for v in victims]
-        held = list(self._held)
-        for hold in self._covered:
-            held.remove(hold)
         ok, now_reserved = keeps_reservation(
             now,
             self.free,
             self.need[self._guard],
-            [*held, *self._returning],
+            self._guard_holds(),
             gone,
             taken_free,
             ready + self.est_left[j],

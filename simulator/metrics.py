@@ -10,10 +10,11 @@ Why these definitions (stated once, used everywhere):
 - wasted node-seconds: node-seconds held without computing (checkpoint writes, resumes, OS
   swaps); a VM checkpoint loses no computed work, so this is the whole cost of preemption;
 - admitted interactive wait (`interactive_admitted`): the interactive jobs that ran within
-  the cap, each waiting from the first moment it was queued and fitted under the cap
-  (`Result.fit_at`) to its start — the time the policy itself made it wait (victims'
-  checkpoints, a guard's refusal), without the time spent waiting for room under the cap,
-  which `interactive_within_cap_mean_wait_s` (from submission) includes;
+  the cap, each counting the time it was queued while the cap had room for it, up to its
+  start (`Result.fit_wait`) — the time the policy itself made it wait (victims'
+  checkpoints, a guard's refusal), without the time spent waiting for room under the cap
+  (before it first fitted, and again after another interactive job took the room), which
+  `interactive_within_cap_mean_wait_s` (from submission) includes;
 - batch size classes (`batch_by_size`): small ≤ 1/32 of the machine, medium ≤ 1/4, large
   > 1/4 — the reproduction found large jobs hurt most, and a mean over all hides them.
 """
@@ -129,13 +130,13 @@ def summary(result: Result, extra: dict[str, Any] | None = None) -> dict[str, An
 
 
 def admitted(result: Result) -> dict[str, float | int | None]:
-    """The interactive jobs that ran within the cap, their wait from the moment they fitted
-    under it: count, mean, 95th percentile, largest, and the share that waited at most 60 s
-    (the issue's goal: admitted within the cap, they wait only for their victims'
-    checkpoints)."""
+    """The interactive jobs that ran within the cap, their wait while the cap had room for
+    them (`Result.fit_wait`): count, mean, 95th percentile, largest, and the share that
+    waited at most 60 s (the issue's goal: admitted within the cap, they wait only for their
+    victims' checkpoints)."""
     w = result.workload
-    m = w.interactive & result.ran_privileged & np.isfinite(result.end) & np.isfinite(result.fit_at)
-    wait = result.first_start[m] - result.fit_at[m]
+    m = w.interactive & result.ran_privileged & np.isfinite(result.end)
+    wait = result.fit_wait[m]
     if not wait.size:
         return {"count": 0, "mean_wait_s": None, "p95_wait_s": None, "max_wait_s": None, "within_60s": None}
     return {

@@ -191,6 +191,7 @@ def states(draw: st.DrawFn, crowded: bool = False) -> State:
         max_preemptions=draw(st.sampled_from([0, 1, 2, 3, 7])),
         head_slack_s=draw(st.sampled_from([0.0, 60.0, 1800.0, 1e9])),
         interactive_ahead=draw(st.sampled_from(["guarded", "guarded", "off", "backfill", "queue"])),
+        victims=draw(st.sampled_from(["cost", "guard", "guard"])),
     )
     cap_mode = draw(st.sampled_from(["preempt", "preempt", "hard"]))
     return State(
@@ -447,4 +448,35 @@ def test_vjob_backfills_over_cap_interactive_jobs_first_both_ways() -> None:
             scheduling=SchedulingConfig(interactive_ahead=ahead),
         )
         assert list(run_decision(s).starts) == started
+        assert_same(s)
+
+
+def test_vjob_takes_victims_harmless_to_the_guard_first_both_ways() -> None:
+    """`victims = "guard"`: the guard (job 2) is reserved at the end of job 0; by cost job 0
+    is the victim (never preempted) and the guard refuses it, so interactive job 3 waits; the
+    harmless-first order takes job 1, which ends long after the reserved start, and both
+    passes preempt it (random states rarely build this, so it is fixed here)."""
+    jobs = [
+        SimJob(submit=0.0, nodes=2, interactive=False, user=0, os=0, memory_mb=512, estimate=1060.0,
+               state="running", alloc=(0, 1), start=NOW - 60),
+        SimJob(submit=1.0, nodes=2, interactive=False, user=0, os=0, memory_mb=512, estimate=20_060.0,
+               state="running", alloc=(2, 3), start=NOW - 60, pn=1),
+        SimJob(submit=2.0, nodes=2, interactive=False, user=0, os=0, memory_mb=512, estimate=7200.0, state="pending"),
+        SimJob(submit=3.0, nodes=2, interactive=True, user=0, os=0, memory_mb=512, estimate=3600.0, state="pending"),
+    ]  # fmt: skip
+    for victims, preempted in (("cost", []), ("guard", [("3", ("1",))])):
+        s = State(
+            nodes_os=[0, 0, 0, 0],
+            images=1,
+            jobs=jobs,
+            queue=[2, 3],
+            accounts=[-1],
+            usage=[0.0],
+            cfg=PriorityConfig(interactive_cap=1.0),
+            policy="vjob",
+            model=ClusterModel(nodes=4, os_count=1),
+            full_rank=False,
+            scheduling=SchedulingConfig(victims=victims),
+        )
+        assert [(p.job_id, p.victims) for p in run_decision(s).preemptions] == preempted
         assert_same(s)

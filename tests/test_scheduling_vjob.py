@@ -28,10 +28,10 @@ NOW = 1_000_000.0
 SETTINGS = settings(max_examples=300, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def _cfg(cap: float = 1.0, bound: int = 2, slack: float = 600.0) -> Config:
+def _cfg(cap: float = 1.0, bound: int = 2, slack: float = 600.0, victims: str = "cost") -> Config:
     return Config(
         priority=PriorityConfig(interactive_cap=cap),
-        scheduling=SchedulingConfig(policy="vjob", max_preemptions=bound, head_slack_s=slack),
+        scheduling=SchedulingConfig(policy="vjob", max_preemptions=bound, head_slack_s=slack, victims=victims),
     )
 
 
@@ -137,13 +137,14 @@ def _guard_start(view: ClusterView, preemptions: dict[str, tuple[str, ...]]) -> 
 
 
 @SETTINGS
-@given(guarded_clusters())
-def test_the_guards_reservation_never_moves_beyond_the_slack(case: tuple[ClusterView, float]) -> None:
+@given(guarded_clusters(), st.sampled_from(["cost", "guard"]))
+def test_the_guards_reservation_never_moves_beyond_the_slack(case: tuple[ClusterView, float], victims: str) -> None:
+    """Under either victim order (`[scheduling] victims`)."""
     view, slack = case
     before = reservation(
         NOW, 0, view.job("g").nodes, [((j.start_time or 0) + (j.walltime or 0), j.nodes) for j in view.running]
     )[0]
-    d = decide(view, _cfg(bound=10, slack=slack), knob=None, checkpointable=None, sleeping={})
+    d = decide(view, _cfg(bound=10, slack=slack, victims=victims), knob=None, checkpointable=None, sleeping={})
     if d.preemptions and "g" not in d.starts:
         after = _guard_start(view, {p.job_id: p.victims for p in d.preemptions})
         assert after <= before + slack + 1e-6
@@ -195,6 +196,26 @@ def test_victims_are_the_least_preempted_then_the_cheapest() -> None:
     view = ClusterView(now=NOW, nodes=_nodes(2), jobs=jobs)
     d = decide(view, _cfg(), knob=None, checkpointable=None, sleeping={})
     assert [p.victims for p in d.preemptions] == [("never",)]
+
+
+def test_victims_that_cost_the_guard_nothing_come_first() -> None:
+    """The guard (2 nodes) is reserved at the end of b0 (t+1,000 s). By cost alone b0 is the
+    victim (never preempted; b1 was once), and its return would push the guard back by the
+    interactive job's hour: refused, the interactive job waits. `victims = "guard"` takes b1,
+    which ends long after the reserved start anyway: the preemption costs the guard nothing
+    and happens."""
+    jobs = (
+        _running("b0", ("n0", "n1"), left=1000.0),
+        _running("b1", ("n2", "n3"), pn=1, left=20_000.0),
+        _interactive("i", 2, walltime=3600.0),
+        _pending("g", 2),
+    )
+    view = ClusterView(now=NOW, nodes=_nodes(4), jobs=jobs)
+    by_cost = decide(view, _cfg(), knob=None, checkpointable=None, sleeping={})
+    assert by_cost.preemptions == () and by_cost.reserved == "i"
+    guard = decide(view, _cfg(victims="guard"), knob=None, checkpointable=None, sleeping={})
+    assert [(p.job_id, p.victims) for p in guard.preemptions] == [("i", ("b1",))]
+    assert _guard_start(view, {"i": ("b1",)}) == NOW + 1000.0
 
 
 def _interactive_heavy(n_nodes: int = 64) -> Workload:

@@ -17,7 +17,7 @@ from simulator.engine import ClusterModel, simulate
 from simulator.metrics import summary
 from simulator.vjob_order import AHEAD_OFF, AHEAD_QUEUE, backfill_window, vjob_queue_order
 from simulator.workload import Workload
-from vjob.config import PriorityConfig
+from vjob.config import PriorityConfig, SchedulingConfig
 
 QUEUE = st.lists(
     st.tuples(
@@ -70,8 +70,8 @@ def test_the_backfill_window_is_the_numpy_steps(queue: list, start: int, first: 
     assert out[:count].tolist() == rest.tolist()
 
 
-def test_admitted_interactive_jobs_wait_from_the_moment_they_fit_under_the_cap() -> None:
-    """`interactive_admitted` measures the wait the policy imposes once a job fits under the
+def test_admitted_interactive_jobs_wait_only_while_they_fit_under_the_cap() -> None:
+    """`interactive_admitted` measures the wait the policy imposes while a job fits under the
     cap (victims' checkpoints), not the wait for cap room that the within-cap mean includes."""
     # hard cap of 16 of 64 nodes: B fits only when A ends at 1000 s, and starts on free nodes
     w = Workload.from_columns(
@@ -84,7 +84,7 @@ def test_admitted_interactive_jobs_wait_from_the_moment_they_fit_under_the_cap()
         }
     )
     r = simulate(w, ClusterModel(nodes=64, os_count=1), "vjob", PriorityConfig(interactive_cap=0.25), cap_mode="hard")
-    assert r.fit_at.tolist() == [0.0, 1000.0] and r.first_start.tolist() == [0.0, 1000.0]
+    assert r.fit_wait.tolist() == [0.0, 0.0] and r.first_start.tolist() == [0.0, 1000.0]
     doc = summary(r)
     assert doc["interactive_within_cap_mean_wait_s"] == 495.0
     assert doc["interactive_admitted"]["mean_wait_s"] == 0.0 and doc["interactive_admitted"]["count"] == 2
@@ -102,3 +102,33 @@ def test_admitted_interactive_jobs_wait_from_the_moment_they_fit_under_the_cap()
     r = simulate(w, ClusterModel(nodes=64, os_count=1), "vjob", PriorityConfig(interactive_cap=0.25))
     adm = summary(r)["interactive_admitted"]
     assert adm["count"] == 1 and adm["mean_wait_s"] == 4096 / 500 and adm["within_60s"] == 1.0
+
+
+def test_an_interactive_job_that_loses_the_cap_room_stops_counting_its_admitted_wait() -> None:
+    """A hand-made schedule (64 nodes, cap 16, no preemption): batch A holds 56 nodes until
+    1,000 s; interactive B (12 nodes, at 10 s) fits the cap but not the 8 free nodes, and
+    reserves; interactive C (8 nodes, at 20 s, 500 s) backfills into them and takes the cap
+    room B needs until it ends at 520 s; B starts at 1,000 s. B waited 990 s, of which it
+    fitted under the cap 10 s + 480 s: its admitted wait is 490 s, not the 990 s counted from
+    its first fit (the figure before this test) or from its submission."""
+    w = Workload.from_columns(
+        {
+            "submit": [0.0, 10.0, 20.0],
+            "runtime": [1000.0, 100.0, 500.0],
+            "walltime": [1000.0, 100.0, 500.0],
+            "nodes": [56, 12, 8],
+            "interactive": [False, True, True],
+        }
+    )
+    r = simulate(
+        w,
+        ClusterModel(nodes=64, os_count=1),
+        "vjob",
+        PriorityConfig(interactive_cap=0.25),
+        scheduling=SchedulingConfig(max_preemptions=0),
+    )
+    assert r.first_start.tolist() == [0.0, 1000.0, 20.0] and r.ran_privileged.tolist() == [False, True, True]
+    assert r.fit_wait.tolist()[1:] == [490.0, 0.0]
+    doc = summary(r)
+    assert doc["interactive_admitted"]["mean_wait_s"] == 245.0 and doc["interactive_admitted"]["within_60s"] == 0.5
+    assert doc["interactive_within_cap_mean_wait_s"] == 495.0

@@ -38,6 +38,7 @@ ABLATION: dict[str, dict[str, Any]] = {
     "over-cap interactive: queue": {"interactive_ahead": "queue"},
     "over-cap interactive: guarded": {"interactive_ahead": "guarded"},
     "never preempt": {"max_preemptions": 0},
+    "victims harmless to the guard first": {"victims": "guard"},
 }
 _TRACE: dict[str, Any] = {}
 
@@ -87,6 +88,7 @@ def main() -> None:
     parser.add_argument("--cells", default="", help="frac:size:cap,... (default: the 36-cell grid's 18 x 2 caps)")
     parser.add_argument("--backfill-depth", type=int, default=500, help="EASY window (jobs); 0 = unbounded")
     parser.add_argument("--ablation", action="store_true", help="vjob's [scheduling] variants instead of policies")
+    parser.add_argument("--variants", default="", help="with --ablation: comma list of variant labels (default: all)")
     parser.add_argument("--lenient", action="store_true", help="skip malformed trace lines (wagap-2013 has 2)")
     parser.add_argument("--workers", type=int, default=2, help="processes")
     parser.add_argument("--out", required=True, help="JSON lines file to append to")
@@ -96,7 +98,11 @@ def main() -> None:
     else:
         cells = list(itertools.product((0.1, 0.2, 0.3), (50.0, 100.0, 150.0), (0.05, 0.15)))
     runs = (
-        [("vjob", label, variant) for label, variant in ABLATION.items()]
+        [
+            ("vjob", label, variant)
+            for label, variant in ABLATION.items()
+            if not args.variants or label in args.variants.split(",")
+        ]
         if args.ablation
         else [(p, p, {}) for p in args.policies.split(",")]
     )

@@ -39,13 +39,18 @@ def _fmt(stat: tuple[float, float | None], scale: float = 1.0, digits: int = 0) 
     return text if ci is None else f"{text} ±{ci / scale:.{digits}f}"
 
 
+def _or_nan(value: float | None) -> float:
+    """A figure of the summary, nan when there is none (a mean wait of 0 s is a figure)."""
+    return math.nan if value is None else float(value)
+
+
 FIGURES = {
     "util": lambda r: r["utilization"],
     "batch": lambda r: r["batch_mean_response_s"],
     "large": lambda r: r["batch_by_size"]["large"].get("mean_response_s", math.nan),
     "iwait": lambda r: r["interactive_mean_wait_s"] if r["interactive_mean_wait_s"] is not None else math.nan,
-    "admitted": lambda r: (r.get("interactive_admitted") or {}).get("mean_wait_s") or math.nan,
-    "within60": lambda r: (r.get("interactive_admitted") or {}).get("within_60s") or math.nan,
+    "admitted": lambda r: _or_nan((r.get("interactive_admitted") or {}).get("mean_wait_s")),
+    "within60": lambda r: _or_nan((r.get("interactive_admitted") or {}).get("within_60s")),
 }
 
 

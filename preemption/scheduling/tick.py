@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from preemption.scheduling.easy import backfill, reservation
-from preemption.scheduling.guard import keeps_reservation, returning
+from preemption.scheduling.guard import HARMFUL, harmful, keeps_reservation, returning
 from preemption.scheduling.nodes import pick_nodes, preemptor_nodes, swaps
 from preemption.scheduling.policies import (
     blocks_behind_interactive,
@@ -291,6 +291,7 @@ class _Pass:
         self.head_slack_s = cfg.scheduling.head_slack_s
         self.interactive_ahead = cfg.scheduling.interactive_ahead
         self.guarded = self.by_cost and self.interactive_ahead == "guarded"
+        self.harmless_first = cfg.scheduling.victims == "guard"
         self.anchors: dict[str, float] = {}
         """vjob: the guard's reserved start when first checked (`guard.keeps_reservation`)."""
         self.returning: list[tuple[float, int]] = []
@@ -392,6 +393,10 @@ class _Pass:
         now_view = self._current_view()
         if self.by_cost:  # cost first: a job preempted fewer times is the cheaper victim
             prio = {j.id: float(j.preempt_count) for j in cands}
+            if self.harmless_first and self.guard is not None:
+                for j, harm in zip(cands, self.harm(job, cands), strict=True):
+                    if harm:  # after every harmless one (preempt counts are at most 1000)
+                        prio[j.id] += HARMFUL
         else:
             prio = running_priorities(now_view, self.cfg, (JobClass.BATCH,), only={j.id for j in cands})
         chosen = choose_victims(
@@ -437,6 +442,26 @@ class _Pass:
             self.covered.append(self.holds[("run", job.id)])
         return Preemption(job.id, victims, take, sum(c.checkpoint_bytes for c in chosen))
 
+    def guard_holds(self) -> list[tuple[float, int]]:
+        """What holds nodes as the guard's reservation counts it: this pass's victims by
+        their return instead of the holds those returns stand for."""
+        held = list(self.holds.values())
+        for hold in self.covered:
+            held.remove(hold)
+        return [*held, *self.returning]
+
+    def harm(self, job: Job, cands: Sequence[Job]) -> list[bool]:
+        """Which of `cands` would move the guard's reserved start if `job` preempted them
+        (`guard.harmful`, with the holds `keeps_guard` reads)."""
+        assert self.guard is not None
+        start, _ = reservation(self.now, self.free_count(), self.guard.nodes, self.guard_holds())
+        return harmful(
+            self.now,
+            start,
+            [(self.holds[("run", j.id)][0], self.costs.checkpoint_s(j)) for j in cands],
+            _estimate(job),
+        )
+
     def keeps_guard(self, job: Job, victims: Sequence[str], taken_free: int) -> bool:
         """Whether starting `job` on `taken_free` free nodes and the nodes of `victims` (none:
         a plain start) keeps the guard's reservation within the slack
@@ -446,14 +471,11 @@ class _Pass:
         for v in victims:
             ready = max(ready, self.now + self.costs.checkpoint_s(self.jobs[v]))
         gone = [(*self.holds[("run", v)], self.costs.checkpoint_s(self.jobs[v])) for v in victims]
-        held = list(self.holds.values())
-        for hold in self.covered:
-            held.remove(hold)
         ok, now_reserved = keeps_reservation(
             self.now,
             self.free_count(),
             self.guard.nodes,
-            [*held, *self.returning],
+            self.guard_holds(),
             gone,
             taken_free,
             ready + _estimate(job),
