@@ -8,6 +8,7 @@ Hypothesis runs a fixed, derandomized set of cases (a few hundred per test, abou
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 
 import plugins.oar as oar
 from plugins.oar.client import OarRest, SubmitRequest, check_job_id, check_user, mask_url
-from plugins.oar.parse import job_from_dict, parse_jobs, parse_resources
+from plugins.oar.parse import job_deadline, job_from_dict, parse_jobs, parse_resources
 from tests.services import free_port
 from vjob.errors import CommandError, InputError
 
@@ -159,3 +160,19 @@ def test_credentials_in_the_api_url_are_masked() -> None:
     with pytest.raises(InputError) as bad:
         OarRest("ftp://vjob:hunter2@host/")
     assert "hunter2" not in str(bad.value)
+
+
+def test_the_deadline_type_becomes_the_jobs_deadline_in_local_time() -> None:
+    """`oarsub -t deadline=...` is what the deadline rule checks at submission; the agent reads the
+    same type so it can evaluate the running job (docs/deadline.md, "Live on OAR")."""
+    job = {"id": 7, "owner": "alice", "state": "Running", "types": ["besteffort", "deadline=2031-05-04 10:20:30"]}
+    parsed = job_from_dict("7", job, source="t").to_job()
+    assert parsed.deadline == time.mktime((2031, 5, 4, 10, 20, 30, 0, 0, -1))
+    assert job_deadline(("deadline=2031-05-04",)) == time.mktime((2031, 5, 4, 0, 0, 0, 0, 0, -1))
+    assert job_deadline(("deadline=2031-05-04", "deadline=2031-05-05 01:00")) == time.mktime(
+        (2031, 5, 5, 1, 0, 0, 0, 0, -1)
+    )
+    for bad in ("deadline=2031-13-01", "deadline=2031-02-31", "deadline=2031-05-04 25:00", "deadline=tomorrow",
+                "deadline=2031-05-04 10:20:30; rm -rf /", "deadline=2031-05-04\n"):  # fmt: skip
+        assert job_deadline((bad,)) is None, bad
+    assert job_from_dict("8", {**job, "types": ["besteffort"]}, source="t").to_job().deadline is None

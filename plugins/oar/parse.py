@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,7 +119,34 @@ class OarJob:
             walltime=self.walltime,
             state=state,
             allocated_nodes=() if waiting else self.hosts,
+            deadline=job_deadline(self.types),
         )
+
+
+_DEADLINE = re.compile(r"deadline=(\d{4})-(\d\d)-(\d\d)(?:\s+(\d\d):(\d\d)(?::(\d\d))?)?")
+"""OAR's own deadline job type, `oarsub -t deadline=YYYY-MM-DD[ HH:MM[:SS]]` (the same grammar as
+vjob's OAR deadline rule, vjob/deploy_files/oar/vjob_deadline_rule.pl)."""
+
+
+def job_deadline(types: tuple[str, ...]) -> float | None:
+    """The job's deadline in POSIX seconds from its `deadline=` type, read in the server's local
+    time as OAR's scheduler reads it; the last such type wins, as in the admission rule. A date
+    that is not one (month 13, 25:00) is ignored, not guessed: the rule accepted that job without a
+    check (it fails open), so the agent does not invent a deadline for it either."""
+    found = None
+    for t in types:
+        m = _DEADLINE.fullmatch(t)
+        if m is not None:
+            found = m
+    if found is None:
+        return None
+    y, mo, d, h, mi, sec = (int(g or 0) for g in found.groups())
+    if not (1 <= mo <= 12 and 1 <= d <= 31 and h < 24 and mi < 60 and sec < 60):
+        return None
+    stamp = time.mktime((y, mo, d, h, mi, sec, 0, 0, -1))
+    if time.localtime(stamp)[:3] != (y, mo, d):  # 31 February rolled over into March
+        return None
+    return stamp
 
 
 def loads(text: str, *, source: str) -> Any:
