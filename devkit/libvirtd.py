@@ -205,6 +205,7 @@ def start_second_node(
     if reachable(uri):
         return Daemons(uri=uri)
     _prepare_second_node(base, migration_ports)
+    _stop_leftover_virtlogd(base / "run" / "virtlogd.pid")
     log_path = base / "log" / "libvirtd.stdout"
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(
@@ -240,6 +241,22 @@ def start_second_node(
     if vl is not None:
         daemons.started_pids.append(vl)
     return daemons
+
+
+def _stop_leftover_virtlogd(pidfile: Path) -> None:
+    """A second node's libvirtd that was killed without `stop` (a run interrupted by hand) leaves
+    its virtlogd holding `pidfile`, and the next start then fails with "Unable to obtain
+    pidfile". The node is ours (its directory is), so its leftover is stopped by that pid — only
+    if the process is still a virtlogd, never a pid the system gave to something else since."""
+    pid = _read_pid(pidfile)
+    if pid is None:
+        return
+    try:
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return
+    if comm == "virtlogd":
+        proc.stop_pid(pid, grace_s=10.0)
 
 
 def stop(daemons: Daemons, *, virtlogd_pidfile: Path | None = None, timeout_s: float = 20.0) -> None:
