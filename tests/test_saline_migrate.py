@@ -29,6 +29,7 @@ from saline_bew.repository import Repository
 from saline_bew.sites import Site
 from saline_bew.vms import SalineVMs
 from tests.saline_env import make_image, until
+from tests.services import wait_for
 from tests.services.libvirt import make_test_node
 from vjob.config import parse
 from vjob.model import VMState
@@ -85,10 +86,16 @@ def _warned(manager: Manager, oar_cluster, *, vms: int, site: str, room_at: str)
 
 
 def _wait_site_free(manager: Manager, site: str, cores: int) -> None:
-    """Earlier tests' jobs on the shared OAR end first (oardel takes OAR a few seconds)."""
-    deadline = time.monotonic() + 60
-    while manager.sites[site].free_cores() < cores and time.monotonic() < deadline:
-        time.sleep(1)
+    """Earlier tests' jobs on the shared OAR end first. oardel takes OAR seconds, and a job the
+    Saline end-to-end tests left can take minutes under CI's load; going on before it ended let
+    the manager move the new vjob to the other site, so a site that never frees is a failure
+    named here, not a wrong placement asserted later."""
+    wait_for(
+        lambda: manager.sites[site].free_cores() >= cores,
+        240,
+        f"{cores} free cores at site {site} (earlier tests' OAR jobs ending)",
+        interval=1,
+    )
 
 
 def test_warning_with_room_on_the_same_host_moves_the_vjob_and_writes_nothing(manager: Manager, oar_cluster) -> None:
