@@ -53,13 +53,26 @@ def _paused(driver: Driver, m: Member) -> bool:
     return dom.state()[0] == libvirt.VIR_DOMAIN_PAUSED
 
 
+def _not_running_unpaused(driver: Driver, m: Member) -> bool:
+    """One read of the domain's state: paused, or already saved by a parallel save, are both fine.
+
+    Reading "active?" and then "paused?" in two calls races with the other member's save, which
+    may end in between (the domain is then shut off, neither running nor paused).
+    """
+    try:
+        state = driver.connection(m.node).lookupByName(m.vm).state()[0]
+    except libvirt.libvirtError:
+        return True  # saved and undefined meanwhile
+    return state != libvirt.VIR_DOMAIN_RUNNING
+
+
 def _watch_saves(driver: Driver) -> list[bool]:
-    """When any save begins, whether each VM of the job not yet saved is paused (all must be)."""
+    """When any save begins, whether every VM of the job is paused or saved (none may still run)."""
     seen_paused: list[bool] = []
     real_save = driver.save
 
     def save_watching(vm: str, node: str, **kw: object) -> object:
-        seen_paused.extend(_paused(driver, m) for m in MEMBERS if driver.state(m.vm, m.node) == VMState.RUNNING)
+        seen_paused.extend(_not_running_unpaused(driver, m) for m in MEMBERS)
         return real_save(vm, node, **kw)  # type: ignore[arg-type]
 
     driver.save = save_watching  # type: ignore[method-assign]
