@@ -16,8 +16,10 @@ handled the same way for both sides:
 - `bypass`: the save and restore use VIR_DOMAIN_SAVE_BYPASS_CACHE (O_DIRECT) and the copy
   reads and writes with O_DIRECT.
 The driver's save and restore include sha256 of every state (to refuse a corrupt one): the
-hash alone is reported too. Figures are per GiB of guest memory, with the bytes written per
-GiB of guest memory. Starts libvirtd (under tini) if it is not running and stops what it
+hash alone is reported too, and so is `start`, libvirt starting one such guest paused with no
+state to load (a restore's floor: a QEMU process, its monitor, its devices). Figures are per
+GiB of guest memory, with the bytes written per GiB of guest memory, and the load average at
+the start and the end. Starts libvirtd (under tini) if it is not running and stops what it
 started. Prints a table and ends with one JSON line.
 
     .venv/bin/python bench/checkpoint.py [--vms 1,4] [--mib 256] [--modes cold,bypass]
@@ -35,6 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import libvirt
 from rich.console import Console
 from rich.table import Table
 
@@ -101,6 +104,20 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+def _start_paused(driver: Driver, name: str, image: Path, files: guest.GuestFiles, mib: int) -> float:
+    """Seconds for libvirt to start a guest like the bench's paused, with nothing to load."""
+    driver.delete(name, NODE)
+    driver.define(VMSpec(name, image, memory_mib=mib, kernel=files.kernel, initrd=files.initrd,
+                         cmdline=files.cmdline), NODE)  # fmt: skip
+    dom = driver.connection(NODE).lookupByName(name)
+    try:
+        started = time.perf_counter()
+        dom.createWithFlags(libvirt.VIR_DOMAIN_START_PAUSED)
+        return time.perf_counter() - started
+    finally:
+        driver.delete(name, NODE)
+
+
 def measure(driver: Driver, files: guest.GuestFiles, image: Path, vms: int, mib: int, mode: str, work: Path) -> dict:
     names = [f"vjob-bench-ckpt-{mode}-{vms}-{i}" for i in range(vms)]  # a console log per run
     members = [Member(n, NODE) for n in names]
@@ -144,6 +161,7 @@ def measure(driver: Driver, files: guest.GuestFiles, image: Path, vms: int, mib:
             log = driver.console_log(n, NODE)
             wait_for_counter(log, before[n] + 1, 120)
             continued &= guest_probe.counters(log)[before[n]] == before[n] + 1 and guest_probe.boots(log) == 1
+        start_s = _start_paused(driver, f"{names[0]}-start", image, files, mib)
     finally:
         for name in names:
             driver.delete(name, NODE)
@@ -157,6 +175,7 @@ def measure(driver: Driver, files: guest.GuestFiles, image: Path, vms: int, mib:
         "restore_s": restore_s,
         "copy_s": copy_s,
         "hash_s": hash_s,
+        "start_s": start_s,
         "pause_to_saved_s": cut.pause_to_saved_s,
         "ratio_to_copy": (save_s + restore_s) / copy_s,
         "checkpoint_s_per_gib": (save_s + restore_s) / guest_gib,
@@ -184,6 +203,7 @@ def main() -> None:
     work.chmod(0o755)
     daemons = libvirtd.start_system(work / "log")
     rows = []
+    load_start = os.getloadavg()[0]
     try:
         files = guest.build()
         image = work / "empty.qcow2"
@@ -197,7 +217,8 @@ def main() -> None:
     finally:
         libvirtd.stop(daemons)
         shutil.rmtree(work, ignore_errors=True)
-    table = Table("VMs", "mode", "state", "save", "restore", "copy", "sha256", "ckpt s/GiB", "copy s/GiB",
+    load_end = os.getloadavg()[0]
+    table = Table("VMs", "mode", "state", "save", "restore", "copy", "sha256", "start", "ckpt s/GiB", "copy s/GiB",
                   "(save+restore)/copy", "written/GiB", "continued")  # fmt: skip
     for r in rows:
         table.add_row(
@@ -208,6 +229,7 @@ def main() -> None:
             f"{r['restore_s']:.2f} s",
             f"{r['copy_s']:.2f} s",
             f"{r['hash_s']:.2f} s",
+            f"{r['start_s']:.2f} s",
             f"{r['checkpoint_s_per_gib']:.2f}",
             f"{r['copy_s_per_gib']:.2f}",
             f"{r['ratio_to_copy']:.2f}",
@@ -215,12 +237,13 @@ def main() -> None:
             str(r["continued"]),
         )
     Console().print(table)
-    keys = ["vms", "mode", "state_bytes", "save_s", "restore_s", "copy_s", "hash_s", "pause_to_saved_s",
+    keys = ["vms", "mode", "state_bytes", "save_s", "restore_s", "copy_s", "hash_s", "start_s", "pause_to_saved_s",
             "ratio_to_copy", "checkpoint_s_per_gib", "copy_s_per_gib", "written_gib_per_guest_gib"]  # fmt: skip
     figures = {"bench": "checkpoint", "mib_per_vm": args.mib}
     for key in keys:
         figures[key] = [round(r[key], 3) if isinstance(r[key], float) else r[key] for r in rows]
     figures["continued"] = all(bool(r["continued"]) for r in rows)
+    figures["load_avg_1min"] = [round(load_start, 2), round(load_end, 2)]
     print(json.dumps(figures))
 
 

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from provisioning import kvm_access
 from vjob import proc
 from vjob.errors import VjobError
 
@@ -109,6 +110,10 @@ def start_system(log_dir: Path, timeout_s: float = START_TIMEOUT_S) -> Daemons:
     Returns the pids of what this call started (empty when both were already running).
     """
     _require("virtlogd", "libvirtd", "tini", "virsh")
+    if os.geteuid() == 0:
+        # No udev here: a root-only /dev/kvm makes libvirt re-probe QEMU at every domain start
+        # (seconds each, and now and then a failed define); Debian's rule fixes it.
+        kvm_access.grant_kvm_group()
     daemons = Daemons(uri=SYSTEM_URI)
     if not VIRTLOGD_SOCK.exists() or not _virtlogd_alive():
         pidfile = Path("/run/virtlogd.pid")

@@ -36,7 +36,7 @@ import libvirt
 from sqlalchemy import select
 
 from provisioning import domain_xml as domxml
-from provisioning import guest, integrity, kvm_probe, safe_dirs, transfer
+from provisioning import guest, integrity, kvm_access, kvm_probe, safe_dirs, transfer
 from provisioning.transfer import Endpoint
 from provisioning.vm_types import (
     MANIFEST_SUFFIX,
@@ -97,6 +97,7 @@ class Driver:
         self.store = store
         self._conns: dict[str, libvirt.virConnect] = {}
         self._lock = threading.Lock()
+        self._kvm_checked = False
 
     # -- places ----------------------------------------------------------------------------
     def uri(self, node: str) -> str:
@@ -172,7 +173,25 @@ class Driver:
             # An unreachable qemu+ssh:// host must not hang the agent: open under the timeout too.
             conn = self._call("connection", "-", node, lambda: libvirt.open(uri))
             self._conns[node] = conn
+            self._warn_kvm_access(uri)
             return conn
+
+    def _warn_kvm_access(self, uri: str) -> None:
+        """Say once when this machine's libvirt will re-probe QEMU at every domain start.
+
+        Why a warning and not a repair: /dev/kvm's owner and mode are the node's setup, not
+        the driver's; but the cost is seconds per boot, define and restore (kvm_access).
+        """
+        local = uri.startswith(("qemu:///system", "qemu+unix:///system"))
+        if self._kvm_checked or not local:
+            return
+        self._kvm_checked = True
+        if kvm_access.qemu_user_locked_out(self.config.qemu_user):
+            _log.warning(
+                "libvirt re-probes QEMU at every domain start: /dev/kvm is usable by root but not by "
+                f"{self.config.qemu_user}; {kvm_access.FIX}",
+                uri=uri,
+            )
 
     def close(self) -> None:
         with self._lock:
@@ -278,10 +297,18 @@ class Driver:
 
     # -- define / boot / stop / delete -------------------------------------------------------
     def define(self, spec: VMSpec, node: str, *, job_id: int | None = None) -> None:
-        """Create the VM's overlay over its image and define the domain (both only once)."""
+        """Create the VM's overlay over its image and define the domain (both only once).
+
+        On a node whose files are on another host (`host`), the overlay is created there over
+        the image at the same path (`vjob image distribute` put it there), and the job disk,
+        built here by the pilot, is sent there and checked on arrival (`_send_job_disk`).
+        """
         self._ensure_dirs(node)
         overlay = self.overlay_path(spec.name, node)
-        if not overlay.exists():
+        host = self.host(node)
+        if host is not None:
+            self._define_remote_overlay(spec, node, host)
+        elif not overlay.exists():
             if not spec.image.is_file():
                 raise DriverError("define", spec.name, node, f"image {spec.image} does not exist")
             _qemu_img(
@@ -291,8 +318,12 @@ class Driver:
             overlay.chmod(0o600)
             self._own_overlay(spec.name, node)
         if spec.job_disk is not None:
-            if spec.job_disk != self.job_disk_path(spec.name, node) or not spec.job_disk.is_file():
-                raise DriverError("define", spec.name, node, f"job disk {spec.job_disk}: missing or not in the VM dir")
+            if spec.job_disk != self.job_disk_path(spec.name, node):
+                raise DriverError("define", spec.name, node, f"job disk {spec.job_disk}: not in the VM dir")
+            if host is not None:
+                self._send_job_disk(spec.name, node, spec.job_disk, host)
+            elif not spec.job_disk.is_file():
+                raise DriverError("define", spec.name, node, f"job disk {spec.job_disk}: missing")
             self._own_overlay(spec.name, node, spec.job_disk)
         if self._domain(spec.name, node) is None:
             xml = self.domain_xml(spec, node)
@@ -300,6 +331,65 @@ class Driver:
             self._call("define", spec.name, node, lambda: conn.defineXML(xml))
         self._record_vm(spec, node, job_id, overlay)
         _log.info("vm defined", vm=spec.name, node=node, overlay=str(overlay))
+
+    def _define_remote_overlay(self, spec: VMSpec, node: str, host: str) -> None:
+        """The overlay of `spec` created on `host` (once), over the image at the same path there."""
+        overlay = Endpoint(self.overlay_path(spec.name, node), host)
+        if transfer.exists(overlay):
+            return
+        image = spec.image.resolve() if spec.image.exists() else spec.image
+        if not transfer.exists(Endpoint(image, host)):
+            raise DriverError(
+                "define", spec.name, node, f"image {image} does not exist on {host} (vjob image distribute)"
+            )
+        tmp = overlay.path.with_name(overlay.path.name + ".part")
+        timeout = self.config.operation_timeout_s
+        create = ["qemu-img", "create", "-q", "-f", "qcow2", "-F", spec.image_format, "-b", str(image), str(tmp)]
+        transfer.run_on(host, create, timeout_s=timeout)
+        transfer.rename(Endpoint(tmp, host), overlay.path, mode=0o600, timeout_s=timeout)
+        self._own_overlay(spec.name, node)
+
+    def _send_job_disk(self, vm: str, node: str, disk: Path, host: str) -> None:
+        """Send the job disk the pilot built here to `node`'s host and check it there.
+
+        Why checked: it holds the job's files and goes to another machine by rsync/scp; the
+        copy must have the size and sha256 of what was built, or the VM is not defined (the
+        copy is removed there, the disk here kept for another try). Once it arrived, the copy
+        here is removed: the node's is the VM's disk from now on. A vm_dir the node shares
+        with this machine (seen there under the same path) needs nothing sent, and the disk is
+        not removed, being the node's own.
+        """
+        remote = Endpoint(disk, host)
+        if not disk.is_file():
+            if transfer.exists(remote):
+                return  # sent by an earlier call
+            raise DriverError("define", vm, node, f"job disk {disk}: missing")
+        if self._shares_dir(disk.parent, host):
+            return
+        built = {"size_bytes": disk.stat().st_size, "sha256": transfer.sha256_file(disk)}
+        transfer.copy(Endpoint(disk), remote, method=self.config.copy_method, timeout_s=self.config.operation_timeout_s)
+        try:
+            integrity.check_against(vm, node, disk, built, host)
+        except SnapshotError as exc:
+            transfer.remove(remote)
+            raise DriverError(
+                "define",
+                vm,
+                node,
+                f"the job disk sent to {host} does not match the one built ({exc}); "
+                f"removed from {host}, the job disk here is kept",
+            ) from None
+        disk.unlink()
+
+    @staticmethod
+    def _shares_dir(directory: Path, host: str) -> bool:
+        """Whether `host` sees this machine's `directory` (one filesystem): a file made here is there."""
+        probe = directory / f".vjob-shared-{os.getpid()}-{threading.get_ident()}"
+        probe.touch(mode=0o600)
+        try:
+            return transfer.exists(Endpoint(probe, host))
+        finally:
+            probe.unlink(missing_ok=True)
 
     def _own_overlay(self, vm: str, node: str, disk: Path | None = None) -> None:
         """Give the overlay to the QEMU user, 0600, and keep libvirt from relabelling it.
@@ -511,7 +601,9 @@ class Driver:
             if not paused:
                 self.unpause(vm, node)
             return  # already resumed (a repeated call)
-        expected = self.verify(vm, src)
+        # Hashed once: here before a restore where it was saved, on arrival for a move (the
+        # copy's bytes are what QEMU reads; hashing the source first cost a second pass).
+        expected = self.verify(vm, src) if src == node else self._expected(vm, src, self.state_path(vm, src), "memory")
         if src != node:
             disks = integrity.recorded_disks(integrity.read_manifest(self.state_path(vm, src), self.host(src)))
             self._ensure_dirs(node)
@@ -729,7 +821,7 @@ class Driver:
         src = from_node or node
         memory_src = self.snapshot_dir(src) / f"{vm}@{label}{STATE_SUFFIX}"
         overlay_src = self.snapshot_dir(src) / f"{vm}@{label}{OVERLAY_COPY_SUFFIX}"
-        expected = self._verify_file(vm, src, memory_src, kind="full")
+        expected = self._verify_file(vm, src, memory_src, kind="full")  # before the running VM is stopped
         self.stop(vm, node)
         self._ensure_dirs(node)
         timeout = self.config.operation_timeout_s
@@ -758,6 +850,13 @@ class Driver:
         return self._verify_file(vm, node, self.state_path(vm, node), kind="memory")
 
     def _verify_file(self, vm: str, node: str, path: Path, *, kind: str) -> Snapshot:
+        snap = self._expected(vm, node, path, kind)
+        integrity.check_against(vm, node, path, {"size_bytes": snap.size_bytes, "sha256": snap.sha256}, self.host(node))
+        return snap
+
+    def _expected(self, vm: str, node: str, path: Path, kind: str) -> Snapshot:
+        """What the state `path` on `node` must be (store row, else manifest), without hashing it:
+        a state about to be copied is hashed where it arrives (`integrity.check_against`)."""
         host = self.host(node)
         record = self._snapshot_record(path, node)
         expected = record or integrity.read_manifest(path, host)
@@ -765,7 +864,10 @@ class Driver:
             raise SnapshotError("restore", vm, node, f"snapshot {Endpoint(path, host).spec()} is missing")
         if expected is None:
             raise SnapshotError("restore", vm, node, f"snapshot {path} has no manifest and no store record")
-        integrity.check_against(vm, node, path, expected, host)
+        if "size_bytes" not in expected or "sha256" not in expected:
+            raise SnapshotError(
+                "restore", vm, node, f"snapshot {path}: its manifest is unreadable (no size and sha256)"
+            )
         return Snapshot(
             vm,
             node,

@@ -57,14 +57,14 @@ def check_against(vm: str, node: str, path: Path, expected: dict[str, Any], host
     judged by the bytes that arrived, never by the source's file seen through a local path.
     """
     where = transfer.Endpoint(path, host).spec()
-    size = transfer.size(transfer.Endpoint(path, host))
-    if size is None:
+    found = transfer.size_and_sha256(transfer.Endpoint(path, host))
+    if found is None:
         raise SnapshotError("restore", vm, node, f"snapshot {where} is missing")
+    size, digest = found
     if "size_bytes" in expected and size != int(expected["size_bytes"]):
         raise SnapshotError(
             "restore", vm, node, f"snapshot {where} is {size} bytes, {expected['size_bytes']} were recorded"
         )
-    digest = transfer.sha256(transfer.Endpoint(path, host))
     if "sha256" in expected and digest != expected["sha256"]:
         raise SnapshotError(
             "restore",

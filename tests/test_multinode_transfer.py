@@ -14,6 +14,7 @@ The faults are made by a wrapper named `rsync` first on PATH that runs the real 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -26,7 +27,7 @@ import pytest
 from devkit import guest_probe
 from devkit.guest_probe import wait_for_counter
 from provisioning import guest, integrity, transfer
-from provisioning.driver import Driver, SnapshotError, VMSpec
+from provisioning.driver import Driver, DriverError, SnapshotError, VMSpec
 from tests.services.second_host import SecondHost, second_host  # noqa: F401 - fixture
 from vjob.config import ProvisioningConfig
 from vjob.model import VMState
@@ -189,3 +190,50 @@ def test_3_a_copy_killed_half_way_is_retried(
     assert before + 1 in seen and seen[-1] >= before + 2
     assert not host.exists(driver.state_path(VM, "b"))  # the source dropped its copy only after the resume
     assert driver.state(VM, "a") == VMState.RUNNING
+
+
+def test_4_a_vm_defined_on_the_second_host_gets_its_job_disk_sent_and_checked(
+    setup: tuple[Driver, SecondHost, Path],
+    tiny_guest: guest.GuestFiles,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """A multi-node pilot builds every VM's job disk on its own node; without a shared vm_dir,
+    `define` on the second host creates the overlay there and sends the job disk, checked on
+    arrival: a copy altered on the way is refused (removed there, kept here), a good one boots."""
+    driver, host, work = setup
+    vm = f"{VM}-jd"
+    driver.delete(vm, "b")
+    disk = driver.job_disk_path(vm, "b")  # built here, at the node's path, as the pilot does
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(disk), "16M"], check=True, timeout=30)
+    built = transfer.sha256_file(disk)
+    spec = VMSpec(vm, work / "empty.qcow2", memory_mib=96, kernel=tiny_guest.kernel, initrd=tiny_guest.initrd,
+                  cmdline=tiny_guest.cmdline, job_disk=disk)  # fmt: skip
+    real_copy = transfer.copy
+
+    def altered_on_the_way(src: transfer.Endpoint, dst: transfer.Endpoint, **kw: object) -> None:
+        real_copy(src, dst, **kw)  # type: ignore[arg-type]
+        host.run(f"printf x | dd of={shlex.quote(str(dst.path))} bs=1 seek=100 conv=notrunc status=none")
+
+    monkeypatch.setattr(transfer, "copy", altered_on_the_way)
+    with pytest.raises(DriverError, match=r"job disk sent to \S+ does not match the one built .*is corrupt.*kept"):
+        driver.define(spec, "b")
+    assert not host.exists(disk) and transfer.sha256_file(disk) == built  # removed there, intact here
+    assert driver.state(vm, "b") is None  # nothing defined
+    monkeypatch.setattr(transfer, "copy", real_copy)
+    try:
+        driver.define(spec, "b")
+        assert not disk.exists()  # the node's copy is the VM's disk now
+        assert transfer.sha256(transfer.Endpoint(disk, host.ssh_host)) == built
+        assert host.exists(driver.overlay_path(vm, "b")) and not driver.overlay_path(vm, "b").exists()
+        driver.define(spec, "b")  # repeated (a pilot restarted): nothing to send, nothing refused
+        driver.boot(vm, "b")  # QEMU on the second host opens both disks there
+        console = tmp_path / "console-jd.log"
+        deadline = time.monotonic() + TICK_TIMEOUT_S
+        while time.monotonic() < deadline and not guest_probe.counters(console):
+            time.sleep(0.5)
+            console.write_bytes(host.read_bytes(driver.console_log(vm, "b")))
+        assert guest_probe.counters(console), "the guest defined on the second host did not run"
+    finally:
+        driver.delete(vm, "b")
+        disk.unlink(missing_ok=True)
