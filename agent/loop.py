@@ -37,6 +37,7 @@ from agent.metrics import AgentMetrics
 from agent.observe import Observation, observe
 from agent.recover import recover
 from plugins import make_adapter
+from preemption.remap.claims import PassClaims, claims
 from preemption.scheduling.tick import Decision, decide
 from vjob import log
 from vjob.config import Config
@@ -256,8 +257,9 @@ class Agent:
             switched = None
             if every > 0 and not decision.preemptions and time.time() - self.control.last_step >= every:
                 switched = consolidate.step(self, obs, self.control)  # re-plan from the measured demand
-            if self.cfg.remap.farm_file and not decision.preemptions and switched is None:
-                self._remap(obs)  # on this tick's observation: only when nothing moved since
+            if self.cfg.remap.farm_file and switched is None:
+                # on this tick's observation, leaving alone what the pass acts on (remap.claims)
+                self._remap(obs, claims(decision.preemptions, decision.placements))
         except StoreError as exc:
             self.store_failed(exc)
             self._recovered = False  # the journal may hold a switch cut short: look again
@@ -266,11 +268,11 @@ class Agent:
         self.metrics.last_tick.set(time.time())
         return report
 
-    def _remap(self, obs: Observation) -> None:
+    def _remap(self, obs: Observation, pass_claims: PassClaims) -> None:
         """The remapping step (agent.remap_step); its failure never stops the tick (a store
         failure excepted: the tick's own handling applies)."""
         try:
-            remap_step.step(self, obs, self.remap)
+            remap_step.step(self, obs, self.remap, pass_claims)
         except StoreError:
             raise
         except VjobError as exc:

@@ -28,6 +28,7 @@ from agent.observe import Observation
 from agent.pilot_performer import EXECUTOR_TAG, PilotRequestPerformer
 from preemption.executor import ExecutionReport, Executor
 from preemption.planner.plan import Plan, PlanAction
+from preemption.remap.claims import PassClaims, allowed_moves, remappable
 from preemption.remap.farm import load_subclusters
 from preemption.remap.live import (
     Move,
@@ -68,6 +69,8 @@ class RemapState:
     last_profile: float = 0.0
     decisions: list[Decision] = field(default_factory=list)
     moves: list[Move] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    """vjob → why the last step left it alone (the pass's claims; preemption.remap.claims)."""
     report: ExecutionReport | None = None
 
 
@@ -113,8 +116,10 @@ def placements(obs: Observation, moved_to: Mapping[str, str], counts: Mapping[st
     return out
 
 
-def step(agent: Agent, obs: Observation, state: RemapState) -> ExecutionReport | None:
-    """One remapping look: homeward moves every tick; profiles and swaps every τ."""
+def step(agent: Agent, obs: Observation, state: RemapState, claims: PassClaims | None = None) -> ExecutionReport | None:
+    """One remapping look: homeward moves every tick; profiles and swaps every τ. `claims`: what
+    the vjob policy pass acts on in this tick — nothing of it is moved (preemption.remap.claims)."""
+    claims = claims or PassClaims()
     cfg = agent.cfg.remap
     if state.farm is None:
         state.farm = load_subclusters(cfg.farm_file)
@@ -125,8 +130,17 @@ def step(agent: Agent, obs: Observation, state: RemapState) -> ExecutionReport |
     counts: dict[str, int] = {}
     for m in done:
         counts[m.rms_job_id] = counts.get(m.rms_job_id, 0) + 1
-    places = placements(obs, moved_to, counts)
-    moves = homeward(places)
+    every = placements(obs, moved_to, counts)
+    moves, dropped = allowed_moves(homeward(every), claims)
+    places, skipped = remappable(every, claims)
+    for m, why in dropped:
+        skipped[m.job] = why
+    for job in obs.view.running:
+        if job.nodes != 1 or len(job.allocated_nodes) > 1:
+            skipped[job.id] = "several VMs: a pilot migrates no job VM by VM (not remapped yet)"
+    if skipped != state.skipped:  # logged when it changes, not every tick
+        agent.log.info("remap: left alone", vjobs=skipped)
+    state.skipped = skipped
     now = time.monotonic()
     if not moves and now - state.last_profile >= cfg.tau_s:
         state.last_profile = now
@@ -211,6 +225,7 @@ def summary(state: RemapState) -> dict[str, Any]:
         "decisions": [{"kind": d.kind, "reason": d.reason, "jobs": list(d.jobs), "gain_s": d.gain_s}
                       for d in state.decisions],
         "moves": [{"job": m.job, "vm": m.vm, "src": m.src, "dst": m.dst, "why": m.why} for m in state.moves],
+        "skipped": dict(state.skipped),
     }  # fmt: skip
 
 

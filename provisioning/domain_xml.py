@@ -12,6 +12,9 @@ from pathlib import Path
 from provisioning.vm_types import VMSpec
 
 EMULATOR = "/usr/bin/qemu-system-x86_64"
+BALLOON_STATS_PERIOD_S = 5
+"""How often the guest's balloon driver refreshes its memory statistics (swap in/out, major
+faults): the remapping's memory model reads them to see a guest thrash (docs/remap.md)."""
 
 
 def domain_xml(
@@ -82,8 +85,11 @@ def domain_xml(
         ET.SubElement(serial, "target", port=str(port))
     console = ET.SubElement(devices, "console", type="pty")
     ET.SubElement(console, "target", type="serial", port="0")
-    if dom_type != "test":
-        ET.SubElement(devices, "memballoon", model="none")
+    # A virtio balloon, for its statistics only (vjob never inflates it): without one a guest
+    # reports no swap activity. Saved states keep the device set they were saved with — their
+    # own XML is restored — so a state saved before this device existed restores without it.
+    balloon = ET.SubElement(devices, "memballoon", model="virtio")
+    ET.SubElement(balloon, "stats", period=str(BALLOON_STATS_PERIOD_S))
     return ET.tostring(root, encoding="unicode")
 
 

@@ -51,6 +51,7 @@ VIRTIO_MODULES = (
     "virtio/virtio_pci_modern_dev",
     "virtio/virtio_pci",
     "block/virtio_blk",
+    "virtio/virtio_balloon",  # the balloon's memory statistics: swap activity (docs/remap.md)
 )
 _log = log.get("provisioning")
 
@@ -70,7 +71,7 @@ PAYLOAD_DIR = "payload"
 _INIT_HEAD = r"""#!/bin/sh
 /bin/busybox --install -s /bin
 mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
-for m in virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci virtio_blk; do
+for m in virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci virtio_blk virtio_balloon; do
   insmod /mods/$m.ko 2>/dev/null || echo "GUEST: insmod $m failed"
 done
 FILL=$(sed -n 's/.*vjob_fill=\([0-9]*\).*/\1/p' /proc/cmdline)
@@ -169,9 +170,10 @@ def _parts(root: Path) -> tuple[Path, str]:
     manifest = parts / "manifest.json"
     if os.path.lexists(parts):
         safe_dirs.check_tree(parts)
-        if os.path.lexists(manifest):
+        complete = all(os.path.lexists(parts / "mods" / f"{m.rsplit('/', 1)[-1]}.ko") for m in VIRTIO_MODULES)
+        if os.path.lexists(manifest) and complete:
             return parts, hashlib.sha256(manifest.read_bytes()).hexdigest()
-        shutil.rmtree(parts)  # cut short by a crash; ours (just checked), so rebuilt
+        shutil.rmtree(parts)  # cut short by a crash, or from before a module was added: rebuilt
     work = Path(tempfile.mkdtemp(prefix=".fetch-", dir=root))  # 0700, ours
     try:
         debs_dir = work / "debs"

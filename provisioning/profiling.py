@@ -54,6 +54,8 @@ class DomainSample:
     net_bytes: int = 0
     net_packets: int = 0
     perf: Mapping[str, int] = field(default_factory=dict)
+    swap_out_kib: int | None = None
+    """None: the guest reports no swap-outs (no balloon statistics)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +69,8 @@ class Window:
     """CPU time over (seconds × vCPUs): near 1 for a CPU-bound job."""
     swap_in_pages_s: float
     major_faults_s: float
+    swap_out_pages_s: float | None
+    """None when either sample lacks swap-outs (no balloon statistics in the guest)."""
     net_bytes: int
     net_packets: int
     perf: Mapping[str, int]
@@ -85,6 +89,9 @@ def window(a: DomainSample, b: DomainSample) -> Window:
         return max(0, y - x)
 
     cpu_s = d(a.cpu_time_ns, b.cpu_time_ns) / 1e9
+    swap_out = None
+    if a.swap_out_kib is not None and b.swap_out_kib is not None:
+        swap_out = d(a.swap_out_kib, b.swap_out_kib) / PAGE_KIB / dt
     return Window(
         name=a.name,
         seconds=dt,
@@ -92,6 +99,7 @@ def window(a: DomainSample, b: DomainSample) -> Window:
         cpu_share=cpu_s / (dt * max(1, b.vcpus)),
         swap_in_pages_s=d(a.swap_in_kib, b.swap_in_kib) / PAGE_KIB / dt,
         major_faults_s=d(a.major_faults, b.major_faults) / dt,
+        swap_out_pages_s=swap_out,
         net_bytes=d(a.net_bytes, b.net_bytes),
         net_packets=d(a.net_packets, b.net_packets),
         perf=MappingProxyType({e: d(a.perf.get(e, 0), v) for e, v in b.perf.items()}),
@@ -158,15 +166,17 @@ class Profiler:
             vcpus = int(stats.get("vcpu.current", 1))
             swap_in = int(stats.get("balloon.swap_in", 0))
             faults = int(stats.get("balloon.major_fault", 0))
+            out = stats.get("balloon.swap_out")
+            swap_out = None if out is None else int(out)
             count = int(stats.get("net.count", 0))
             nbytes = sum(int(stats.get(f"net.{i}.{d}.bytes", 0)) for i in range(count) for d in ("rx", "tx"))
             npkts = sum(int(stats.get(f"net.{i}.{d}.pkts", 0)) for i in range(count) for d in ("rx", "tx"))
         else:  # the driver's bulk call left the groups out: ask this domain one by one
-            cpu, vcpus, swap_in, faults, nbytes, npkts = self._per_domain(dom)
+            cpu, vcpus, swap_in, faults, swap_out, nbytes, npkts = self._per_domain(dom)
         perf = {k[5:]: int(v) for k, v in stats.items() if k.startswith("perf.")}
-        return DomainSample(name, t, cpu, vcpus, swap_in, faults, nbytes, npkts, MappingProxyType(perf))
+        return DomainSample(name, t, cpu, vcpus, swap_in, faults, nbytes, npkts, MappingProxyType(perf), swap_out)
 
-    def _per_domain(self, dom: libvirt.virDomain) -> tuple[int, int, int, int, int, int]:
+    def _per_domain(self, dom: libvirt.virDomain) -> tuple[int, int, int, int, int | None, int, int]:
         try:
             cpu = int(dom.getCPUStats(True)[0]["cpu_time"])
             vcpus = int(dom.info()[3])
@@ -181,4 +191,6 @@ class Profiler:
                 npkts += rx_p + tx_p
         except libvirt.libvirtError as exc:
             raise DriverError("profile", dom.name(), self.conn.getURI(), exc.get_error_message()) from None
-        return cpu, vcpus, int(mem.get("swap_in", 0)), int(mem.get("major_fault", 0)), nbytes, npkts
+        out = mem.get("swap_out")
+        swap_out = None if out is None else int(out)
+        return cpu, vcpus, int(mem.get("swap_in", 0)), int(mem.get("major_fault", 0)), swap_out, nbytes, npkts

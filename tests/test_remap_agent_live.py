@@ -35,6 +35,7 @@ from agent.recover import finish_live_switches
 from agent.remap_step import RemapState, libvirt_sampler, step, summary
 from agent.status_cmd import collect
 from preemption.planner.plan import Plan, PlanAction
+from preemption.remap.claims import PassClaims
 from provisioning.driver import Driver
 from provisioning.profiling import DomainSample
 from provisioning.vm_types import DriverError
@@ -155,7 +156,12 @@ def test_a_busy_vjob_on_a_slow_node_swaps_with_an_idle_one_journalled_stored_and
     assert step(agent, observation(jobs), state) is None  # the first samples: no window yet
     assert state.decisions == [] and set(state.samples) == {"vjob-slurm-11", "vjob-slurm-12"}
     assert step(agent, observation(jobs), state) is None  # τ has not passed: no new look
-    state.last_profile -= cfg.remap.tau_s  # τ later
+    state.last_profile -= cfg.remap.tau_s  # τ later, but the vjob policy suspends 12 in this tick
+    assert step(agent, observation(jobs), state, PassClaims(suspending=frozenset({"12"}))) is None
+    assert state.decisions == [] and summary(state)["skipped"] == {"12": "the vjob policy suspends it this tick"}
+    state.last_profile -= cfg.remap.tau_s  # τ later: 12, not sampled in the claimed tick, has no window yet
+    assert step(agent, observation(jobs), state) is None and state.decisions == []
+    state.last_profile -= cfg.remap.tau_s
 
     report = step(agent, observation(jobs), state)
     assert report is not None and report.state == "done", report
@@ -238,5 +244,5 @@ def test_a_bad_farm_file_is_logged_and_the_tick_goes_on(tmp_path: Path) -> None:
     cfg = parse({"data_dir": str(tmp_path / "data"), "remap": {"farm_file": str(tmp_path / "none.toml")}})
     agent = Agent(cfg, _NoRMS(), rms="slurm", metrics=AgentMetrics())  # type: ignore[arg-type]
     view = ClusterView(now=time.time(), nodes=NODES, jobs=())
-    agent._remap(Observation(view, {}, {}, True))  # no exception: logged and counted
+    agent._remap(Observation(view, {}, {}, True), PassClaims())  # no exception: logged and counted
     assert agent.metrics.errors.labels(kind="remap")._value.get() == 1

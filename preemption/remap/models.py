@@ -90,6 +90,8 @@ class Profile:
     """Non-blocking messages by size: (count, mean logged wait in s) (n^N_j(s), w_A(s))."""
     swap_in_pages_s: float = 0.0
     """Major faults (pages swapped in) per second during the window."""
+    swap_out_pages_s: float | None = None
+    """Pages swapped out per second; None where not measured (the simulator, old profiles)."""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.window_s) and self.window_s > 0):
@@ -108,6 +110,9 @@ class Profile:
                 raise InputError(f"profile: message size {size}: must be >= 0")
         if not (math.isfinite(self.swap_in_pages_s) and self.swap_in_pages_s >= 0):
             raise InputError(f"profile: swap_in_pages_s = {self.swap_in_pages_s}: must be >= 0")
+        out = self.swap_out_pages_s
+        if out is not None and not (math.isfinite(out) and out >= 0):
+            raise InputError(f"profile: swap_out_pages_s = {out}: must be >= 0")
 
 
 def compute_time(profile: Profile, sc: SubCluster) -> float:
@@ -140,8 +145,14 @@ def delta(profile: Profile, src: SubCluster, dst: SubCluster) -> float:
 
 
 def thrashing(profile: Profile, pages_s_threshold: float) -> bool:
-    """Swap thrashing: more pages swapped in per second than the threshold."""
-    return profile.swap_in_pages_s > pages_s_threshold
+    """Swap thrashing: more pages swapped in per second than the threshold — and, where swap-outs
+    are measured (a guest's balloon statistics), as many swapped out: pages evicted and read
+    back again and again. Swap-ins alone are a guest reading back what it evicted before, once
+    its memory peak has passed; moving it would buy nothing."""
+    rate = profile.swap_in_pages_s
+    if profile.swap_out_pages_s is not None:
+        rate = min(rate, profile.swap_out_pages_s)
+    return rate > pages_s_threshold
 
 
 def migration_cost_s(memory_mb: float, bandwidth_mb_s: float, dirty_factor: float = 1.2) -> float:

@@ -35,6 +35,7 @@ def profile_from_window(w: Window, freq_ghz: float | None = None) -> Profile:
         counters=counters,
         blocking=blocking,
         swap_in_pages_s=w.swap_in_pages_s,
+        swap_out_pages_s=w.swap_out_pages_s,
     )
 
 

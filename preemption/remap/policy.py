@@ -8,7 +8,8 @@ Why this rule (the paper's, with two guards it implies):
 - β is the number of profiling windows the gain is counted over; when the job's remaining time
   is known (walltime) the horizon is min(β, remaining / τ), the paper's exact form;
 - thrashing is the exception: a job swapping is moved at once to a sub-cluster whose memory
-  per core holds it, whatever the gain (the memory model);
+  per core holds it and is larger than its own (where it has as much it would thrash again),
+  whatever the gain (the memory model);
 - no job is migrated more than `max_migrations` times, and never into a sub-cluster where it
   would thrash: together they rule out ping-pong;
 - candidates are taken greedily by gain; each job is in at most one decision per pass, and the
@@ -151,11 +152,15 @@ def decide(
     def fits_memory(job: RunningJob, dst: str) -> bool:
         return job.memory_mb_per_slot <= memory_mb_per_slot[dst]
 
+    def relieves(job: RunningJob, dst: str) -> bool:
+        """A thrashing job's destination: its memory fits and there is more of it per slot."""
+        return fits_memory(job, dst) and memory_mb_per_slot[dst] > memory_mb_per_slot[job.cluster]
+
     # Thrashing first: move now (or swap) to where the memory holds it, best gain first.
     for j in sorted((j for j in running if j.thrashing), key=lambda j: -j.slots):
         best: Decision | None = None
         for dst in clusters:
-            if dst == j.cluster or not fits_memory(j, dst):
+            if dst == j.cluster or not relieves(j, dst):
                 continue
             if free.get(dst, 0) >= j.slots:
                 cand = Decision("move", "thrashing", (j.id,), (j.cluster,), (dst,), side_gain(j, dst, params))
@@ -165,7 +170,7 @@ def decide(
             for k in running:
                 if k.id in taken or k.id == j.id or k.cluster == j.cluster or k.thrashing:
                     continue
-                if not (fits_memory(j, k.cluster) and fits_memory(k, j.cluster)):
+                if not (relieves(j, k.cluster) and fits_memory(k, j.cluster)):
                     continue
                 if not _swap_fits(j, k, free):
                     continue

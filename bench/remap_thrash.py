@@ -1,0 +1,207 @@
+"""Live remapping of a thrashing guest: seen through its balloon's swap statistics, moved at once.
+
+Two libvirtds on this machine act as two node kinds of equal speed and different memory. A node
+of the "small" kind holds each guest to --small-mib through the guest's virtio balloon (set by
+the node after the boot, as the CPU cap of bench/remap_live.py is; nothing of it is in the
+domain XML); the "big" kind gives the guest all of its --memory-mib. The guest swaps to its
+disk and runs a memory-bound payload: a tmpfs file of --working-mib (numbered copies of the
+guest's busybox: the same bytes every run) read --passes times, printing its checksum. On the
+small node its working set does not fit: every pass evicts and reads back the file
+(thrashing). Run 1 keeps it there. Run 2 starts it there with the big node free: every --tau
+seconds the profiler samples the guest's balloon statistics (swap in, swap out),
+`preemption.remap.decide` sees it thrash and moves it at once, whatever the gain (both kinds
+compute alike: the gain is the migration's loss, negative), the driver live-migrates it, and
+the big node lets its balloon go. Checksums must match; times compared. Last line: JSON.
+
+    .venv/bin/python bench/remap_thrash.py [--passes 12] [--tau 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import libvirt
+
+from devkit import libvirtd
+from preemption.remap.models import SubCluster, migration_cost_s
+from preemption.remap.online import CYCLES, profile_and_decide
+from preemption.remap.policy import RemapParams
+from provisioning import guest
+from provisioning.driver import Driver, VMSpec
+from provisioning.profiling import Profiler, window
+from provisioning.vm_types import DriverError
+from vjob.config import ProvisioningConfig
+
+VM = "vjob-remap-thrash"
+PAYLOAD = """mkswap /dev/vda >/dev/null && swapon /dev/vda && echo "GUEST: swap on"
+mkdir -p /w && mount -t tmpfs -o size={work}m tmpfs /w
+sleep 4
+sz=$(stat -c %s /bin/busybox); n=$(( {work} * 1048576 / sz )); j=0
+while [ $j -lt $n ]; do j=$((j+1)); echo "chunk $j"; cat /bin/busybox; done > /w/data
+echo "PAYLOAD START"
+i=0
+while [ $i -lt {passes} ]; do i=$((i+1)); sum=$(md5sum /w/data); echo "PASS $i"; done
+echo "RESULT ${{sum%% *}}"
+"""
+RESULT_RE = re.compile(rb"RESULT ([0-9a-f]{32})")
+START_RE = re.compile(rb"PAYLOAD START")
+
+
+def console(driver: Driver) -> bytes:
+    out = b""
+    for node in ("a", "b"):
+        try:
+            out += driver.console_log(VM, node).read_bytes()
+        except FileNotFoundError:
+            continue
+    return out
+
+
+def balloon(driver: Driver, node: str, mib: int) -> None:
+    """The node kind's memory for the guest: the balloon's target, set live by the node."""
+    dom = driver.connection(node).lookupByName(VM)
+    dom.setMemoryFlags(mib * 1024, libvirt.VIR_DOMAIN_AFFECT_LIVE)
+
+
+def run(driver: Driver, spec: VMSpec, small_mib: int, remap: bool, tau: float, timeout: float) -> dict[str, Any]:
+    for node in ("a", "b"):
+        driver.delete(VM, node)
+        driver.console_log(VM, node).unlink(missing_ok=True)
+    driver.define(spec, "a")
+    driver.boot(VM, "a")
+    balloon(driver, "a", small_mib)
+    farm = {
+        "small": SubCluster("small", 1, 1, small_mib, 3.0, cycles={CYCLES: 1.0}),
+        "big": SubCluster("big", 1, 1, spec.memory_mib, 3.0, cycles={CYCLES: 1.0}),
+    }
+    params = RemapParams(tau_s=tau, beta=20, threshold_s=60.0, thrash_pages_s=200.0)
+    prof = Profiler(driver.connection("a"))
+    prof.enable(VM, perf=())
+    while not START_RE.search(console(driver)):
+        if b"payload exited" in console(driver):
+            raise RuntimeError(f"payload failed: {console(driver)[-2000:]!r}")
+        time.sleep(0.2)
+    started = time.monotonic()
+    node, moved, decisions, windows = "a", None, [], []
+    last = prof.sample([VM])[VM]
+    while not RESULT_RE.search(console(driver)):
+        if time.monotonic() - started > timeout:
+            raise TimeoutError(f"no RESULT within {timeout:.0f} s")
+        time.sleep(0.5)
+        if time.monotonic() - last.t < tau:
+            continue
+        try:
+            if not remap or node == "b":
+                now = prof.sample([VM])[VM]
+                w = window(last, now)
+                last, ds = now, []
+            else:
+                before = last
+                last, ds = profile_and_decide(
+                    prof, VM, last, "small", farm, {"small": 0, "big": 1}, params,
+                    memory_mb=spec.memory_mib, migrate_s=migration_cost_s(spec.memory_mib, 110.0),
+                )  # fmt: skip
+                w = window(before, last)
+        except (DriverError, KeyError):  # the payload ended and the guest powered off meanwhile
+            continue
+        out = None if w.swap_out_pages_s is None else round(w.swap_out_pages_s)
+        windows.append({"node": node, "t": round(last.t - started, 1), "swap_in_pages_s": round(w.swap_in_pages_s),
+                        "swap_out_pages_s": out})  # fmt: skip
+        decisions += [{"kind": d.kind, "reason": d.reason, "gain_s": round(d.gain_s, 1)} for d in ds]
+        if ds:
+            t0 = time.monotonic()
+            driver.migrate(VM, "a", "b")
+            balloon(driver, "b", spec.memory_mib)
+            node = "b"
+            moved = {"after_s": round(t0 - started, 1), "migrate_s": round(time.monotonic() - t0, 2)}
+            prof = Profiler(driver.connection("b"))
+            last = prof.sample([VM])[VM]
+    found = RESULT_RE.findall(console(driver))
+    return {
+        "seconds": round(time.monotonic() - started, 1),
+        "result": found[-1].decode() if found else None,
+        "moved": moved,
+        "decisions": decisions,
+        "windows": windows,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--memory-mib", type=int, default=256)
+    parser.add_argument("--small-mib", type=int, default=128)
+    parser.add_argument("--working-mib", type=int, default=112)
+    parser.add_argument("--passes", type=int, default=12)
+    parser.add_argument("--tau", type=float, default=5.0)
+    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--only-remap", action="store_true", help="skip the run that stays (a quick check)")
+    args = parser.parse_args()
+
+    system = libvirtd.start_system(Path(tempfile.mkdtemp(prefix="vjob-remap-thrash-log-")))
+    # a big node of its own: the shared second node (/var/tmp/vjob-nodeb) is stopped by whichever
+    # test session started it, possibly in the middle of this bench
+    second = libvirtd.start_second_node(Path("/var/tmp/vjob-nodet"), hostname="nodet", migration_ports=(49330, 49350))
+    files = guest.build(payload=PAYLOAD.format(work=args.working_mib, passes=args.passes))
+    work = Path(tempfile.mkdtemp(prefix="vjob-remap-thrash-", dir="/var/tmp"))
+    work.chmod(0o755)
+    image = work / "images" / "swap.qcow2"
+    image.parent.mkdir()
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(image), "256M"], check=True, timeout=30)
+    cfg = ProvisioningConfig(
+        nodes={"a": system.uri, "b": second.uri},
+        migrate_uris={"a": "tcp://127.0.0.1", "b": "tcp://127.0.0.1"},
+        operation_timeout_s=180,
+    )
+    driver = Driver(cfg, data_dir=work)
+    spec = VMSpec(
+        VM, image, memory_mib=args.memory_mib, kernel=files.kernel, initrd=files.initrd, cmdline=files.cmdline
+    )
+    stay: dict[str, Any] | None = None
+    try:
+        if not args.only_remap:
+            stay = run(driver, spec, args.small_mib, False, args.tau, args.timeout)
+            print(f"stays on the small node: {stay}")
+        moved = run(driver, spec, args.small_mib, True, args.tau, args.timeout)
+        print(f"remapped to the big node: {moved}")
+    except BaseException:
+        print(f"guest console, last lines: {console(driver)[-1500:].decode(errors='replace')}")
+        raise
+    finally:
+        for node in ("a", "b"):
+            driver.delete(VM, node)
+        driver.close()
+        shutil.rmtree(work, ignore_errors=True)
+        libvirtd.stop(second)
+        libvirtd.stop(system)
+
+    def peak(r: dict[str, Any], node: str) -> float:
+        return max((w["swap_in_pages_s"] for w in r["windows"] if w["node"] == node), default=0.0)
+
+    doc = {
+        "bench": "remap_thrash",
+        "memory_mib": args.memory_mib,
+        "small_mib": args.small_mib,
+        "working_mib": args.working_mib,
+        "passes": args.passes,
+        "stay_s": stay["seconds"] if stay else None,
+        "remapped_s": moved["seconds"],
+        "speedup": round(stay["seconds"] / moved["seconds"], 2) if stay else None,
+        "same_result": stay is None or (stay["result"] == moved["result"] and stay["result"] is not None),
+        "moved": moved["moved"],
+        "decisions": moved["decisions"],
+        "swap_in_pages_s_small_peak": peak(moved, "a"),
+        "swap_in_pages_s_big_peak": peak(moved, "b"),
+    }
+    print(json.dumps(doc))
+
+
+if __name__ == "__main__":
+    main()
