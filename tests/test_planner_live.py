@@ -27,7 +27,7 @@ from agent.observe import Observation
 from agent.pilot_performer import EXECUTOR_TAG, PilotRequestPerformer
 from agent.recover import finish_live_switches
 from preemption.executor import Executor
-from preemption.planner import Instance, NodeSpec, Plan, PlanAction, VMSpec, make_plan, validate
+from preemption.planner import Instance, NodeSpec, Plan, PlanAction, VMSpec, control, make_plan, validate
 from tests.services import wait_for
 from tests.services.libvirt import make_test_node
 from vjob import log
@@ -305,3 +305,74 @@ def test_the_control_loop_relieves_an_overloaded_node_from_measured_demand(site,
     assert {_st(site, j).state for j in ("91", "92")} == {PilotState.RUNNING}
     sw = journal.load(store, report.switch_id)
     assert sw.reason == "consolidation: measured demand" and [a.state for a in sw.actions] == ["done"]
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_the_loop_relieves_overloaded_nodes_with_vjobs_of_two_vms(site, store: Store):
+    # SQLite only: the journal's PostgreSQL path is the same code, tested by the tests above;
+    # this one is about the loop's decisions and takes ~25 s.
+    # The decision/act chain of bench/planner_relief.py on the test driver: vjobs X and Y of two
+    # VMs each (one pilot per VM), X on node1 and node2, Y beside it; both nodes have one CPU.
+    # Measured from two readings, all four compute: both nodes are overloaded and no node has
+    # room, so the plan suspends Y (the queue's last), both its VMs in one pool. When X ends,
+    # the next step stops it and resumes Y where its states lie.
+    members = {"X": (("a1", "node1"), ("a2", "node2")), "Y": (("b1", "node1"), ("b2", "node2"))}
+    vjob_of = {f"vjob-slurm-{job}": v for v, jobs in members.items() for job, _ in jobs}
+    for jobs in members.values():
+        for job, node in jobs:
+            _pilot(site, job, node)
+    for jobs in members.values():
+        for job, _ in jobs:
+            _running(site, job)
+    nodes = (NodeSpec("node1", 1, 1024), NodeSpec("node2", 1, 1024))
+    jobs = [job for js in members.values() for job, _ in js]
+    first = {job: (_st(site, job).cpu_seconds, _st(site, job).cpu_at) for job in jobs}
+    wait_for(lambda: all(_st(site, j).cpu_at > first[j][1] for j in jobs), 30, "second CPU readings")
+
+    def observed() -> list[control.ObservedVM]:
+        out = []
+        for vm, vjob in vjob_of.items():
+            st = _st(site, vm.removeprefix("vjob-slurm-"))
+            if st.state is PilotState.SAVED:
+                out.append(control.ObservedVM(vm, vjob, S, st.saved_node, MEM, 1, 1))
+            elif st.state is PilotState.RUNNING:
+                prev = first[vm.removeprefix("vjob-slurm-")]
+                demand = control.cpu_demand(st.cpu_seconds, st.cpu_at, prev[0], prev[1], max(1, st.vcpus))
+                out.append(control.ObservedVM(vm, vjob, R, st.node, MEM, 1, demand))
+        return out
+
+    performer = PilotRequestPerformer(lambda a: _pdir(site, a.vm.removeprefix("vjob-slurm-")), timeout_s=60)
+    executor = Executor(performer, store, pipeline_interval_s=0.1, tag=EXECUTOR_TAG,
+                        job_key=lambda a: f"slurm:{a.vm.removeprefix('vjob-slurm-')}")  # fmt: skip
+
+    decision = control.decide(nodes, observed(), ["X", "Y"])
+    assert [vm.cpu for vm in decision.instance.vms] == [1, 1, 1, 1]  # measured: all four compute
+    assert decision.overloaded == ("node1", "node2")
+    plan = control.plan_for(decision, time_limit_s=2.0)
+    assert plan is not None
+    assert [sorted((a.kind.value, a.vm) for a in pool) for pool in plan.pools] == [
+        [("suspend", "vjob-slurm-b1"), ("suspend", "vjob-slurm-b2")]
+    ]
+    report = executor.execute(plan, reason="consolidation: measured demand")
+    assert report.state == "done", report.summary()
+    assert [_st(site, j).state for j in ("a1", "a2", "b1", "b2")] == [PilotState.RUNNING] * 2 + [PilotState.SAVED] * 2
+    settled = control.decide(nodes, observed(), ["X", "Y"])
+    assert settled.overloaded == () and control.plan_for(settled) is None  # Y sleeps while X computes
+
+    ended = control.decide(nodes, observed(), ["Y"], terminated=["X"])
+    plan = control.plan_for(ended, time_limit_s=2.0)
+    assert plan is not None
+    actions = sorted((a.kind.value, a.vm, a.src, a.dst) for a in plan.actions)
+    assert actions == [
+        ("resume", "vjob-slurm-b1", "node1", "node1"),
+        ("resume", "vjob-slurm-b2", "node2", "node2"),
+        ("stop", "vjob-slurm-a1", "node1", None),
+        ("stop", "vjob-slurm-a2", "node2", None),
+    ]
+    report = executor.execute(plan, reason="consolidation: measured demand")
+    assert report.state == "done", report.summary()
+    assert [(_st(site, j).state, _st(site, j).node) for j in ("b1", "b2")] == [
+        (PilotState.RUNNING, "node1"),
+        (PilotState.RUNNING, "node2"),
+    ]
+    assert _st(site, "b1").restores == 1 and _st(site, "b2").restores == 1
