@@ -164,6 +164,7 @@ class Simulation:
         self.ahead = sched.interactive_ahead
         self.guarded = self.by_cost and self.ahead == "guarded"
         self.harmless_first = sched.victims == "guard"
+        self.fallback = sched.victims == "fallback"
         self.hard_cap = check_cap_mode(cap_mode) == "hard"
         self._guard = -1
         self._anchors: dict[int, float] = {}
@@ -736,31 +737,20 @@ class Simulation:
                 self.conf,
                 True,
             )
-        # Only candidates up to the priority at which the lowest-priority ones free enough
-        # nodes can be chosen (choose_victims takes them in priority order, all of that
-        # priority included): the others are left out before building Candidates.
-        by_prio = np.argsort(prio, kind="stable")
-        enough = int(np.searchsorted(np.cumsum(self.need_a[va][by_prio]), want))
-        within = np.flatnonzero(prio <= prio[by_prio[enough]]).tolist()
-        chosen = choose_victims(
-            want,
-            (
-                Candidate(
-                    str(cands[k]), float(prio[k]), self.need[cands[k]], int(on_image[k]), self.mem_bytes[cands[k]]
-                )
-                for k in within
-            ),
-        )
-        if chosen is None:
+        victims = self._victims(want, cands, va, prio, on_image)
+        if victims is None:
             return False
-        victims = [int(c.job_id) for c in chosen]
         # Nodes for j: free ones on its OS, victims' on its OS, then the rest (stable order).
         free_nodes = np.flatnonzero(self.owner == FREE)
-        if self.by_cost and self._guard >= 0:
-            pool = np.concatenate([free_nodes, *(self.running[v][2] for v in victims)])
-            first = np.argsort(self.node_os[pool] != image, kind="stable")[: self.need[j]]
-            if not self._keeps_guard(j, now, victims, int((first < free_nodes.shape[0]).sum())):
+        if self.by_cost and self._guard >= 0 and not self._keeps_guard_with(j, now, victims, free_nodes):
+            if not self.fallback:
                 return False
+            # The guard refused the cheapest victims: once more, harmless ones first (tick).
+            prio = prio + HARMFUL * np.array(self._harm(j, now, cands), dtype=np.float64)
+            again = self._victims(want, cands, va, prio, on_image)
+            if again is None or again == victims or not self._keeps_guard_with(j, now, again, free_nodes):
+                return False
+            victims = again
         ready = now
         freed: list[tuple[np.ndarray, float]] = []
         for v in victims:
@@ -791,6 +781,34 @@ class Simulation:
         if self.by_cost and self._guard >= 0:  # its nodes are the victims' (their return)
             self._covered.append(self.holds[(0, j)])
         return True
+
+    def _victims(
+        self, want: int, cands: list[int], va: np.ndarray, prio: np.ndarray, on_image: list[float]
+    ) -> list[int] | None:
+        """`choose_victims` over `cands` (`va` as an array) by `prio`; None: not enough."""
+        # Only candidates up to the priority at which the lowest-priority ones free enough
+        # nodes can be chosen (choose_victims takes them in priority order, all of that
+        # priority included): the others are left out before building Candidates.
+        by_prio = np.argsort(prio, kind="stable")
+        enough = int(np.searchsorted(np.cumsum(self.need_a[va][by_prio]), want))
+        within = np.flatnonzero(prio <= prio[by_prio[enough]]).tolist()
+        chosen = choose_victims(
+            want,
+            (
+                Candidate(
+                    str(cands[k]), float(prio[k]), self.need[cands[k]], int(on_image[k]), self.mem_bytes[cands[k]]
+                )
+                for k in within
+            ),
+        )
+        return None if chosen is None else [int(c.job_id) for c in chosen]
+
+    def _keeps_guard_with(self, j: int, now: float, victims: list[int], free_nodes: np.ndarray) -> bool:
+        """`_keeps_guard` for j on the nodes it would take: free ones on its OS, the victims'
+        on its OS, then the rest (as `_preempt_for` takes them)."""
+        pool = np.concatenate([free_nodes, *(self.running[v][2] for v in victims)])
+        first = np.argsort(self.node_os[pool] != self.os[j], kind="stable")[: self.need[j]]
+        return self._keeps_guard(j, now, victims, int((first < free_nodes.shape[0]).sum()))
 
     def _guard_holds(self) -> list[tuple[float, int]]:
         """What holds nodes as the guard's reservation counts it (`tick._Pass.guard_holds`)."""

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from unittest import mock
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -191,7 +192,7 @@ def states(draw: st.DrawFn, crowded: bool = False) -> State:
         max_preemptions=draw(st.sampled_from([0, 1, 2, 3, 7])),
         head_slack_s=draw(st.sampled_from([0.0, 60.0, 1800.0, 1e9])),
         interactive_ahead=draw(st.sampled_from(["guarded", "guarded", "off", "backfill", "queue"])),
-        victims=draw(st.sampled_from(["cost", "guard", "guard"])),
+        victims=draw(st.sampled_from(["cost", "guard", "guard", "fallback", "fallback"])),
     )
     cap_mode = draw(st.sampled_from(["preempt", "preempt", "hard"]))
     return State(
@@ -451,20 +452,32 @@ def test_vjob_backfills_over_cap_interactive_jobs_first_both_ways() -> None:
         assert_same(s)
 
 
-def test_vjob_takes_victims_harmless_to_the_guard_first_both_ways() -> None:
+@pytest.mark.parametrize(
+    ("estimate", "expected"),
+    [
+        (3600.0, {"cost": [], "guard": [("3", ("1",))], "fallback": [("3", ("1",))]}),
+        (300.0, {"cost": [("3", ("0",))], "guard": [("3", ("1",))], "fallback": [("3", ("0",))]}),
+    ],
+)
+def test_vjob_takes_victims_harmless_to_the_guard_first_both_ways(
+    estimate: float, expected: dict[str, list[tuple[str, tuple[str, ...]]]]
+) -> None:
     """`victims = "guard"`: the guard (job 2) is reserved at the end of job 0; by cost job 0
-    is the victim (never preempted) and the guard refuses it, so interactive job 3 waits; the
-    harmless-first order takes job 1, which ends long after the reserved start, and both
-    passes preempt it (random states rarely build this, so it is fixed here)."""
+    is the victim (never preempted); with a 3,600 s interactive job 3 the guard refuses it,
+    so job 3 waits; the harmless-first order takes job 1, which ends long after the reserved
+    start, and both passes preempt it. `victims = "fallback"` takes the cost order's victim
+    when the guard lets it (a 300 s job 3 moves the reserved start by about 300 s, within the
+    600 s slack) and the harmless-first one only when the guard refuses (random states rarely
+    build this, so it is fixed here)."""
     jobs = [
         SimJob(submit=0.0, nodes=2, interactive=False, user=0, os=0, memory_mb=512, estimate=1060.0,
                state="running", alloc=(0, 1), start=NOW - 60),
         SimJob(submit=1.0, nodes=2, interactive=False, user=0, os=0, memory_mb=512, estimate=20_060.0,
                state="running", alloc=(2, 3), start=NOW - 60, pn=1),
         SimJob(submit=2.0, nodes=2, interactive=False, user=0, os=0, memory_mb=512, estimate=7200.0, state="pending"),
-        SimJob(submit=3.0, nodes=2, interactive=True, user=0, os=0, memory_mb=512, estimate=3600.0, state="pending"),
+        SimJob(submit=3.0, nodes=2, interactive=True, user=0, os=0, memory_mb=512, estimate=estimate, state="pending"),
     ]  # fmt: skip
-    for victims, preempted in (("cost", []), ("guard", [("3", ("1",))])):
+    for victims, preempted in expected.items():
         s = State(
             nodes_os=[0, 0, 0, 0],
             images=1,

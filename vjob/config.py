@@ -137,11 +137,12 @@ class SchedulingConfig(Section):
     them first when it backfills; queue = they queue ahead of every batch job (and can become
     the head); guarded = they are looked at before the batch jobs and start when they fit and
     keep the first batch job's reservation within head_slack_s, but never hold a reservation."""
-    victims: Literal["cost", "guard"] = "cost"
+    victims: Literal["cost", "guard", "fallback"] = "cost"
     """vjob, the order victims are taken in: cost = fewest earlier preemptions, nodes on the
     image, smallest checkpoint; guard = first those whose return would not move the first batch
     job's reserved start (they end after it, or are back and done before it), then by cost
-    (shorter interactive waits, but more preemptions cost batch work; docs/policy.md)."""
+    (shorter interactive waits, but more preemptions cost batch work; docs/policy.md);
+    fallback = by cost, and when the guard refuses those, once more in guard's order."""
 
 
 class AgentConfig(Section):

@@ -292,6 +292,7 @@ class _Pass:
         self.interactive_ahead = cfg.scheduling.interactive_ahead
         self.guarded = self.by_cost and self.interactive_ahead == "guarded"
         self.harmless_first = cfg.scheduling.victims == "guard"
+        self.fallback = cfg.scheduling.victims == "fallback"
         self.anchors: dict[str, float] = {}
         """vjob: the guard's reserved start when first checked (`guard.keeps_reservation`)."""
         self.returning: list[tuple[float, int]] = []
@@ -399,29 +400,38 @@ class _Pass:
                         prio[j.id] += HARMFUL
         else:
             prio = running_priorities(now_view, self.cfg, (JobClass.BATCH,), only={j.id for j in cands})
-        chosen = choose_victims(
-            want,
-            (
-                Candidate(
-                    j.id,
-                    prio[j.id],
-                    len(self._nodes_of(j)),
-                    sum(1 for n in self._nodes_of(j) if self.node_os[n] == job.os_image),
-                    checkpoint_bytes(now_view, j),
-                )
-                for j in cands
-            ),
-        )
+        candidates = [
+            Candidate(
+                j.id,
+                prio[j.id],
+                len(self._nodes_of(j)),
+                sum(1 for n in self._nodes_of(j) if self.node_os[n] == job.os_image),
+                checkpoint_bytes(now_view, j),
+            )
+            for j in cands
+        ]
+        chosen = choose_victims(want, candidates)
         if chosen is None:
             return None
         victims = tuple(c.job_id for c in chosen)
-        victim_nodes = [self._nodes_of(self.jobs[v]) for v in victims]
-        take = preemptor_nodes(self.free_nodes(), victim_nodes, self.node_os, job.os_image, job.nodes)
-        taken = set(take)
-        if self.by_cost and self.guard is not None:
-            free = set(self.free_nodes())
-            if not self.keeps_guard(job, victims, sum(1 for n in take if n in free)):
+        take = self._take_for(job, victims)
+        if self.by_cost and self.guard is not None and not self._keeps_guard_on(job, victims, take):
+            if not self.fallback:
                 return None
+            # The guard refused the cheapest victims: once more, harmless ones first.
+            harm = self.harm(job, cands)
+            again = choose_victims(
+                want, [c._replace(priority=c.priority + HARMFUL * h) for c, h in zip(candidates, harm, strict=True)]
+            )
+            if again is None or [c.job_id for c in again] == list(victims):
+                return None
+            victims = tuple(c.job_id for c in again)
+            take = self._take_for(job, victims)
+            if not self._keeps_guard_on(job, victims, take):
+                return None
+            chosen = again
+        victim_nodes = [self._nodes_of(self.jobs[v]) for v in victims]
+        taken = set(take)
         ready = self.now
         for v, nodes in zip(victims, victim_nodes, strict=True):
             done_at = self.now + self.costs.checkpoint_s(self.jobs[v])
@@ -441,6 +451,16 @@ class _Pass:
         if self.by_cost and self.guard is not None:  # its nodes are the victims' (their return)
             self.covered.append(self.holds[("run", job.id)])
         return Preemption(job.id, victims, take, sum(c.checkpoint_bytes for c in chosen))
+
+    def _take_for(self, job: Job, victims: Sequence[str]) -> tuple[str, ...]:
+        """The nodes `job` gets from the free ones and those of `victims` (its OS first)."""
+        victim_nodes = [self._nodes_of(self.jobs[v]) for v in victims]
+        return preemptor_nodes(self.free_nodes(), victim_nodes, self.node_os, job.os_image, job.nodes)
+
+    def _keeps_guard_on(self, job: Job, victims: Sequence[str], take: Sequence[str]) -> bool:
+        """`keeps_guard` for `job` started on `take`, the nodes `_take_for` chose."""
+        free = set(self.free_nodes())
+        return self.keeps_guard(job, victims, sum(1 for n in take if n in free))
 
     def guard_holds(self) -> list[tuple[float, int]]:
         """What holds nodes as the guard's reservation counts it: this pass's victims by
