@@ -47,10 +47,22 @@ class Peer:
     ip: ipaddress.IPv4Address
 
 
-def bridge_name(subnet_id: int) -> str:
-    """The job's bridge: at most 15 characters (Linux IFNAMSIZ - 1)."""
+PILOT_FAMILY = "vjob"
+SALINE_FAMILY = "vsal"
+FAMILIES = (PILOT_FAMILY, SALINE_FAMILY)
+
+
+def bridge_name(subnet_id: int, family: str = PILOT_FAMILY) -> str:
+    """The job's bridge: at most 15 characters (Linux IFNAMSIZ - 1).
+
+    Why a family: pilots take their subnetID from the RMS job id and Saline from its store, two
+    allocators that may hand out the same number at once on one node; a prefix per allocator
+    keeps a pilot job and a Saline vjob off each other's bridge.
+    """
     _check_range("subnet_id", subnet_id, 1, (1 << 16) - 1)
-    return f"vjob-{subnet_id:04x}"
+    if family not in FAMILIES:
+        raise InputError(f"network family = {str(family)[:40]!r}: must be one of {', '.join(FAMILIES)}")
+    return f"{family}-{subnet_id:04x}"
 
 
 def ip_address(subnet_id: int, vm_id: int) -> ipaddress.IPv4Address:
@@ -90,10 +102,10 @@ def node_file(job_peers: Sequence[Peer], *, slots: Sequence[int] | None = None) 
     return "".join(f"{p.hostname} slots={n}\n" for p, n in zip(job_peers, counts, strict=True))
 
 
-def interface_xml(peer: Peer, subnet_id: int) -> str:
+def interface_xml(peer: Peer, subnet_id: int, family: str = PILOT_FAMILY) -> str:
     """The libvirt <interface> of `peer` on its job's bridge (virtio, fixed MAC)."""
     return (
-        f"<interface type='bridge'><source bridge={quoteattr(bridge_name(subnet_id))}/>"
+        f"<interface type='bridge'><source bridge={quoteattr(bridge_name(subnet_id, family))}/>"
         f"<mac address={quoteattr(peer.mac)}/><model type='virtio'/></interface>"
     )
 
@@ -116,20 +128,20 @@ def pilot_addresses(rms: str, job_id: str, vm_names: Sequence[str]) -> list[Addr
     return [Address(vm, subnet, i + 1, mac_address(PILOT_MAC_PREFIX, subnet, i + 1)) for i, vm in enumerate(vm_names)]
 
 
-def network_xml(subnet_id: int) -> str:
+def network_xml(subnet_id: int, family: str = PILOT_FAMILY) -> str:
     """An isolated libvirt network: its bridge only, no <forward>, no <ip> (no host address,
     no DHCP): the guests set their own addresses and see only each other."""
-    name = quoteattr(bridge_name(subnet_id))
-    return f"<network><name>{bridge_name(subnet_id)}</name><bridge name={name} stp='off' delay='0'/></network>"
+    name = quoteattr(bridge_name(subnet_id, family))
+    return f"<network><name>{bridge_name(subnet_id, family)}</name><bridge name={name} stp='off' delay='0'/></network>"
 
 
-def ensure_bridge(conn: Any, subnet_id: int) -> bool:
+def ensure_bridge(conn: Any, subnet_id: int, family: str = PILOT_FAMILY) -> bool:
     """The job's bridge on the node of `conn` (a libvirt connection), created as a transient
     network when absent; True when created here. A bridge an operator provides (spanning the
     hosts) is used as it is."""
     import libvirt  # heavy: libvirt
 
-    name = bridge_name(subnet_id)
+    name = bridge_name(subnet_id, family)
     try:
         net = conn.networkLookupByName(name)
     except libvirt.libvirtError:
@@ -142,20 +154,20 @@ def ensure_bridge(conn: Any, subnet_id: int) -> bool:
         if net is not None:
             net.create()
         else:
-            conn.networkCreateXML(network_xml(subnet_id))
+            conn.networkCreateXML(network_xml(subnet_id, family))
     except libvirt.libvirtError as exc:
         raise VjobError(f"job network {name}: cannot create it on {conn.getURI()}: {exc}") from None
     _log.info("job network created", bridge=name, uri=conn.getURI())
     return True
 
 
-def remove_bridge(conn: Any, subnet_id: int) -> None:
+def remove_bridge(conn: Any, subnet_id: int, family: str = PILOT_FAMILY) -> None:
     """Destroy the job's transient network (no VM of the job runs any more); an operator's
     bridge, not a libvirt network, is left alone."""
     import libvirt  # heavy: libvirt
 
     try:
-        conn.networkLookupByName(bridge_name(subnet_id)).destroy()
+        conn.networkLookupByName(bridge_name(subnet_id, family)).destroy()
     except libvirt.libvirtError:
         return
 

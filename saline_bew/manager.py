@@ -358,6 +358,9 @@ class Manager:
             for vm, node in zip(job.vm_names, job.hosts, strict=False):
                 with contextlib.suppress(Exception):  # best effort: OAR takes the node back anyway
                     self.vms.stop(vm, node)
+            with contextlib.suppress(Exception):
+                if job.hosts:
+                    self.vms.network_down(self._subnet(job), list(job.hosts))
             self._record(
                 job.key,
                 "failed",
@@ -406,14 +409,12 @@ class Manager:
             self._record(job.key, "oar_job_vanished", {"oar_job_id": job.oar_job_id}, oar_job_id=None)
         elif kind is phases.Kind.KILLED:
             if job.phase == "running":
-                for vm, node in zip(job.vm_names, job.hosts, strict=True):
-                    self.vms.stop(vm, node)  # its QEMU is outside the job's cpuset: free the node
+                self._free_nodes(job)  # its QEMU is outside the job's cpuset: free the node
             self._count_kill(job, cause=action.cause, lost_s=action.lost_s)
         elif kind is phases.Kind.COMPLETE:
             self._complete(job)
         elif kind is phases.Kind.CANCELLED_IN_OAR:
-            for vm, node in zip(job.vm_names, job.hosts, strict=False):
-                self.vms.stop(vm, node)
+            self._free_nodes(job)
             oj = seen.oar_job
             types = sorted({e.type for e in oj.events}) if oj else []
             self._record(
@@ -450,6 +451,8 @@ class Manager:
     def _deploy(self, job: SalineJob, oj: OarJob) -> None:
         placement = [oj.hosts[i % len(oj.hosts)] for i in range(job.vm_count)]
         seen = max((e.event_id for e in oj.events), default=job.last_event_id)
+        ids = self._identities(job)  # the same at every deployment: the vjob keeps its addresses
+        self.vms.network_up(ids[job.vm_names[0]].subnet_id, placement)
         if job.snapshot_label and job.snapshot_site:
             repo = self._site(job.snapshot_site).repository
             for vm, node in zip(job.vm_names, placement, strict=True):
@@ -473,17 +476,6 @@ class Manager:
             _log.info("vjob resumed", jobs=[job.key], site=job.site, hosts=placement, label=job.snapshot_label)
             return
         image = self.vms.image(job.image)
-        ids = {
-            i.vm_name: i
-            for i in identity.assign(
-                self.store,
-                site=job.site,
-                job_key=job.key,
-                vm_names=job.vm_names,
-                mac_prefix=self.cfg.mac_prefix,
-                network=self.cfg.network,
-            )
-        }
         for vm, node in zip(job.vm_names, placement, strict=True):
             spec = self.vms.spec(vm, image, list(job.command), ids[vm], job.memory_mb, job.vcpus)
             self.vms.boot_fresh(spec, node, job_id=job.job_id)
@@ -610,8 +602,7 @@ class Manager:
         job = journal.get(self.store, job.key)  # a failed try may have moved some VMs already
         safe = self.snapshot(job, reason="checkpoint", suspend=True)
         job = journal.get(self.store, job.key)
-        for vm, node in zip(job.vm_names, job.hosts, strict=True):
-            self.vms.stop(vm, node)
+        self._free_nodes(job)
         for site_name, oar_id in [(job.site, job.oar_job_id or ""), *extra]:
             try:
                 self._site(site_name).client.delete(oar_id, user=job.user)
@@ -706,12 +697,15 @@ class Manager:
         placement = [oj.hosts[i % len(oj.hosts)] for i in range(job.vm_count)]
         hosts = list(job.hosts)
         started = time.monotonic()
+        subnet = self._subnet(job)
         try:
+            self.vms.network_up(subnet, [n for n in placement if n not in job.hosts])
             for i, (vm, src, dst) in enumerate(zip(job.vm_names, job.hosts, placement, strict=True)):
                 if src != dst:  # other cores of the same node: the VM stays where it is
                     self.vms.migrate(vm, src, dst)
                 hosts[i] = dst
-        except DriverError as exc:
+        except (DriverError, VjobError) as exc:
+            self.vms.network_down(subnet, [n for n in placement if n not in hosts])
             moved = hosts != list(job.hosts)
             if not moved:
                 self._give_back(site, new_id, job)
@@ -747,6 +741,7 @@ class Manager:
         self._record(job.key, RELOCATION, {"path": target.path, "warned_at": warned_at, "running_s": round(since, 3)})
         self.metrics.relocations.labels(path=target.path).inc()
         self.metrics.relocation_seconds.labels(path=target.path).observe(since)
+        self.vms.network_down(subnet, [n for n in job.hosts if n not in placement])
         self._give_back(self._site(old_site), old_id, job)
         _log.info("vjob live-migrated on OAR's warning", jobs=[job.key], to_site=target.site, hosts=placement,
                   since_warning_s=round(since, 1))  # fmt: skip
@@ -757,6 +752,23 @@ class Manager:
             site.client.delete(oar_id, user=job.user)
         except CommandError as exc:  # gone already, or OAR's kill follows
             _log.warning("oardel failed", jobs=[job.key], oar_job=oar_id, error=str(exc))
+
+    # -- the vjob's network ----------------------------------------------------------------
+    def _identities(self, job: SalineJob) -> dict[str, identity.NetworkIdentity]:
+        """The VMs' network identities: allocated at the first deployment, the same afterwards."""
+        got = identity.assign(self.store, site=job.site, job_key=job.key, vm_names=job.vm_names,
+                              mac_prefix=self.cfg.mac_prefix, network=self.cfg.network)  # fmt: skip
+        return {i.vm_name: i for i in got}
+
+    def _subnet(self, job: SalineJob) -> int:
+        return self._identities(job)[job.vm_names[0]].subnet_id
+
+    def _free_nodes(self, job: SalineJob) -> None:
+        """Delete the vjob's VMs from its nodes and take its network off them."""
+        for vm, node in zip(job.vm_names, job.hosts, strict=False):
+            self.vms.stop(vm, node)
+        if job.hosts:
+            self.vms.network_down(self._subnet(job), list(job.hosts))
 
     # -- end of an OAR job ----------------------------------------------------------------
     def _ever_ran(self, job: SalineJob) -> bool:
@@ -843,8 +855,7 @@ class Manager:
                 return job  # already ended: cancelling again changes nothing
             if job.oar_job_id:
                 self._site(job.site).client.delete(job.oar_job_id, user=job.user)
-            for vm, node in zip(job.vm_names, job.hosts, strict=False):
-                self.vms.stop(vm, node)
+            self._free_nodes(job)
             return self._record(key, "cancelled", {"by": "vjob besteffort cancel"}, phase="cancelled", hosts=[])
 
     def _cleanup_ended(self) -> None:
@@ -862,8 +873,7 @@ class Manager:
                     _log.error("vjob cleanup failed: retried next pass", jobs=[job.key], error=str(exc)[:1000])
 
     def _clean(self, job: SalineJob) -> None:
-        for vm, node in zip(job.vm_names, job.hosts, strict=False):
-            self.vms.stop(vm, node)
+        self._free_nodes(job)
         keep = job.phase == "failed"  # a failed vjob's snapshot is kept for the operator
         if not keep:
             for site in self.sites.values():

@@ -8,6 +8,7 @@ manager's socket, so it is rendered here from the configuration rather than copi
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 
 from saline_bew import admission, deadline_rule, server
@@ -42,9 +43,7 @@ def register(sub: Any) -> None:
         default=admission.HOOK_TIMEOUT_S,
         help="seconds oarsub waits for the site master before accepting the job untouched (1-60)",
     )
-    i.add_argument("--print", action="store_true", help="print the rendered rule instead of installing it")
-    i.add_argument("--oaradmissionrules", default="oaradmissionrules", help="path of OAR's oaradmissionrules command")
-    i.set_defaults(func=_install)
+    _rule_options(i, _install, install=True)
     u = osub.add_parser(
         "uninstall-rules",
         help="remove the vjob admission rule",
@@ -52,8 +51,7 @@ def register(sub: Any) -> None:
         "and -t vjob=... is refused by OAR's type check).",
         epilog="example: vjob oar uninstall-rules",
     )
-    u.add_argument("--oaradmissionrules", default="oaradmissionrules", help="path of OAR's oaradmissionrules command")
-    u.set_defaults(func=_uninstall)
+    _rule_options(u, _uninstall, install=False)
     d = osub.add_parser(
         "install-deadline-rule",
         help="install (or replace) the deadline rule: refuse oarsub -t deadline=DATE when x >= X",
@@ -64,9 +62,7 @@ def register(sub: Any) -> None:
     )
     d.add_argument("--threshold-file", default=None, help="the file the agent publishes X in "
                    "(default: [deadline] threshold_file, which must then be set)")  # fmt: skip
-    d.add_argument("--print", action="store_true", help="print the rendered rule instead of installing it")
-    d.add_argument("--oaradmissionrules", default="oaradmissionrules", help="path of OAR's oaradmissionrules command")
-    d.set_defaults(func=_install_deadline)
+    _rule_options(d, _install_deadline, install=True)
     du = osub.add_parser(
         "uninstall-deadline-rule",
         help="remove vjob's deadline admission rule",
@@ -74,8 +70,16 @@ def register(sub: Any) -> None:
         "accepted without the x-factor check).",
         epilog="example: vjob oar uninstall-deadline-rule",
     )
-    du.add_argument("--oaradmissionrules", default="oaradmissionrules", help="path of OAR's oaradmissionrules command")
-    du.set_defaults(func=_uninstall_deadline)
+    _rule_options(du, _uninstall_deadline, install=False)
+
+
+def _rule_options(parser: Any, func: Callable[[argparse.Namespace], int], *, install: bool) -> None:
+    """The options every rule command shares (both rules go through oaradmissionrules)."""
+    if install:
+        parser.add_argument("--print", action="store_true", help="print the rendered rule instead of installing it")
+    parser.add_argument("--oaradmissionrules", default="oaradmissionrules",
+                        help="path of OAR's oaradmissionrules command")  # fmt: skip
+    parser.set_defaults(func=func)
 
 
 def _install(args: argparse.Namespace) -> int:
@@ -90,18 +94,11 @@ def _install(args: argparse.Namespace) -> int:
         raise UsageError(f"--site {site!r}: not in saline.sites ({', '.join(names) or 'none configured'})")
     socket = str(server.socket_path(args.socket, configured=config.saline.socket))
     rule = admission.render(site=site, socket=socket, timeout_s=args.timeout)
-    if args.print:
-        print(rule, end="")
-        return 0
-    new, replaced = admission.install(rule, args.oaradmissionrules)
-    print(f"vjob admission rule #{new} installed for site {site}" + (f" (replaced #{replaced})" if replaced else ""))
-    return 0
+    return _put(args, rule, admission.MARK, "vjob admission rule", f"installed for site {site}")
 
 
 def _uninstall(args: argparse.Namespace) -> int:
-    removed = admission.uninstall(args.oaradmissionrules)
-    print(f"vjob admission rule{'s' if len(removed) > 1 else ''} #{removed} removed" if removed else "no vjob rule")
-    return 0
+    return _take_out(args, admission.MARK, "vjob admission rule", "no vjob rule")
 
 
 def _install_deadline(args: argparse.Namespace) -> int:
@@ -109,15 +106,26 @@ def _install_deadline(args: argparse.Namespace) -> int:
     if not path:
         raise UsageError("--threshold-file: required, or set [deadline] threshold_file (OAR has no default place)")
     rule = deadline_rule.render(threshold_file=path)
-    if args.print:
-        print(rule, end="")
-        return 0
-    new, replaced = deadline_rule.install(rule, args.oaradmissionrules)
-    print(f"vjob deadline rule #{new} installed, reading {path}" + (f" (replaced #{replaced})" if replaced else ""))
-    return 0
+    return _put(args, rule, deadline_rule.MARK, "vjob deadline rule", f"installed, reading {path}")
 
 
 def _uninstall_deadline(args: argparse.Namespace) -> int:
-    removed = deadline_rule.uninstall(args.oaradmissionrules)
-    print(f"vjob deadline rule #{removed} removed" if removed else "no vjob deadline rule")
+    return _take_out(args, deadline_rule.MARK, "vjob deadline rule", "no vjob deadline rule")
+
+
+def _put(args: argparse.Namespace, rule: str, mark: str, what: str, done: str) -> int:
+    """What both install commands do with their rendered rule: print it (`--print`), or add it
+    with OAR's oaradmissionrules, replacing the earlier rules of the same first line `mark`."""
+    if args.print:
+        print(rule, end="")
+        return 0
+    new, replaced = admission.install(rule, args.oaradmissionrules, mark=mark)
+    print(f"{what} #{new} {done}" + (f" (replaced #{replaced})" if replaced else ""))
+    return 0
+
+
+def _take_out(args: argparse.Namespace, mark: str, what: str, none: str) -> int:
+    """What both uninstall commands do: remove every rule whose first line is `mark`."""
+    removed = admission.uninstall(args.oaradmissionrules, mark=mark)
+    print(f"{what}{'s' if len(removed) > 1 else ''} #{removed} removed" if removed else none)
     return 0

@@ -8,7 +8,11 @@ taken the nodes back (libvirt's QEMU processes are not in the job's cpuset).
 The guest is the tiny direct-boot guest of provisioning.guest: the vjob's COMMAND is its
 payload script (run by the guest's shell, never by a host shell), and the guest powers off
 when the command ends, which is how the manager sees the vjob finish. The network identity
-(subnetID, vmID, MAC, IP) reaches the guest on its kernel command line.
+(subnetID, vmID, MAC, IP) reaches the guest on its kernel command line, and each VM has a NIC
+with that MAC on the vjob's private network: provisioning.network's per-job bridge (the one
+of multi-node jobs), created on a node before a VM of the vjob arrives there and removed when
+the last one leaves, so a vjob resumed or migrated elsewhere finds its network again, with
+the same addresses, and no other job's VM is on it.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from provisioning import coordinated, guest, transfer
+from provisioning import coordinated, guest, network, transfer
 from provisioning.coordinated import Cut, Member
 from provisioning.driver import (  # _write_manifest: the driver's own manifest format
     MANIFEST_SUFFIX,
@@ -31,9 +35,12 @@ from provisioning.driver import (  # _write_manifest: the driver's own manifest 
 from provisioning.images import Catalogue
 from provisioning.vm_types import Snapshot
 from saline_bew.identity import NetworkIdentity
+from vjob import log
 from vjob.errors import InputError
 from vjob.model import VMState
 from vjob.store.db import Store
+
+_log = log.get("saline")
 
 
 def snapshot_files(vm: str, label: str) -> list[str]:
@@ -81,7 +88,24 @@ class SalineVMs:
             kernel=files.kernel,
             initrd=files.initrd,
             cmdline=f"{files.cmdline} {ids}",
+            nic=(identity.mac, network.bridge_name(identity.subnet_id, network.SALINE_FAMILY)),
         )
+
+    def network_up(self, subnet_id: int, nodes: list[str]) -> None:
+        """The vjob's private network on every node in `nodes` (before its VMs boot, are
+        restored or migrate there: libvirt refuses a NIC whose bridge is missing)."""
+        for node in dict.fromkeys(nodes):
+            network.ensure_bridge(self.driver.connection(node), subnet_id, network.SALINE_FAMILY)
+
+    def network_down(self, subnet_id: int, nodes: list[str]) -> None:
+        """Remove the vjob's network from nodes none of its VMs runs on any more. Best effort:
+        a bridge left behind holds no VM and costs nothing; it is logged."""
+        for node in dict.fromkeys(nodes):
+            try:
+                network.remove_bridge(self.driver.connection(node), subnet_id, network.SALINE_FAMILY)
+            except Exception as exc:  # noqa: BLE001 - see above
+                bridge = network.bridge_name(subnet_id, network.SALINE_FAMILY)
+                _log.warning("vjob network not removed", node=node, bridge=bridge, error=str(exc)[:300])
 
     def boot_fresh(self, spec: VMSpec, node: str, *, job_id: int) -> None:
         """Boot from the image: a new vjob, or one killed before its first safe snapshot."""

@@ -15,6 +15,7 @@ import pwd
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from plugins.oar.client import OarRest
+from plugins.oar.client import OarCommands, OarRest
 from provisioning.driver import Driver
 from provisioning.images import Catalogue
 from saline_bew import journal
@@ -33,6 +34,7 @@ from saline_bew.repository import Repository
 from saline_bew.sites import Site
 from saline_bew.vms import SalineVMs
 from vjob.config import ProvisioningConfig, parse
+from vjob.errors import CommandError
 from vjob.store.db import Store, now
 
 
@@ -177,6 +179,7 @@ class InteractiveJob:
     manager; `started_after_s` is how long the user waited for the shell."""
 
     def __init__(self, user: str, resource: str, properties: str) -> None:
+        self.user = user
         home = pwd.getpwnam(user).pw_dir
         argv = ["runuser", "-u", user, "--", "oarsub", "-I", "-l", resource, "-p", properties]
         env = {"PATH": os.environ["PATH"], "PWD": home, "HOME": home, "LANG": "C", "TERM": "dumb"}
@@ -218,7 +221,8 @@ class InteractiveJob:
         os.write(self.fd, line.encode() + b"\n")
 
     def close(self) -> int:
-        """Leave the shell (OAR then ends the job); kill oarsub if it does not end."""
+        """Leave the shell, end oarsub (killed if it does not end), and make sure the job is
+        over in OAR before returning (`end_job`)."""
         if self.started_after_s is not None:
             with contextlib.suppress(OSError):
                 self.type("exit")
@@ -234,7 +238,32 @@ class InteractiveJob:
         with contextlib.suppress(OSError):
             os.close(self.fd)
         self._reader.join(timeout=5)
+        self.end_job()
         return os.waitstatus_to_exitcode(status)
+
+    def end_job(self, timeout: float = 60) -> None:
+        """Delete the job if OAR still runs it, and wait until OAR has finished it.
+
+        Why: oarsub ends an interactive job only when it is told the shell is gone (SIGUSR1 to
+        the node's oarexec, or its own oardel on a hang-up); in full-suite runs a closed
+        `oarsub -I` left its job Running until its walltime, its OAREXEC alive, holding all of
+        site a, and the next test waited 240 s in vain for the site."""
+        if self.job_id is None:
+            return
+        oar = OarCommands(timeout_s=30)
+        job = oar.job(self.job_id)
+        if job is None or job.finished:
+            return
+        print(f"oarsub -I ended, its job {self.job_id} still {job.state}: oardel, waiting for its end; "
+              f"its terminal: {self.output[-400:]!r}", file=sys.stderr)  # fmt: skip
+        with contextlib.suppress(CommandError):  # oarsub's own oardel may have come first
+            oar.delete(self.job_id, user=self.user)
+        deadline = time.monotonic() + timeout
+        while job is not None and not job.finished:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"oarsub -I: OAR job {self.job_id} still {job.state} {timeout:.0f} s after oardel")
+            time.sleep(1)
+            job = oar.job(self.job_id)
 
 
 def until(manager: Manager, key: str, predicate: Callable[[journal.SalineJob], bool], timeout: float, what: str

@@ -153,3 +153,12 @@ def test_the_users_ssh_files_are_never_written_through_a_planted_link(tmp_path: 
     (other / ".ssh").symlink_to(tmp_path)
     with pytest.raises(agent.JobError, match="symbolic link"):
         agent.user_ssh_dir(agent.Job(["s"], {}, 1000, 1000, "ann", str(other), str(tmp_path / "w"), "vm0"))
+
+
+def test_a_pilot_job_and_a_saline_vjob_with_one_subnet_id_get_two_bridges() -> None:
+    """Pilots and Saline allocate subnetIDs separately: the same number must not join them."""
+    pilot, saline = network.bridge_name(7), network.bridge_name(7, network.SALINE_FAMILY)
+    assert pilot != saline and len(saline) <= 15
+    assert f'name="{saline}"' in network.network_xml(7, network.SALINE_FAMILY)
+    with pytest.raises(InputError, match="network family"):
+        network.bridge_name(7, "vjob; rm")

@@ -102,45 +102,51 @@ def test_oarsub_besteffort_vjob_is_wrapped_and_fails_open_without_vjob(
 ) -> None:
     user = oar_cluster.user
     submit = ("-t", "besteffort", "-t", "vjob=empty", "-l", "/resource_id=1,walltime=0:05:00", "sleep 300")
-    with server.Server(manager, rule_and_socket):
+    submitted: list[str] = []  # deleted at the end whatever fails: later tests need the sites free
+    try:
+        with server.Server(manager, rule_and_socket):
+            proc = oarsub(user, *submit)
+            oar_id = job_id(proc)
+            submitted.append(oar_id)
+            key = re.search(r"best-effort vjob (be[0-9a-f]{10})", proc.stdout).group(1)
+            seen = oarstat(oar_id)
+            assert seen["name"] == key and seen["command"] == f"/bin/sh {HOLDER} {key}"
+            assert "besteffort" in seen["types"] and not any(t.startswith("vjob") for t in seen["types"])
+            assert "AND (site='a')" in seen["properties"], seen["properties"]
+            deadline = time.monotonic() + 30
+            while journal.get(manager.store, key).oar_job_id is None and time.monotonic() < deadline:
+                manager.step()
+                time.sleep(0.5)
+            assert journal.get(manager.store, key).oar_job_id == oar_id
+            manager.cancel(key)  # oardel: no VM is started in this test
+
+        # No manager listening: the same oarsub is accepted as a plain best-effort job.
         proc = oarsub(user, *submit)
-        oar_id = job_id(proc)
-        key = re.search(r"best-effort vjob (be[0-9a-f]{10})", proc.stdout).group(1)
-        seen = oarstat(oar_id)
-        assert seen["name"] == key and seen["command"] == f"/bin/sh {HOLDER} {key}"
-        assert "besteffort" in seen["types"] and not any(t.startswith("vjob") for t in seen["types"])
-        assert "AND (site='a')" in seen["properties"], seen["properties"]
-        deadline = time.monotonic() + 30
-        while journal.get(manager.store, key).oar_job_id is None and time.monotonic() < deadline:
-            manager.step()
-            time.sleep(0.5)
-        assert journal.get(manager.store, key).oar_job_id == oar_id
-        manager.cancel(key)  # oardel: no VM is started in this test
+        plain = job_id(proc)
+        submitted.append(plain)
+        assert "Saline did not take the job (no Saline manager at" in proc.stdout
+        seen = oarstat(plain)
+        assert seen["command"] == "sleep 300" and seen["name"] in (None, "") and seen["types"] == ["besteffort"]
 
-    # No manager listening: the same oarsub is accepted as a plain best-effort job.
-    proc = oarsub(user, *submit)
-    plain = job_id(proc)
-    assert "Saline did not take the job (no Saline manager at" in proc.stdout
-    seen = oarstat(plain)
-    assert seen["command"] == "sleep 300" and seen["name"] in (None, "") and seen["types"] == ["besteffort"]
+        # The manager up, its store down: accepted untouched too, within the rule's timeout.
+        dead = Store(f"postgresql+psycopg://vjob:x@127.0.0.1:{free_port()}/vjob", connect_timeout_s=2)
+        manager.store = manager.vms.store = dead
+        with server.Server(manager, rule_and_socket):
+            start = time.monotonic()
+            proc = oarsub(user, *submit)
+            took = time.monotonic() - start
+        untouched = job_id(proc)
+        submitted.append(untouched)
+        assert "Saline did not take the job (Saline refused it" in proc.stdout, proc.stdout
+        assert oarstat(untouched)["command"] == "sleep 300" and took < 15
 
-    # The manager up, its store down: accepted untouched too, within the rule's timeout.
-    dead = Store(f"postgresql+psycopg://vjob:x@127.0.0.1:{free_port()}/vjob", connect_timeout_s=2)
-    manager.store = manager.vms.store = dead
-    with server.Server(manager, rule_and_socket):
-        start = time.monotonic()
-        proc = oarsub(user, *submit)
-        took = time.monotonic() - start
-    untouched = job_id(proc)
-    assert "Saline did not take the job (Saline refused it" in proc.stdout, proc.stdout
-    assert oarstat(untouched)["command"] == "sleep 300" and took < 15
-
-    # -t vjob=IMAGE without -t besteffort: refused by OAR with the reason, whatever vjob's state
-    alone = oarsub(user, *[w for w in submit if w != "besteffort"][1:])
-    said = alone.stdout + alone.stderr
-    assert alone.returncode != 0 and "OAR_JOB_ID" not in said, said
-    assert "vjob: refused: -t vjob=IMAGE needs -t besteffort" in said, said
-    oardel(oar_id, plain, untouched)
+        # -t vjob=IMAGE without -t besteffort: refused by OAR with the reason, whatever vjob's state
+        alone = oarsub(user, *[w for w in submit if w != "besteffort"][1:])
+        said = alone.stdout + alone.stderr
+        assert alone.returncode != 0 and "OAR_JOB_ID" not in said, said
+        assert "vjob: refused: -t vjob=IMAGE needs -t besteffort" in said, said
+    finally:
+        oardel(*submitted)
 
 
 def _local(t: float) -> str:

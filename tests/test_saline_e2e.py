@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -21,10 +22,10 @@ import pytest
 from devkit import guest_probe
 from devkit.guest_probe import wait_for_counter
 from plugins.oar.client import OarCommands, SubmitRequest
-from provisioning import guest
+from provisioning import guest, network
 from provisioning.driver import Driver
 from provisioning.images import Catalogue
-from saline_bew import journal
+from saline_bew import identity, journal
 from saline_bew.manager import Manager
 from saline_bew.repository import Repository
 from saline_bew.sites import Site
@@ -163,11 +164,27 @@ def _run_kill_resume(
         while not ran_on() and time.monotonic() < deadline:
             time.sleep(0.5)
         after = guest_probe.counters(log_b)
+        _assert_on_its_network(manager, resumed, "127.0.0.1")
         return before, after, resumed
     finally:
-        end_blocker()
-        manager.cancel(job.key)
-        manager.step()
+        try:
+            end_blocker()
+        finally:  # the vjob's OAR job goes too, whatever ending the blocker raised
+            manager.cancel(job.key)
+            manager.step()
+
+
+def _assert_on_its_network(manager: Manager, job: journal.SalineJob, node: str) -> None:
+    """After the relocation (restored from a snapshot, or live-migrated) the VM at `node` has
+    its NIC on the vjob's bridge with the MAC of its subnetID/vmID, as at site a."""
+    (ident,) = identity.assign(manager.store, site=job.site, job_key=job.key, vm_names=job.vm_names,
+                               mac_prefix=manager.cfg.mac_prefix, network=manager.cfg.network)  # fmt: skip
+    dom = manager.vms.driver.connection(node).lookupByName(job.vm_names[0])
+    nics = [
+        (nic.find("mac").get("address"), nic.find("source").get("bridge"))  # type: ignore[union-attr]
+        for nic in ET.fromstring(dom.XMLDesc(0)).findall("./devices/interface[@type='bridge']")
+    ]
+    assert nics == [(ident.mac, network.bridge_name(ident.subnet_id, network.SALINE_FAMILY))], nics
 
 
 def test_killed_vjob_resumes_at_the_other_site_from_its_last_snapshot(env: Env) -> None:

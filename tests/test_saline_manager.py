@@ -8,8 +8,10 @@ repository that is full or read-only is a real tmpfs mounted for the test.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +19,7 @@ import pytest
 
 from plugins.oar.client import OarRest
 from plugins.oar.parse import OarEvent, OarJob
-from provisioning import coordinated
+from provisioning import coordinated, network
 from provisioning.driver import Driver
 from provisioning.images import Catalogue
 from saline_bew import identity, journal
@@ -37,6 +39,20 @@ pytestmark = pytest.mark.libvirt
 
 @pytest.fixture
 def manager(tmp_path: Path, test_nodes: dict[str, str]) -> Iterator[Manager]:
+    with _manager(tmp_path, test_nodes, vm_dir=str(tmp_path / "vms" / "{node}")) as m:
+        yield m
+
+
+@pytest.fixture
+def shared_manager(tmp_path: Path, test_nodes: dict[str, str]) -> Iterator[Manager]:
+    """One vm_dir for both nodes (shared storage): a VM's saved state restores on either node
+    unchanged, which is all the test driver can do (it cannot rewrite a state's disk paths)."""
+    with _manager(tmp_path, test_nodes, vm_dir=str(tmp_path / "vms")) as m:
+        yield m
+
+
+@contextlib.contextmanager
+def _manager(tmp_path: Path, test_nodes: dict[str, str], *, vm_dir: str) -> Iterator[Manager]:
     store = Store(f"sqlite:///{tmp_path / 'vjob.sqlite'}")
     store.upgrade()
     image = tmp_path / "empty.qcow2"
@@ -49,7 +65,7 @@ def manager(tmp_path: Path, test_nodes: dict[str, str]) -> Iterator[Manager]:
             "provisioning": {
                 "nodes": test_nodes,
                 "snapshot_dir": str(tmp_path / "snap" / "{node}"),
-                "vm_dir": str(tmp_path / "vms" / "{node}"),
+                "vm_dir": vm_dir,
             },
             "saline": {"sites": [{"name": "a", "oar_api_url": dead_api, "repository": str(tmp_path / "repo")}]},
         }
@@ -305,3 +321,71 @@ def test_a_two_vm_vjob_is_snapshotted_in_one_cut(
     after = journal.get(manager.store, job.key)
     files = sorted(manager.sites["a"].repository.label_dir(job.key, after.snapshot_label).iterdir())
     assert len(files) == 6, "memory, overlay copy and manifest of each of the two VMs"
+
+
+def _nics(manager: Manager, vm: str, node: str) -> list[tuple[str | None, str | None]]:
+    """(MAC, bridge) of every NIC of `vm` as libvirt on `node` has it."""
+    dom = manager.vms.driver.connection(node).lookupByName(vm)
+    root = ET.fromstring(dom.XMLDesc(0))
+    return [
+        (nic.find("mac").get("address"), nic.find("source").get("bridge"))  # type: ignore[union-attr]
+        for nic in root.findall("./devices/interface[@type='bridge']")
+    ]
+
+
+def _bridges(manager: Manager, node: str) -> set[str]:
+    """The job networks active on `node` (libvirt networks named like provisioning's bridges)."""
+    return {n.name() for n in manager.vms.driver.connection(node).listAllNetworks() if n.isActive()}
+
+
+def test_a_vjobs_vms_are_on_its_own_network_with_the_same_addresses_after_a_resume_elsewhere(
+    shared_manager: Manager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each VM has a NIC whose MAC is the one of its subnetID/vmID on the vjob's bridge
+    (provisioning.network, the multi-node jobs' network); another vjob gets another bridge; a
+    kill takes the network off the node with the VMs; a resume on another node creates it
+    there and the VMs come back with the same MACs."""
+    manager = shared_manager
+    monkeypatch.setattr(network, "_link_exists", lambda _name: False)  # whatever bridges this host has
+    first = journal.create(manager.store, key="be0123456789", user="alice", image="empty", command=["true"],
+                           vm_count=2, vcpus=1, memory_mb=128, walltime="1:00:00", site="a")  # fmt: skip
+    other = journal.create(manager.store, key="beabcdefabcd", user="bob", image="empty", command=["true"],
+                           vm_count=1, vcpus=1, memory_mb=128, walltime="1:00:00", site="a")  # fmt: skip
+    for job in (first, other):
+        assert manager._lease(job.key)
+        journal.record(manager.store, job.key, "test", oar_job_id="1")  # as after the submission
+        manager._deploy(journal.get(manager.store, job.key), _running_again(job, "n1"))
+    ids = identity.assign(manager.store, site="a", job_key=first.key, vm_names=first.vm_names,
+                          mac_prefix="52:54:00", network="10.0.0.0/8")  # fmt: skip
+    (theirs,) = identity.assign(manager.store, site="a", job_key=other.key, vm_names=other.vm_names,
+                                mac_prefix="52:54:00", network="10.0.0.0/8")  # fmt: skip
+    bridge = network.bridge_name(ids[0].subnet_id, network.SALINE_FAMILY)
+    assert (
+        theirs.subnet_id != ids[0].subnet_id and network.bridge_name(theirs.subnet_id, network.SALINE_FAMILY) != bridge
+    )
+    assert _bridges(manager, "n1") == {bridge, network.bridge_name(theirs.subnet_id, network.SALINE_FAMILY)}
+    for vm, ident in zip(first.vm_names, ids, strict=True):
+        assert _nics(manager, vm, "n1") == [(ident.mac, bridge)]
+        assert ident.mac == f"52:54:00:{ident.subnet_id >> 8:02x}:{ident.subnet_id & 0xFF:02x}:{ident.vm_id:02x}"
+        assert ident.ip == str(network.ip_address(ident.subnet_id, ident.vm_id))
+    assert _nics(manager, other.vm_names[0], "n1") == [
+        (theirs.mac, network.bridge_name(theirs.subnet_id, network.SALINE_FAMILY))
+    ]
+
+    job = journal.get(manager.store, first.key)
+    assert manager.snapshot(job, reason="periodic")
+    with pytest.raises(CommandError, match="unreachable"):  # killed; then OAR is asked again
+        manager._ended(journal.get(manager.store, job.key), _killed_by_oar(job))
+    assert _bridges(manager, "n1") == {network.bridge_name(theirs.subnet_id, network.SALINE_FAMILY)}, (
+        "the killed vjob's network stayed"
+    )
+    assert bridge not in _bridges(manager, "n2")
+    manager._deploy(journal.get(manager.store, job.key), _running_again(job, "n2"))
+    resumed = journal.get(manager.store, job.key)
+    assert resumed.hosts == ("n2", "n2") and journal.events(manager.store, job.key)[-1].kind == "resumed"
+    assert _bridges(manager, "n2") == {bridge}
+    for vm, ident in zip(first.vm_names, ids, strict=True):
+        assert _nics(manager, vm, "n2") == [(ident.mac, bridge)]
+    journal.record(manager.store, other.key, "test", oar_job_id=None)  # no OAR job to delete (OAR is unreachable)
+    manager.cancel(other.key)
+    assert _bridges(manager, "n1") == set()

@@ -114,6 +114,25 @@ def _stop_tree(pid: int) -> None:
     stop_pid(pid, grace_s=10)
 
 
+def _oarexecs() -> set[int]:
+    """Pids of OAR's per-job `perl - JOBID OAREXEC` processes (uid oar). They are detached from
+    Almighty (parent 1), so stopping its tree does not reach them; one whose job OAR never
+    ended outlives the run (seen: an interactive job's)."""
+    oar_uid = pwd.getpwnam("oar").pw_uid
+    found = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            words = (proc / "cmdline").read_bytes().split(b"\0")
+            owner = proc.stat().st_uid
+        except OSError:
+            continue
+        if owner == oar_uid and len(words) >= 4 and words[1] == b"-" and words[2].isdigit() and words[3] == b"OAREXEC":
+            found.add(int(proc.name))
+    return found
+
+
 def _pid_alive(pidfile: Path) -> bool:
     try:
         os.kill(int(pidfile.read_text().split()[0]), 0)
@@ -145,6 +164,7 @@ def oar_cluster() -> Iterator[OarCluster]:
     apache_dir = base / "apache"
     api_port = free_port()
     started: dict[str, int] = {}
+    before = _oarexecs()  # none of ours yet: only these are left alone at the end
     try:
         log = Path("/var/log/oar.log")
         log.touch()
@@ -205,6 +225,10 @@ def oar_cluster() -> Iterator[OarCluster]:
             _run("useradd", "-m", "-s", "/bin/bash", TEST_USER)
         yield OarCluster(api_url=f"http://127.0.0.1:{api_port}/oarapi", user=TEST_USER)
     finally:
+        for pid in sorted(_oarexecs() - before):  # ours, by pid; the job's processes first
+            for child in _children(pid):
+                _stop_tree(child)
+            stop_pid(pid, grace_s=2)  # it ignores SIGTERM
         if "apache" in started:
             stop_pid(started["apache"], grace_s=10)
         if "almighty" in started:
