@@ -238,6 +238,7 @@ def main() -> None:
     parser.add_argument("--cell", default="0.2:100:0.15", help="interactive share:mean size:cap")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--slack", type=float, default=None, help="[scheduling] head_slack_s (default: the config's)")
+    parser.add_argument("--reserve", type=int, default=0, help="[scheduling] interactive_reserve_nodes (default 0)")
     args = parser.parse_args()
     frac, size, cap = (float(x) for x in args.cell.split(":"))
     w = apply(
@@ -245,7 +246,9 @@ def main() -> None:
         args.nodes,
         UbisSetup(frac, size, os_count=2, seed=args.seed),
     )
-    sched = SchedulingConfig() if args.slack is None else SchedulingConfig(head_slack_s=args.slack)
+    sched = SchedulingConfig(interactive_reserve_nodes=args.reserve)
+    if args.slack is not None:
+        sched = sched.model_copy(update={"head_slack_s": args.slack})
     t0 = time.perf_counter()
     sim = Watched(w, ClusterModel(nodes=args.nodes), "vjob", PriorityConfig(interactive_cap=cap), scheduling=sched)
     result = sim.run()
@@ -263,6 +266,7 @@ def main() -> None:
         "seed": args.seed,
         "jobs": args.jobs,
         "head_slack_s": sched.head_slack_s,
+        "interactive_reserve_nodes": sched.interactive_reserve_nodes,
         "admitted": adm["count"],
         "admitted_mean_wait_s": adm["mean_wait_s"],
         "breakdown_mean_s": per_job,
@@ -276,6 +280,7 @@ def main() -> None:
         "refused_preemptor_estimate_s_median": float(np.median(sim.preemptor_est)) if sim.preemptor_est else None,
         "utilization": doc["utilization"],
         "batch_mean_response_s": doc["by_class"]["batch"]["mean_response_s"],
+        "large_batch_mean_response_s": doc["batch_by_size"]["large"]["mean_response_s"],
         "interactive_mean_wait_s": doc["by_class"]["interactive"].get("mean_wait_s"),
         "preemptions": result.preemptions,
         "seconds": round(time.perf_counter() - t0, 1),

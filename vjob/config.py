@@ -143,6 +143,12 @@ class SchedulingConfig(Section):
     job's reserved start (they end after it, or are back and done before it), then by cost
     (shorter interactive waits, but more preemptions cost batch work; docs/policy.md);
     fallback = by cost, and when the guard refuses those, once more in guard's order."""
+    interactive_reserve_nodes: int = Field(0, ge=0, le=1_000_000)
+    """vjob: free nodes kept for interactive jobs not yet arrived (0 = off): other jobs start,
+    and are backfilled, only if they leave this many free (at most the cap's room; a job larger
+    than the machine minus the reserve is not held to it), and the queue head's EASY
+    reservation counts them (preemption/scheduling/reserve.py). Costs batch work on the Lublin
+    grid, hence off (docs/policy.md)."""
 
 
 class AgentConfig(Section):

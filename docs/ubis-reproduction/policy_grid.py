@@ -39,6 +39,8 @@ ABLATION: dict[str, dict[str, Any]] = {
     "over-cap interactive: guarded": {"interactive_ahead": "guarded"},
     "never preempt": {"max_preemptions": 0},
     "victims harmless to the guard first": {"victims": "guard"},
+    "interactive reserve 25 nodes": {"interactive_reserve_nodes": 25},
+    "interactive reserve 50 nodes": {"interactive_reserve_nodes": 50},
 }
 _TRACE: dict[str, Any] = {}
 

@@ -50,9 +50,10 @@ from preemption.scheduling.policies import (
     ubis_order,
     vjob_tiers,
 )
+from preemption.scheduling.reserve import need_beside, reserve_nodes
 from preemption.scheduling.victims import Candidate, checkpoint_bytes, choose_victims, running_priorities
 from ubis_priority import allowed, compute, integer_priority
-from ubis_priority.interactive import held_by_interactive
+from ubis_priority.interactive import cap_limit, held_by_interactive
 from vjob.config import Config
 from vjob.model import ClusterView, Job, JobClass, JobState, Node
 from vjob.rms import PriorityKnob
@@ -173,11 +174,11 @@ def decide(
         if hard and job.interactive and not priv:
             continue  # beyond the cap: it waits, and is not the head either
         if state.guarded and job.interactive and not priv:  # vjob: beyond the cap, never the head
-            if job.nodes <= state.free_count() and (state.guard is None or state.keeps_guard(job, (), job.nodes)):
+            if state.fits_beside(job) and (state.guard is None or state.keeps_guard(job, (), job.nodes)):
                 state.start(job, False)
                 started.append(job.id)
             continue
-        if job.nodes <= state.free_count():
+        if (job.nodes <= state.free_count()) if priv else state.fits_beside(job):
             state.start(job, priv)
             started.append(job.id)
             continue
@@ -191,7 +192,9 @@ def decide(
         break
     free = state.free_count()
     if head is not None and free > 0 and not (blocks_behind_interactive(policy) and head_priv):
-        shadow, extra = reservation(view.now, free, head.nodes, state.holds.values())
+        kept = state.reserve()
+        need = head.nodes if head_priv else need_beside(head.nodes, kept, len(state.node_order))
+        shadow, extra = reservation(view.now, free, need, state.holds.values())
         rest = ordered[head_at + 1 :]
         if state.by_cost and state.interactive_ahead == "backfill":  # interactive jobs looked at first
             rest = [j for j in rest if j.interactive] + [j for j in rest if not j.interactive]
@@ -200,7 +203,13 @@ def decide(
         if hard:
             rest = [j for j in rest if not j.interactive]
         late = backfill(
-            view.now, free, shadow, extra, range(len(rest)), [j.nodes for j in rest], [_estimate(j) for j in rest]
+            view.now,
+            max(0, free - kept),
+            shadow,
+            extra,
+            range(len(rest)),
+            [j.nodes for j in rest],
+            [_estimate(j) for j in rest],
         )
         for i in late:
             job = rest[i]
@@ -293,6 +302,8 @@ class _Pass:
         self.guarded = self.by_cost and self.interactive_ahead == "guarded"
         self.harmless_first = cfg.scheduling.victims == "guard"
         self.fallback = cfg.scheduling.victims == "fallback"
+        self.reserve_asked = cfg.scheduling.interactive_reserve_nodes if self.by_cost else 0
+        """vjob: `[scheduling] interactive_reserve_nodes` (reserve.py)."""
         self.anchors: dict[str, float] = {}
         """vjob: the guard's reserved start when first checked (`guard.keeps_reservation`)."""
         self.returning: list[tuple[float, int]] = []
@@ -336,6 +347,17 @@ class _Pass:
 
     def free_count(self) -> int:
         return sum(1 for n in self.node_order if self.owner[n] is None)
+
+    def reserve(self) -> int:
+        """The free nodes kept for interactive arrivals now (`reserve.reserve_nodes`)."""
+        if not self.reserve_asked:
+            return 0
+        return reserve_nodes(self.reserve_asked, cap_limit(self.cfg.interactive_cap, len(self.node_order)), self.held)
+
+    def fits_beside(self, job: Job) -> bool:
+        """Whether `job`, not a privileged interactive job, starts on the free nodes and
+        leaves the reserve free (`reserve.need_beside`)."""
+        return need_beside(job.nodes, self.reserve(), len(self.node_order)) <= self.free_count()
 
     def within_caps(self, job: Job) -> bool:
         """Whether interactive `job` may start now as interactive (the one cap rule)."""
