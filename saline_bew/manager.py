@@ -855,7 +855,16 @@ class Manager:
                 return job  # already ended: cancelling again changes nothing
             if job.oar_job_id:
                 self._site(job.site).client.delete(job.oar_job_id, user=job.user)
-            self._free_nodes(job)
+            try:
+                self._free_nodes(job)
+            except (StoreError, LeaseLost):
+                raise
+            except Exception as exc:  # noqa: BLE001 - the OAR job is gone: the cancel must be recorded
+                # A node's libvirt is unreachable: the vjob is cancelled all the same and keeps
+                # its hosts, so the cleanup pass removes the VMs once the node answers.
+                _log.warning("vjob cancelled; its VMs are left to the cleanup pass", jobs=[key], error=str(exc)[:300])
+                return self._record(key, "cancelled", {"by": "vjob besteffort cancel", "vms_left": str(exc)[:300]},
+                                    phase="cancelled")  # fmt: skip
             return self._record(key, "cancelled", {"by": "vjob besteffort cancel"}, phase="cancelled", hosts=[])
 
     def _cleanup_ended(self) -> None:

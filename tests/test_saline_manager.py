@@ -20,7 +20,7 @@ import pytest
 from plugins.oar.client import OarRest
 from plugins.oar.parse import OarEvent, OarJob
 from provisioning import coordinated, network
-from provisioning.driver import Driver
+from provisioning.driver import Driver, DriverError
 from provisioning.images import Catalogue
 from saline_bew import identity, journal
 from saline_bew.manager import Manager
@@ -228,6 +228,30 @@ def test_cancel_cleans_vms_snapshots_and_identities_once(manager: Manager) -> No
         manager.store, site="a", job_key="next", vm_names=["next-vm0"], mac_prefix="52:54:00", network="10.0.0.0/8"
     )
     assert fresh[0].subnet_id == 1  # the cancelled vjob's subnet is free again
+
+
+def test_cancel_with_a_node_unreachable_is_recorded_and_the_cleanup_removes_the_vms_later(
+    manager: Manager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = _running(manager)
+    journal.record(manager.store, job.key, "test", oar_job_id=None)  # no OAR job to delete (OAR is unreachable)
+    driver = manager.vms.driver
+    real_connection = driver.connection
+
+    def unreachable(node: str) -> object:
+        raise DriverError("connect", "-", node, "libvirt unreachable")
+
+    monkeypatch.setattr(driver, "connection", unreachable)
+    assert manager.cancel(job.key).phase == "cancelled"  # recorded, not raised: the OAR job is gone
+    kinds = [e.kind for e in journal.events(manager.store, job.key)]
+    assert kinds[-1] == "cancelled" and "cleaned" not in kinds
+    manager.step()  # the node is still unreachable: the cleanup fails and is retried, nothing lost
+    assert "cleaned" not in [e.kind for e in journal.events(manager.store, job.key)]
+    monkeypatch.setattr(driver, "connection", real_connection)
+    assert driver.state(job.vm_names[0], "n1") == VMState.RUNNING
+    manager.step()
+    assert driver.state(job.vm_names[0], "n1") is None
+    assert [e.kind for e in journal.events(manager.store, job.key)].count("cleaned") == 1
 
 
 def _killed_by_oar(job: journal.SalineJob) -> OarJob:
