@@ -13,16 +13,23 @@ agent.recover, the journal counts each job's migrations (the bound against ping-
 holds, root-written, the host each VM was moved to (agent.observe trusts a pilot's node
 outside its allocation only when the journal moved it there); the store's `vms` rows follow.
 
+After each completed move the VM's balloon is set to the destination kind's memory per slot,
+bounded by the domain's ceiling and never below what its job asked (preemption.remap.memory;
+through the provisioning driver, logged with the job): a thrashing job moved to a bigger kind
+gets the memory there, and gives it back when it moves to a smaller one.
+
 Scope: vjobs of one VM. A pilot refuses to migrate a job of several VMs VM by VM
 (agent.pilot_requests), so those are not remapped yet (the pure parts handle several VMs).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.observe import Observation
 from agent.pilot_performer import EXECUTOR_TAG, PilotRequestPerformer
@@ -40,6 +47,7 @@ from preemption.remap.live import (
     node_subclusters,
     running_jobs,
 )
+from preemption.remap.memory import MemoryTarget, balloon_target_mib, targets_after
 from preemption.remap.models import Profile, SubCluster
 from preemption.remap.policy import Decision, RemapParams
 from vjob.errors import VjobError
@@ -54,8 +62,21 @@ if TYPE_CHECKING:
     from agent.loop import Agent
     from provisioning.profiling import DomainSample
 
+STATUS_NAME = "remap.json"
+"""The step's last summary (skip reasons, moves, balloon targets) for `vjob status`, in the data
+directory, rewritten when it changes."""
+
 Sampler = Callable[[str, Sequence[str]], Mapping[str, "DomainSample"]]
 """(node, VM names on it) → one sample of each: libvirt's domain statistics by default."""
+
+
+class MemoryControl(Protocol):
+    """The provisioning driver's memory calls (provisioning.driver.Driver), all the step needs to
+    set a balloon target."""
+
+    def memory(self, vm: str, node: str) -> tuple[int, int]: ...
+
+    def set_memory(self, vm: str, node: str, mib: int) -> None: ...
 
 
 @dataclass
@@ -72,6 +93,12 @@ class RemapState:
     skipped: dict[str, str] = field(default_factory=dict)
     """vjob → why the last step left it alone (the pass's claims; preemption.remap.claims)."""
     report: ExecutionReport | None = None
+    memory: MemoryControl | None = None
+    """Sets balloon targets after moves; the provisioning driver by default."""
+    targets: list[dict[str, Any]] = field(default_factory=list)
+    """The balloon targets the last moves set (or failed to set), for the log and tests."""
+    published: dict[str, Any] | None = None
+    """The summary last written for `vjob status` (STATUS_NAME)."""
 
 
 def libvirt_sampler(connection: Callable[[str], virConnect]) -> Sampler:
@@ -152,11 +179,67 @@ def step(agent: Agent, obs: Observation, state: RemapState, claims: PassClaims |
         moves = moves_for(state.decisions, places)
     state.moves = moves
     if not moves:
+        publish(agent, state)
         return None
     state.report = report = _carry_out(agent, obs, moves)
     for m in moves:
         state.samples.pop(m.vm, None)  # its next window starts on the new host
+    done = {(a.vm, a.dst) for a in report.done}
+    moved = [m for m in moves if (m.vm, m.dst) in done]
+    if moved:
+        node_sc = node_subclusters(obs.view.nodes, farm)
+        state.targets = set_memory(agent, state, targets_after(moved, every, node_sc, farm))
+    publish(agent, state)
     return report
+
+
+def publish(agent: Agent, state: RemapState) -> None:
+    """The step's summary where `vjob status` reads it (the data directory, root's), when it
+    changed: why each vjob was left alone, the last moves and balloon targets. The status reads
+    the pilots and the store, never the agent's memory; a write failure is only logged."""
+    doc = summary(state)
+    if doc == state.published:
+        return
+    path = agent.cfg.data_path / STATUS_NAME
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(doc | {"at": time.time()}) + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        agent.log.warning("remap: cannot write the status", path=str(path), error=str(exc))
+        return
+    state.published = doc
+
+
+def set_memory(agent: Agent, state: RemapState, targets: Sequence[MemoryTarget]) -> list[dict[str, Any]]:
+    """Each moved VM's balloon to its new kind's memory per slot, bounded by the domain's ceiling
+    and never below what its job asked. A failure is logged with the job and the VM keeps the
+    memory it had: the move itself is done and journalled."""
+    if state.memory is None:
+        state.memory = _driver(agent)
+    out = []
+    for t in targets:
+        rec: dict[str, Any] = {"job": t.job, "vm": t.vm, "node": t.node, "kind": t.kind, "want_mib": t.want_mib}
+        try:
+            current, most = state.memory.memory(t.vm, t.node)
+            target = balloon_target_mib(t.want_mib, t.asked_mib, most)
+            rec |= {"from_mib": current, "max_mib": most, "mib": target}
+            if target != current:
+                state.memory.set_memory(t.vm, t.node, target)
+            agent.log.info("remap: vm memory", **rec)
+        except VjobError as exc:
+            rec["error"] = str(exc)
+            agent.log.warning("remap: cannot set the vm's memory", **rec)
+        out.append(rec)
+    return out
+
+
+def _driver(agent: Agent) -> Any:
+    """The provisioning driver over the agent's configured nodes (libvirt: only when remapping)."""
+    from provisioning.driver import Driver  # heavy: libvirt-python
+
+    return Driver(agent.cfg.provisioning, data_dir=agent.cfg.data_path)
 
 
 def _profile(
@@ -171,9 +254,9 @@ def _profile(
     from provisioning.profiling import window  # heavy: libvirt
 
     if state.sampler is None:
-        from provisioning.driver import Driver  # heavy: libvirt-python
-
-        state.sampler = libvirt_sampler(Driver(agent.cfg.provisioning, data_dir=agent.cfg.data_path).connection)
+        if state.memory is None:
+            state.memory = _driver(agent)
+        state.sampler = libvirt_sampler(state.memory.connection)  # type: ignore[attr-defined]
     by_node: dict[str, list[str]] = {}
     for p in places:
         for vm, node in p.vms:
@@ -226,7 +309,19 @@ def summary(state: RemapState) -> dict[str, Any]:
                       for d in state.decisions],
         "moves": [{"job": m.job, "vm": m.vm, "src": m.src, "dst": m.dst, "why": m.why} for m in state.moves],
         "skipped": dict(state.skipped),
+        "memory": list(state.targets),
     }  # fmt: skip
 
 
-__all__ = ["RemapState", "Sampler", "libvirt_sampler", "placements", "step", "summary"]
+__all__ = [
+    "STATUS_NAME",
+    "MemoryControl",
+    "RemapState",
+    "Sampler",
+    "libvirt_sampler",
+    "placements",
+    "publish",
+    "set_memory",
+    "step",
+    "summary",
+]

@@ -36,10 +36,13 @@ from agent.pilot_multinode import JobVMs, job_ssh_key, member_names, network_of
 from plugins import RMS_PACKAGES, job_environment
 from plugins.slurm import hostlist
 from plugins.slurm.images import requested_image
+from preemption.remap.farm import load_subclusters
+from preemption.remap.memory import domain_max_mib
 from provisioning import guest, images, job_disk, network, safe_dirs
+from vjob import log
 from vjob.cli import load_config
 from vjob.config import Config, ProvisioningConfig
-from vjob.errors import CommandError, InputError, UsageError
+from vjob.errors import CommandError, InputError, UsageError, VjobError
 from vjob.pilot_files import PilotDir, pilot_root, vm_name
 from vjob.rms import JobEnvironment
 
@@ -151,7 +154,8 @@ def _run(args: argparse.Namespace) -> int:
             safe_dirs.ensure_dir(disk.parent, 0o711)
             job_disk.build(workdir, job, disk, limit_bytes=prov.stage_limit_mb * 2**20,
                            free_bytes=prov.job_disk_free_mb * 2**20)  # fmt: skip
-            return real_spec(local, name, settings.memory_mb, disk, cpu_model=prov.cpu_model)
+            own = real_spec(local, name, settings.memory_mb, disk, cpu_model=prov.cpu_model)
+            return dataclasses.replace(own, max_memory_mib=memory_ceiling(cfg, settings.memory_mb))
 
         vm = DriverVM(driver, name, node, spec)
         return Pilot(settings, PilotDir(pilot_root(cfg), args.rms, job_id), vm).run()
@@ -180,11 +184,28 @@ def _run_tiny(
             driver,
             name,
             node,
-            lambda: guest_spec(TINY_IMAGE, name, args.memory, payload, qemu_user=cfg.provisioning.qemu_user),
+            lambda: dataclasses.replace(
+                guest_spec(TINY_IMAGE, name, args.memory, payload, qemu_user=cfg.provisioning.qemu_user),
+                max_memory_mib=memory_ceiling(cfg, args.memory),
+            ),
         )
         return Pilot(settings, PilotDir(pilot_root(cfg), args.rms, job_id), vm).run()
     finally:
         driver.close()
+
+
+def memory_ceiling(cfg: Config, asked_mib: int) -> int:
+    """The most a one-VM vjob's balloon may later give it: with remapping on, the largest node
+    kind's memory per slot of the farm file, at most 4 × what it asked (the agent sets the
+    balloon per kind after a move, docs/remap.md), else what it asked (0). A farm file the
+    pilot cannot read costs the job nothing but the growth: a warning, the VM keeps its memory."""
+    if not cfg.remap.farm_file:
+        return 0
+    try:
+        return domain_max_mib(asked_mib, load_subclusters(cfg.remap.farm_file))
+    except VjobError as exc:
+        log.get("pilot").warning("remap farm file unreadable: the VM cannot grow", error=str(exc))
+        return 0
 
 
 def _run_multinode(

@@ -9,9 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 from agent.deadline import STATUS_NAME
+from agent.remap_step import STATUS_NAME as REMAP_STATUS_NAME
 from vjob.cli import load_config
 from vjob.errors import StoreError, VjobError
 from vjob.pilot_files import all_dirs, pilot_root
@@ -133,30 +135,44 @@ def collect(cfg: Any, rms: str, switches: int = 10, snapshots: int = 20) -> dict
             }
         )
     out["deadline"] = read_deadline_status(cfg, out["errors"])
+    out["remap"] = read_remap_status(cfg, out["errors"])
     for v in out["vjobs"]:
         v.update(out["deadline"]["jobs"].get(v["job"], {}))
+        v["remap_skipped"] = out["remap"]["skipped"].get(v["job"])
     return out
+
+
+def _read_status_file(path: Path, errors: list[str], what: str, empty: dict[str, Any], table: str) -> dict[str, Any]:
+    """A status object the agent rewrites in its data directory, its keys of `empty` (whose
+    `table` must be an object); `empty` when missing or broken (a broken one is a warning:
+    `vjob status` still answers)."""
+    try:
+        doc = json.loads(path.read_bytes()[: 4 * 2**20])
+    except FileNotFoundError:
+        return empty
+    except (OSError, ValueError) as exc:
+        errors.append(f"{path}: unreadable {what}: {exc}")
+        return empty
+    if not isinstance(doc, dict) or not isinstance(doc.get(table), dict):
+        errors.append(f"{path}: not a {what} object")
+        return empty
+    return empty | {k: doc[k] for k in empty if k in doc}
+
+
+def read_remap_status(cfg: Any, errors: list[str]) -> dict[str, Any]:
+    """The remapping step's last summary (agent.remap_step.publish): why it left each vjob alone,
+    its last moves and balloon targets. Missing: remapping never ran."""
+    empty: dict[str, Any] = {"at": None, "skipped": {}, "moves": [], "memory": []}
+    return _read_status_file(cfg.data_path / REMAP_STATUS_NAME, errors, "remap status", empty, "skipped")
 
 
 def read_deadline_status(cfg: Any, errors: list[str]) -> dict[str, Any]:
     """The agent's last deadline evaluation (agent.deadline): X and each job's deadline, x and
     predicted end. Missing file: no deadline policy ran; a broken one is a warning."""
-    path = cfg.data_path / STATUS_NAME
     empty: dict[str, Any] = {
         "X": None, "admission": None, "failure_rate": None, "at": None, "vo_model": None, "jobs": {},
     }  # fmt: skip
-    try:
-        raw = path.read_bytes()[: 4 * 2**20]
-        doc = json.loads(raw)
-    except FileNotFoundError:
-        return empty
-    except (OSError, ValueError) as exc:
-        errors.append(f"{path}: unreadable deadline status: {exc}")
-        return empty
-    if not isinstance(doc, dict) or not isinstance(doc.get("jobs"), dict):
-        errors.append(f"{path}: not a deadline status object")
-        return empty
-    return empty | {k: doc[k] for k in empty if k in doc}
+    return _read_status_file(cfg.data_path / STATUS_NAME, errors, "deadline status", empty, "jobs")
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -171,7 +187,7 @@ def _status(args: argparse.Namespace) -> int:
     console = Console()
     vt = Table(title=f"vjobs ({data['rms']})")
     cols = ("job", "VM", "node", "hosts (store)", "moves", "pilot", "image", "boots", "restores (local)", "last save",
-            "Pn", "Pt (s)")  # fmt: skip
+            "Pn", "Pt (s)", "remap: left alone")  # fmt: skip
     for col in cols:
         vt.add_column(col)
     for v in data["vjobs"]:
@@ -182,6 +198,7 @@ def _status(args: argparse.Namespace) -> int:
             f"{v['restores']} ({v['local_restores']})", save,
             "-" if v["preempt_count"] is None else str(v["preempt_count"]),
             "-" if v["preempted_seconds"] is None else f"{v['preempted_seconds']:.0f}",
+            v["remap_skipped"] or "-",
         )  # fmt: skip
     console.print(vt)
     st = Table(title="recent context switches")

@@ -28,8 +28,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import libvirt
-
 from devkit import libvirtd
 from preemption.remap.models import SubCluster, migration_cost_s
 from preemption.remap.online import CYCLES, profile_and_decide
@@ -66,9 +64,9 @@ def console(driver: Driver) -> bytes:
 
 
 def balloon(driver: Driver, node: str, mib: int) -> None:
-    """The node kind's memory for the guest: the balloon's target, set live by the node."""
-    dom = driver.connection(node).lookupByName(VM)
-    dom.setMemoryFlags(mib * 1024, libvirt.VIR_DOMAIN_AFFECT_LIVE)
+    """The node kind's memory for the guest: the balloon's target, set live (as the agent's
+    remapping step does after a move, agent.remap_step.set_memory)."""
+    driver.set_memory(VM, node, mib)
 
 
 def run(driver: Driver, spec: VMSpec, small_mib: int, remap: bool, tau: float, timeout: float) -> dict[str, Any]:

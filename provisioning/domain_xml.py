@@ -39,7 +39,9 @@ def domain_xml(
     seclabels = seclabels and dom_type != "test"
     root = ET.Element("domain", type=dom_type)
     ET.SubElement(root, "name").text = spec.name
-    ET.SubElement(root, "memory", unit="MiB").text = str(spec.memory_mib)
+    # <memory> is the ceiling the balloon may later grow the guest to (remapping onto a node
+    # kind with more memory); the guest boots with <currentMemory>, what its job asked.
+    ET.SubElement(root, "memory", unit="MiB").text = str(max(spec.memory_mib, spec.max_memory_mib))
     ET.SubElement(root, "currentMemory", unit="MiB").text = str(spec.memory_mib)
     ET.SubElement(root, "vcpu").text = str(spec.vcpus)
     os_el = ET.SubElement(root, "os")
@@ -85,9 +87,10 @@ def domain_xml(
         ET.SubElement(serial, "target", port=str(port))
     console = ET.SubElement(devices, "console", type="pty")
     ET.SubElement(console, "target", type="serial", port="0")
-    # A virtio balloon, for its statistics only (vjob never inflates it): without one a guest
-    # reports no swap activity. Saved states keep the device set they were saved with — their
-    # own XML is restored — so a state saved before this device existed restores without it.
+    # A virtio balloon, for its statistics (without one a guest reports no swap activity) and
+    # for the remapping's memory target per node kind (Driver.set_memory). Saved states keep
+    # the device set they were saved with — their own XML is restored — so a state saved
+    # before this device existed restores without it.
     balloon = ET.SubElement(devices, "memballoon", model="virtio")
     ET.SubElement(balloon, "stats", period=str(BALLOON_STATS_PERIOD_S))
     return ET.tostring(root, encoding="unicode")

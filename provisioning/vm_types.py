@@ -68,6 +68,10 @@ class VMSpec:
     """A named CPU model (e.g. qemu64) so that a saved state restores on any host; "" = libvirt's."""
     nic: tuple[str, str] | None = None
     """(MAC, bridge): a multi-node job's VM on its job's private network (provisioning.network)."""
+    max_memory_mib: int = 0
+    """The domain's maximum memory (`<memory>`), the most its balloon can give it later; the
+    guest starts with `memory_mib` (`<currentMemory>`). 0 = `memory_mib`: it can never grow.
+    The agent's remapping raises it on a node kind with more memory (docs/remap.md)."""
 
     def __post_init__(self) -> None:
         check_name("vm", self.name)
@@ -75,6 +79,11 @@ class VMSpec:
             raise InputError(f"vm {self.name}: memory_mib = {self.memory_mib}: must be >= 16")
         if self.vcpus < 1:
             raise InputError(f"vm {self.name}: vcpus = {self.vcpus}: must be >= 1")
+        if self.max_memory_mib and self.max_memory_mib < self.memory_mib:
+            raise InputError(
+                f"vm {self.name}: max_memory_mib = {self.max_memory_mib}: must be 0 or >= memory_mib "
+                f"({self.memory_mib})"
+            )
         if self.image_format not in ("qcow2", "raw"):
             raise InputError(f"vm {self.name}: image_format = {self.image_format!r}: must be qcow2 or raw")
 

@@ -56,7 +56,7 @@ FARM = """
 name = "slow"
 nodes = 1
 cores_per_node = 1
-memory_mb_per_node = 4096
+memory_mb_per_node = 2048
 freq_ghz = 1.0
 cycles = { cycles = 1.0 }
 [[subcluster]]
@@ -67,7 +67,7 @@ memory_mb_per_node = 4096
 freq_ghz = 3.0
 cycles = { cycles = 1.0 }
 """
-NODES = (Node("s1", 1, 4096, features=("slow",)), Node("f1", 1, 4096, features=("fast",)))
+NODES = (Node("s1", 1, 2048, features=("slow",)), Node("f1", 1, 4096, features=("fast",)))
 
 
 class _NoRMS:
@@ -152,13 +152,23 @@ def test_a_busy_vjob_on_a_slow_node_swaps_with_an_idle_one_journalled_stored_and
         view = ClusterView(now=time.time(), nodes=NODES, jobs=jobs)
         return Observation(view, {j.id: _st(site, j.id) for j in jobs}, {}, True)
 
-    state = RemapState(sampler=_Hypervisor({"vjob-slurm-11": 1.0, "vjob-slurm-12": 0.0}))
+    # The balloon act on libvirt's test driver: the pilots' domains live in the pilots' processes,
+    # so the agent's driver sees copies defined as a remappable pilot defines them (ceiling 3 GiB,
+    # booted with the 128 MiB asked), one per node: whichever node a VM lands on, it is there.
+    memory = Driver(parse({"provisioning": {"nodes": {n: make_test_node(path / "nodes", n) for n in ("s1", "f1")}}})
+                    .provisioning, data_dir=path / "agent-libvirt")  # fmt: skip
+    for n in ("s1", "f1"):
+        for vm in ("vjob-slurm-11", "vjob-slurm-12"):
+            memory.connection(n).defineXML(BALLOONED.format(name=vm)).create()
+    state = RemapState(sampler=_Hypervisor({"vjob-slurm-11": 1.0, "vjob-slurm-12": 0.0}), memory=memory)
     assert step(agent, observation(jobs), state) is None  # the first samples: no window yet
     assert state.decisions == [] and set(state.samples) == {"vjob-slurm-11", "vjob-slurm-12"}
     assert step(agent, observation(jobs), state) is None  # τ has not passed: no new look
     state.last_profile -= cfg.remap.tau_s  # τ later, but the vjob policy suspends 12 in this tick
     assert step(agent, observation(jobs), state, PassClaims(suspending=frozenset({"12"}))) is None
     assert state.decisions == [] and summary(state)["skipped"] == {"12": "the vjob policy suspends it this tick"}
+    shown = {v["job"]: v["remap_skipped"] for v in collect(cfg, "slurm")["vjobs"]}  # why, in `vjob status`
+    assert shown == {"11": None, "12": "the vjob policy suspends it this tick"}
     state.last_profile -= cfg.remap.tau_s  # τ later: 12, not sampled in the claimed tick, has no window yet
     assert step(agent, observation(jobs), state) is None and state.decisions == []
     state.last_profile -= cfg.remap.tau_s
@@ -178,6 +188,11 @@ def test_a_busy_vjob_on_a_slow_node_swaps_with_an_idle_one_journalled_stored_and
         [("11", "s1", "f1"), ("12", "f1", "s1")], [("12", "f1", "s1"), ("11", "s1", "f1")])  # fmt: skip
     assert [v.node for v in store_vms.of_job(store, "slurm", "11")] == ["f1"]
     assert [v.node for v in store_vms.of_job(store, "slurm", "12")] == ["s1"]
+    # Each moved VM got its new kind's memory per slot: 11 the fast kind's 4096 bounded by its
+    # domain's 3072 ceiling, 12 the slow kind's 2048 — set live through the driver.
+    got = {t["job"]: (t["node"], t["kind"], t["from_mib"], t["mib"]) for t in summary(state)["memory"]}
+    assert got == {"11": ("f1", "fast", 128, 3072), "12": ("s1", "slow", 128, 2048)}
+    assert memory.memory("vjob-slurm-11", "f1") == (3072, 3072) and memory.memory("vjob-slurm-12", "s1") == (2048, 3072)
 
     # A restarted agent (nothing in memory) believes the pilots' off-allocation nodes: the journal moved them.
     fresh = Agent(cfg, _NoRMS(), rms="slurm", metrics=AgentMetrics())  # type: ignore[arg-type]
@@ -206,6 +221,10 @@ def test_a_busy_vjob_on_a_slow_node_swaps_with_an_idle_one_journalled_stored_and
     assert _st(site, "11").node == "s1"
     assert [v.node for v in store_vms.of_job(store, "slurm", "11")] == ["s1"]
     assert collect(cfg, "slurm")["vjobs"][0]["migrations"] == ["s1->f1", "f1->s1"]
+    # Home on the slow kind: 11's balloon goes back down to its kind's 2048 (never below the 128 asked).
+    assert [(t["job"], t["node"], t["mib"]) for t in summary(state)["memory"]] == [("11", "s1", 2048)]
+    assert memory.memory("vjob-slurm-11", "s1") == (2048, 3072)
+    memory.close()
 
     # An agent killed right after journalling a remapping move: the next one finishes it from the journal.
     move = PlanAction(Action.MIGRATE, "vjob-slurm-11", "11", "s1", "f1")
@@ -218,6 +237,8 @@ def test_a_busy_vjob_on_a_slow_node_swaps_with_an_idle_one_journalled_stored_and
     assert [m.destination for m in journal.migrations(store, "slurm", ["11"])] == ["f1", "s1", "f1"]
 
 
+BALLOONED = """<domain type='test'><name>{name}</name><memory unit='MiB'>3072</memory>
+<currentMemory unit='MiB'>128</currentMemory><vcpu>1</vcpu><os><type>hvm</type></os></domain>"""
 DOMAIN = """<domain type='test'><name>{name}</name><memory>131072</memory><vcpu>1</vcpu>
 <os><type>hvm</type></os></domain>"""
 

@@ -2,7 +2,8 @@
 
 Pure functions shared by the simulator (simulator/remap_engine.py) and the agent (agent/remap_step.py,
 through `preemption.remap.live`: the RMS view — swaps of equal node counts, home moves; and
-`preemption.remap.claims`: what the vjob policy pass acts on in a tick is never remapped):
+`preemption.remap.claims`: what the vjob policy pass acts on in a tick is never remapped;
+`preemption.remap.memory`: the balloon target a moved VM gets on its new node kind):
 
     from preemption.remap import SubCluster, Profile, RemapParams, RunningJob, decide
     from preemption.remap.models import compute_time, blocking_time, nonblocking_time, delta
