@@ -201,6 +201,7 @@ class Driver:
                 except libvirt.libvirtError:
                     continue
             self._conns.clear()
+        transfer.close_connections()  # the shared ssh connections to other hosts (transfer.SHARE_CONNECTIONS)
 
     def __enter__(self) -> Driver:
         return self
@@ -773,6 +774,26 @@ class Driver:
         self._call("migrate", vm, src, lambda: dom.migrate(dconn, flags, None, uri, 0), on_timeout=dom.abortJob)
         self._update_vm(vm, node=dst, state=VMState.RUNNING)
         _log.info("vm migrated", vm=vm, source=src, destination=dst)
+
+    # -- memory ----------------------------------------------------------------------------
+    def memory(self, vm: str, node: str) -> tuple[int, int]:
+        """(current, maximum) MiB of a running VM: its balloon target and the domain's `<memory>`,
+        which the balloon cannot exceed."""
+        dom = self._require_domain("memory", vm, node)
+        info = self._call("memory", vm, node, dom.info)
+        return int(info[2]) // 1024, int(info[1]) // 1024
+
+    def set_memory(self, vm: str, node: str, mib: int) -> None:
+        """Set a running VM's balloon target (live only: a node kind's memory belongs to the node
+        it runs on, not to its definition). Above the domain's maximum is an error naming both."""
+        dom = self._require_domain("set memory", vm, node)
+        if not self._active(dom):
+            raise DriverError("set memory", vm, node, "the VM is not running")
+        most = int(self._call("set memory", vm, node, dom.maxMemory)) // 1024
+        if not 16 <= mib <= most:
+            raise DriverError("set memory", vm, node, f"{mib} MiB: must be 16..{most} (the domain's maximum)")
+        self._call("set memory", vm, node, lambda: dom.setMemoryFlags(mib * 1024, libvirt.VIR_DOMAIN_AFFECT_LIVE))
+        _log.info("vm memory set", vm=vm, node=node, mib=mib, max_mib=most)
 
     # -- snapshot --------------------------------------------------------------------------
     def snapshot(

@@ -88,10 +88,9 @@ def disk_digests(paths: dict[str, Path], host: str | None = None) -> dict[str, d
     they are checked on arrival like the state (`check_disks`)."""
     digests: dict[str, dict[str, Any]] = {}
     for role, path in paths.items():
-        where = transfer.Endpoint(path, host)
-        size = transfer.size(where)
-        if size is not None:
-            digests[role] = {"path": str(path), "size_bytes": size, "sha256": transfer.sha256(where)}
+        found = transfer.size_and_sha256(transfer.Endpoint(path, host))  # one ssh round trip for a remote disk
+        if found is not None:
+            digests[role] = {"path": str(path), "size_bytes": found[0], "sha256": found[1]}
     return digests
 
 

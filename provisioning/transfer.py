@@ -13,10 +13,12 @@ import os
 import re
 import shlex
 import shutil
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from provisioning import safe_dirs
 from vjob import log, proc
 from vjob.errors import InputError, VjobError
 
@@ -34,6 +36,27 @@ _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _SIZE_RE = re.compile(r"[0-9]{1,20}")
 MANIFEST_LIMIT = 64 << 10
 """Largest manifest read from a node (bytes): a manifest is a few hundred bytes of JSON."""
+
+SHARE_CONNECTIONS = True
+"""Share one ssh connection per (host, user, port) between the remote operations (OpenSSH
+ControlMaster). Why: a resume on another host is about fifteen ssh calls, and each new
+connection pays a key exchange (about a second on a loaded node); through a master they cost
+milliseconds. False: every call opens its own connection, as before (the bench's "before")."""
+CONTROL_DIR = Path("/run/vjob/ssh")
+"""Where root's control sockets live: a directory only root owns and can write, never /tmp
+itself (anyone could plant a socket there, or take the name first)."""
+CONTROL_PERSIST_S = 60
+"""How long an idle master stays (ssh's ControlPersist): it ends by itself when the process
+that started it died without closing it (`close_connections`)."""
+SOCKET_PATH_MAX = 107
+"""Longest UNIX socket path (sun_path is 108 bytes with its final NUL)."""
+_CONTROL_NAME_LEN = 1 + 40 + 17
+"""What ssh appends to the control directory: "/", %C (40 hex digits of a SHA-1) and, while
+it creates the socket, a ".<16 random characters>" temporary name."""
+_shared: set[tuple[str, tuple[str, ...]]] = set()
+"""(host, ssh options) of the masters this process may have started: closed by `close_connections`."""
+_shared_lock = threading.Lock()
+_warned: set[str] = set()
 
 Method = Literal["local", "rsync", "scp"]
 METHODS: tuple[str, ...] = ("local", "rsync", "scp")
@@ -96,13 +119,13 @@ def copy(
             f"--chmod=F{mode:o}",
             "-t",
             "-e",
-            _rsync_shell(),
+            _rsync_shell(src.host or dst.host),
             src.spec(),
             tmp.spec(),
         ]
     else:
-        cmd = ["scp", "-q", "-B", "-p", *_ssh_options(), *(["-3"] if src.host and dst.host else []), src.spec(),
-               tmp.spec()]  # fmt: skip
+        cmd = ["scp", "-q", "-B", "-p", *_ssh_options(), *_control_options(src.host, dst.host),
+               *(["-3"] if src.host and dst.host else []), src.spec(), tmp.spec()]  # fmt: skip
     for attempt in range(1, max(1, attempts) + 1):
         try:
             _run(cmd, timeout_s)
@@ -164,9 +187,77 @@ def _ssh_options() -> list[str]:
     return ["-F", cfg]
 
 
-def _rsync_shell() -> str:
-    """rsync's `-e`: rsync splits it on spaces, hence the plain-path rule of `_ssh_options`."""
-    return " ".join(["ssh", "-o", "BatchMode=yes", *_ssh_options()])
+def _rsync_shell(host: str | None) -> str:
+    """rsync's `-e`: rsync splits it on spaces, hence the plain-path rule of `_ssh_options`
+    (and of the control directory: `_control_options`)."""
+    return " ".join(["ssh", "-o", "BatchMode=yes", *_ssh_options(), *_control_options(host)])
+
+
+def control_dir() -> Path:
+    """The directory of this user's control sockets: root's is `CONTROL_DIR`; another user's is
+    in their own runtime directory ($XDG_RUNTIME_DIR), else in their ~/.ssh."""
+    if os.geteuid() == 0:
+        return CONTROL_DIR
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    if runtime.startswith("/"):
+        return Path(runtime) / "vjob-ssh"
+    return Path.home() / ".ssh" / "vjob-control"
+
+
+def _warn_once(message: str, **fields: object) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        _log.warning(message, **fields)
+
+
+def _control_options(*hosts: str | None) -> list[str]:
+    """ssh's options to share one connection per destination, and remember `hosts` for
+    `close_connections`; none (a connection of its own, as before) when sharing is off or the
+    control directory cannot be trusted.
+
+    The directory is created and checked before every use (`safe_dirs.ensure_dir`: ours, no
+    symlink, nobody else can write it or a directory above it), so nobody else can plant a
+    socket where ssh looks for its master. %C (a hash of local host, host, port and user)
+    keeps the socket path short whatever the host name. A master that died leaves a socket
+    nobody answers: ssh removes it and connects by itself (ControlMaster=auto)."""
+    if not SHARE_CONNECTIONS:
+        return []
+    where = control_dir()
+    if len(str(where)) + _CONTROL_NAME_LEN > SOCKET_PATH_MAX or not re.fullmatch(r"/[A-Za-z0-9_./-]+", str(where)):
+        _warn_once("ssh connections not shared: the control directory's path is too long for a UNIX socket or "
+                   "holds characters rsync's -e would split", directory=str(where)[:200])  # fmt: skip
+        return []
+    try:
+        safe_dirs.ensure_dir(where.parent, 0o755)  # /run/vjob: also the home of saline.sock, which users reach
+        safe_dirs.ensure_dir(where, 0o700)
+    except (OSError, VjobError) as exc:
+        _warn_once("ssh connections not shared: the control directory cannot be trusted", error=str(exc)[:300])
+        return []
+    options = ["-o", "ControlMaster=auto", "-o", f"ControlPath={where}/%C", "-o", f"ControlPersist={CONTROL_PERSIST_S}"]
+    with _shared_lock:
+        for host in hosts:
+            if host is not None:
+                _shared.add((host, (*_ssh_options(), *options)))
+    return options
+
+
+def close_connections(*, timeout_s: float = 10.0) -> int:
+    """Ask every master this process may have started to stop; returns how many answered.
+
+    `-O stop`, not `-O exit`: the master stops taking new sessions at once (its socket is
+    removed, so a new call makes a new master) and ends when the sessions still running in it
+    (another thread's copy) are done, instead of cutting them."""
+    with _shared_lock:
+        shared = sorted(_shared)
+        _shared.clear()
+    stopped = 0
+    for host, options in shared:
+        try:
+            proc.run(["ssh", "-o", "BatchMode=yes", *options, "-O", "stop", host], timeout_s=timeout_s)
+        except VjobError:
+            continue  # no master there any more (ControlPersist ended it, or it died): nothing to stop
+        stopped += 1
+    return stopped
 
 
 def run_on(host: str, argv: list[str], *, timeout_s: float = 60.0, stdin: str | None = None) -> str:
@@ -178,8 +269,8 @@ def run_on(host: str, argv: list[str], *, timeout_s: float = 60.0, stdin: str | 
     if host.startswith("-"):
         raise InputError(f"ssh host {host[:80]!r}: must not start with '-'")
     remote = " ".join(shlex.quote(a) for a in argv)
-    return proc.run(["ssh", "-o", "BatchMode=yes", *_ssh_options(), host, "--", remote], timeout_s=timeout_s,
-                    stdin=stdin)  # fmt: skip
+    return proc.run(["ssh", "-o", "BatchMode=yes", *_ssh_options(), *_control_options(host), host, "--", remote],
+                    timeout_s=timeout_s, stdin=stdin)  # fmt: skip
 
 
 def _run(cmd: list[str], timeout_s: float) -> None:

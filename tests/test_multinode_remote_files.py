@@ -7,6 +7,12 @@ guest is booted, so this runs in a few seconds once the second libvirtd is up.
 from __future__ import annotations
 
 import hashlib
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +24,13 @@ from tests.services.second_host import SecondHost, second_host  # noqa: F401 - f
 from vjob.errors import VjobError
 
 pytestmark = pytest.mark.libvirt
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _close_shared_connections() -> Iterator[None]:
+    """The masters these tests start end with them, not ControlPersist seconds later."""
+    yield
+    transfer.close_connections()
 
 
 @pytest.fixture
@@ -84,3 +97,40 @@ def test_a_remote_directory_writable_by_others_is_refused_not_repaired(
     with pytest.raises(VjobError, match="writable by nobody else"):
         transfer.ensure_remote_dir(Endpoint(d, second_host.ssh_host), 0o700)
     assert second_host.run("stat", "-c", "%a", str(d)).strip() == "777"
+
+
+def _client_port(host: str) -> str:
+    """The source port of the TCP connection this call came over, as sshd saw it."""
+    return transfer.run_on(host, ["sh", "-c", 'echo "$SSH_CONNECTION"']).split()[1]
+
+
+def _master_pid(host: str) -> int | None:
+    """The pid of the master sharing connections to `host` (`ssh -O check`), None when none."""
+    argv = ["ssh", "-o", "BatchMode=yes", *transfer._ssh_options(), *transfer._control_options(), "-O", "check", host]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    found = re.search(r"Master running \(pid=([0-9]+)\)", res.stderr)
+    return int(found.group(1)) if res.returncode == 0 and found else None
+
+
+def test_remote_calls_share_one_connection_a_dead_master_falls_back_and_close_stops_it(
+    second_host: SecondHost,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    host = second_host.ssh_host
+    monkeypatch.setattr(transfer, "SHARE_CONNECTIONS", True)
+    transfer.close_connections()
+    ports = {_client_port(host) for _ in range(3)}
+    assert len(ports) == 1, ports  # three calls, one TCP connection (one key exchange)
+    master = _master_pid(host)
+    assert master is not None
+    os.kill(master, signal.SIGKILL)  # started by this test (the first call above); its socket stays behind
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and Path(f"/proc/{master}").exists():
+        time.sleep(0.05)
+    after = _client_port(host)  # nobody answers on the socket: ssh removes it, connects, becomes the master
+    assert after not in ports
+    assert _client_port(host) == after and _master_pid(host) not in (None, master)  # shared again
+    assert transfer.close_connections() >= 1
+    assert _master_pid(host) is None  # stopped: the next call starts afresh
+    monkeypatch.setattr(transfer, "SHARE_CONNECTIONS", False)
+    assert len({_client_port(host) for _ in range(2)}) == 2  # sharing off: a connection per call

@@ -13,6 +13,7 @@ The faults are made by a wrapper named `rsync` first on PATH that runs the real 
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -237,3 +238,28 @@ def test_4_a_vm_defined_on_the_second_host_gets_its_job_disk_sent_and_checked(
     finally:
         driver.delete(vm, "b")
         disk.unlink(missing_ok=True)
+
+
+@pytest.mark.soak
+def test_9_resume_time_with_and_without_shared_ssh_connections(
+    setup: tuple[Driver, SecondHost, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The figure of docs/multinode.md, not a check of speed: save and resume a → b → a with ssh
+    connections shared (transfer.SHARE_CONNECTIONS) and not, alternated, in one run; prints one
+    JSON line (`pytest -s -m realvm tests/test_multinode_transfer.py`)."""
+    driver, _, _ = setup
+    figures: dict[str, list[float]] = {}
+    for share in (False, True, False, True):
+        monkeypatch.setattr(transfer, "SHARE_CONNECTIONS", share)
+        transfer.close_connections()  # every round starts without a master, as a fresh driver does
+        for src, dst in (("a", "b"), ("b", "a")):
+            kind = "shared" if share else "plain"
+            start = time.monotonic()
+            driver.save(VM, src)
+            saved = time.monotonic()
+            driver.restore(VM, dst, from_node=src)
+            figures.setdefault(f"{kind}_save_{src}_s", []).append(round(saved - start, 2))
+            figures.setdefault(f"{kind}_resume_{src}_to_{dst}_s", []).append(round(time.monotonic() - saved, 2))
+            assert driver.state(VM, dst) == VMState.RUNNING
+    transfer.close_connections()
+    print(json.dumps({"load_1min": round(os.getloadavg()[0], 1), **figures}))
