@@ -17,6 +17,7 @@ from preemption.decisions import fcfs_selection
 from preemption.planner import Instance, NodeSpec, NoViablePlacementError, VMSpec, make_plan, validate
 from preemption.planner.bound import lower_bound
 from preemption.planner.plan import Plan, PlanAction, plan_cost
+from preemption.planner.sequencing import SequencingError
 from preemption.planner.validator import PlanInvalidError
 from preemption.planner.workload import generate
 from vjob.model import Action, VJobState
@@ -103,8 +104,8 @@ def test_bound_is_below_every_valid_plan_found_by_brute_force(inst: Instance) ->
     assert all(c >= bound for c in costs), (bound, sorted(costs)[:5])
     try:
         plan = make_plan(inst, time_limit_s=2, workers=1)
-    except NoViablePlacementError:
-        return
+    except (NoViablePlacementError, SequencingError):
+        return  # no plan to compare (a migration cycle with no pivot: test_planner_properties)
     assert plan.cost >= bound
 
 
