@@ -309,7 +309,7 @@ def size_and_sha256(target: Endpoint, *, timeout_s: float = 600.0) -> tuple[int,
     try:
         out = run_on(target.host, ["sh", "-c", script, "sh", str(target.path)], timeout_s=timeout_s)
     except VjobError:
-        if not exists(target):
+        if not exists(target, timeout_s=timeout_s):
             return None
         raise
     lines = out.strip().splitlines()
