@@ -7,8 +7,11 @@ do, instead of failing on the first job that needs the missing ability.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import shutil
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -20,6 +23,7 @@ from ubis_priority import usage as ubis_usage
 from vjob.errors import CommandError, StoreError, VjobError
 from vjob.model import VM, ClusterView, VJobState, VMState
 from vjob.pilot_files import PilotState
+from vjob.rms import PriorityKnob
 from vjob.store import jobs as store_jobs
 from vjob.store import vms as store_vms
 
@@ -76,16 +80,83 @@ class PilotPerformer:
         self._refuse("migrate", vm)
 
 
+def priorities_to_send(sent: Mapping[str, int], wanted: Mapping[str, int], knob: PriorityKnob) -> dict[str, int]:
+    """The fewest priorities to write so that the RMS's knob ranks the jobs as `wanted` does.
+
+    What matters to the RMS is the order, not the values: `wanted` spreads the pass's order
+    evenly over the knob, so every job behind one that starts or arrives at the front moves,
+    and sending them all is one command per queued job per tick (Slurm: an `scontrol` each).
+    Skipping the moves below `min_step`, as the agent did, let neighbours' stale values cross
+    with a long queue (tests/test_policy_rms_order.py). Instead, the jobs whose values the RMS
+    already holds in the right order (the longest such run, a longest decreasing subsequence)
+    keep them, and the others get their wanted values where those fit between their kept
+    neighbours', else values spread in that gap (a gap too narrow for its jobs gives up
+    kept values next to it until it is wide enough). With nothing sent yet, that is `wanted`.
+    Jobs with equal wanted values (more jobs than the knob has values) keep the former rule."""
+    ranked = sorted(wanted, key=lambda j: -wanted[j])
+    if any(wanted[a] == wanted[b] for a, b in itertools.pairwise(ranked)):
+        return {j: v for j, v in wanted.items() if j not in sent or abs(sent[j] - v) >= knob.min_step}
+    bounds = [
+        (-1, knob.high + 1),
+        *((k, sent[ranked[k]]) for k in _in_order(ranked, sent)),
+        (len(ranked), knob.low - 1),
+    ]
+    at = 0
+    while at < len(bounds) - 1:  # widen every gap too narrow for its jobs by giving up a kept value
+        (k0, hi), (k1, lo) = bounds[at], bounds[at + 1]
+        if hi - lo - 1 >= k1 - k0 - 1:
+            at += 1
+        elif at + 2 < len(bounds):
+            del bounds[at + 1]
+        else:
+            del bounds[at]
+            at = max(0, at - 1)
+    out: dict[str, int] = {}
+    for (k0, hi), (k1, lo) in itertools.pairwise(bounds):
+        run = ranked[k0 + 1 : k1]
+        if run and lo < wanted[run[-1]] and wanted[run[0]] < hi:  # the wanted values fit: those
+            out.update({j: wanted[j] for j in run})
+            continue
+        step = (hi - lo) / (k1 - k0)  # >= 1: strictly decreasing values strictly between hi and lo
+        for m, job in enumerate(run, 1):
+            out[job] = hi - round(m * step)
+    return {j: v for j, v in out.items() if sent.get(j) != v}
+
+
+def _in_order(ranked: Sequence[str], sent: Mapping[str, int]) -> list[int]:
+    """Positions in `ranked` of a longest run of jobs whose `sent` values strictly decrease
+    along it (patience sorting on the negated values, O(n log n))."""
+    tails: list[int] = []  # tails[m]: the position ending the best run of length m + 1
+    tail_values: list[int] = []
+    parent: dict[int, int] = {}
+    for k, job in enumerate(ranked):
+        if job not in sent:
+            continue
+        v = -sent[job]
+        m = bisect.bisect_left(tail_values, v)
+        if m:
+            parent[k] = tails[m - 1]
+        if m == len(tails):
+            tails.append(k)
+            tail_values.append(v)
+        else:
+            tails[m] = k
+            tail_values[m] = v
+    run: list[int] = []
+    k = tails[-1] if tails else -1
+    while k >= 0:
+        run.append(k)
+        k = parent.get(k, -1)
+    return run[::-1]
+
+
 def apply_priorities(agent: Agent, decision: Decision) -> None:
     """Send the changed integer priorities (none when the RMS has no knob)."""
     knob = agent.adapter.abilities.priority
     if knob is None:
         return
     agent.sent_priorities = {k: v for k, v in agent.sent_priorities.items() if k in decision.rms_priorities}
-    for job_id, value in decision.rms_priorities.items():
-        old = agent.sent_priorities.get(job_id)
-        if old is not None and abs(old - value) < knob.min_step:
-            continue
+    for job_id, value in priorities_to_send(agent.sent_priorities, decision.rms_priorities, knob).items():
         try:
             agent.adapter.set_priority(job_id, value)
             agent.sent_priorities[job_id] = value

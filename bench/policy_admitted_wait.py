@@ -239,6 +239,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--slack", type=float, default=None, help="[scheduling] head_slack_s (default: the config's)")
     parser.add_argument("--reserve", type=int, default=0, help="[scheduling] interactive_reserve_nodes (default 0)")
+    parser.add_argument(
+        "--reserve-arrivals", type=int, default=0, help="[scheduling] interactive_reserve_arrivals (default 0: always)"
+    )
+    parser.add_argument(
+        "--reserve-window", type=float, default=3600.0, help="[scheduling] interactive_reserve_window_s (s)"
+    )
     args = parser.parse_args()
     frac, size, cap = (float(x) for x in args.cell.split(":"))
     w = apply(
@@ -246,7 +252,11 @@ def main() -> None:
         args.nodes,
         UbisSetup(frac, size, os_count=2, seed=args.seed),
     )
-    sched = SchedulingConfig(interactive_reserve_nodes=args.reserve)
+    sched = SchedulingConfig(
+        interactive_reserve_nodes=args.reserve,
+        interactive_reserve_arrivals=args.reserve_arrivals,
+        interactive_reserve_window_s=args.reserve_window,
+    )
     if args.slack is not None:
         sched = sched.model_copy(update={"head_slack_s": args.slack})
     t0 = time.perf_counter()
@@ -267,6 +277,8 @@ def main() -> None:
         "jobs": args.jobs,
         "head_slack_s": sched.head_slack_s,
         "interactive_reserve_nodes": sched.interactive_reserve_nodes,
+        "interactive_reserve_arrivals": sched.interactive_reserve_arrivals,
+        "interactive_reserve_window_s": sched.interactive_reserve_window_s,
         "admitted": adm["count"],
         "admitted_mean_wait_s": adm["mean_wait_s"],
         "breakdown_mean_s": per_job,

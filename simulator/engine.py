@@ -45,7 +45,7 @@ from preemption.scheduling.policies import (
     ubis_order,
     vjob_tiers,
 )
-from preemption.scheduling.reserve import need_beside, reserve_nodes
+from preemption.scheduling.reserve import need_beside, recent_interactive, reserve_asked, reserve_nodes
 from preemption.scheduling.victims import Candidate, choose_victims
 from simulator.node_pool import FREE, take_nodes
 from simulator.queue_rows import queue_append, queue_remove
@@ -166,8 +166,12 @@ class Simulation:
         self.guarded = self.by_cost and self.ahead == "guarded"
         self.harmless_first = sched.victims == "guard"
         self.fallback = sched.victims == "fallback"
-        self.reserve_asked = sched.interactive_reserve_nodes if self.by_cost else 0
+        self.reserve_nodes = sched.interactive_reserve_nodes if self.by_cost else 0
         """vjob: `[scheduling] interactive_reserve_nodes` (preemption/scheduling/reserve.py)."""
+        self.reserve_arrivals = sched.interactive_reserve_arrivals
+        self.reserve_window_s = sched.interactive_reserve_window_s
+        self.reserve_asked = self.reserve_nodes if not self.reserve_arrivals else 0
+        """The reserve held in the current pass (`_schedule` sets it when it adapts)."""
         self.hard_cap = check_cap_mode(cap_mode) == "hard"
         self._guard = -1
         self._anchors: dict[int, float] = {}
@@ -471,6 +475,11 @@ class Simulation:
         if arrived.shape[0]:
             self._qlen = queue_append(self._qjobs, self._qrows, self._qlen, self.cols, arrived)
             self.arrived = []
+        if self.reserve_nodes and self.reserve_arrivals:  # the adaptive reserve: what tick._Pass sees
+            qa = self._qjobs[: self._qlen]
+            seen = [*qa[self.inter_a[qa]].tolist(), *(j for j in self.running if self.inter[j])]
+            recent = recent_interactive((self.submit[j] for j in seen), now, self.reserve_window_s)
+            self.reserve_asked = reserve_asked(self.reserve_nodes, self.reserve_arrivals, recent)
         order, ranking = self._order(self._qjobs[: self._qlen], now, arrived)
         head = -1
         head_at = 0

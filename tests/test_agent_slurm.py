@@ -73,7 +73,7 @@ def test_agent_with_its_database_down_logs_retries_and_slurm_keeps_running(slurm
     assert agent.returncode == 0
 
 
-def test_one_tick_sets_the_ubis_site_factor_of_pending_jobs(slurm_cluster, slurm_adapter, tmp_path):
+def test_one_tick_sets_the_site_factor_of_pending_jobs_to_their_rank(slurm_cluster, slurm_adapter, tmp_path):
     config = parse(
         {
             "data_dir": str(tmp_path / "data"),

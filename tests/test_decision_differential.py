@@ -41,6 +41,7 @@ from simulator.node_pool import FREE
 from simulator.workload import Workload
 from vjob.config import Config, PriorityConfig, PriorityWeights, SchedulingConfig
 from vjob.model import ClusterView, Job, JobClass, JobState, Node
+from vjob.rms import PriorityKnob
 
 NOW = 100_000.0
 
@@ -194,6 +195,8 @@ def states(draw: st.DrawFn, crowded: bool = False) -> State:
         interactive_ahead=draw(st.sampled_from(["guarded", "guarded", "off", "backfill", "queue"])),
         victims=draw(st.sampled_from(["cost", "guard", "guard", "fallback", "fallback"])),
         interactive_reserve_nodes=draw(st.sampled_from([0, 0, 1, 2, 5, 100])),
+        interactive_reserve_arrivals=draw(st.sampled_from([0, 0, 1, 2, 3])),
+        interactive_reserve_window_s=draw(st.sampled_from([3600.0, 20_000.0, 60_000.0, 1e6])),
     )
     cap_mode = draw(st.sampled_from(["preempt", "preempt", "hard"]))
     return State(
@@ -320,12 +323,13 @@ def run_simulation(s: State) -> SimPass:
     return out
 
 
-def run_decision(s: State) -> Decision:
+def run_decision(s: State, knob: PriorityKnob | None = None) -> Decision:
+    """`decide` on the state as the agent sees it (`knob`: the RMS's, for its priorities)."""
     view, sleeping = cluster_view(s)
     return decide(
         view,
         Config(priority=s.cfg, scheduling=s.scheduling),
-        knob=None,
+        knob=knob,
         checkpointable=None,
         sleeping=sleeping,
         policy=s.policy,
@@ -536,6 +540,52 @@ def test_vjob_keeps_the_interactive_reserve_both_ways(
         model=ClusterModel(nodes=8, os_count=1),
         full_rank=False,
         scheduling=SchedulingConfig(interactive_reserve_nodes=reserve),
+    )
+    decided = run_decision(s)
+    assert list(decided.starts) == started
+    assert decided.reserved == head
+    assert_same(s)
+
+
+@pytest.mark.parametrize(
+    ("arrivals", "window_s", "started", "head"),
+    [
+        (0, 3600.0, ["2"], "1"),  # 0: the reserve is always held (the fixed one)
+        (1, 3600.0, ["2"], "1"),  # one interactive job submitted in the last hour is running: held
+        (2, 3600.0, ["1"], "2"),  # fewer than 2: no reserve, the 4-node batch job takes the 4 free nodes
+        (2, 1e6, ["1"], "2"),  # the old running interactive job counts in a long window, still fewer than 2
+        (1, 100.0, ["1"], "2"),  # the interactive job came 600 s ago: outside a 100 s window
+    ],
+)
+def test_vjob_holds_the_adaptive_reserve_only_while_interactive_jobs_arrive_both_ways(
+    arrivals: int, window_s: float, started: list[str], head: str | None
+) -> None:
+    """`interactive_reserve_arrivals` / `_window_s`: the state of the test above (8 nodes, cap
+    4, 2 reserved) with an interactive job of 1 node running since NOW - 600 on one of the
+    free nodes, so 3 are free: a 3-node batch job fits only without the reserve. Both passes
+    count the visible interactive arrivals alike."""
+    jobs = [
+        SimJob(submit=0.0, nodes=4, interactive=False, user=0, os=0, memory_mb=512, estimate=10_000.0,
+               state="running", alloc=(0, 1, 2, 3), start=NOW - 60),
+        SimJob(submit=1.0, nodes=3, interactive=False, user=0, os=0, memory_mb=512, estimate=9000.0, state="pending"),
+        SimJob(submit=2.0, nodes=1, interactive=False, user=0, os=0, memory_mb=512, estimate=100.0, state="pending"),
+        SimJob(submit=NOW - 600, nodes=1, interactive=True, user=0, os=0, memory_mb=512, estimate=5000.0,
+               state="running", alloc=(4,), start=NOW - 600),
+    ]  # fmt: skip
+    s = State(
+        nodes_os=[0] * 8,
+        images=1,
+        jobs=jobs,
+        queue=[1, 2],
+        accounts=[-1],
+        usage=[0.0],
+        cfg=PriorityConfig(interactive_cap=0.5),
+        policy="vjob",
+        model=ClusterModel(nodes=8, os_count=1),
+        full_rank=False,
+        scheduling=SchedulingConfig(
+            interactive_reserve_nodes=2, interactive_reserve_arrivals=arrivals, interactive_reserve_window_s=window_s
+        ),
     )
     decided = run_decision(s)
     assert list(decided.starts) == started

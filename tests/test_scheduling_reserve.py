@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from preemption.scheduling.reserve import need_beside, reserve_nodes
+from preemption.scheduling.reserve import need_beside, recent_interactive, reserve_asked, reserve_nodes
 from simulator.engine import ClusterModel, Simulation, simulate
 from simulator.workload import Workload
 from vjob.config import Config, PriorityConfig, SchedulingConfig
@@ -53,6 +53,30 @@ def test_every_job_finishes_with_the_reserve(reserve: int) -> None:
     base = simulate(w, model, "vjob", cap)
     # the reserve changes the schedule (it is not a knob that does nothing here)
     assert not np.array_equal(res.first_start, base.first_start)
+
+
+@pytest.mark.parametrize("arrivals", [1, 3])
+def test_every_job_finishes_with_the_adaptive_reserve(arrivals: int) -> None:
+    """`interactive_reserve_arrivals`: held only while that many recent interactive jobs are
+    queued or running. Every job finishes, and the schedule lies strictly between no reserve
+    and the fixed one (it is neither)."""
+    w, model = _mixed(), ClusterModel(nodes=64, os_count=1)
+    cap = PriorityConfig(interactive_cap=0.15)
+    adaptive = SchedulingConfig(interactive_reserve_nodes=8, interactive_reserve_arrivals=arrivals)
+    res = simulate(w, model, "vjob", cap, scheduling=adaptive)
+    assert not np.isnan(res.end).any()
+    fixed = simulate(w, model, "vjob", cap, scheduling=SchedulingConfig(interactive_reserve_nodes=8))
+    base = simulate(w, model, "vjob", cap)
+    assert not np.array_equal(res.first_start, fixed.first_start)
+    assert not np.array_equal(res.first_start, base.first_start)
+
+
+def test_reserve_held_only_while_interactive_jobs_arrive() -> None:
+    assert recent_interactive([], 100.0, 50.0) == 0
+    assert recent_interactive([10.0, 50.0, 51.0, 100.0], 100.0, 50.0) == 2  # (50, 100]
+    assert reserve_asked(8, 0, 0) == 8  # 0: always, the fixed reserve
+    assert reserve_asked(8, 2, 1) == 0
+    assert reserve_asked(8, 2, 2) == 8
 
 
 def test_the_reserve_is_free_after_every_pass() -> None:

@@ -149,6 +149,12 @@ class SchedulingConfig(Section):
     than the machine minus the reserve is not held to it), and the queue head's EASY
     reservation counts them (preemption/scheduling/reserve.py). Costs batch work on the Lublin
     grid, hence off (docs/policy.md)."""
+    interactive_reserve_arrivals: int = Field(0, ge=0, le=1_000_000)
+    """vjob: hold `interactive_reserve_nodes` only while at least this many interactive jobs
+    submitted within the last `interactive_reserve_window_s` are queued or running (0 = always;
+    preemption/scheduling/reserve.py, docs/policy.md)."""
+    interactive_reserve_window_s: float = Field(3600.0, gt=0, le=30 * 24 * 3600)
+    """vjob: the window of `interactive_reserve_arrivals`, in seconds."""
 
 
 class AgentConfig(Section):
@@ -235,9 +241,11 @@ class PlannerConfig(Section):
     too short for the solver."""
     interval_s: float = Field(0.0, ge=0, le=86400)
     """The agent's control loop (Entropy): every this many seconds it re-plans the vjobs it holds
-    from their measured CPU demand and carries the switch out live; 0 turns the loop off."""
+    from the CPU and memory demand it measures (libvirt) and carries the switch out live; 0 turns
+    the loop off."""
     busy: float = Field(0.5, gt=0, le=1)
-    """Share of an interval a vCPU must compute to count as busy (one CPU of demand)."""
+    """Share of an interval a vCPU must want — compute, or wait for a host CPU (starved, not idle) —
+    to count as busy (one CPU of demand), measured by the agent through libvirt."""
 
 
 class SlurmConfig(Section):
@@ -424,6 +432,10 @@ class RemapConfig(Section):
     farm_file: str = ""
     """Sub-cluster file (the `[[subcluster]]` entries of `vjob simulate --subclusters`): set, the
     agent remaps running vjobs live every tau_s (swaps only, docs/remap.md); empty: off."""
+    partner_hold_s: float = Field(25.0, ge=0, le=600)
+    """A pilot whose job ends while a swap has its VM away waits at most this long (read by the
+    pilot) for the agent to send the partner's VM, still on its own node, home before it lets the
+    RMS free the node; then it ends anyway (logged). 0: no wait. Keep it below Slurm's KillWait."""
 
 
 class DeadlineConfig(Section):

@@ -41,6 +41,12 @@ ABLATION: dict[str, dict[str, Any]] = {
     "victims harmless to the guard first": {"victims": "guard"},
     "interactive reserve 25 nodes": {"interactive_reserve_nodes": 25},
     "interactive reserve 50 nodes": {"interactive_reserve_nodes": 50},
+    "adaptive reserve 50 nodes from 1 arrival/h": {"interactive_reserve_nodes": 50, "interactive_reserve_arrivals": 1},
+    "adaptive reserve 50 nodes from 2 arrivals/h": {"interactive_reserve_nodes": 50, "interactive_reserve_arrivals": 2},
+    "adaptive reserve 100 nodes from 2 arrivals/h": {
+        "interactive_reserve_nodes": 100,
+        "interactive_reserve_arrivals": 2,
+    },
 }
 _TRACE: dict[str, Any] = {}
 

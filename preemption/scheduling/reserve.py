@@ -19,11 +19,19 @@ Honesty rules, both passes alike (`tick.decide`, `simulator/engine.py`):
 * the head's EASY reservation asks for the same n + r nodes (none extra when the head is
   itself a privileged interactive job), so its reserved start is the one it can have;
 * backfilled jobs see r fewer free nodes, so they never eat the reserve.
+
+The fixed reserve idles nodes all the time, also where interactive jobs come seldom (it lost
+batch cells, docs/policy.md). `[scheduling] interactive_reserve_arrivals` = k holds it only
+while at least k interactive jobs submitted within the last `interactive_reserve_window_s`
+are queued or running (`recent_interactive`): a pure function of what the pass observes, so
+the agent and the simulator count alike. Jobs of the window that already ended are not
+counted (the view does not hold them; the grid's interactive jobs run 600-7,200 s).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 
 def reserve_nodes(reserve: int, cap_nodes: float, held: int) -> int:
@@ -38,3 +46,16 @@ def need_beside(nodes: int, reserve: int, total: int) -> int:
     EASY reservation asks for): its own and the reserve, or its own alone when both would
     not fit the machine (`total`)."""
     return nodes + reserve if nodes + reserve <= total else nodes
+
+
+def recent_interactive(submits: Iterable[float], now: float, window_s: float) -> int:
+    """How many of the visible interactive jobs' submission times fall within the last
+    `window_s` seconds: the observed arrival rate the adaptive reserve reads."""
+    since = now - window_s
+    return sum(1 for t in submits if t > since)
+
+
+def reserve_asked(reserve: int, min_arrivals: int, recent: int) -> int:
+    """The reserve to hold in this pass: `reserve` while `recent` interactive arrivals reach
+    `min_arrivals` (0: always, the fixed reserve), else none."""
+    return reserve if recent >= min_arrivals else 0

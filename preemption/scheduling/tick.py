@@ -21,7 +21,7 @@ One pass, as the UBIS paper schedules:
   counts the same node twice; a victim's nodes the interactive job does not take stay busy
   until its checkpoint is written.
 
-What the agent does with the answer: it maps the priorities onto the RMS's integer knob,
+What the agent does with the answer: it writes the pass's order onto the RMS's integer knob,
 carries out the preemptions (only vjobs whose pilot runs their VM, `checkpointable`, can be
 victims), and releases the held jobs the pass starts, onto their saved nodes when all are
 free (a local resume). Pending jobs the pass starts are the RMS's to start (`starts` says
@@ -50,7 +50,7 @@ from preemption.scheduling.policies import (
     ubis_order,
     vjob_tiers,
 )
-from preemption.scheduling.reserve import need_beside, reserve_nodes
+from preemption.scheduling.reserve import need_beside, recent_interactive, reserve_asked, reserve_nodes
 from preemption.scheduling.victims import Candidate, checkpoint_bytes, choose_victims, running_priorities
 from ubis_priority import allowed, compute, integer_priority
 from ubis_priority.interactive import cap_limit, held_by_interactive
@@ -100,9 +100,9 @@ class Decision:
     priorities: Mapping[str, float] = field(default_factory=dict)
     """UBIS priority of every pending or held job."""
     rms_priorities: Mapping[str, int] = field(default_factory=dict)
-    """The same mapped to the RMS's integer knob (Slurm site factor, PBS priority); under
-    `vjob`, the pass's queue order mapped to it instead (`_rank_priorities`); empty when the
-    RMS has none (OAR)."""
+    """For the RMS's integer knob (Slurm site factor, PBS priority): the pass's queue order
+    (`order`), first job highest, under every policy (`_rank_priorities`); empty when the RMS
+    has none (OAR)."""
     preemptions: tuple[Preemption, ...] = ()
     releases: tuple[Release, ...] = ()
     waiting_interactive: tuple[str, ...] = ()
@@ -115,6 +115,9 @@ class Decision:
     """The nodes the pass gives each job it starts (the node choice of `nodes.py`)."""
     anchors: Mapping[str, float] = field(default_factory=dict)
     """vjob: the queued jobs' guarded reserved starts, to pass to the next tick's `decide`."""
+    order: tuple[str, ...] = ()
+    """The queue (pending and held jobs) in the policy's order, the one the pass walks and
+    `rms_priorities` follows."""
 
 
 def decide(
@@ -150,20 +153,13 @@ def decide(
     """
     policy = check_policy(cfg.scheduling.policy if policy is None else policy)
     hard = check_cap_mode(cap_mode) == "hard"
-    prios = compute(view, cfg.priority)
-    pending_prio = prios.as_dict()
-    rms_prio: dict[str, int] = {}
-    if knob is not None and len(prios):
-        values = np.asarray(prios.values, dtype=np.float64)
-        ints = integer_priority(values, prios.terms.max_priority, knob.low, knob.high)
-        rms_prio = {job_id: int(v) for job_id, v in zip(prios.job_ids, ints, strict=True)}
+    pending_prio = compute(view, cfg.priority).as_dict()
 
     state = _Pass(view, cfg, costs or Costs(), checkpointable, sleeping, bill_victims, policy)
     state.anchors.update(anchors or {})
     queue = [j for j in view.pending if j.state is JobState.PENDING or j.id in sleeping]
     ordered = _order(policy, queue, pending_prio, state)
-    if policy == "vjob" and knob is not None and ordered:
-        rms_prio = _rank_priorities(ordered, pending_prio, prios.terms.max_priority, knob)
+    rms_prio = {} if knob is None else _rank_priorities(ordered, pending_prio, knob)
     started: list[str] = []
     preemptions: list[Preemption] = []
     head: Job | None = None
@@ -234,6 +230,7 @@ def decide(
         reserved=None if head is None else head.id,
         placements={job_id: state.jobs[job_id].allocated_nodes for job_id in started},
         anchors={k: v for k, v in state.anchors.items() if k in pending_prio and k not in done},
+        order=tuple(j.id for j in ordered),
     )
 
 
@@ -258,17 +255,18 @@ def _order(policy: str, queue: Sequence[Job], prio: Mapping[str, float], state: 
     return [queue[int(i)] for i in order]
 
 
-def _rank_priorities(
-    ordered: Sequence[Job], pending: Mapping[str, float], max_priority: float, knob: PriorityKnob
-) -> dict[str, int]:
-    """vjob's order as the RMS's integer priorities, the first job highest: the RMS starts the
-    pending jobs itself, and with UBIS priorities on its knob it would serve small batch jobs
-    before the large job vjob's order keeps at the head (found by
-    tests/test_policy_live_order.py on Slurm). Pending jobs outside the queue (held by
-    someone else) get the lowest value."""
+def _rank_priorities(ordered: Sequence[Job], pending: Mapping[str, float], knob: PriorityKnob) -> dict[str, int]:
+    """The pass's order as the RMS's integer priorities, the first job highest, evenly spread
+    over the knob, under every policy: the RMS starts the pending jobs itself, in the order of
+    its knob. With the UBIS priorities on it Slurm served a small batch job before the large
+    job vjob's order kept at the head (tests/test_policy_live_order.py), `mms` and
+    `fcfs-easy` (submission order) were ranked by UBIS's terms instead, and under `ubis` two
+    priorities rounded to one integer let the RMS break the tie by submission, not as the
+    pass did (tests/test_policy_rms_order.py). Pending jobs outside the queue (held by
+    someone else) get the lowest value. Beyond high - low + 1 queued jobs neighbours share a
+    value and the RMS breaks those ties itself."""
     n = len(ordered)
-    ranks = np.array([(n - k) / n * max_priority for k in range(n)], dtype=np.float64)
-    ints = integer_priority(ranks, max_priority, knob.low, knob.high)
+    ints = integer_priority(np.arange(n, 0, -1, dtype=np.float64) / max(n, 1), 1.0, knob.low, knob.high)
     out = dict.fromkeys(pending, knob.low)
     out.update({job.id: int(v) for job, v in zip(ordered, ints, strict=True)})
     return out
@@ -302,8 +300,18 @@ class _Pass:
         self.guarded = self.by_cost and self.interactive_ahead == "guarded"
         self.harmless_first = cfg.scheduling.victims == "guard"
         self.fallback = cfg.scheduling.victims == "fallback"
-        self.reserve_asked = cfg.scheduling.interactive_reserve_nodes if self.by_cost else 0
-        """vjob: `[scheduling] interactive_reserve_nodes` (reserve.py)."""
+        sched = cfg.scheduling
+        recent = recent_interactive(
+            (j.submit_time for j in view.jobs if j.interactive and j.state in (JobState.PENDING, JobState.RUNNING)),
+            view.now,
+            sched.interactive_reserve_window_s,
+        )
+        self.reserve_asked = (
+            reserve_asked(sched.interactive_reserve_nodes, sched.interactive_reserve_arrivals, recent)
+            if self.by_cost
+            else 0
+        )
+        """vjob: `[scheduling] interactive_reserve_nodes`, held in this pass (reserve.py)."""
         self.anchors: dict[str, float] = {}
         """vjob: the guard's reserved start when first checked (`guard.keeps_reservation`)."""
         self.returning: list[tuple[float, int]] = []
