@@ -166,17 +166,26 @@ def _rollback(driver: Driver, paused: Sequence[Member], *, saved: Sequence[Membe
             _log.error("rollback unpause failed", vm=m.vm, node=m.node, error=str(exc))
 
 
-def restore(driver: Driver, members: Sequence[Member], *, bypass_cache: bool = False) -> Resumed:
+def restore(
+    driver: Driver, members: Sequence[Member], *, bypass_cache: bool = False, label: str | None = None
+) -> Resumed:
     """Restore every VM of the job (in parallel, each paused), then let them all run.
 
     Each state is verified before its restore (and, from another node, copied and checked on
     the destination). If one restore fails, the VMs already back are saved again, so the job
     keeps one consistent snapshot rather than half a running job; the error is raised.
+    With `label`, each VM comes from its labelled snapshot in its node's snapshot dir (Saline's
+    resume from the repository) instead of its saved state; if one fails, the VMs already back
+    are deleted again: the snapshot they came from is still there.
     """
     _check_names(members)
     done = Resumed(started_at=time.time())
 
     def one(m: Member) -> None:
+        if label is not None:
+            driver.restore_snapshot(m.vm, m.node, label=label, from_node=m.from_node, paused=True)
+            done.restored_at[m.vm] = time.time()
+            return
         src = m.from_node or m.node
         if src != m.node and driver.state(m.vm, src) is None and driver.state(m.vm, m.node) == VMState.SAVED:
             src = m.node  # moved by an earlier, failed attempt and saved again where it went
@@ -189,6 +198,9 @@ def restore(driver: Driver, members: Sequence[Member], *, bypass_cache: bool = F
         back = [m for m, r in zip(members, results, strict=True) if not isinstance(r, BaseException)]
         for m in back:
             try:
+                if label is not None:
+                    driver.delete(m.vm, m.node)
+                    continue
                 driver.save(m.vm, m.node)
             except DriverError as exc:
                 _log.error("re-save after a failed restore failed", vm=m.vm, node=m.node, error=str(exc))

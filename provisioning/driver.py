@@ -836,9 +836,12 @@ class Driver:
         _log.info("vm snapshot", vm=vm, node=node, label=label, bytes=snap.size_bytes, running=keep_running)
         return snap
 
-    def restore_snapshot(self, vm: str, node: str, *, label: str, from_node: str | None = None) -> None:
+    def restore_snapshot(
+        self, vm: str, node: str, *, label: str, from_node: str | None = None, paused: bool = False
+    ) -> None:
         """Start the VM on `node` from snapshot `label` (taken on `from_node`), e.g. after the
-        RMS killed its job; whatever the VM did since the snapshot is lost, as intended."""
+        RMS killed its job; whatever the VM did since the snapshot is lost, as intended.
+        `paused`: it comes back paused (a coordinated restore lets a job's VMs run together)."""
         src = from_node or node
         memory_src = self.snapshot_dir(src) / f"{vm}@{label}{STATE_SUFFIX}"
         overlay_src = self.snapshot_dir(src) / f"{vm}@{label}{OVERLAY_COPY_SUFFIX}"
@@ -861,7 +864,7 @@ class Driver:
         if src != node or memory_src != state:
             recorded = {"size_bytes": expected.size_bytes, "sha256": expected.sha256}
             integrity.check_against(vm, node, state, recorded, self.host(node))
-        self._restore_state_file(vm, node, state)
+        self._restore_state_file(vm, node, state, paused=paused)
         transfer.remove(Endpoint(state, self.host(node)))
         self._update_vm(vm, node=node, state=VMState.RUNNING)
 

@@ -167,11 +167,16 @@ def _stage(workdir: Path, into: Path, staged: dict[str, list[object]]) -> list[s
     return skipped
 
 
-def build(workdir: Path, job: JobDescription, out: Path, *, limit_bytes: int, free_bytes: int) -> list[str]:
+def build(
+    workdir: Path, job: JobDescription, out: Path, *, limit_bytes: int, free_bytes: int, for_user: bool = False
+) -> list[str]:
     """Write the job disk `out` (qcow2) from `workdir` and `job`; returns skipped entries.
 
     `free_bytes` is room left for what the job writes (the disk is sparse: it costs nothing
     until used). Run as the job's user: the copy is made with the user's own rights.
+    `for_user`: root builds it for the job's user (Saline's site master, whose `workdir` is
+    its own empty directory): what is staged is given to the job's uid/gid before mkfs, as
+    if the user had built it, so the job can reach its script and write its directory.
     """
     check_description(job)
     used = measure(workdir, limit_bytes)
@@ -188,6 +193,9 @@ def build(workdir: Path, job: JobDescription, out: Path, *, limit_bytes: int, fr
         (control / "job.json").write_text(json.dumps(job.to_json()))
         (control / "script").write_bytes(job.script)
         os.chmod(control / "script", 0o700)
+        if for_user:
+            for path in (stage, *stage.rglob("*")):
+                os.chown(path, job.uid, job.gid, follow_symlinks=False)
         raw = tmp / "disk.raw"
         size_mib = (used + free_bytes) // 2**20 + 64 + used // 2**20 // 8  # + ext4's own needs
         with open(raw, "wb") as fh:

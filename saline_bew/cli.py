@@ -16,12 +16,14 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from saline_bew import lease, server, sites
+from saline_bew import lease, server, sites, workdir
 from vjob.cli import load_config
+from vjob.config import ProvisioningConfig
 from vjob.errors import UsageError
 from vjob.sdnotify import Notifier
 from vjob.store.db import open_store
@@ -58,6 +60,17 @@ def register(sub: Any) -> None:
     s.add_argument("-l", "--walltime", dest="walltime", default=None, help="H:MM:SS (default saline.default_walltime)")
     s.add_argument("--site", default=None, help="site to start at (default: the first with free resources)")
     s.add_argument("--user", default=None, help="submit for this user (root only, checked by the manager)")
+    s.add_argument(
+        "--no-workdir",
+        action="store_true",
+        help="do not copy the current directory to the first VM's /work (by default it is, as on Slurm)",
+    )
+    s.add_argument(
+        "--stage-limit-mb",
+        type=int,
+        default=ProvisioningConfig().stage_limit_mb,
+        help="refuse a current directory bigger than this (the manager enforces the site's own limit too)",
+    )
     s.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARG ...], run inside the VMs")
     s.set_defaults(func=_submit)
 
@@ -145,9 +158,26 @@ def _submit(args: argparse.Namespace) -> int:
         "site": args.site,
         "user": args.user,
     }
-    job = _call(args, request)
+    if args.no_workdir:
+        job = _call(args, request)
+    else:
+        job = _submit_with_workdir(args, request)
     print(f"{job['key']} oar_job={job['oar_job_id']} site={job['site']}")
     return 0
+
+
+def _submit_with_workdir(args: argparse.Namespace, request: dict[str, Any]) -> Any:
+    """Build the working directory's disk as the user (saline_bew.workdir) and pass it open
+    with the request: the manager (root) never opens a path of the user's."""
+    limit = args.stage_limit_mb * 2**20
+    with tempfile.TemporaryDirectory(prefix="vjob-submit-") as tmp:
+        disk = Path(tmp) / f"work{workdir.SUFFIX}"
+        workdir.build_for_user(Path.cwd(), request["command"], disk, limit_bytes=limit)
+        fd = os.open(disk, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return server.call(server.socket_path(args.socket), request, fd=fd)
+        finally:
+            os.close(fd)
 
 
 def _manager(args: argparse.Namespace) -> int:

@@ -27,6 +27,7 @@ fail their checks (saline_bew.grammar) are refused with a logged error and never
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 import time
@@ -106,6 +107,9 @@ class Manager:
         """Per-vjob failures (step_failed) counted by this manager since it started."""
         self._lock = threading.RLock()
         """Serialises acting on vjobs between the loop and the socket server's requests."""
+        self._adoptable: dict[str, relocation.OpenRequest] = {}
+        """Per vjob, during its pass: a migration request a dead manager left open. An
+        evacuation this pass takes it over; otherwise it is deleted at the end of the pass."""
         self.metrics = SalineMetrics()
 
     # -- submission ----------------------------------------------------------------------
@@ -120,9 +124,12 @@ class Manager:
         memory_mb: int = 128,
         walltime: str | None = None,
         site: str | None = None,
+        work_fd: int | None = None,
     ) -> SalineJob:
         """Record a vjob and ask OAR for it. OAR unreachable: the record stays (phase
-        submitted, no OAR job) and the manager submits it later; the CommandError is raised."""
+        submitted, no OAR job) and the manager submits it later; the CommandError is raised.
+        `work_fd`: the submitter's working directory as a job disk they built
+        (saline_bew.workdir), copied and checked here before anything is recorded."""
         if not command:
             raise InputError("command: missing (vjob besteffort submit [options] -- COMMAND ...)")
         grammar.word("user", user, grammar.USER)
@@ -135,10 +142,18 @@ class Manager:
         if site is not None and site not in self.sites:
             raise InputError(f"site = {grammar.short(site)}: not a configured site ({', '.join(self.sites)})")
         grammar.word("image", image, grammar.IMAGE)
-        with self._lock:
-            chosen = site or self._choose_site(vm_count * vcpus, prefer=None)
-            job = self._create(user, image, command, vm_count, vcpus, memory_mb, walltime, chosen)
-            return self._submit_oar(job, chosen)
+        received = self.vms.receive_work(work_fd) if work_fd is not None else None
+        try:
+            with self._lock:
+                chosen = site or self._choose_site(vm_count * vcpus, prefer=None)
+                job = self._create(user, image, command, vm_count, vcpus, memory_mb, walltime, chosen)
+                if received is not None:
+                    os.replace(received, self.vms.work_path(job.key))
+                    received = None
+                return self._submit_oar(job, chosen)
+        finally:
+            if received is not None:
+                received.unlink(missing_ok=True)
 
     def _create(
         self, user: str, image: str, command: list[str], vm_count: int, vcpus: int, memory_mb: int, walltime: str,
@@ -334,6 +349,9 @@ class Manager:
             failures, not_before = phases.backoff(events, base_s=self.failure_backoff_s)
             if self.clock() < not_before and not phases.cancel_requested(events):
                 return
+            left_open = relocation.open_request(events)
+            if left_open is not None:
+                self._adoptable[key] = left_open
             try:
                 self._advance(job, events)
             except StoreError:
@@ -347,6 +365,10 @@ class Manager:
                 _log.warning("vjob step failed", jobs=[key], error=str(exc))
                 if str(exc) != journal.get(self.store, key).error:
                     self._record(key, "error", {"error": str(exc)}, error=str(exc))
+            finally:
+                not_taken = self._adoptable.pop(key, None)
+                if not_taken is not None:  # its vjob's own OAR job may be a new one by now
+                    self._settle_request(journal.get(self.store, key), not_taken)
 
     def _step_failed(self, job: SalineJob, exc: Exception, failures: int) -> None:
         self.metrics.step_failures.inc()
@@ -380,7 +402,7 @@ class Manager:
         if phases.needs_oar(job, cancel):
             oj = self._site(job.site).client.job(job.oar_job_id or "", user=job.user)
             if job.phase == "running" and oj is not None and not oj.killed_for_besteffort:
-                finished = all(self.vms.finished(vm, node) for vm, node in zip(job.vm_names, job.hosts, strict=True))
+                finished = self._finished(job)
         return phases.Observed(
             oar_job=oj,
             vms_finished=finished,
@@ -437,15 +459,25 @@ class Manager:
     def _ended(self, job: SalineJob, oj: OarJob | None) -> None:
         """Act on the end of the vjob's OAR job `oj` (None: OAR forgot it)."""
         events = journal.events(self.store, job.key)
-        finished = job.phase == "running" and all(
-            self.vms.finished(vm, node) for vm, node in zip(job.vm_names, job.hosts, strict=True)
-        )
+        finished = job.phase == "running" and self._finished(job)
         seen = phases.Observed(
             oar_job=oj,
             vms_finished=finished,
             last_deploy=phases.last_at(events, phases.DEPLOY_EVENTS, job.created_at),
         )
         self._act(job, seen, phases.decide(job, seen, now=self.clock(), timing=self.cfg))
+
+    def _finished(self, job: SalineJob) -> bool:
+        """COMMAND ended: every tiny guest powered off after its payload; on a real image the
+        first VM, which runs COMMAND (the others only serve it, as a multi-node job's do)."""
+        members = list(zip(job.vm_names, job.hosts, strict=True))
+        if members and self._real(job, job.hosts[0]):
+            members = members[:1]
+        return all(self.vms.finished(vm, node) for vm, node in members)
+
+    def _real(self, job: SalineJob, node: str) -> bool:
+        """The vjob's image boots its own kernel (a job disk per VM, part of each snapshot)."""
+        return self.vms.real(job.image, node) is not None
 
     # -- deploy ---------------------------------------------------------------------------
     def _deploy(self, job: SalineJob, oj: OarJob) -> None:
@@ -455,11 +487,13 @@ class Manager:
         self.vms.network_up(ids[job.vm_names[0]].subnet_id, placement)
         if job.snapshot_label and job.snapshot_site:
             repo = self._site(job.snapshot_site).repository
-            for vm, node in zip(job.vm_names, placement, strict=True):
-                self.vms.restore(vm, node, job.snapshot_label, repo.label_dir(job.key, job.snapshot_label), repo.host)
+            members = list(zip(job.vm_names, placement, strict=True))
+            back = self.vms.restore(members, job.snapshot_label, repo.label_dir(job.key, job.snapshot_label), repo.host,
+                                    with_job_disk=self._real(job, placement[0]))  # fmt: skip
             store_jobs.record_resume(self.store, journal.RMS, job.key)
             detail: dict[str, object] = {"label": job.snapshot_label, "from_site": job.snapshot_site}
             detail["hosts"] = placement
+            detail["restore_to_running_s"] = round(back.restore_to_running_s, 3)
             warned_at = _suspended_at(journal.events(self.store, job.key))
             if warned_at is not None:  # suspended on OAR's warning: the suspend/resume path ends here
                 detail["since_warning_s"] = round(self.clock() - warned_at, 3)
@@ -477,7 +511,17 @@ class Manager:
             return
         image = self.vms.image(job.image)
         for vm, node in zip(job.vm_names, placement, strict=True):
-            spec = self.vms.spec(vm, image, list(job.command), ids[vm], job.memory_mb, job.vcpus)
+            self.vms.stop(vm, node)  # whatever a killed run left there
+        local = self.vms.real(job.image, placement[0])
+        if local is not None:  # the image's own kernel: the guest agent runs COMMAND on the first VM
+            specs = self.vms.real_specs(local, list(job.command), [ids[vm] for vm in job.vm_names], placement,
+                                        user=job.user, memory_mib=job.memory_mb, vcpus=job.vcpus,
+                                        work=self.vms.work_path(job.key))  # fmt: skip
+        else:
+            specs = [
+                self.vms.spec(vm, image, list(job.command), ids[vm], job.memory_mb, job.vcpus) for vm in job.vm_names
+            ]
+        for spec, node in zip(specs, placement, strict=True):
             self.vms.boot_fresh(spec, node, job_id=job.job_id)
         if job.kills:
             store_jobs.record_resume(self.store, journal.RMS, job.key)
@@ -516,20 +560,21 @@ class Manager:
         taken_at = self.clock()
         began = time.monotonic()
         members = list(zip(job.vm_names, job.hosts, strict=True))
-        self.vms.checkpoint(members, label, job_id=job.job_id, keep_running=not suspend)  # one consistent cut
+        real = self._real(job, job.hosts[0])
+        self.vms.checkpoint(members, label, job_id=job.job_id, keep_running=not suspend, with_job_disk=real)  # one cut
         holdings: dict[str, tuple[str, ...]] = {}
         for vm, node in members:
             holdings[node] = (*holdings.get(node, ()), vm)
         expected: dict[str, tuple[int, str]] = {}
         for vm, node in zip(job.vm_names, job.hosts, strict=True):
-            for name in snapshot_files(vm, label):
+            for name in snapshot_files(vm, label, with_job_disk=real):
                 path = self.vms.stage_dir(node) / name
                 expected[name] = (path.stat().st_size, sha256_file(path))
         repo = self._site(job.site).repository
         started = time.monotonic()
         try:
             repo.check(sum(size for size, _ in expected.values()))
-            Gathering(self._copier(job, label)).run(holdings)
+            Gathering(self._copier(job, label, with_job_disk=real)).run(holdings)
             repo.verify(job.key, label, expected)
         except (RepositoryError, OSError) as exc:
             try:
@@ -573,12 +618,12 @@ class Manager:
             self.sites[previous[1]].repository.remove_label(job.key, previous[0])
         return True
 
-    def _copier(self, job: SalineJob, label: str) -> Callable[[str, str, str], None]:
+    def _copier(self, job: SalineJob, label: str, *, with_job_disk: bool) -> Callable[[str, str, str], None]:
         repo = self._site(job.site).repository
         vms = self.vms
 
         def copy(vm: str, source: str, destination: str) -> None:
-            for name in snapshot_files(vm, label):
+            for name in snapshot_files(vm, label, with_job_disk=with_job_disk):
                 src = vms.stage_dir(source) / name
                 if destination == REPOSITORY:
                     repo.put(src, job.key, label)
@@ -631,6 +676,21 @@ class Manager:
         holding VMs, which the suspension must give back too."""
         need = job.vm_count * job.vcpus
         possible = self.vms.can_migrate()
+        events = journal.events(self.store, job.key)
+        suspend_s = _last_detail(
+            events, "snapshot", "took_s", default=relocation.suspend_estimate_s(job.memory_mb, job.vm_count)
+        )
+        migrate_s = relocation.migrate_estimate_s(
+            job.memory_mb, job.vm_count, _last_detail(events, "migrated", "mb_per_s", default=0.0)
+        )
+        left_open = self._adoptable.pop(job.key, None)
+        if left_open is not None:
+            done, extra = self._take_over_request(job, left_open, event_id, warned_at, suspend_s, migrate_s)
+            if done:
+                return None, []
+            if extra:
+                return relocation.Plan((), 0.0, "the migration taken over left VMs in two OAR jobs"), extra
+            job = journal.get(self.store, job.key)
         free: dict[str, int | None] = {}
         for name, site in self.sites.items() if possible and self.cfg.migrate_wait_s > 0 else ():
             try:  # asked only when a migration could follow: every second counts before OAR's kill
@@ -638,18 +698,13 @@ class Manager:
             except VjobError as exc:
                 free[name] = None
                 _log.warning("site unreachable", site=name, error=str(exc))
-        events = journal.events(self.store, job.key)
         plan = relocation.plan(
             need=need,
             site=job.site,
             free=free,
             time_left_s=warned_at + self.cfg.checkpoint_delay_s - self.clock(),
-            suspend_s=_last_detail(
-                events, "snapshot", "took_s", default=relocation.suspend_estimate_s(job.memory_mb, job.vm_count)
-            ),
-            migrate_s=relocation.migrate_estimate_s(
-                job.memory_mb, job.vm_count, _last_detail(events, "migrated", "mb_per_s", default=0.0)
-            ),
+            suspend_s=suspend_s,
+            migrate_s=migrate_s,
             wait_s=self.cfg.migrate_wait_s,
             migration_possible=possible,
         )
@@ -671,19 +726,99 @@ class Manager:
                 break  # VMs are split between two OAR jobs: suspend them where they are
         return plan, extra
 
-    def _migrate_to(
-        self, job: SalineJob, target: relocation.Target, until: float, event_id: int, warned_at: float
+    def _take_over_request(
+        self,
+        job: SalineJob,
+        req: relocation.OpenRequest,
+        event_id: int,
+        warned_at: float,
+        suspend_s: float,
+        migrate_s: float,
     ) -> tuple[bool, list[tuple[str, str]]]:
-        """Ask `target`'s OAR for the vjob's resources and move the VMs there live once it
-        starts the job. (True, []) when every VM runs there and the warned job is given back;
-        (False, OAR jobs still holding some VMs) otherwise, the new job deleted if it holds none."""
-        site = self._site(target.site)
-        try:
-            new_id = site.client.submit(self._request(job, site), user=job.user)
-        except CommandError as exc:
-            self._record(job.key, "migration_failed", {"site": target.site, "error": str(exc)[:1000]})
+        """Finish the migration a dead manager started: its OAR job is asked for already (and
+        may run by now), so waiting for it is quicker than asking again. Deleted instead when
+        its id is unknown, its site is gone, or no try fits before OAR's kill."""
+        budget = relocation.wait_budget(
+            time_left_s=warned_at + self.cfg.checkpoint_delay_s - self.clock(),
+            suspend_s=suspend_s,
+            migrate_s=migrate_s,
+            wait_s=self.cfg.migrate_wait_s,
+        )
+        if req.oar_job_id is None or req.site not in self.sites or not self.vms.can_migrate() or budget <= 0:
+            self._settle_request(job, req)
             return False, []
-        self._record(job.key, "migration_requested", {"site": target.site, "path": target.path, "oar_job_id": new_id})
+        path = relocation.Path.SAME_SITE if req.site == job.site else relocation.Path.OTHER_SITE
+        self._record(job.key, "migration_taken_over", {"site": req.site, "oar_job_id": req.oar_job_id})
+        _log.info("vjob: taking over the migration a previous manager left", jobs=[job.key], oar_job=req.oar_job_id)
+        target = relocation.Target(req.site, path)
+        return self._migrate_to(job, target, time.monotonic() + budget, event_id, warned_at, existing=req.oar_job_id)
+
+    def _settle_request(self, job: SalineJob, req: relocation.OpenRequest) -> None:
+        """Delete the OAR job of a migration request no manager finished (else it would hold its
+        nodes until its walltime), and close the request in the journal. OAR unreachable: the
+        request stays open and the next pass tries again."""
+        try:
+            deleted = self._delete_request_job(job, req)
+            self._record(job.key, "migration_abandoned", {"site": req.site, "oar_job_id": req.oar_job_id,
+                                                          "deleted": deleted})  # fmt: skip
+            _log.warning("vjob: deleted the OAR job of a migration a previous manager left", jobs=[job.key],
+                         site=req.site, oar_jobs=deleted)  # fmt: skip
+        except StoreError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - retried next pass: the request stays open
+            _log.warning("left-over migration job not deleted yet", jobs=[job.key], error=str(exc)[:300])
+
+    def _delete_request_job(self, job: SalineJob, req: relocation.OpenRequest) -> list[str]:
+        """oardel the request's job, or, its id never journalled, every live job of the vjob's
+        name and user at that site other than the vjob's own. The ids deleted."""
+        site = self.sites.get(req.site)
+        if site is None:
+            return []
+        if req.oar_job_id is not None:
+            found = site.client.job(req.oar_job_id, user=job.user)
+            candidates = [found] if found is not None else []
+        else:
+            candidates = [oj for oj in site.client.jobs() if oj.name == job.key and oj.user == job.user]
+        doomed = [oj.id for oj in candidates if not oj.finished and oj.id != job.oar_job_id]
+        for oar_id in doomed:
+            try:
+                site.client.delete(oar_id, user=job.user)
+            except OarUnavailable:
+                raise
+            except CommandError as exc:  # ended meanwhile
+                _log.warning("oardel failed", jobs=[job.key], oar_job=oar_id, error=str(exc))
+        return doomed
+
+    def _migrate_to(
+        self,
+        job: SalineJob,
+        target: relocation.Target,
+        until: float,
+        event_id: int,
+        warned_at: float,
+        *,
+        existing: str | None = None,
+    ) -> tuple[bool, list[tuple[str, str]]]:
+        """Ask `target`'s OAR for the vjob's resources (or take `existing`, asked for by a
+        previous manager) and move the VMs there live once it starts the job. (True, []) when
+        every VM runs there and the warned job is given back; (False, OAR jobs still holding
+        some VMs) otherwise, the new job deleted if it holds none.
+
+        The request is journalled before oarsub and again with the job's id before the wait
+        (`relocation.ASKING`, `relocation.REQUESTED`): a manager that dies in between leaves an
+        open request that its successor deletes or takes over (`_settle_request`)."""
+        site = self._site(target.site)
+        new_id = existing
+        if new_id is None:
+            self._record(job.key, relocation.ASKING, {"site": target.site, "path": target.path})
+            try:
+                new_id = site.client.submit(self._request(job, site), user=job.user)
+            except CommandError as exc:
+                self._record(job.key, "migration_failed", {"site": target.site, "error": str(exc)[:1000]})
+                return False, []
+            self._record(
+                job.key, relocation.REQUESTED, {"site": target.site, "path": target.path, "oar_job_id": new_id}
+            )
         oj = site.client.job(new_id, user=job.user)
         while not (oj is not None and oj.state == "Running" and oj.hosts):
             if oj is None or oj.finished or time.monotonic() >= until:
@@ -882,12 +1017,18 @@ class Manager:
                     _log.error("vjob cleanup failed: retried next pass", jobs=[job.key], error=str(exc)[:1000])
 
     def _clean(self, job: SalineJob) -> None:
+        left_open = relocation.open_request(journal.events(self.store, job.key))
+        if left_open is not None:  # ended while a dead manager's migration job was pending
+            deleted = self._delete_request_job(job, left_open)
+            self._record(job.key, "migration_abandoned", {"site": left_open.site, "oar_job_id": left_open.oar_job_id,
+                                                          "deleted": deleted})  # fmt: skip
         self._free_nodes(job)
         keep = job.phase == "failed"  # a failed vjob's snapshot is kept for the operator
         if not keep:
             for site in self.sites.values():
                 site.repository.remove_job(job.key)
         identity.release(self.store, job.key)
+        self.vms.work_path(job.key).unlink(missing_ok=True)  # the submitter's files, once the vjob is over
         store_jobs_terminate(self.store, job.key)
         self._record(job.key, "cleaned", {"snapshots_removed": not keep})
         lease.release(self.store, job.key, self.owner)

@@ -14,9 +14,10 @@ may wait at most `time left - suspend - migrate - margin` (and `saline.migrate_w
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any, Protocol
 
 MARGIN_S = 5.0
 """Kept free before OAR's kill on top of the estimates (scheduler passes, a slow save)."""
@@ -24,6 +25,14 @@ MIN_WAIT_S = 3.0
 """A try with less time than this for OAR to start the job (a scheduler pass) is not made."""
 MIGRATE_MB_PER_S = 100.0
 """Live-migration speed assumed before one was measured (a 1 Gbit/s link, pre-copy overhead)."""
+ASKING = "migration_asking"
+"""Journalled before OAR is asked for the new job: a manager that dies between the oarsub and
+the journal entry of its id leaves this behind, and its successor looks for the job by name."""
+REQUESTED = "migration_requested"
+"""Journalled with the new job's id as soon as OAR gave it, before any wait for its start."""
+CLOSING = ("migrated", "migration_failed", "migration_abandoned")
+"""Entries after which the manager no longer owns a request's job: the VMs run in it (migrated),
+it was given back (failed), or a later manager deleted it (abandoned)."""
 
 
 class Path(StrEnum):
@@ -80,10 +89,17 @@ def plan(
     order += [Target(name, Path.OTHER_SITE) for name in roomy if name != site]
     if not order:
         return Plan((), 0.0, f"no site has {need} free cores")
-    budget = min(wait_s, time_left_s - suspend_s - migrate_s - MARGIN_S)
-    if budget < MIN_WAIT_S:
+    budget = wait_budget(time_left_s=time_left_s, suspend_s=suspend_s, migrate_s=migrate_s, wait_s=wait_s)
+    if budget <= 0:
         return Plan((), 0.0, f"{time_left_s:.0f} s left: no time to try a migration and still suspend")
     return Plan(tuple(order), budget, "")
+
+
+def wait_budget(*, time_left_s: float, suspend_s: float, migrate_s: float, wait_s: float) -> float:
+    """How long the tries may wait for OAR to start a job and still leave room for a migration
+    and then a suspension before OAR's kill; 0 when that is less than one scheduler pass."""
+    budget = min(wait_s, time_left_s - suspend_s - migrate_s - MARGIN_S)
+    return budget if budget >= MIN_WAIT_S else 0.0
 
 
 def migrate_estimate_s(memory_mb: int, vm_count: int, measured_mb_per_s: float | None = None) -> float:
@@ -95,3 +111,38 @@ def migrate_estimate_s(memory_mb: int, vm_count: int, measured_mb_per_s: float |
 def suspend_estimate_s(memory_mb: int, vm_count: int) -> float:
     """A suspension before one was measured: save the memory, then copy it to the repository."""
     return 2.0 + 2 * memory_mb * vm_count / MIGRATE_MB_PER_S
+
+
+class JournalEntry(Protocol):
+    kind: str
+    detail: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class OpenRequest:
+    """A new OAR job asked for a live migration that no manager finished with: its manager died
+    while OAR was starting it (or between oarsub and the journal entry of its id)."""
+
+    site: str
+    path: str
+    oar_job_id: str | None
+    """None: oarsub may have run but its id never reached the journal (look for the job by name)."""
+
+
+def open_request(events: Sequence[JournalEntry]) -> OpenRequest | None:
+    """The migration request the journal leaves open, if any.
+
+    Why one at most: a manager asks for one new job at a time and closes it (migrated, failed)
+    before the next try, all inside one pass that holds the vjob's lease; so only the last
+    request can be open, and only when the manager stopped in the middle of it.
+    """
+    found: OpenRequest | None = None
+    for ev in events:
+        if ev.kind in (ASKING, REQUESTED):
+            job_id = ev.detail.get("oar_job_id")
+            found = OpenRequest(
+                str(ev.detail.get("site", "")), str(ev.detail.get("path", "")), str(job_id) if job_id else None
+            )
+        elif ev.kind in CLOSING:
+            found = None
+    return found

@@ -152,10 +152,10 @@ class Handler:
     def __init__(self, manager: Any) -> None:
         self.manager = manager
 
-    def __call__(self, request: AnyRequest, uid: int) -> Any:
+    def __call__(self, request: AnyRequest, uid: int, fds: list[int] | None = None) -> Any:
         caller = _user_name(uid)
         if isinstance(request, Submit):
-            return self.submit(request, uid, caller)
+            return self.submit(request, uid, caller, work_fd=(fds or [None])[0])
         if isinstance(request, Admit):
             return self.admit(request, uid, caller)
         if isinstance(request, ListJobs):
@@ -172,7 +172,7 @@ class Handler:
         after = self.manager.request_cancel(job.key, by=caller)
         return {"key": after.key, "phase": after.phase}
 
-    def submit(self, request: Submit, uid: int, caller: str) -> dict[str, Any]:
+    def submit(self, request: Submit, uid: int, caller: str, work_fd: int | None = None) -> dict[str, Any]:
         user = request.user or caller
         if user != caller and uid != 0:
             raise Refused(f"--user {grammar.short(user)}: only root may submit for another user (you are {caller})")
@@ -190,6 +190,7 @@ class Handler:
                 memory_mb=request.memory,
                 walltime=request.walltime,
                 site=request.site,
+                work_fd=work_fd,
             )
         except CommandError as exc:
             raise CommandError(
@@ -263,10 +264,10 @@ def peer_uid(conn: socket.socket) -> int:
     return uid
 
 
-def answer(handler: Handler, line: bytes, uid: int) -> dict[str, Any]:
+def answer(handler: Handler, line: bytes, uid: int, fds: list[int] | None = None) -> dict[str, Any]:
     """The answer to one request line; every failure is an answer, never a dead server."""
     try:
-        return {"ok": True, "result": handler(parse_request(line), uid)}
+        return {"ok": True, "result": handler(parse_request(line), uid, fds)}
     except VjobError as exc:
         return {"ok": False, "error": str(exc), "exit": exc.exit_code}
     except Exception as exc:  # noqa: BLE001 - one bad request must not end the server
@@ -280,16 +281,39 @@ class _Connection(socketserver.StreamRequestHandler):
 
     def handle(self) -> None:
         uid = peer_uid(self.request)
+        fds: list[int] = []
         try:
-            line = self.rfile.readline(MAX_LINE + 1)
+            line = _read_line(self.request, fds)
         except OSError:
+            _close(fds)
             return  # the client went away or was too slow
         if not line.endswith(b"\n"):
             reply: dict[str, Any] = {"ok": False, "error": f"request: one line of at most {MAX_LINE} bytes", "exit": 2}
         else:
-            reply = answer(self.server.handler, line, uid)
+            reply = answer(self.server.handler, line, uid, fds[:1])
+        _close(fds)
         with contextlib.suppress(OSError):
             self.wfile.write(json.dumps(reply, default=str).encode() + b"\n")
+
+
+def _read_line(conn: socket.socket, fds: list[int]) -> bytes:
+    """One request line, and the descriptors passed with it (SCM_RIGHTS; a submission's
+    working-directory disk, saline_bew.workdir): read with recvmsg, as a buffered reader
+    would drop them."""
+    line = b""
+    while not line.endswith(b"\n") and len(line) <= MAX_LINE:
+        data, got, _flags, _addr = socket.recv_fds(conn, MAX_LINE + 1 - len(line), 2)
+        fds.extend(got)
+        if not data:
+            break
+        line += data
+    return line
+
+
+def _close(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 class _UnixServer(socketserver.ThreadingUnixStreamServer):
@@ -391,8 +415,9 @@ def socket_path(given: str | None, *, configured: str = "") -> Path:
     return Path(given or os.environ.get(ENV_VAR) or configured or DEFAULT_SOCKET)
 
 
-def call(path: Path, request: dict[str, Any], *, timeout_s: float = CLIENT_TIMEOUT_S) -> Any:
-    """Send one request to the manager at `path` and return its result (RemoteError if refused)."""
+def call(path: Path, request: dict[str, Any], *, timeout_s: float = CLIENT_TIMEOUT_S, fd: int | None = None) -> Any:
+    """Send one request to the manager at `path` and return its result (RemoteError if
+    refused); `fd` goes with it (SCM_RIGHTS)."""
     line = json.dumps(request).encode() + b"\n"
     if len(line) > MAX_LINE:
         raise InputError(f"request: more than {MAX_LINE} bytes (a shorter COMMAND?)")
@@ -400,7 +425,8 @@ def call(path: Path, request: dict[str, Any], *, timeout_s: float = CLIENT_TIMEO
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.settimeout(timeout_s)
             conn.connect(str(path))
-            conn.sendall(line)
+            sent = socket.send_fds(conn, [line], [fd]) if fd is not None else 0
+            conn.sendall(line[sent:])
             with conn.makefile("rb") as reader:
                 reply_line = reader.readline(MAX_LINE + 1)
     except (FileNotFoundError, ConnectionRefusedError):

@@ -5,9 +5,12 @@ best-effort job with SIGKILL and no grace (notes/oar.md), so nothing inside the 
 it; the master snapshots periodically from outside, and destroys the VMs itself once OAR has
 taken the nodes back (libvirt's QEMU processes are not in the job's cpuset).
 
-The guest is the tiny direct-boot guest of provisioning.guest: the vjob's COMMAND is its
-payload script (run by the guest's shell, never by a host shell), and the guest powers off
-when the command ends, which is how the manager sees the vjob finish. The network identity
+On an image without its own kernel the guest is the tiny direct-boot guest of
+provisioning.guest: the vjob's COMMAND is its payload script (run by the guest's shell, never
+by a host shell), and the guest powers off when the command ends, which is how the manager
+sees the vjob finish. An image from `vjob image build` boots its own kernel and the guest
+agent runs COMMAND on the first VM from a job disk, as a multi-node job's (`real_specs`); the
+job disks are part of each snapshot. The network identity
 (subnetID, vmID, MAC, IP) reaches the guest on its kernel command line, and each VM has a NIC
 with that MAC on the vjob's private network: provisioning.network's per-job bridge (the one
 of multi-node jobs), created on a node before a VM of the vjob arrives there and removed when
@@ -17,13 +20,17 @@ the same addresses, and no other job's VM is on it.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pwd
 import shlex
+import tempfile
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from provisioning import coordinated, guest, network, transfer
-from provisioning.coordinated import Cut, Member
+from provisioning import coordinated, guest, images, job_disk, network, safe_dirs, transfer
+from provisioning.coordinated import Cut, Member, Resumed
 from provisioning.driver import (  # _write_manifest: the driver's own manifest format
     MANIFEST_SUFFIX,
     OVERLAY_COPY_SUFFIX,
@@ -34,8 +41,9 @@ from provisioning.driver import (  # _write_manifest: the driver's own manifest 
 )
 from provisioning.images import Catalogue
 from provisioning.vm_types import Snapshot
+from saline_bew import workdir
 from saline_bew.identity import NetworkIdentity
-from vjob import log
+from vjob import log, proc
 from vjob.errors import InputError
 from vjob.model import VMState
 from vjob.store.db import Store
@@ -43,10 +51,20 @@ from vjob.store.db import Store
 _log = log.get("saline")
 
 
-def snapshot_files(vm: str, label: str) -> list[str]:
-    """The files one VM's snapshot is made of, as the driver names them."""
+JOB_DISK_COPY_SUFFIX = ".job.qcow2"
+"""A real image's VM: the copy of its job disk (provisioning.job_disk) in the snapshot."""
+REAL_MIN_MEMORY_MIB = 256
+"""A real image (Debian's kernel, python3, sshd) does not boot in the tiny guest's 128 MiB."""
+JOB_SCRIPT = b'#!/bin/sh\nexec "$@"\n'
+"""The job disk's script of a vjob: COMMAND is its argv, run as the user (no shell between)."""
+
+
+def snapshot_files(vm: str, label: str, *, with_job_disk: bool = False) -> list[str]:
+    """The files one VM's snapshot is made of, as the driver names them (and the job disk's
+    copy for a real image: the job's files are part of its state)."""
     base = f"{vm}@{label}{STATE_SUFFIX}"
-    return [base, base + MANIFEST_SUFFIX, f"{vm}@{label}{OVERLAY_COPY_SUFFIX}"]
+    files = [base, base + MANIFEST_SUFFIX, f"{vm}@{label}{OVERLAY_COPY_SUFFIX}"]
+    return [*files, f"{vm}@{label}{JOB_DISK_COPY_SUFFIX}"] if with_job_disk else files
 
 
 @dataclass(frozen=True)
@@ -72,14 +90,89 @@ class SalineVMs:
             raise InputError(f"image {name}: the catalogue's file {path} does not exist")
         return path
 
+    def real(self, image_name: str, node: str) -> images.LocalImage | None:
+        """The image as `node` holds it when it boots its own kernel (`vjob image build`: the
+        guest agent runs the job from a job disk); None for a plain disk (the tiny guest)."""
+        local = images.local_image(self.driver.config, self.driver.data_dir, node, image_name)
+        return local if local is not None and local.kernel and local.initrd else None
+
+    def real_specs(
+        self,
+        local: images.LocalImage,
+        command: list[str],
+        identities: list[NetworkIdentity],
+        placement: list[str],
+        *,
+        user: str,
+        memory_mib: int,
+        vcpus: int,
+        work: Path | None = None,
+    ) -> list[VMSpec]:
+        """The VMs of a vjob on a real image, as a multi-node job's (docs/multinode.md): each
+        with a job disk whose job.json gives it its address on the vjob's network, every VM's
+        name (vm0, vm1…), and one ssh key for the vjob made now, so the user's command, run on
+        the first VM as the user, reaches the others with `ssh vm1`. The others wait. `work`:
+        the submitter's working directory as received (saline_bew.workdir), when it exists,
+        is the first VM's /work; the others start empty."""
+        try:
+            pw = pwd.getpwnam(user)
+        except KeyError:
+            raise InputError(f"user = {user!r}: unknown on this machine (its uid owns the job in the VMs)") from None
+        private, public = _ssh_key(f"vjob-saline-{identities[0].vm_name}")
+        peers = [[ident.ip, f"vm{rank}"] for rank, ident in enumerate(identities)]
+        prov = self.driver.config
+        specs = []
+        for rank, (ident, node) in enumerate(zip(identities, placement, strict=True)):
+            net = {"mac": ident.mac, "ip": ident.ip, "prefix": 24, "peers": peers, "leader": rank == 0,
+                   "ssh_private": private, "ssh_public": public}  # fmt: skip
+            job = job_disk.check_description(
+                job_disk.JobDescription(script=JOB_SCRIPT, args=command, env={}, uid=pw.pw_uid, gid=pw.pw_gid,
+                                        user=user, home=pw.pw_dir, cwd=pw.pw_dir, hostname=f"vm{rank}", network=net)
+            )  # fmt: skip
+            disk = self.driver.job_disk_path(ident.vm_name, node)
+            safe_dirs.ensure_dir(disk.parent, 0o711)
+            with contextlib.ExitStack() as stack:
+                if rank == 0 and work is not None and work.is_file():
+                    source = stack.enter_context(workdir.unpacked(work, disk.parent))
+                else:
+                    source = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="vjob-saline-")))
+                job_disk.build(source, job, disk, limit_bytes=prov.stage_limit_mb * 2**20,
+                               free_bytes=prov.job_disk_free_mb * 2**20, for_user=True)  # fmt: skip
+            specs.append(
+                VMSpec(
+                    ident.vm_name,
+                    local.path,
+                    image_format=local.format,
+                    memory_mib=max(memory_mib, REAL_MIN_MEMORY_MIB),
+                    vcpus=vcpus,
+                    kernel=local.kernel,
+                    initrd=local.initrd,
+                    cmdline=f"{local.cmdline} {_identity_args(ident)}",
+                    job_disk=disk,
+                    output_ports=True,
+                    nic=(ident.mac, network.bridge_name(ident.subnet_id, network.SALINE_FAMILY)),
+                    cpu_model=prov.cpu_model,
+                )
+            )
+        return specs
+
+    def work_path(self, key: str) -> Path:
+        """Where the submitter's working directory of vjob `key` waits for its deployment
+        (root's; kept until the vjob is cleaned: a restart from scratch needs it again)."""
+        return self.driver.data_dir / "saline-work" / f"{key}{workdir.SUFFIX}"
+
+    def receive_work(self, fd: int) -> Path:
+        """Copy and check the submitter's disk from `fd` (saline_bew.workdir.receive) into
+        root's directory under a temporary name; the caller renames it to `work_path`."""
+        where = safe_dirs.ensure_dir(self.driver.data_dir / "saline-work", 0o700)
+        dest = where / f".incoming-{os.getpid()}-{uuid.uuid4().hex[:8]}{workdir.SUFFIX}"
+        workdir.receive(fd, dest, limit_bytes=self.driver.config.stage_limit_mb * 2**20)
+        return dest
+
     def spec(
         self, name: str, image: Path, command: list[str], identity: NetworkIdentity, memory_mib: int, vcpus: int
     ) -> VMSpec:
         files = guest.build(payload=shlex.join(command) + "\n")
-        ids = (
-            f"saline.subnet={identity.subnet_id} saline.vm={identity.vm_id} "
-            f"saline.mac={identity.mac} saline.ip={identity.ip}"
-        )
         return VMSpec(
             name,
             image,
@@ -87,7 +180,7 @@ class SalineVMs:
             vcpus=vcpus,
             kernel=files.kernel,
             initrd=files.initrd,
-            cmdline=f"{files.cmdline} {ids}",
+            cmdline=f"{files.cmdline} {_identity_args(identity)}",
             nic=(identity.mac, network.bridge_name(identity.subnet_id, network.SALINE_FAMILY)),
         )
 
@@ -108,12 +201,20 @@ class SalineVMs:
                 _log.warning("vjob network not removed", node=node, bridge=bridge, error=str(exc)[:300])
 
     def boot_fresh(self, spec: VMSpec, node: str, *, job_id: int) -> None:
-        """Boot from the image: a new vjob, or one killed before its first safe snapshot."""
-        self.driver.delete(spec.name, node)  # whatever a killed run left there
+        """Boot from the image: a new vjob, or one killed before its first safe snapshot. What
+        a killed run left on the node is deleted first (`stop`), before a job disk is built."""
         self.driver.define(spec, node, job_id=job_id)
         self.driver.boot(spec.name, node)
 
-    def checkpoint(self, members: list[tuple[str, str]], label: str, *, job_id: int, keep_running: bool) -> Cut:
+    def checkpoint(
+        self,
+        members: list[tuple[str, str]],
+        label: str,
+        *,
+        job_id: int,
+        keep_running: bool,
+        with_job_disk: bool = False,
+    ) -> Cut:
         """One consistent cut of the vjob's VMs, left under `label` in their nodes' snapshot dirs.
 
         Through provisioning.coordinated, the one checkpoint path of vjob (agent, PBS hook,
@@ -127,6 +228,10 @@ class SalineVMs:
         try:
             for vm, node in members:
                 _stage(self.driver, cut.snapshots[vm], vm, node, label, keep_state=keep_running)
+                if with_job_disk:  # taken at the cut, while the VM is saved: its files as its memory has them
+                    copy = self.driver.snapshot_dir(node) / snapshot_files(vm, label, with_job_disk=True)[-1]
+                    src = transfer.Endpoint(self.driver.job_disk_path(vm, node))
+                    transfer.copy(src, transfer.Endpoint(copy), method="local")
         except BaseException:
             for vm, node in members:
                 self.drop_staged(vm, node, label)
@@ -150,21 +255,43 @@ class SalineVMs:
     def stage_dir(self, node: str) -> Path:
         return self.driver.snapshot_dir(node)
 
-    def restore(self, vm: str, node: str, label: str, source_dir: Path, host: str | None = None) -> None:
-        """Start `vm` on `node` from the snapshot files in `source_dir` (a repository; on `host`
-        over rsync when it is remote). The driver checks the memory state that arrived against
+    def restore(
+        self,
+        members: list[tuple[str, str]],
+        label: str,
+        source_dir: Path,
+        host: str | None = None,
+        *,
+        with_job_disk: bool = False,
+    ) -> Resumed:
+        """Start the vjob's VMs (vm, node) from their snapshot files in `source_dir` (a
+        repository; on `host` over rsync when it is remote), as one job: every VM's files are
+        fetched first, then all are restored paused and let run together
+        (provisioning.coordinated), so no VM runs on, and sends to a peer still being restored,
+        before the whole cut is back. The driver checks each memory state that arrived against
         its manifest before restoring it."""
-        self.driver.delete(vm, node)
-        dest = self.driver.snapshot_dir(node)
-        dest.mkdir(parents=True, exist_ok=True, mode=0o700)
         method = "local" if host is None else "rsync"
-        for name in snapshot_files(vm, label):
-            transfer.copy(transfer.Endpoint(source_dir / name, host), transfer.Endpoint(dest / name), method=method)
-        self.driver.restore_snapshot(vm, node, label=label)
-        self.drop_staged(vm, node, label)
+        try:
+            for vm, node in members:
+                self.driver.delete(vm, node)
+                dest = self.driver.snapshot_dir(node)
+                dest.mkdir(parents=True, exist_ok=True, mode=0o700)
+                for name in snapshot_files(vm, label, with_job_disk=with_job_disk):
+                    transfer.copy(
+                        transfer.Endpoint(source_dir / name, host), transfer.Endpoint(dest / name), method=method
+                    )
+                if with_job_disk:  # where the saved domain (retargeted to this node) looks for vdb
+                    disk = self.driver.job_disk_path(vm, node)
+                    safe_dirs.ensure_dir(disk.parent, 0o711)  # the VM dir, as the driver makes it at define
+                    os.replace(dest / snapshot_files(vm, label, with_job_disk=True)[-1], disk)
+                    self.driver._own_overlay(vm, node, disk)  # the QEMU user's, as define() leaves it
+            return coordinated.restore(self.driver, [Member(vm, node) for vm, node in members], label=label)
+        finally:
+            for vm, node in members:
+                self.drop_staged(vm, node, label)
 
     def drop_staged(self, vm: str, node: str, label: str) -> None:
-        for name in snapshot_files(vm, label):
+        for name in snapshot_files(vm, label, with_job_disk=True):
             (self.driver.snapshot_dir(node) / name).unlink(missing_ok=True)
 
     def stop(self, vm: str, node: str) -> None:
@@ -207,3 +334,20 @@ def _stage(driver: Driver, snap: Snapshot, vm: str, node: str, label: str, *, ke
             "overlay": None,
         },
     )
+
+
+def _identity_args(identity: NetworkIdentity) -> str:
+    """The VM's network identity on its kernel command line (read by the guest, or by a person)."""
+    return (
+        f"saline.subnet={identity.subnet_id} saline.vm={identity.vm_id} "
+        f"saline.mac={identity.mac} saline.ip={identity.ip}"
+    )
+
+
+def _ssh_key(comment: str) -> tuple[str, str]:
+    """A fresh ed25519 key pair for the vjob's user between its VMs (private, public); it lives
+    only on the vjob's job disks (and so in its snapshots)."""
+    with tempfile.TemporaryDirectory(prefix="vjob-key-") as tmp:
+        key = Path(tmp) / "id"
+        proc.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(key)], timeout_s=30)
+        return key.read_text(), " ".join(key.with_suffix(".pub").read_text().split()[:2])

@@ -135,15 +135,18 @@ def make_image(store: Store, tmp_path: Path) -> None:
 
 
 @contextmanager
-def manager_on(store: Store, tmp_path: Path, nodes: dict[str, str], api_url: str, **kwargs: Any) -> Iterator[Manager]:
-    """A manager of one site `a` whose OAR is `api_url`, VMs on the test-driver `nodes`."""
+def manager_on(
+    store: Store, tmp_path: Path, nodes: dict[str, str], api_url: str, *, vm_dir: str | None = None, **kwargs: Any
+) -> Iterator[Manager]:
+    """A manager of one site `a` whose OAR is `api_url`, VMs on the test-driver `nodes`, each
+    node with its own vm_dir unless `vm_dir` is given (one for all: live migration possible)."""
     cfg = parse(
         {
             "data_dir": str(tmp_path),
             "provisioning": {
                 "nodes": nodes,
                 "snapshot_dir": str(tmp_path / "snap" / "{node}"),
-                "vm_dir": str(tmp_path / "vms" / "{node}"),
+                "vm_dir": vm_dir or str(tmp_path / "vms" / "{node}"),
             },
             "saline": {"sites": [{"name": "a", "oar_api_url": api_url, "repository": str(tmp_path / "repo")}]},
         }
@@ -151,6 +154,19 @@ def manager_on(store: Store, tmp_path: Path, nodes: dict[str, str], api_url: str
     sites = {"a": Site("a", OarRest(api_url, timeout_s=5), Repository("a", str(tmp_path / "repo")))}
     with Driver(cfg.provisioning, data_dir=tmp_path, store=store) as driver:
         yield Manager(cfg, store, sites, SalineVMs(driver, store), **kwargs)
+
+
+@contextmanager
+def stand_in_manager(tmp_path: Path, nodes: dict[str, str], oar: FakeOar, **kwargs: Any) -> Iterator[Manager]:
+    """`manager_on` the stand-in OAR `oar`, with its own SQLite store holding the image `empty`."""
+    store = Store(f"sqlite:///{tmp_path / 'vjob.sqlite'}")
+    store.upgrade()
+    make_image(store, tmp_path)
+    try:
+        with manager_on(store, tmp_path, nodes, oar.url, **kwargs) as m:
+            yield m
+    finally:
+        store.close()
 
 
 def new_job(store: Store, key: str, *, user: str = "nobody", phase: str = "submitted", **changes: Any) -> None:

@@ -32,7 +32,7 @@ from sqlalchemy import update
 from saline_bew import journal, lease, server
 from saline_bew.manager import Manager
 from saline_bew.repository import Repository, RepositoryError
-from tests.saline_env import FakeOar, make_image, manager_on, new_job
+from tests.saline_env import FakeOar, make_image, manager_on, new_job, stand_in_manager
 from vjob.store.db import Store
 from vjob.store.schema import SalineJobRecord
 
@@ -47,12 +47,8 @@ def oar() -> Iterator[FakeOar]:
 
 @pytest.fixture
 def manager(tmp_path: Path, test_nodes: dict[str, str], oar: FakeOar) -> Iterator[Manager]:
-    store = Store(f"sqlite:///{tmp_path / 'vjob.sqlite'}")
-    store.upgrade()
-    make_image(store, tmp_path)
-    with manager_on(store, tmp_path, test_nodes, oar.url, failure_backoff_s=0.0, max_failures=3) as m:
+    with stand_in_manager(tmp_path, test_nodes, oar, failure_backoff_s=0.0, max_failures=3) as m:
         yield m
-    store.close()
 
 
 def _forge(store: Store, key: str, **values: object) -> None:
@@ -126,6 +122,7 @@ def _as_nobody(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
         try:
             os.close(out_r)
             os.close(err_r)
+            os.chdir(path.parent)  # a directory nobody may read: a submission stages it (only the socket, skipped)
             os.setgroups([])
             os.setgid(nobody.pw_gid)
             os.setuid(nobody.pw_uid)

@@ -10,11 +10,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
+import re
+import shutil
+import stat
 import subprocess
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
 
+import libvirt
 import pytest
 
 from plugins.oar.client import OarRest
@@ -22,9 +27,10 @@ from plugins.oar.parse import OarEvent, OarJob
 from provisioning import coordinated, network
 from provisioning.driver import Driver, DriverError
 from provisioning.images import Catalogue
-from saline_bew import identity, journal
+from saline_bew import cli, identity, journal, workdir
 from saline_bew.manager import Manager
 from saline_bew.repository import Repository
+from saline_bew.server import RemoteError, Server
 from saline_bew.sites import Site
 from saline_bew.vms import SalineVMs
 from tests.services import free_port
@@ -413,3 +419,201 @@ def test_a_vjobs_vms_are_on_its_own_network_with_the_same_addresses_after_a_resu
     journal.record(manager.store, other.key, "test", oar_job_id=None)  # no OAR job to delete (OAR is unreachable)
     manager.cancel(other.key)
     assert _bridges(manager, "n1") == set()
+
+
+def test_a_resume_restores_every_vm_paused_before_any_runs(manager: Manager) -> None:
+    """A three-VM vjob resumed from the repository comes back as one job: every VM is restored
+    paused (provisioning.coordinated's restore) and none runs before the last one is back
+    (Saline used to restore them one after another, each running at once while the next was
+    still being restored: the first ones ran on, and sent to peers that were not there yet)."""
+    job = _running(manager, vms=3)
+    assert manager.snapshot(job, reason="periodic")
+    job = journal.get(manager.store, job.key)
+    with pytest.raises(CommandError, match="unreachable"):
+        manager._ended(job, _killed_by_oar(job))
+    driver = manager.vms.driver
+    calls: list[tuple[str, str, bool]] = []
+    real_restore, real_unpause = driver.restore_snapshot, driver.unpause
+
+    def restore_snapshot(vm: str, node: str, **kwargs: object) -> None:
+        real_restore(vm, node, **kwargs)  # type: ignore[arg-type]
+        state = driver.connection(node).lookupByName(vm).state()[0]
+        calls.append(("restored", vm, state == libvirt.VIR_DOMAIN_PAUSED))
+
+    def unpause(vm: str, node: str) -> None:
+        calls.append(("unpause", vm, False))
+        real_unpause(vm, node)
+
+    driver.restore_snapshot = restore_snapshot  # type: ignore[method-assign]
+    driver.unpause = unpause  # type: ignore[method-assign]
+    manager._deploy(journal.get(manager.store, job.key), _running_again(job, "n1"))
+    restored = [(vm, paused) for what, vm, paused in calls if what == "restored"]
+    assert sorted(vm for vm, _ in restored) == job.vm_names
+    assert all(paused for _, paused in restored), f"a VM ran as soon as it was restored: {calls}"
+    first_run = min((i for i, (what, _, _) in enumerate(calls) if what == "unpause"), default=len(calls))
+    assert first_run == 3, f"a VM was let run before every VM was back: {calls}"
+    assert {vm for what, vm, _ in calls if what == "unpause"} == set(job.vm_names)
+    after = journal.get(manager.store, job.key)
+    assert after.phase == "running" and after.hosts == ("n1",) * 3
+    assert {driver.state(vm, "n1") for vm in job.vm_names} == {VMState.RUNNING}
+    states = [driver.connection("n1").lookupByName(vm).state()[0] for vm in job.vm_names]
+    assert states == [libvirt.VIR_DOMAIN_RUNNING] * 3, "a VM was left paused"
+    resumed = journal.events(manager.store, job.key)[-1]
+    assert resumed.kind == "resumed" and resumed.detail["restore_to_running_s"] >= 0
+
+
+def test_a_real_image_vjob_gets_job_disks_on_its_network_and_keeps_them_across_a_resume(
+    manager: Manager, tmp_path: Path
+) -> None:
+    """An image with its own kernel (`vjob image build`) runs COMMAND through the guest agent:
+    each VM has a job disk whose job.json gives it its address on the vjob's network, the names
+    of all VMs and the vjob's ssh key; the first VM runs COMMAND as the user. The job disk is
+    part of every snapshot and is back under the VM at the resume; the vjob is done when the
+    first VM powers off (the others only serve it). Guests talking over it: bench/saline_network.py."""
+    _real_image(manager, tmp_path)
+    job = journal.create(manager.store, key="be0123456789", user="nobody", image="real", command=["ssh", "vm1", "true"],
+                         vm_count=2, vcpus=1, memory_mb=128, walltime="1:00:00", site="a")  # fmt: skip
+    assert manager._lease(job.key)
+    journal.record(manager.store, job.key, "test", oar_job_id="1")
+    manager._deploy(journal.get(manager.store, job.key), _running_again(job, "n1"))
+    driver = manager.vms.driver
+    ids = identity.assign(manager.store, site="a", job_key=job.key, vm_names=job.vm_names, mac_prefix="52:54:00",
+                          network="10.0.0.0/8")  # fmt: skip
+    described = []
+    for rank, vm in enumerate(job.vm_names):
+        xml = ET.fromstring(driver.connection("n1").lookupByName(vm).XMLDesc(0))
+        assert xml.findtext("./os/kernel") and "init=/sbin/vjob-init" in (xml.findtext("./os/cmdline") or "")
+        assert xml.find("./devices/disk/target[@dev='vdb']") is not None, "no job disk"
+        raw = tmp_path / f"{vm}.raw"
+        subprocess.run(["qemu-img", "convert", "-q", "-U", "-O", "raw", str(driver.job_disk_path(vm, "n1")), str(raw)],
+                       check=True, timeout=60)  # fmt: skip
+        debugfs = shutil.which("debugfs") or "/usr/sbin/debugfs"
+        shown = subprocess.run([debugfs, "-R", "cat /.vjob/job.json", str(raw)], capture_output=True, check=True,
+                               timeout=30)  # fmt: skip
+        described.append(json.loads(shown.stdout))
+        for inode in ("/.vjob", "/.vjob/script", "/work"):  # built by root as if by the user, who runs it
+            st = subprocess.run([debugfs, "-R", f"stat {inode}", str(raw)], capture_output=True, check=True, timeout=30)
+            assert re.search(rb"User:\s+65534\s+Group:\s+65534", st.stdout), (inode, st.stdout[:200])
+        net = described[-1]["network"]
+        assert net["mac"] == ids[rank].mac and net["ip"] == ids[rank].ip and net["leader"] is (rank == 0)
+        assert net["peers"] == [[i.ip, f"vm{r}"] for r, i in enumerate(ids)]
+        assert described[-1]["argv"] == ["script", "ssh", "vm1", "true"] and described[-1]["user"] == "nobody"
+    assert described[0]["network"]["ssh_public"] == described[1]["network"]["ssh_public"] != ""
+
+    job = journal.get(manager.store, job.key)
+    assert manager.snapshot(job, reason="periodic")
+    label = journal.get(manager.store, job.key).snapshot_label
+    files = {p.name for p in manager.sites["a"].repository.label_dir(job.key, label).iterdir()}
+    assert {f"{vm}@{label}.job.qcow2" for vm in job.vm_names} <= files, files
+    with pytest.raises(CommandError, match="unreachable"):
+        manager._ended(journal.get(manager.store, job.key), _killed_by_oar(job))
+    assert not driver.job_disk_path(job.vm_names[0], "n1").exists(), "the kill left the job disk"
+    manager._deploy(journal.get(manager.store, job.key), _running_again(job, "n1"))
+    assert journal.events(manager.store, job.key)[-1].kind == "resumed"
+    for vm in job.vm_names:
+        assert driver.job_disk_path(vm, "n1").is_file() and driver.state(vm, "n1") is VMState.RUNNING
+    job = journal.get(manager.store, job.key)
+    assert not manager._finished(job)
+    driver.console_log(job.vm_names[0], "n1").touch()  # a real guest's console (the test driver writes none)
+    driver.stop(job.vm_names[0], "n1")  # the first VM powered off: COMMAND ended; vm1 still serves
+    assert manager._finished(job)
+
+
+def _real_image(manager: Manager, tmp_path: Path) -> None:
+    """A catalogue entry with its own kernel, as `vjob image build` leaves it (not booted here)."""
+    disk = tmp_path / "real.qcow2"
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(disk), "16M"], check=True, timeout=30)
+    for part in ("vmlinuz", "initrd"):
+        (tmp_path / part).write_bytes(b"not booted by the test driver")
+    Catalogue(manager.store, ProvisioningConfig(), data_dir=tmp_path).add_or_reuse(
+        "real",
+        disk,
+        kernel=tmp_path / "vmlinuz",
+        initrd=tmp_path / "initrd",
+        cmdline="root=/dev/vda init=/sbin/vjob-init",
+    )
+
+
+def _debugfs(raw: Path, request: str) -> bytes:
+    debugfs = shutil.which("debugfs") or "/usr/sbin/debugfs"
+    return subprocess.run([debugfs, "-R", request, str(raw)], capture_output=True, check=True, timeout=30).stdout
+
+
+def test_the_submitters_directory_reaches_the_first_vms_job_disk_through_the_socket(
+    manager: Manager, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`vjob besteffort submit` builds the disk of its working directory itself and passes it
+    open over the socket (SCM_RIGHTS): `./simulate` is on the first VM's /work, owned by the
+    user; a symlink planted to a root-only file stays a symlink (its target's bytes are on no
+    disk); the manager keeps its own checked copy until the vjob is cleaned."""
+    _real_image(manager, tmp_path)
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "simulate").write_text("#!/bin/sh\necho simulated\n")
+    (home / "simulate").chmod(0o755)
+    secret = tmp_path / "root-only"
+    secret.write_text("TOPSECRET-4f1d")
+    secret.chmod(0o600)
+    (home / "secret").symlink_to(secret)
+    monkeypatch.chdir(home)
+    args = argparse.Namespace(socket=str(tmp_path / "sock" / "saline.sock"), stage_limit_mb=16)
+    request = {"op": "submit", "image": "real", "command": ["./simulate", "--steps", "1e9"], "vms": 2, "vcpus": 1,
+               "memory": 128, "walltime": "4:00:00", "site": None, "user": "nobody"}  # fmt: skip
+    with Server(manager, Path(args.socket)), pytest.raises(RemoteError, match="recorded"):  # OAR is down
+        cli._submit_with_workdir(args, request)
+    (job,) = journal.all_jobs(manager.store)
+    kept = manager.vms.work_path(job.key)
+    assert kept.is_file() and kept.stat().st_uid == 0 and stat.S_IMODE(kept.stat().st_mode) == 0o600
+    journal.record(manager.store, job.key, "test", oar_job_id="1")
+    manager._deploy(journal.get(manager.store, job.key), _running_again(job, "n1"))
+    driver = manager.vms.driver
+    raws = []
+    for vm in job.vm_names:
+        raws.append(tmp_path / f"{vm}.raw")
+        subprocess.run(["qemu-img", "convert", "-q", "-U", "-O", "raw", str(driver.job_disk_path(vm, "n1")),
+                        str(raws[-1])], check=True, timeout=60)  # fmt: skip
+    assert _debugfs(raws[0], "cat /work/simulate") == b"#!/bin/sh\necho simulated\n"
+    assert re.search(rb"User:\s+65534\s+Group:\s+65534", _debugfs(raws[0], "stat /work/simulate"))
+    link = _debugfs(raws[0], "stat /work/secret")
+    assert (
+        b"Type: symlink" in link and _debugfs(raws[0], "cat /work/secret") == str(secret).encode()
+    )  # the target's name
+    assert b"TOPSECRET" not in driver.job_disk_path(job.vm_names[0], "n1").read_bytes()  # qcow2: data uncompressed
+    assert b"simulate" not in _debugfs(raws[1], "ls /work"), "only the first VM gets the directory"
+    assert json.loads(_debugfs(raws[0], "cat /.vjob/job.json"))["argv"] == ["script", "./simulate", "--steps", "1e9"]
+    manager._clean(journal.get(manager.store, job.key))
+    assert not kept.exists()
+
+
+def test_an_oversized_directory_or_a_crafted_disk_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over the stage limit: refused on the user's side before anything is sent; and the
+    manager's own checks on what arrives: a pipe, a disk over the limit, a qcow2 with a backing
+    file (it would make QEMU read a host file) are refused, and nothing is kept."""
+    big = tmp_path / "big"
+    big.mkdir()
+    (big / "data").write_bytes(b"x" * (2 << 20))
+    monkeypatch.chdir(big)
+    args = argparse.Namespace(socket=str(tmp_path / "nobody-listens.sock"), stage_limit_mb=1)
+    with pytest.raises(InputError, match=r"more than 1 MiB to stage.*stage_limit_mb"):
+        cli._submit_with_workdir(args, {"op": "submit", "command": ["./run"]})
+    dest = tmp_path / "in.work.qcow2"
+    read_end, write_end = os.pipe()
+    try:
+        with pytest.raises(InputError, match="not a regular file"):
+            workdir.receive(read_end, dest, limit_bytes=1 << 20)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    huge = tmp_path / "huge.qcow2"
+    huge.write_bytes(b"\0" * (workdir.EXT4_MARGIN + (2 << 20)))
+    backed = tmp_path / "backed.qcow2"
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", "/etc/shadow", str(backed), "1M"],
+                   check=True, timeout=30)  # fmt: skip
+    for path, why in ((huge, "over 65 MiB"), (backed, "no backing file")):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            with pytest.raises(InputError, match=why):
+                workdir.receive(fd, dest, limit_bytes=1 << 20)
+        finally:
+            os.close(fd)
+        assert not dest.exists()

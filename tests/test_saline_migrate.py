@@ -98,13 +98,49 @@ def _wait_site_free(manager: Manager, site: str, cores: int) -> None:
     )
 
 
+class ManagerKilled(BaseException):
+    """The manager process ends here (SIGKILL): nothing after this line of it runs."""
+
+
+def _die_in_the_wait(manager: Manager, warned_id: str) -> None:
+    """The manager's pass over the warned vjob, killed while it waits for OAR to start the new
+    job it asked for (the first look at a job other than the warned one)."""
+    client = manager.sites["b"].client
+    real_job = client.job
+
+    def job(job_id: str, *, user: str = "") -> object:
+        if job_id != warned_id:
+            raise ManagerKilled
+        return real_job(job_id, user=user)
+
+    client.job = job  # type: ignore[method-assign]
+    try:
+        with pytest.raises(ManagerKilled):
+            manager.step()
+    finally:
+        client.job = real_job  # type: ignore[method-assign]
+
+
 def test_warning_with_room_on_the_same_host_moves_the_vjob_and_writes_nothing(manager: Manager, oar_cluster) -> None:
     """Site b has a free core on the vjob's own host: the vjob takes it over in a new OAR job,
     the warned job is given back, the VM never stopped, the repository stays empty. (Site b:
-    the next test needs all of site a at once, and OAR frees a deleted job's cores slowly.)"""
+    the next test needs all of site a at once, and OAR frees a deleted job's cores slowly.)
+
+    The manager is killed while OAR starts the new job, and started again (the same master:
+    it takes its leases back at once): the request was journalled with its id before the wait,
+    so the new manager takes that job over rather than asking OAR again, and no job of the
+    vjob is left running (before, it ran until its walltime)."""
     job = _warned(manager, oar_cluster, vms=1, site="b", room_at="b")
     old = job.oar_job_id
+    _die_in_the_wait(manager, old or "")
+    asked = [e for e in journal.events(manager.store, job.key) if e.kind == "migration_requested"]
+    assert len(asked) == 1, "the request is journalled, with its id, before the wait"
+    manager = Manager(manager.config, manager.store, manager.sites, manager.vms, owner=manager.owner)
     moved = until(manager, job.key, lambda j: j.oar_job_id != old, 60, "moved to a new OAR job")
+    assert moved.oar_job_id == asked[0].detail["oar_job_id"], "the job the dead manager asked for was not taken over"
+    assert [e.kind for e in journal.events(manager.store, job.key)].count("migration_requested") == 1
+    mine = [j for j in OarCommands().jobs() if j.name == job.key and not j.finished and j.id != moved.oar_job_id]
+    assert all(j.id == old for j in mine), f"another job of the vjob runs on: {mine}"
     journey = [(e.kind, e.detail) for e in journal.events(manager.store, job.key)]
     assert moved.phase == "running", journey
     assert moved.site == "b" and moved.hosts == ("127.0.0.1",) and moved.kills == 0

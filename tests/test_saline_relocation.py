@@ -5,14 +5,19 @@ from __future__ import annotations
 import pytest
 
 from saline_bew.relocation import (
+    ASKING,
     MARGIN_S,
     MIN_WAIT_S,
+    REQUESTED,
+    OpenRequest,
     Path,
     Plan,
     Target,
     migrate_estimate_s,
+    open_request,
     plan,
     suspend_estimate_s,
+    wait_budget,
 )
 
 
@@ -73,3 +78,30 @@ def test_migration_estimate_uses_the_measured_speed() -> None:
     assert migrate_estimate_s(512, 2, 1024.0) == pytest.approx(2.0)
     assert migrate_estimate_s(512, 2, 0.0) == migrate_estimate_s(512, 2)
     assert suspend_estimate_s(128, 1) == pytest.approx(2 + 256 / 100)
+
+
+class _Entry:
+    def __init__(self, kind: str, **detail: object) -> None:
+        self.kind = kind
+        self.detail = detail
+
+
+def test_the_open_migration_request_is_the_last_one_not_closed() -> None:
+    """A manager asks for one job at a time: a request is open until migrated, failed or
+    abandoned; asked without an id in the journal, it is open with no id (found by name)."""
+    asking = _Entry(ASKING, site="b", path="migrate_other_site")
+    asked = _Entry(REQUESTED, site="b", path="migrate_other_site", oar_job_id="42")
+    assert open_request([]) is None
+    assert open_request([asking]) == OpenRequest("b", "migrate_other_site", None)
+    assert open_request([asking, asked]) == OpenRequest("b", "migrate_other_site", "42")
+    for closing in ("migrated", "migration_failed", "migration_abandoned"):
+        assert open_request([asking, asked, _Entry(closing, oar_job_id="42")]) is None
+    again = _Entry(REQUESTED, site="a", path="migrate_same_site", oar_job_id="43")
+    assert open_request([asked, _Entry("migration_failed"), again]) == OpenRequest("a", "migrate_same_site", "43")
+    assert open_request([asking, _Entry("migration_failed", error="oarsub refused")]) is None
+
+
+def test_the_wait_budget_leaves_room_for_the_suspension() -> None:
+    assert wait_budget(time_left_s=60, suspend_s=10, migrate_s=3, wait_s=20) == 20
+    assert wait_budget(time_left_s=30, suspend_s=10, migrate_s=3, wait_s=20) == pytest.approx(30 - 13 - MARGIN_S)
+    assert wait_budget(time_left_s=20, suspend_s=10, migrate_s=3, wait_s=20) == 0.0  # under MIN_WAIT_S

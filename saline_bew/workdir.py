@@ -1,0 +1,110 @@
+"""The submitter's working directory on the first VM's job disk, without root opening a user path.
+
+Why the user builds it: Saline's site master runs as root, so if it read the submitter's
+directory it would read with root's rights (a symlink planted to /etc/shadow would be
+followed). `vjob besteffort submit` runs as the user, in their directory: it builds a job disk
+from it with provisioning.job_disk (the user's own rights, the stage limit, symlinks copied as
+links) and hands the manager an open file descriptor over the socket (SCM_RIGHTS). The manager
+never sees a path of the user's: it copies at most `limit` bytes from the descriptor (a regular
+file only) into its own root-owned directory, checks the copy with `qemu-img info` (qcow2, no
+backing file, no external data file, a bounded virtual size), and at the deployment reads the
+copy's `/work` with debugfs (no mount) into a root-owned scratch directory from which it builds
+the first VM's real job disk (job_disk.build, for the user), as for every vjob.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pwd
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from provisioning import job_disk
+from vjob import proc
+from vjob.errors import CommandError, InputError
+
+SUFFIX = ".work.qcow2"
+EXT4_MARGIN = 64 << 20
+"""What ext4 and qcow2 add around the staged bytes (job_disk.build sizes the disk so)."""
+
+
+def build_for_user(workdir: Path, command: list[str], out: Path, *, limit_bytes: int) -> None:
+    """Run as the submitting user: the job disk of `workdir` (its /work is what the manager
+    takes; its job description is the manager's own at the deployment)."""
+    pw = pwd.getpwuid(os.getuid())
+    job = job_disk.JobDescription(script=b"#!/bin/sh\n", args=command, env={}, uid=pw.pw_uid, gid=pw.pw_gid,
+                                  user=pw.pw_name, home=pw.pw_dir, cwd=pw.pw_dir)  # fmt: skip
+    job_disk.build(workdir, job, out, limit_bytes=limit_bytes, free_bytes=0)
+
+
+def receive(fd: int, dest: Path, *, limit_bytes: int) -> None:
+    """Copy the user's disk from `fd` to `dest` (root's, created here) and check the copy.
+
+    `fd` stays open (the socket server closes it). Over the limit, not a regular file, or not
+    a plain qcow2: InputError, and nothing is left at `dest`."""
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError("working directory disk: the descriptor passed is not a regular file")
+        cap = limit_bytes + EXT4_MARGIN
+        out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            copied = 0
+            while chunk := os.pread(fd, 1 << 20, copied):
+                copied += len(chunk)
+                if copied > cap:
+                    raise InputError(
+                        f"working directory: its disk is over {cap >> 20} MiB (provisioning.stage_limit_mb "
+                        f"= {limit_bytes >> 20}): run from a smaller directory"
+                    )
+                os.write(out, chunk)
+        finally:
+            os.close(out)
+        _check(dest, cap)
+    except OSError as exc:  # a descriptor opened for writing only, or O_PATH
+        dest.unlink(missing_ok=True)
+        raise InputError(f"working directory disk: cannot read the descriptor passed: {exc.strerror}") from None
+    except BaseException:
+        dest.unlink(missing_ok=True)
+        raise
+
+
+def _check(copy: Path, cap: int) -> None:
+    """`qemu-img info` on root's copy, never on the user's path: a backing file or an external
+    data file would make QEMU read a host file of root's choosing, so neither is allowed."""
+    try:
+        info = json.loads(proc.run(["qemu-img", "info", "-f", "qcow2", "--output=json", str(copy)], timeout_s=60))
+    except (CommandError, ValueError) as exc:
+        raise InputError(f"working directory disk: not a qcow2 image ({str(exc)[:200]})") from None
+    data = (info.get("format-specific") or {}).get("data") or {}
+    if info.get("format") != "qcow2" or info.get("backing-filename") or data.get("data-file"):
+        raise InputError("working directory disk: must be a plain qcow2 (no backing file, no data file)")
+    if int(info.get("virtual-size", 0)) > 2 * cap:
+        raise InputError(f"working directory disk: virtual size {info.get('virtual-size')} over {2 * cap} bytes")
+
+
+@contextlib.contextmanager
+def unpacked(copy: Path, scratch_parent: Path) -> Iterator[Path]:
+    """The `/work` of a received disk, dumped (debugfs rdump, no mount) into a root-owned
+    scratch directory under `scratch_parent`; removed on exit."""
+    tmp = Path(tempfile.mkdtemp(prefix=".vjob-work-", dir=scratch_parent))
+    try:
+        raw = tmp / "disk.raw"
+        proc.run(["qemu-img", "convert", "-q", "-f", "qcow2", "-O", "raw", str(copy), str(raw)], timeout_s=600)
+        out = tmp / "out"
+        out.mkdir(mode=0o700)
+        job_disk._debugfs(raw, f"rdump /{job_disk.WORK} {out}")  # our own mkdtemp path, checked there
+        raw.unlink()
+        work = out / job_disk.WORK
+        if work.is_symlink() or not work.is_dir():  # a crafted disk: nothing of it is staged
+            if os.path.lexists(work):
+                work.unlink()
+            work.mkdir(mode=0o700)
+        yield work
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
