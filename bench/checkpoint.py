@@ -6,10 +6,17 @@ disk, in the same run, is the physical limit here; the ratio says how far libvir
 our integrity hashing) are from it, and stays meaningful on a loaded two-core machine where
 absolute seconds vary from run to run.
 
-For each number of VMs (`--vms 1,4`) and each page-cache policy (`--modes cold,bypass`) the
-counter guests are booted with half their RAM filled with random data, checkpointed together
-(`provisioning.coordinated`: all paused, then saved in parallel), the state files are copied,
-and the guests are restored together and checked to have continued. The page cache is
+For each number of VMs (`--vms 1,4`), each page-cache policy (`--modes cold,bypass`) and each
+balloon (`--balloons reporting,stats`) the counter guests are booted with half their RAM
+filled with random data (held) and a quarter more touched and freed again (`--churn`: a job
+whose memory use went down), checkpointed together (`provisioning.coordinated`: all paused,
+then saved in parallel), the state files are copied, and the guests are restored together
+and checked to have continued. `reporting` is the domain vjob defines (virtio balloon with
+free page reporting: the guest hands freed memory back to QEMU, which then saves it as zero
+pages); `stats` is the same domain without it (what vjob defined before), for comparison.
+Every configuration is measured `--reps` times, the repetitions interleaved (rep 1 of every
+configuration, then rep 2, ...) so that a load spike hits one repetition rather than one
+configuration; the table shows medians, and the spread of the copy. The page cache is
 handled the same way for both sides:
 - `cold`: caches dropped (`/proc/sys/vm/drop_caches`) before the save, the copy and the
   restore; the copy fsyncs, the save's state files are fsynced inside its timing;
@@ -22,7 +29,8 @@ GiB of guest memory, with the bytes written per GiB of guest memory, and the loa
 the start and the end. Starts libvirtd (under tini) if it is not running and stops what it
 started. Prints a table and ends with one JSON line.
 
-    .venv/bin/python bench/checkpoint.py [--vms 1,4] [--mib 256] [--modes cold,bypass]
+    .venv/bin/python bench/checkpoint.py [--vms 1,4] [--mib 512] [--modes cold,bypass]
+        [--balloons reporting,stats] [--churn 0.25] [--reps 3]
 """
 
 from __future__ import annotations
@@ -32,9 +40,11 @@ import json
 import mmap
 import os
 import shutil
+import statistics
 import subprocess
 import tempfile
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import libvirt
@@ -49,7 +59,11 @@ from provisioning.driver import Driver, VMSpec
 from vjob.config import ProvisioningConfig
 
 FILL_SHARE = 0.5
-"""Share of each guest's RAM filled with random data before the checkpoint."""
+"""Share of each guest's RAM filled with random data before the checkpoint (and held)."""
+WAIT_COUNTER = 4
+"""Counter value awaited before the checkpoint: the guest reports freed pages about 2 s after
+they are freed (the kernel's page_reporting delay), the churn ends right before the counter
+starts."""
 NODE = "local"
 GIB = 1 << 30
 BLOCK = 4 << 20
@@ -118,21 +132,39 @@ def _start_paused(driver: Driver, name: str, image: Path, files: guest.GuestFile
         driver.delete(name, NODE)
 
 
-def measure(driver: Driver, files: guest.GuestFiles, image: Path, vms: int, mib: int, mode: str, work: Path) -> dict:
-    names = [f"vjob-bench-ckpt-{mode}-{vms}-{i}" for i in range(vms)]  # a console log per run
+def _without_page_reporting(driver: Driver, name: str) -> None:
+    """Redefine `name` with a stats-only balloon (the domain vjob defined before free page reporting)."""
+    conn = driver.connection(NODE)
+    root = ET.fromstring(conn.lookupByName(name).XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
+    for balloon in root.findall("./devices/memballoon"):
+        balloon.attrib.pop("freePageReporting", None)
+    conn.defineXML(ET.tostring(root, encoding="unicode"))
+
+
+Config = tuple[int, str, str]
+"""One configuration: number of VMs, page-cache mode, balloon."""
+
+
+def measure(
+    driver: Driver, files: guest.GuestFiles, image: Path, config: Config, mib: int, churn: float, work: Path
+) -> dict:
+    vms, mode, balloon = config
+    names = [f"vjob-bench-ckpt-{mode}-{balloon}-{vms}-{i}" for i in range(vms)]  # a console log per run
     members = [Member(n, NODE) for n in names]
     bypass = mode == "bypass"
-    fill = int(mib * FILL_SHARE)
+    fill, churned = int(mib * FILL_SHARE), int(mib * churn)
     for name in names:
         driver.delete(name, NODE)
         driver.console_log(name, NODE).unlink(missing_ok=True)  # an old log would show old counters
         spec = VMSpec(name, image, memory_mib=mib, kernel=files.kernel, initrd=files.initrd,
-                      cmdline=f"{files.cmdline} vjob_fill={fill}")  # fmt: skip
+                      cmdline=f"{files.cmdline} vjob_fill={fill} vjob_churn={churned}")  # fmt: skip
         driver.define(spec, NODE)
+        if balloon == "stats":
+            _without_page_reporting(driver, name)
         driver.boot(name, NODE)
     try:
         for name in names:
-            wait_for_counter(driver.console_log(name, NODE), 2, 300)
+            wait_for_counter(driver.console_log(name, NODE), WAIT_COUNTER, 300)
         if not bypass:
             drop_caches()
         started = time.perf_counter()
@@ -169,6 +201,7 @@ def measure(driver: Driver, files: guest.GuestFiles, image: Path, vms: int, mib:
     return {
         "vms": vms,
         "mode": mode,
+        "balloon": balloon,
         "guest_gib": guest_gib,
         "state_bytes": state_bytes,
         "save_s": save_s,
@@ -185,24 +218,56 @@ def measure(driver: Driver, files: guest.GuestFiles, image: Path, vms: int, mib:
     }
 
 
+NUMERIC = ["state_bytes", "save_s", "restore_s", "copy_s", "hash_s", "start_s", "pause_to_saved_s", "ratio_to_copy",
+           "checkpoint_s_per_gib", "copy_s_per_gib", "written_gib_per_guest_gib"]  # fmt: skip
+
+
+def summarize(runs: list[dict]) -> dict:
+    """The medians of one configuration's repetitions, and the spread of its copy.
+
+    The ratio is the median of each repetition's own ratio (checkpoint and copy timed in the
+    same minute), not a ratio of medians.
+    """
+    row = {k: runs[0][k] for k in ("vms", "mode", "balloon", "guest_gib")}
+    for key in NUMERIC:
+        row[key] = statistics.median(r[key] for r in runs)
+    row["copy_s_min_max"] = [min(r["copy_s"] for r in runs), max(r["copy_s"] for r in runs)]
+    row["ratio_min_max"] = [min(r["ratio_to_copy"] for r in runs), max(r["ratio_to_copy"] for r in runs)]
+    row["continued"] = all(r["continued"] for r in runs)
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0],
-        epilog="example: .venv/bin/python bench/checkpoint.py --vms 1,4 --mib 256 --modes cold,bypass",
+        epilog="example: .venv/bin/python bench/checkpoint.py --vms 1,4 --mib 512 --modes cold,bypass --reps 3",
     )
     parser.add_argument("--vms", default="1,4", help="numbers of VMs checkpointed together, comma-separated")
-    parser.add_argument("--mib", type=int, default=256, help="memory of each guest in MiB (half filled)")
+    parser.add_argument("--mib", type=int, default=512, help="memory of each guest in MiB (half filled)")
     parser.add_argument("--modes", default="cold,bypass", help="page-cache policies to measure: cold, bypass")
+    parser.add_argument(
+        "--balloons", default="reporting,stats", help="balloons to compare: reporting (free page reporting), stats"
+    )
+    parser.add_argument("--churn", type=float, default=0.25, help="share of each guest's RAM touched, then freed")
+    parser.add_argument("--reps", type=int, default=3, help="repetitions of every configuration, interleaved")
     args = parser.parse_args()
     counts = [int(s) for s in args.vms.split(",")]
     modes = [m for m in args.modes.split(",") if m]
+    balloons = [b for b in args.balloons.split(",") if b]
     if not set(modes) <= {"cold", "bypass"}:
         parser.error(f"--modes {args.modes!r}: cold and/or bypass")
+    if not set(balloons) <= {"reporting", "stats"}:
+        parser.error(f"--balloons {args.balloons!r}: reporting and/or stats")
+    if not (0 <= args.churn and FILL_SHARE + args.churn <= 0.8):
+        parser.error(f"--churn {args.churn}: between 0 and {0.8 - FILL_SHARE:.2f} (the guest must hold fill and churn)")
+    if args.reps < 1:
+        parser.error(f"--reps {args.reps}: at least 1")
+    configs = [(v, m, b) for v in counts for m in modes for b in balloons]
     console = Console(stderr=True)
     work = Path(tempfile.mkdtemp(prefix="vjob-bench-", dir="/var/tmp"))
     work.chmod(0o755)
     daemons = libvirtd.start_system(work / "log")
-    rows = []
+    runs: dict[Config, list[dict]] = {c: [] for c in configs}
     load_start = os.getloadavg()[0]
     try:
         files = guest.build()
@@ -210,41 +275,56 @@ def main() -> None:
         subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(image), "64M"], check=True, timeout=30)
         cfg = ProvisioningConfig(nodes={NODE: daemons.uri}, operation_timeout_s=600)
         with Driver(cfg, data_dir=work) as driver:
-            for vms in counts:
-                for mode in modes:
-                    console.print(f"{vms} x {args.mib} MiB, {mode}: boot, checkpoint, copy, restore")
-                    rows.append(measure(driver, files, image, vms, args.mib, mode, work))
+            for rep in range(args.reps):
+                for vms, mode, balloon in configs:
+                    console.print(f"rep {rep + 1}/{args.reps}: {vms} x {args.mib} MiB, {mode}, {balloon}")
+                    run = measure(driver, files, image, (vms, mode, balloon), args.mib, args.churn, work)
+                    runs[(vms, mode, balloon)].append(run)
+                    console.print(
+                        f"  {run['state_bytes'] / 1e6:.0f} MB, save {run['save_s']:.2f} s, restore "
+                        f"{run['restore_s']:.2f} s, copy {run['copy_s']:.2f} s: {run['ratio_to_copy']:.2f}x, "
+                        f"load {os.getloadavg()[0]:.1f}"
+                    )
     finally:
         libvirtd.stop(daemons)
         shutil.rmtree(work, ignore_errors=True)
     load_end = os.getloadavg()[0]
-    table = Table("VMs", "mode", "state", "save", "restore", "copy", "sha256", "start", "ckpt s/GiB", "copy s/GiB",
-                  "(save+restore)/copy", "written/GiB", "continued")  # fmt: skip
+    rows = [summarize(runs[c]) for c in configs]
+    table = Table("VMs", "mode", "balloon", "state", "save", "restore", "copy (min–max)", "sha256", "start",
+                  "ckpt s/GiB", "copy s/GiB", "(save+restore)/copy (min–max)", "written/GiB", "continued",
+                  title=f"medians of {args.reps} interleaved repetitions")  # fmt: skip
     for r in rows:
         table.add_row(
             f"{r['vms']} x {args.mib} MiB",
             r["mode"],
+            r["balloon"],
             f"{r['state_bytes'] / 1e6:.0f} MB",
             f"{r['save_s']:.2f} s",
             f"{r['restore_s']:.2f} s",
-            f"{r['copy_s']:.2f} s",
+            f"{r['copy_s']:.2f} s ({r['copy_s_min_max'][0]:.2f}–{r['copy_s_min_max'][1]:.2f})",
             f"{r['hash_s']:.2f} s",
             f"{r['start_s']:.2f} s",
             f"{r['checkpoint_s_per_gib']:.2f}",
             f"{r['copy_s_per_gib']:.2f}",
-            f"{r['ratio_to_copy']:.2f}",
+            f"{r['ratio_to_copy']:.2f} ({r['ratio_min_max'][0]:.2f}–{r['ratio_min_max'][1]:.2f})",
             f"{r['written_gib_per_guest_gib']:.2f} GiB",
             str(r["continued"]),
         )
-    Console().print(table)
-    keys = ["vms", "mode", "state_bytes", "save_s", "restore_s", "copy_s", "hash_s", "start_s", "pause_to_saved_s",
-            "ratio_to_copy", "checkpoint_s_per_gib", "copy_s_per_gib", "written_gib_per_guest_gib"]  # fmt: skip
-    figures = {"bench": "checkpoint", "mib_per_vm": args.mib}
-    for key in keys:
-        figures[key] = [round(r[key], 3) if isinstance(r[key], float) else r[key] for r in rows]
+    Console(width=200).print(table)
+    figures: dict = {"bench": "checkpoint", "mib_per_vm": args.mib, "churn": args.churn, "reps": args.reps}
+    for key in ["vms", "mode", "balloon", *NUMERIC, "copy_s_min_max", "ratio_min_max"]:
+        figures[key] = [_rounded(r[key]) for r in rows]
     figures["continued"] = all(bool(r["continued"]) for r in rows)
     figures["load_avg_1min"] = [round(load_start, 2), round(load_end, 2)]
     print(json.dumps(figures))
+
+
+def _rounded(value: object) -> object:
+    if isinstance(value, float):
+        return round(value, 3)
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    return value
 
 
 if __name__ == "__main__":

@@ -80,6 +80,13 @@ if [ -n "$FILL" ] && [ "$FILL" -gt 0 ]; then
   dd if=/dev/urandom of=/tmp/fill bs=1M count=$FILL 2>/dev/null
   echo "GUEST: filled ${FILL} MiB of RAM"
 fi
+CHURN=$(sed -n 's/.*vjob_churn=\([0-9]*\).*/\1/p' /proc/cmdline)
+if [ -n "$CHURN" ] && [ "$CHURN" -gt 0 ]; then
+  mkdir -p /churn && mount -t tmpfs -o size=${CHURN}m tmpfs /churn
+  dd if=/dev/urandom of=/churn/data bs=1M count=$CHURN 2>/dev/null
+  rm /churn/data && umount /churn
+  echo "GUEST: touched and freed ${CHURN} MiB of RAM"
+fi
 echo "GUEST: booted"
 """
 
