@@ -1,10 +1,25 @@
 """The Entropy control loop in the agent: every `planner.interval_s`, re-plan from measured demand.
 
-Why here: the agent already observes the pilots, and each pilot writes its VM's CPU counter in
-its state file (agent.pilot). Two readings give each VM's measured demand; the pure control
-step (preemption.planner.control) decides which vjobs run and where, FCFS by submission time;
-the planner's switch is carried out live through the pilots (agent.pilot_performer) and
-journalled like every switch (`vjob status` lists it with its plan).
+Why here: the agent already observes the pilots and knows every node's libvirt connection.
+Each step samples, as root, every domain running on each node that holds a vjob's VM
+(libvirt's domain statistics, provisioning.profiling: CPU time, the vCPUs' wait for a host CPU,
+current memory and QEMU's resident set); two samples give each VM's measured demand. The pure
+control step (preemption.planner.control) decides which vjobs run and where, FCFS by
+submission time; the planner's switch is carried out live through the pilots
+(agent.pilot_performer) and journalled like every switch (`vjob status` lists it with its plan).
+
+Why not the pilot's own CPU counter: the pilot's state file is owned by the job's user, who
+could report an idle VM to get a node to itself, or a tiny one to be packed beside others. The
+pilot file now only says which VMs exist, their state and the node to look on; a VM root cannot
+find there is weighed at its requested size (the pilot's figures, advisory) and logged.
+
+A multi-node vjob (one pilot holding `<vm>-0`, `<vm>-1`…, agent.pilot_multinode) is each of its
+VMs, measured on the node its pilot's `member_nodes` names, so the planner weighs its real size;
+its VMs are pinned to their nodes in the planner's instance (they may sleep and wake in place,
+together, never move), so the planner relieves an overload by moving another vjob or by
+suspending the multi-node one whole; its plan actions are coalesced into the one request its
+pilot takes (agent.pilot_coalesce), which still refuses, journalled, a plan that would move
+its VMs one by one (a safety net: the validator already rejects such a plan).
 
 Scope: the vjobs that have a pilot (running, or asleep after a live suspend). Starting a new
 job stays the RMS's decision; the loop packs, relieves and wakes the vjobs it already holds.
@@ -12,66 +27,147 @@ job stays the RMS's decision; the loop packs, relieves and wakes the vjobs it al
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from agent.observe import Observation
+from agent.pilot_coalesce import MembersMoved, coalesce, journal_refusal
+from agent.pilot_multinode import member_names
 from agent.pilot_performer import EXECUTOR_TAG, PilotRequestPerformer
 from preemption.executor import ExecutionReport, Executor
-from preemption.planner import NodeSpec, Plan
+from preemption.planner import NodeSpec, Plan, PlanAction
 from preemption.planner.control import ControlDecision, ObservedVM, cpu_demand, decide, plan_for
+from vjob import log
+from vjob.errors import VjobError
 from vjob.model import VJobState
 from vjob.pilot_files import PilotState, PilotStatus
 
 if TYPE_CHECKING:
     from agent.loop import Agent
+    from provisioning.profiling import DomainSample
+
+_log = log.get(__name__)
+
+Sampler = Callable[[str], Mapping[str, "DomainSample"]]
+"""node → one sample of every domain running there (provisioning.profiling.node_sampler)."""
 
 
 @dataclass
 class ControlState:
-    """What the loop carries between steps: the last CPU reading and demand of each VM, and
-    the last decision and plan (for the log and tests)."""
+    """What the loop carries between steps: the last sample, demand and memory of each VM
+    (measured by root), and the last decision and plan (for the log and tests)."""
 
-    readings: dict[str, tuple[float, float]] = field(default_factory=dict)
+    sampler: Sampler | None = None
+    """libvirt's domain statistics through the provisioning driver's connections by default."""
+    samples: dict[str, DomainSample] = field(default_factory=dict)
+    """Each running VM's last sample: the start of its next window (a VM asleep has none, so
+    the first window after a resume starts at the resume)."""
     demand: dict[str, int] = field(default_factory=dict)
+    memory: dict[str, int] = field(default_factory=dict)
+    """MiB each VM was last measured holding; what a sleeping VM will need when resumed."""
+    unmeasured: tuple[str, ...] = ()
+    """VMs the last step could not find on the node their pilot names (weighed at their
+    requested size)."""
+    members: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
+    """Each multi-node vjob seen by the last step: (VM, node) of each of its VMs, its pilot's first."""
+    refused: str = ""
+    """Why the last plan was refused (a multi-node vjob moved VM by VM); the same refusal again
+    is logged, not journalled a second time."""
     last_step: float = 0.0
     decision: ControlDecision | None = None
     plan: Plan | None = None
 
 
+def measured_mib(sample: DomainSample) -> int | None:
+    """MiB a VM holds on its node: its current memory (what a save or a migration moves), or
+    QEMU's resident set when that is larger (the emulator's own memory, e.g. TCG's code cache).
+    None when libvirt says neither."""
+    kib = max(sample.memory_kib or 0, sample.rss_kib or 0)
+    return math.ceil(kib / 1024) if kib else None
+
+
+def vm_demand(now: DomainSample, prev: DomainSample | None, *, busy: float) -> int:
+    """CPUs a VM wanted between two samples: time used plus time its vCPUs waited for a host
+    CPU (control.cpu_demand); its vCPUs when there is no earlier sample."""
+    vcpus = max(1, now.vcpus)
+    if prev is None:
+        return vcpus
+    delay = None if now.vcpu_delay_ns is None else now.vcpu_delay_ns / 1e9
+    prev_delay = None if prev.vcpu_delay_ns is None else prev.vcpu_delay_ns / 1e9
+    return cpu_demand(now.cpu_time_ns / 1e9, now.t, prev.cpu_time_ns / 1e9, prev.t, vcpus, busy=busy,
+                      delay_s=delay, prev_delay_s=prev_delay)  # fmt: skip
+
+
+def members_of(st: PilotStatus) -> list[tuple[str, str]]:
+    """(VM, node) of each VM a pilot holds: its own on its node, or each `<vm>-<rank>` of a
+    multi-node job on the node `member_nodes` names (its first VM is the pilot's `vm`)."""
+    if len(st.member_nodes) > 1 and st.vm.endswith("-0"):
+        return list(zip(member_names(st.vm.removesuffix("-0"), len(st.member_nodes)), st.member_nodes, strict=True))
+    return [(st.vm, (st.saved_node or st.node) if st.state is PilotState.SAVED else st.node)]
+
+
 def observed_vms(obs: Observation, state: ControlState, *, busy: float) -> list[ObservedVM]:
-    """The vjobs with a pilot, each VM weighing the CPU it used since the previous reading."""
+    """The vjobs with a pilot, each running VM weighing what root measured on its node since
+    the previous step; a sleeping VM keeps what it was last measured."""
+    if state.sampler is None:
+        raise VjobError("control loop: no sampler to measure the VMs with")
+    running: dict[str, list[tuple[str, str, PilotStatus, int, bool]]] = {}
     out = []
+    state.members = {}
     for job_id, st in sorted(obs.pilots.items()):
-        saved = st.state is PilotState.SAVED and st.memory_saved
-        if not saved and st.state is not PilotState.RUNNING:
+        if st.state not in (PilotState.RUNNING, PilotState.SAVED) or (
+            st.state is PilotState.SAVED and not st.memory_saved
+        ):
             continue
-        vcpus = max(1, st.vcpus)
-        if saved:
-            out.append(ObservedVM(st.vm, job_id, VJobState.SLEEPING, st.saved_node or st.node, max(1, st.memory_mb),
-                                  vcpus, state.demand.get(st.vm, vcpus)))  # fmt: skip
-            continue
-        demand = _demand(st, state, vcpus, busy)
-        out.append(ObservedVM(st.vm, job_id, VJobState.RUNNING, st.node, max(1, st.memory_mb), vcpus, demand))
+        vms = members_of(st)
+        if len(vms) > 1:
+            state.members[job_id] = tuple(vms)
+        vcpus = max(1, st.vcpus // len(vms))  # a multi-node pilot reports its VMs' vCPUs together
+        for vm, node in vms:
+            if st.state is PilotState.SAVED:
+                mem = state.memory.get(vm) or max(1, st.memory_mb)  # never measured (a restarted agent): advisory
+                out.append(ObservedVM(vm, job_id, VJobState.SLEEPING, node, mem, vcpus,
+                                      state.demand.get(vm, vcpus), pinned=len(vms) > 1))  # fmt: skip
+            else:
+                running.setdefault(node, []).append((job_id, vm, st, vcpus, len(vms) > 1))
+    fresh: dict[str, DomainSample] = {}
+    unmeasured = []
+    for node, members in sorted(running.items()):
+        try:
+            on_node = state.sampler(node)
+        except VjobError as exc:  # a node unreachable: its VMs are weighed at their requested size
+            _log.warning("control loop: cannot sample a node's VMs", node=node, error=str(exc))
+            on_node = {}
+        for job_id, vm, st, vcpus, pinned in members:
+            sample = on_node.get(vm)
+            if sample is None:  # booting, moving, or not where its pilot says
+                unmeasured.append(vm)
+                mem = max(state.memory.get(vm, 0), st.memory_mb, 1)
+                out.append(ObservedVM(vm, job_id, VJobState.RUNNING, node, mem, vcpus, vcpus, pinned))
+                continue
+            fresh[vm] = sample
+            demand = state.demand[vm] = vm_demand(sample, state.samples.get(vm), busy=busy)
+            mem = measured_mib(sample) or state.memory.get(vm) or max(1, st.memory_mb)
+            state.memory[vm] = mem
+            out.append(ObservedVM(vm, job_id, VJobState.RUNNING, node, mem, max(1, sample.vcpus), demand, pinned))
+    if unmeasured:
+        _log.warning("control loop: VMs not found on their node, weighed at their requested size", vms=unmeasured)
+    state.samples = fresh
+    state.unmeasured = tuple(unmeasured)
     return out
-
-
-def _demand(st: PilotStatus, state: ControlState, vcpus: int, busy: float) -> int:
-    prev = state.readings.get(st.vm)
-    if st.cpu_at <= 0:
-        return vcpus  # never measured yet: its requested size
-    demand = cpu_demand(st.cpu_seconds, st.cpu_at, *(prev or (None, None)), vcpus, busy=busy)
-    if prev is not None and prev[1] == st.cpu_at:
-        demand = state.demand.get(st.vm, demand)  # no new reading since: keep the last measurement
-    state.readings[st.vm] = (st.cpu_seconds, st.cpu_at)
-    state.demand[st.vm] = demand
-    return demand
 
 
 def step(agent: Agent, obs: Observation, state: ControlState) -> ExecutionReport | None:
     """One control step: decide from the measured state, plan, and carry the switch out live."""
     state.last_step = time.time()
+    if state.sampler is None:
+        from provisioning.driver import Driver  # heavy: libvirt-python, only when the loop is on
+        from provisioning.profiling import node_sampler  # heavy: libvirt-python
+
+        state.sampler = node_sampler(Driver(agent.cfg.provisioning, data_dir=agent.cfg.data_path).connection)
     usable = [n for n in obs.view.nodes if n.state.usable]
     nodes = [NodeSpec(n.name, n.cpus, n.memory_mb) for n in usable]
     names = {n.name for n in usable}
@@ -85,14 +181,29 @@ def step(agent: Agent, obs: Observation, state: ControlState) -> ExecutionReport
                                  time_limit_s=min(agent.cfg.planner.time_limit_s, 5.0))  # fmt: skip
     if plan is None:
         return None
-    agent.log.info("consolidation planned", overloaded=list(state.decision.overloaded), cost=plan.cost,
-                   actions=plan.count(), jobs=sorted({a.vjob for a in plan.actions}))  # fmt: skip
+    overloaded = dict(zip(state.decision.overloaded, state.decision.why, strict=True))
+    agent.log.info("consolidation planned", overloaded=overloaded, cost=plan.cost, actions=plan.count(),
+                   jobs=sorted({a.vjob for a in plan.actions}), unmeasured=list(state.unmeasured))  # fmt: skip
+
+    def job_key(a: PlanAction) -> str:
+        return f"{agent.rms}:{a.vjob}"
+
+    try:
+        requests = coalesce(plan, state.members)
+    except MembersMoved as refused:
+        agent.log.error("consolidation refused: a multi-node vjob would move VM by VM", error=str(refused))
+        if str(refused) == state.refused:
+            return None  # journalled at the step that first planned it
+        state.refused = str(refused)
+        return journal_refusal(agent.store(), plan, refused, reason=f"consolidation refused: {refused}",
+                               tag=EXECUTOR_TAG, job_key=job_key)  # fmt: skip
+    state.refused = ""
     performer = PilotRequestPerformer(lambda a: agent.pilot_dir(a.vjob), timeout_s=agent.checkpoint_timeout_s,
                                       reason="consolidation")  # fmt: skip
-    executor = Executor(performer, agent.store(), tag=EXECUTOR_TAG, job_key=lambda a: f"{agent.rms}:{a.vjob}")
-    report = executor.execute(plan, reason="consolidation: measured demand")
+    executor = Executor(performer, agent.store(), tag=EXECUTOR_TAG, job_key=job_key)
+    report = executor.execute(requests, reason="consolidation: measured demand")
     agent.log.info("consolidation done", switch=report.switch_id, summary=report.summary())
     return report
 
 
-__all__ = ["ControlState", "observed_vms", "step"]
+__all__ = ["ControlState", "Sampler", "measured_mib", "members_of", "observed_vms", "step", "vm_demand"]

@@ -18,6 +18,10 @@ controls then mean the right thing for a vjob:
   does next. A save takes about 0.3–1.3 s for a 128 MiB guest;
 * a pilot killed outright (SIGKILL) leaves its VM running: the job's next pilot on the same
   libvirt adopts it instead of booting a second copy.
+* a job that ends while a remapping swap has its VM on another node (the partner's VM runs on
+  this one) holds its node, at most `partner_hold_s`, until the agent sends that VM home and
+  releases it, so the RMS does not give the node away under it (docs/remap.md); then it ends
+  anyway.
 
 The VM itself is handled by provisioning.driver; this module decides when to boot, save,
 restore and delete, and keeps the state file true.
@@ -133,6 +137,9 @@ class PilotSettings:
     for the counter guest."""
     cpu_sample_s: float = 5.0
     """How often the VM's CPU time is written to the state file (the control loop's demand)."""
+    partner_hold_s: float = 0.0
+    """When the job ends with its VM moved away by a remapping swap, how long the pilot holds its
+    own node at most for the agent to send the partner's VM there home (`[remap] partner_hold_s`)."""
 
 
 class _Signals:
@@ -287,7 +294,8 @@ class Pilot:
             memory_mb=self.s.memory_mb,
         )
         self._move(PilotState.STARTING, node=self.s.node, uri=self.vm.uri, pid=os.getpid(), request_id="",
-                   console_log=str(self.vm.console_log()))  # fmt: skip
+                   console_log=str(self.vm.console_log()),
+                   member_nodes=self.vm.nodes() if len(self.vm.nodes()) > 1 else [])  # fmt: skip
         # A request left over from before this start was answered (or withdrawn) already.
         self.pdir.withdraw_request()
         if self.vm.active():
@@ -388,6 +396,7 @@ class Pilot:
         self.vm.delete()
         self._move(PilotState.FINISHED)
         self.log.info("finished", exit_code=code)
+        self._hold_while_lent()
         return code
 
     def _save(self, request_id: str, nodes: tuple[str, ...] = ()) -> None:
@@ -420,7 +429,38 @@ class Pilot:
         if self.vm.active():
             self._save("")
         self._say(f"{why}: exiting, VM state kept for the job's restart")
+        self._hold_while_lent()
         return EXIT_CHECKPOINTED
+
+    def _hold_while_lent(self) -> None:
+        """The job ends with its VM away from its own node (a remapping swap moved it; the
+        partner's VM runs on the pilot's node): wait, at most `partner_hold_s`, for the agent's
+        `release` — it sends the partner's VM home first — so the RMS does not give the node to
+        another job while a foreign VM still runs there. Bounded and fail-open: the RMS's end of
+        the job is delayed by the bound at most, and only for a job whose VM the agent moved
+        (the agent releases only when its journal shows no foreign VM on the node)."""
+        own, away, bound = self.s.node, self.vm.node, self.s.partner_hold_s
+        if own == away or bound <= 0 or len(self.vm.nodes()) > 1:
+            return
+        self._say(f"the job ended with its VM on {away}: holding {own} (at most {bound:g} s) until the VM "
+                  f"remapping lent it goes home")  # fmt: skip
+        self.log.info("holding the node for a lent VM", own=own, away=away, bound_s=bound)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < bound:
+            try:
+                req = self.pdir.read_request()
+            except VjobError as exc:
+                self.log.warning("unreadable request while holding", error=str(exc))
+                req = None
+            if req is not None and req.kind is RequestKind.RELEASE:
+                assert self.status is not None
+                self.status = replace(self.status, request_id=req.request_id, request_error="")
+                self.pdir.write_state(self.status)
+                self.log.info("released by the agent", own=own, waited_s=round(time.monotonic() - t0, 3))
+                return
+            time.sleep(self.s.poll_s)
+        self._say(f"not released within {bound:g} s: ending anyway ({own} may still host a remapped VM)")
+        self.log.warning("hold timed out: ending with a foreign VM maybe still on the node", own=own, bound_s=bound)
 
     def _wait_for_requeue(self, *, withdrawable: bool) -> bool:
         """After a requested save: True when the RMS kills us; False to carry on running.

@@ -7,6 +7,10 @@ directory (vjob.pilot_files.RequestKind), answered in its state file. A run is t
 do (it allocates and starts the job, whose pilot boots the VM): `start_job` asks it, and the
 action is done when the pilot reports the VM running on the planned node.
 
+A multi-node vjob's pilot holds all its VMs and takes one request for all of them: the loop
+hands this performer a plan coalesced per pilot (agent.pilot_coalesce), whose one action on
+the pilot's first VM stands for all; a suspend then names every node the job holds.
+
 The request id is the action's journal key (preemption.executor.action_key): a restarted agent
 that repeats an action finds it answered and waits for nothing twice (agent.recover).
 """
@@ -59,9 +63,10 @@ class PilotRequestPerformer:
         node = (action.dst or "") if kind in (RequestKind.RESUME, RequestKind.MIGRATE) else ""
         from_node = (action.src or "") if kind is RequestKind.RESUME else ""
         st = _state(pdir)
+        held = tuple(st.member_nodes) if st is not None and st.member_nodes else ()
         if st is None or st.request_id != key:  # a repeated action already answered is not asked again
             pdir.request(kind, key, node=node, from_node=from_node, reason=self.reason,
-                         nodes=(action.src,) if action.src else ())  # fmt: skip
+                         nodes=held or ((action.src,) if action.src else ()))  # fmt: skip
         answer = self._wait(pdir, key, action)
         if answer.request_error:
             raise VjobError(f"{action.kind.value} {action.vm}: the pilot refused: {answer.request_error}")

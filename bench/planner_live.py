@@ -17,7 +17,8 @@ payload of `--stages` stages, computing (`--iterations` steps of shell arithmeti
 (`--idle` seconds) in turn. The same control loop (FCFS decision over the queue, the planner,
 the executor through the pilots) runs the set twice: once weighing every VM by its requested
 CPU (FCFS as a static scheduler books it: a waiting vjob starts when a finished one frees its
-CPUs), once by the demand its pilot measures (Entropy: idle VMs make room, overloaded nodes
+CPUs), once by the demand root measures through libvirt, as the agent's loop does
+(agent.consolidate: time used plus time waited for a host CPU; Entropy: idle VMs make room, overloaded nodes
 are relieved by migration or suspension). The figure is the completion time of the set.
 
     .venv/bin/python bench/planner_live.py --experiment [--vjobs 3] [--stages 4] [--iterations 200000]
@@ -39,10 +40,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from agent import consolidate
 from agent.pilot_performer import EXECUTOR_TAG, PilotRequestPerformer
 from devkit import guest_probe, libvirtd
 from preemption.executor import ExecutionReport, Executor
@@ -50,6 +52,7 @@ from preemption.planner import NodeSpec, Plan, PlanAction, control
 from preemption.planner.control import ObservedVM
 from provisioning import guest
 from provisioning.driver import Driver
+from provisioning.profiling import DomainSample, node_sampler
 from vjob import config as vconfig
 from vjob.errors import VjobError
 from vjob.model import Action, VJobState
@@ -250,18 +253,29 @@ class Workload:
             path = site.work / f"payload-{tag}-{g}.sh"
             path.write_text(stage_payload(pattern, args.iterations, idle))
             self.payload[job] = path
-        self.readings: dict[str, tuple[float, float]] = {}
+        # Measured as the agent's control loop does (agent.consolidate): root samples libvirt's
+        # domain statistics on each node; the pilots' files only say which VMs run where.
+        self.sampler = node_sampler(site.driver.connection)
+        self.samples: dict[str, DomainSample] = {}
+        self.readings: dict[str, tuple[float, float, float]] = {}
+        """VM → its last (CPU seconds, seconds its vCPUs waited for a host CPU, at)."""
         self.demand: dict[str, int] = {}
+        self.memory: dict[str, int] = {}
+        self.memory_seen: list[int] = []
+        """Every memory a running VM was measured holding (MiB: its balloon or QEMU's resident set)."""
         self.used: list[float] = []
         """Every share of a core a VM was measured using (the demand's raw readings)."""
+        self.wanted: list[float] = []
+        """The same readings plus the share its vCPUs waited for a host CPU: what it wanted."""
 
     def job(self, vm: str) -> str:
         return self.jobs[vm][1]
 
     def observe(self, measured: bool) -> tuple[list[ObservedVM], bool]:
-        """Every VM not finished, weighed by its measured demand (or its requested size); True
-        when every VM has finished."""
+        """Every VM not finished, weighed by its measured demand and memory (or its requested
+        size); True when every VM has finished."""
         out: list[ObservedVM] = []
+        running: list[tuple[str, str, PilotStatus]] = []
         for vm, (vjob, job) in self.jobs.items():
             try:
                 st = self.site.pdir(job).read_state() if self.site.pdir(job).exists() else None
@@ -272,23 +286,40 @@ class Workload:
                 continue
             if st is None:
                 out.append(ObservedVM(vm, vjob, VJobState.WAITING, None, self.site.memory_mib, 1, 1))
-                continue
-            if st.state is PilotState.SAVED:
-                out.append(ObservedVM(vm, vjob, VJobState.SLEEPING, st.saved_node, self.site.memory_mib, 1,
+            elif st.state is PilotState.SAVED:
+                mem = self.memory.get(vm, self.site.memory_mib) if measured else self.site.memory_mib
+                out.append(ObservedVM(vm, vjob, VJobState.SLEEPING, st.saved_node, mem, 1,
                                       self.demand.get(vm, 1) if measured else 1))  # fmt: skip
-                continue
-            demand = 1
-            if st.cpu_at:  # read under both policies (the readings are reported), used by one
-                prev = self.readings.get(vm)
-                now = control.cpu_demand(st.cpu_seconds, st.cpu_at, *(prev or (None, None)), max(1, st.vcpus))
-                if prev is None or st.cpu_at > prev[1]:
-                    if prev is not None and st.cpu_seconds >= prev[0]:
-                        self.used.append((st.cpu_seconds - prev[0]) / (st.cpu_at - prev[1]))
-                    self.readings[vm] = (st.cpu_seconds, st.cpu_at)
-                    self.demand[vm] = now
-                if measured:
-                    demand = self.demand.get(vm, now)
-            out.append(ObservedVM(vm, vjob, VJobState.RUNNING, st.node, self.site.memory_mib, 1, demand))
+            else:
+                running.append((vm, vjob, st))
+        on_node: dict[str, Mapping[str, DomainSample]] = {}
+        for node in sorted({st.node for _, _, st in running}):
+            try:
+                on_node[node] = self.sampler(node)
+            except VjobError as exc:  # libvirtd restarted under us: its VMs weigh their size this step
+                print(f"cannot sample node {node}: {exc}", file=sys.stderr, flush=True)
+                on_node[node] = {}
+        fresh: dict[str, DomainSample] = {}
+        for vm, vjob, st in running:
+            sample = on_node[st.node].get(vm)  # None: booting or moving, weighed at its size
+            prev = self.samples.get(vm)
+            if sample is not None:
+                fresh[vm] = sample
+                self.demand[vm] = consolidate.vm_demand(sample, prev, busy=0.5)
+                self.memory[vm] = consolidate.measured_mib(sample) or self.site.memory_mib
+                self.memory_seen.append(self.memory[vm])
+                if prev is not None and sample.t > prev.t:
+                    dt = sample.t - prev.t
+                    used = max(0, sample.cpu_time_ns - prev.cpu_time_ns) / 1e9 / dt
+                    waited = max(0, (sample.vcpu_delay_ns or 0) - (prev.vcpu_delay_ns or 0)) / 1e9 / dt
+                    self.used.append(used)
+                    self.wanted.append(used + waited)
+                self.readings[vm] = (sample.cpu_time_ns / 1e9, (sample.vcpu_delay_ns or 0) / 1e9, sample.t)
+            demand, mem = 1, self.site.memory_mib
+            if measured and sample is not None:
+                demand, mem = self.demand[vm], self.memory[vm]
+            out.append(ObservedVM(vm, vjob, VJobState.RUNNING, st.node, mem, 1, demand))
+        self.samples = fresh
         return out, not out
 
 
@@ -297,7 +328,7 @@ def experiment(site: LiveSite, tag: str, *, measured: bool, args: argparse.Names
 
     Both policies are the same control loop with the same decision module (FCFS over the
     queue) and planner: `measured=False` weighs each VM by its requested CPU (FCFS as a static
-    scheduler books it), `measured=True` by the demand its pilot measured (Entropy)."""
+    scheduler books it), `measured=True` by the demand and memory measured through libvirt (Entropy)."""
     work = Workload(site, tag, args)
     nodes = tuple(NodeSpec(n, 1, 1024) for n in site.nodes)
     performer = PilotRequestPerformer(
@@ -333,6 +364,7 @@ def experiment(site: LiveSite, tag: str, *, measured: bool, args: argparse.Names
     return {"completion_s": round(time.monotonic() - t0, 1), "switches": switches, "failed_switches": failed,
             "switch_s": round(switch_s, 1), "actions": actions, "steps": steps, "overloaded_steps": overloaded,
             "busy_readings": sum(u >= 0.5 for u in work.used), "readings": len(work.used),
+            "starved_readings": sum(u < 0.5 <= w for u, w in zip(work.used, work.wanted, strict=True)),
             "max_core_share": round(max(work.used, default=0.0), 2)}  # fmt: skip
 
 

@@ -12,18 +12,25 @@ tested on libvirt's test driver. Here the overload is made to happen, on real QE
   (one pilot each), FCFS queue X then Y;
 * X's VMs start with an idle stage of `--idle` seconds, then compute `--x-stages` stages;
   Y's VMs compute `--y-stages` stages from the start;
-* the loop (every `--interval` s: the pilots' CPU counters → demand, the FCFS decision, the
-  planner, the executor through the pilots, as in planner_live's experiment) runs X on both
-  nodes; X measured idle → Y starts beside it; X computes → both nodes are overloaded (two
-  busy VMs on one CPU) and no node has room, so the plan suspends Y, the vjob the queue puts
-  last (all its VMs in one pool); X then has the cores to itself; when X's VMs finish, Y is
-  resumed and completes.
+* the loop (every `--interval` s: libvirt's domain statistics of each node, sampled as the
+  agent does (agent.consolidate: CPU time plus the vCPUs' wait for a host CPU, memory) →
+  demand, the FCFS decision, the planner, the executor through the pilots, as in
+  planner_live's experiment) runs X on both nodes; X measured idle → Y starts beside it; X
+  computes → both nodes are overloaded (two busy VMs on one CPU) and no node has room, so the
+  plan suspends Y, the vjob the queue puts last (all its VMs in one pool); X then has the cores
+  to itself; when X's VMs finish, Y is resumed and completes.
+
+`--hogs N` runs N CPU-bound processes beside the guests (killed by pid at the end): an
+oversubscribed host, where a computing guest gets a fraction of a core and is starved, not
+idle. `--own-libvirtd DIR` puts both nodes on a libvirtd of this run's own (other engineers'
+tests restart the system one).
 
 Figures: when the overload was first seen and when the switch that relieved it ended, the
 switch's actions and duration, the share of a core X's VMs got while overloaded and after,
 each vjob's completion; the loop's steps, one line each, on stderr. Last line: JSON.
 
-    .venv/bin/python bench/planner_relief.py [--vms 2] [--idle 45] [--x-stages 4] [--y-stages 12]
+    .venv/bin/python bench/planner_relief.py [--vms 2] [--idle 45] [--x-stages 4] [--y-stages 12] [--hogs 4]
+        [--own-libvirtd /var/tmp/vjob-relief]
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ import json
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -80,21 +88,25 @@ def run(site: Any, args: argparse.Namespace) -> dict[str, Any]:
     steps: list[dict[str, Any]] = []
     switches: list[dict[str, Any]] = []
     finished: dict[str, float] = {}
-    # The share of a core each busy reading of X's VMs shows, by phase: Y beside it or not.
+    # The share of a core each busy reading of X's VMs shows (used, and used + waited for a host
+    # CPU), by phase: Y beside it or not.
     shares: dict[str, list[float]] = {"shared": [], "alone": []}
-    last: dict[str, tuple[float, float]] = {}
+    wants: dict[str, list[float]] = {"shared": [], "alone": []}
+    last: dict[str, tuple[float, float, float]] = {}
     y_running = False
     t0 = time.monotonic()
     while True:
         observed, done = work.observe(True)
         now = time.monotonic() - t0
-        for vm, (cpu_s, at) in work.readings.items():
+        for vm, (cpu_s, delay_s, at) in work.readings.items():
             prev = last.get(vm)
-            if work.jobs[vm][0] == "v0" and prev is not None and at > prev[1]:
-                share = (cpu_s - prev[0]) / (at - prev[1])
-                if share >= 0.2:  # computing (an idle guest reads about 0.01)
+            if work.jobs[vm][0] == "v0" and prev is not None and at > prev[2]:
+                share = (cpu_s - prev[0]) / (at - prev[2])
+                wanted = share + (delay_s - prev[1]) / (at - prev[2])
+                if wanted >= 0.5:  # computing, starved or not (an idle guest reads about 0.01)
                     shares["shared" if y_running else "alone"].append(share)
-            last[vm] = (cpu_s, at)
+                    wants["shared" if y_running else "alone"].append(wanted)
+            last[vm] = (cpu_s, delay_s, at)
         y_running = any(o.vjob == "v1" and o.state.value == "running" for o in observed)
         for vjob in ("v0", "v1"):
             if vjob not in finished and vjob not in {o.vjob for o in observed} and _all_finished(site, work, vjob):
@@ -125,6 +137,7 @@ def run(site: Any, args: argparse.Namespace) -> dict[str, Any]:
         time.sleep(args.interval)
     return _figures(steps, switches, finished, work, now) | {
         "x_core_share": {k: round(statistics.mean(v), 2) if v else None for k, v in shares.items()},
+        "x_core_wanted": {k: round(statistics.mean(v), 2) if v else None for k, v in wants.items()},
         "x_busy_readings": {k: len(v) for k, v in shares.items()},
     }
 
@@ -158,8 +171,13 @@ def _figures(steps: list[dict[str, Any]], switches: list[dict[str, Any]], finish
         "switches": switches,
         "failed_switches": sum(sw["state"] != "done" for sw in switches),
         "busy_readings": sum(u >= 0.5 for u in work.used),
+        "starved_readings": sum(u < 0.5 <= w for u, w in zip(work.used, work.wanted, strict=True)),
         "readings": len(work.used),
+        "measured_mib": {"min": min(work.memory_seen, default=None), "max": max(work.memory_seen, default=None)},
         "mean_core_share_busy": round(statistics.mean([u for u in work.used if u >= 0.5] or [0.0]), 2),
+        "mean_core_share_wanting": round(
+            statistics.mean([u for u, w in zip(work.used, work.wanted, strict=True) if w >= 0.5] or [0.0]), 2
+        ),
     }
 
 
@@ -173,25 +191,40 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iterations", type=int, default=200_000, help="steps of a compute stage")
     p.add_argument("--interval", type=float, default=5.0, help="seconds between control steps")
     p.add_argument("--horizon", type=float, default=1200.0, help="give up after this many seconds")
+    p.add_argument("--hogs", type=int, default=0,
+                   help="CPU-bound processes to run beside the guests: an oversubscribed host (default 0)")  # fmt: skip
     p.add_argument("--second-libvirtd", action="store_true",
                    help="node b on the second libvirtd (default: both nodes on the system libvirtd)")  # fmt: skip
+    p.add_argument("--own-libvirtd", type=Path, metavar="DIR",
+                   help="both nodes on a libvirtd of this run's own, its state in DIR (others' tests restart "
+                        "the system one)")  # fmt: skip
     args = p.parse_args(argv)
     # SIGTERM ends the run through the clean-up below (pilots killed, VMs deleted).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     load0 = os.getloadavg()[0]
     guest.build()
-    system = libvirtd.start_system(Path(tempfile.mkdtemp(prefix="vjob-libvirtd-log-", dir="/var/tmp")))
+    if args.own_libvirtd:
+        system = libvirtd.start_second_node(args.own_libvirtd, hostname="relief", migration_ports=(49400, 49420))
+    else:
+        system = libvirtd.start_system(Path(tempfile.mkdtemp(prefix="vjob-libvirtd-log-", dir="/var/tmp")))
     second_dir = Path(os.environ.get("VJOB_TEST_SECOND_NODE_DIR", "/var/tmp/vjob-nodeb"))
     second = libvirtd.start_second_node(second_dir) if args.second_libvirtd else None
     uri_b = second.uri if second is not None else system.uri
     site = live.LiveSite({"a": system.uri, "b": uri_b}, memory_mib=args.memory, prefix="vjob-bench-relief-")
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.hogs)]
     try:
         result = run(site, args)
     finally:
+        for hog in hogs:  # only what this run started, by pid
+            hog.kill()
+            hog.wait()
         site.close()
         if second is not None and second.owned:  # only what this run started, by pid
             libvirtd.stop(second, virtlogd_pidfile=second_dir / "run" / "virtlogd.pid")
-        libvirtd.stop(system)
+        if args.own_libvirtd and system.owned:
+            libvirtd.stop(system, virtlogd_pidfile=args.own_libvirtd.resolve() / "run" / "virtlogd.pid")
+        elif not args.own_libvirtd:
+            libvirtd.stop(system)
     load = [round(load0, 2), round(os.getloadavg()[0], 2)]
     relief = result["relief"]["actions"] if result["relief"] else "nothing"
     print(f"overload first seen at {result['first_overload_s']} s, relieved after {result['relieved_after_s']} s "
@@ -199,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({"bench": "planner_relief", **result, "vms_per_vjob": args.vms, "idle_s": args.idle,
                       "x_stages": args.x_stages, "y_stages": args.y_stages, "iterations": args.iterations,
                       "interval_s": args.interval, "memory_mib": args.memory, "second_libvirtd": args.second_libvirtd,
+                      "hogs": args.hogs,
                       "load_avg_1min": load}))  # fmt: skip
     return 0
 

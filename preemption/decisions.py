@@ -56,11 +56,20 @@ def running_job_selection(inst: Instance, queue: Sequence[str], *, sticky: bool 
     target: dict[str, VJobState] = dict.fromkeys(finished, VJobState.TERMINATED)
     placement: dict[str, str] = {}
     used: dict[str, tuple[int, int]] = {n.id: (0, 0) for n in inst.nodes}
+    # The homes of the pinned VMs (multi-node vjobs) not considered yet: a vjob served before
+    # them is placed around them when it can be, so it does not take the only place they have.
+    reserved = {j: [vm for vm in vms if vm.pinned] for j, vms in vjobs.items() if j not in finished}
     for j in queue:
         if j in finished:
             continue
+        reserved.pop(j, None)
         # The temporary configuration: the vjobs kept so far, plus this one placed by FFD.
-        placed, left = _place(inst, vjobs[j], used, sticky)
+        placed: dict[str, str] = {}
+        left: list[VMSpec] = vjobs[j]
+        if any(reserved.values()):
+            placed, left = _place(inst, vjobs[j], _plus(used, reserved), sticky)
+        if left:
+            placed, left = _place(inst, vjobs[j], used, sticky)
         if not left:
             vms = {vm.id: vm for vm in vjobs[j]}
             for vm_id, n in placed.items():
@@ -107,23 +116,36 @@ def ubis_selection(
     return running_job_selection(inst, queue, sticky=sticky)
 
 
+def _plus(used: Mapping[str, tuple[int, int]], reserved: Mapping[str, list[VMSpec]]) -> dict[str, tuple[int, int]]:
+    """`used` plus the load of the reserved VMs on their homes."""
+    out = dict(used)
+    for vms in reserved.values():
+        for vm in vms:
+            assert vm.host is not None  # Instance checks a pinned VM has a node
+            cpu, mem = out[vm.host]
+            out[vm.host] = (cpu + vm.cpu, mem + vm.mem)
+    return out
+
+
 def _place(
     inst: Instance, vms: list[VMSpec], used: Mapping[str, tuple[int, int]], sticky: bool
 ) -> tuple[dict[str, str], list[VMSpec]]:
-    """Place one vjob's VMs on top of `used`: at home first when `sticky`, then by FFD."""
-    if not sticky:
-        return first_fit_decreasing(inst.nodes, vms, used)
+    """Place one vjob's VMs on top of `used`: at home first when `sticky`, then by FFD.
+
+    A pinned VM (a multi-node vjob's) is placed at home or not at all, sticky or not: a vjob
+    that cannot run where its pinned VMs are is not selected (it sleeps, whole)."""
     extra = dict(used)
     home: dict[str, str] = {}
     rest: list[VMSpec] = []
+    out_left: list[VMSpec] = []
     for vm in sorted(vms, key=lambda v: (-v.mem, -v.cpu, v.id)):
-        node = inst.node_by_id.get(vm.host) if vm.host is not None else None
+        node = inst.node_by_id.get(vm.host) if vm.host is not None and (sticky or vm.pinned) else None
         if node is not None:
             cpu, mem = extra[node.id]
             if cpu + vm.cpu <= node.cpu and mem + vm.mem <= node.mem:
                 extra[node.id] = (cpu + vm.cpu, mem + vm.mem)
                 home[vm.id] = node.id
                 continue
-        rest.append(vm)
+        (out_left if vm.pinned else rest).append(vm)
     placed, left = first_fit_decreasing(inst.nodes, rest, extra)
-    return {**home, **placed}, left
+    return {**home, **placed}, out_left + left

@@ -38,6 +38,7 @@ STATS = (
     | libvirt.VIR_DOMAIN_STATS_PERF
 )
 PAGE_KIB = 4
+_VCPU_DELAY = re.compile(r"vcpu\.[0-9]{1,4}\.delay")
 _TARGET_DEV = re.compile(r"<target dev=['\"]([A-Za-z0-9_.:-]{1,64})['\"]\s*/>")
 
 
@@ -56,6 +57,16 @@ class DomainSample:
     perf: Mapping[str, int] = field(default_factory=dict)
     swap_out_kib: int | None = None
     """None: the guest reports no swap-outs (no balloon statistics)."""
+    memory_kib: int | None = None
+    """The domain's current memory (its balloon's size) as the hypervisor holds it: what a live
+    migration copies, read by root, not declared by the job. None when libvirt would not say."""
+    rss_kib: int | None = None
+    """QEMU's resident set on the host (balloon.rss): what the node really gives the VM, its
+    emulator's own memory included. None when libvirt would not say (the test driver)."""
+    vcpu_delay_ns: int | None = None
+    """Sum over the vCPUs of the time each was runnable but waiting for a host CPU (libvirt's
+    vcpu.N.delay, the kernel's schedstat run delay): what tells a starved VM from an idle one.
+    None when the host does not report it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +185,12 @@ class Profiler:
         else:  # the driver's bulk call left the groups out: ask this domain one by one
             cpu, vcpus, swap_in, faults, swap_out, nbytes, npkts = self._per_domain(dom)
         perf = {k[5:]: int(v) for k, v in stats.items() if k.startswith("perf.")}
-        return DomainSample(name, t, cpu, vcpus, swap_in, faults, nbytes, npkts, MappingProxyType(perf), swap_out)
+        current = stats.get("balloon.current")
+        memory = int(current) if current is not None else _current_kib(dom)
+        rss = stats.get("balloon.rss")
+        delays = [int(v) for k, v in stats.items() if _VCPU_DELAY.fullmatch(k)]
+        return DomainSample(name, t, cpu, vcpus, swap_in, faults, nbytes, npkts, MappingProxyType(perf), swap_out,
+                            memory, None if rss is None else int(rss), sum(delays) if delays else None)  # fmt: skip
 
     def _per_domain(self, dom: libvirt.virDomain) -> tuple[int, int, int, int, int | None, int, int]:
         try:
@@ -194,3 +210,21 @@ class Profiler:
         out = mem.get("swap_out")
         swap_out = None if out is None else int(out)
         return cpu, vcpus, int(mem.get("swap_in", 0)), int(mem.get("major_fault", 0)), swap_out, nbytes, npkts
+
+
+def node_sampler(connection: Callable[[str], libvirt.virConnect]) -> Callable[[str], dict[str, DomainSample]]:
+    """node → one sample of every domain running there, through `connection(node)` (the
+    provisioning driver's, asked at each call so that a connection it reopened is used)."""
+
+    def sample(node: str) -> dict[str, DomainSample]:
+        return Profiler(connection(node)).sample()
+
+    return sample
+
+
+def _current_kib(dom: libvirt.virDomain) -> int | None:
+    """The domain's current memory from its info, when the bulk statistics left the balloon out."""
+    try:
+        return int(dom.info()[2])
+    except libvirt.libvirtError:
+        return None

@@ -44,6 +44,8 @@ def instances(draw: st.DrawFn) -> Instance:
 def viable_placement_exists(inst: Instance) -> bool:
     to_run = inst.to_run()
     for combo in itertools.product(inst.nodes, repeat=len(to_run)):
+        if any(vm.pinned and node.id != vm.host for vm, node in zip(to_run, combo, strict=True)):
+            continue  # a pinned VM runs at home or not at all
         cpu = dict.fromkeys((n.id for n in inst.nodes), 0)
         mem = dict.fromkeys((n.id for n in inst.nodes), 0)
         for vm, node in zip(to_run, combo, strict=True):

@@ -87,8 +87,9 @@ class PilotStatus:
     saved_nodes: list[str] = field(default_factory=list)
     """Every node the job held when it was checkpointed (from the agent's request)."""
     member_nodes: list[str] = field(default_factory=list)
-    """A multi-node job: the node of each of its VMs (the first VM's first) when they were last
-    saved, where a resume copies each state from; [] for a job of one VM."""
+    """A multi-node job: the node of each of its VMs (the first VM's first), written at the
+    pilot's start and at each save: where a resume copies each state from, and where the
+    control loop measures each VM (agent.consolidate); [] for a job of one VM."""
     console_bytes_at_save: int = 0
     """Size of the console log when the VM was last saved: what the guest printed before."""
     output_bytes_at_save: list[int] = field(default_factory=list)
@@ -148,13 +149,15 @@ class RequestKind(StrEnum):
     with the job staying allocated: `suspend` saves and keeps the VM asleep until a `resume`
     (on `node`, from the state on `from_node`), `migrate` moves the running VM live to `node`,
     `stop` powers it off and ends the job. Removing a `suspend` request wakes the VM where it
-    slept (the switch was rolled back)."""
+    slept (the switch was rolled back). `release` lets a pilot whose job ended go (it holds its
+    node while a VM remapping lent it still runs there, docs/remap.md)."""
 
     CHECKPOINT = "checkpoint"
     SUSPEND = "suspend"
     RESUME = "resume"
     MIGRATE = "migrate"
     STOP = "stop"
+    RELEASE = "release"
 
 
 @dataclass(frozen=True)

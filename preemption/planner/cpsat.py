@@ -122,8 +122,11 @@ def cpsat_placement(
         node_of = np.tile(np.arange(n_nodes), m)
     else:
         vm_of, node_of = _candidate_edges(movable, hints, index, home, free_cpu, free_mem, extra_candidates)
-    # Drop the edges to nodes that cannot hold the VM even empty of every movable VM.
+    # Drop the edges to nodes that cannot hold the VM even empty of every movable VM, and a
+    # pinned VM's edges to any node but its own.
+    pinned = np.array([vm.pinned for vm in movable])
     keep = (cpu[vm_of] <= free_cpu[node_of]) & (mem[vm_of] <= free_mem[node_of])
+    keep &= ~pinned[vm_of] | (node_of == home[vm_of])
     vm_of, node_of = vm_of[keep], node_of[keep]
     at_home = node_of == home[vm_of]
     cost = np.where(

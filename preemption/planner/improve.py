@@ -148,8 +148,11 @@ def _earliest(
             assert a.dst is not None
             # The node holding the state first (a local resume), then where it was going, then any.
             choices = ([col[a.src]] if a.kind is Action.RESUME and a.src in col else []) + [col[a.dst]]
+            if vm.pinned:
+                assert vm.host is not None
+                choices = [col[vm.host]]  # a pinned VM only ever arrives at its own node
             node = next((n for n in choices if room.fits(n, j, vm.cpu, vm.mem)), None)
-            if node is None:
+            if node is None and not vm.pinned:
                 node = room.any_fit(j, vm.cpu, vm.mem, avoid=a.src if a.kind is Action.MIGRATE else None)
             if node is None:
                 break

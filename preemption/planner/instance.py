@@ -45,6 +45,9 @@ class VMSpec:
     mem: int
     state: VJobState
     host: str | None = None
+    pinned: bool = False
+    """It may change state but not node: it keeps running on `host`, or resumes there (a VM of
+    a multi-node vjob, whose pilot moves its VMs together or not at all)."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,7 @@ class Instance:
             "nodes": [{"id": n.id, "cpu": n.cpu, "mem": n.mem} for n in self.nodes],
             "vms": [
                 {"id": v.id, "vjob": v.vjob, "cpu": v.cpu, "mem": v.mem, "state": v.state.value, "host": v.host}
+                | ({"pinned": True} if v.pinned else {})
                 for v in self.vms
             ],
             "target": {k: s.value for k, s in self.target.items()},
@@ -104,7 +108,7 @@ class Instance:
         by `InstanceInput`, errors naming the field path; then the cross-entry checks."""
         parsed = validate(InstanceInput, data, source)
         nodes = tuple(NodeSpec(n.id, n.cpu, n.mem) for n in parsed.nodes)
-        vms = tuple(VMSpec(v.id, v.vjob, v.cpu, v.mem, VJobState(v.state), v.host) for v in parsed.vms)
+        vms = tuple(VMSpec(v.id, v.vjob, v.cpu, v.mem, VJobState(v.state), v.host, v.pinned) for v in parsed.vms)
         return cls(nodes, vms, {k: VJobState(v) for k, v in parsed.target.items()})
 
 
@@ -131,6 +135,8 @@ class VMInput(InputModel):
     state: Literal["waiting", "running", "sleeping"]
     host: Name | None = None
     """Its node when running; where its saved state lies when sleeping; null when waiting."""
+    pinned: bool = False
+    """It may not change node (run on or resume at `host` only): a VM of a multi-node vjob."""
 
 
 class InstanceInput(InputModel):
@@ -163,6 +169,8 @@ def _check(inst: Instance) -> None:
             raise InputError(f"vm {vm.id}: a running VM needs a host")
         if vm.state is VJobState.WAITING and vm.host is not None:
             raise InputError(f"vm {vm.id}: host = {vm.host!r}: a waiting VM has no host (use null)")
+        if vm.pinned and vm.host is None:
+            raise InputError(f"vm {vm.id}: pinned = true: a waiting VM has no node to be pinned to")
         if not any(n.cpu >= vm.cpu and n.mem >= vm.mem for n in inst.nodes):
             raise InputError(f"vm {vm.id}: needs cpu {vm.cpu} and mem {vm.mem} MB: larger than any node")
         first = states.setdefault(vm.vjob, vm.state)

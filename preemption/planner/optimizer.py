@@ -21,19 +21,21 @@ placement exists (or none was found in time), and then the error says what is sh
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
 from preemption.planner.cpsat import cpsat_placement
 from preemption.planner.diagnose import NoViablePlacementError, explain
 from preemption.planner.improve import pull_forward
-from preemption.planner.instance import Instance
+from preemption.planner.instance import Instance, NodeSpec, VMSpec
 from preemption.planner.placement import (
+    Load,
     Placement,
     first_fit_decreasing,
     keep_in_place,
     move_home,
     pack,
+    pinned_home,
     pull_early,
     sticky_pack,
 )
@@ -82,7 +84,7 @@ def make_plan(
     started = time.perf_counter() if started is None else started
     deadline = started + time_limit_s
     to_run = inst.to_run()
-    ffd, ffd_left = first_fit_decreasing(inst.nodes, to_run)
+    ffd, ffd_left = _around_pinned(inst, to_run, first_fit_decreasing)
     warnings: list[str] = []
     stats: dict[str, object] = {"vms": len(inst.vms), "nodes": len(inst.nodes), "to_run": len(to_run)}
     candidates: list[tuple[str, Placement]] = []
@@ -106,7 +108,7 @@ def make_plan(
         if known is not None:
             starts += [("hint", known), ("hint+home", move_home(inst, known))]
         if not starts and ffd_left:
-            placed, left = pack(inst.nodes, to_run)
+            placed, left = _around_pinned(inst, to_run, pack)
             if not left:
                 starts.append(("pack", move_home(inst, placed)))
         for name, placed in starts:
@@ -196,6 +198,17 @@ def make_plan(
     )
 
 
+def _around_pinned(
+    inst: Instance,
+    vms: list[VMSpec],
+    fill: Callable[[Sequence[NodeSpec], Sequence[VMSpec], Load], tuple[Placement, list[VMSpec]]],
+) -> tuple[Placement, list[VMSpec]]:
+    """A packing heuristic blind to where VMs are (`fill`: FFD, `pack`), run on top of the pinned VMs kept home."""
+    placed, used, rest, left = pinned_home(inst, vms)
+    more, missed = fill(inst.nodes, rest, used)
+    return {**placed, **more}, left + missed
+
+
 def _sequenced(inst: Instance, placement: Placement, name: str, errors: list[str]) -> Plan | None:
     """The validated plan of one candidate placement, or None (with the reason in `errors`)."""
     try:
@@ -220,6 +233,10 @@ def _viable(inst: Instance, hint: Mapping[str, str], warnings: list[str]) -> Pla
     for vm in to_run:
         cpu[hint[vm.id]] += vm.cpu
         mem[hint[vm.id]] += vm.mem
+    moved = [vm.id for vm in to_run if vm.pinned and hint[vm.id] != vm.host]
+    if moved:
+        warnings.append(f"hint ignored: it moves pinned vm {moved[0]} ({len(moved)} such VM(s))")
+        return None
     over = [n for n in nodes if cpu[n] > nodes[n].cpu or mem[n] > nodes[n].mem]
     if over:
         warnings.append(f"hint ignored: it overloads node {over[0]} ({len(over)} such node(s))")

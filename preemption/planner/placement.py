@@ -19,6 +19,8 @@ from preemption.planner.instance import Instance, NodeSpec, VMSpec
 from vjob.model import VJobState
 
 Placement = dict[str, str]
+Load = dict[str, tuple[int, int]]
+"""node → (CPUs, MB) already taken."""
 
 
 def _order(vms: Iterable[VMSpec]) -> list[VMSpec]:
@@ -52,7 +54,34 @@ def first_fit_decreasing(
     return out, left
 
 
-def pack(nodes: Sequence[NodeSpec], vms: Sequence[VMSpec]) -> tuple[Placement, list[VMSpec]]:
+def pinned_home(inst: Instance, vms: Iterable[VMSpec]) -> tuple[Placement, Load, list[VMSpec], list[VMSpec]]:
+    """(placement of the pinned VMs at home, the load they make, the unpinned VMs, the pinned that do not fit).
+
+    Why first: a pinned VM has one node it may run on, so the heuristics that place VMs
+    anywhere (FFD, `pack`) place the pinned ones before everything else and the rest on top.
+    """
+    nodes = inst.node_by_id
+    used = {n.id: (0, 0) for n in inst.nodes}
+    out: Placement = {}
+    rest: list[VMSpec] = []
+    left: list[VMSpec] = []
+    for vm in vms:
+        if not vm.pinned:
+            rest.append(vm)
+            continue
+        assert vm.host is not None  # Instance checks a pinned VM has a node
+        cpu, mem = used[vm.host]
+        if cpu + vm.cpu <= nodes[vm.host].cpu and mem + vm.mem <= nodes[vm.host].mem:
+            used[vm.host] = (cpu + vm.cpu, mem + vm.mem)
+            out[vm.id] = vm.host
+        else:
+            left.append(vm)
+    return out, used, rest, left
+
+
+def pack(
+    nodes: Sequence[NodeSpec], vms: Sequence[VMSpec], used: Mapping[str, tuple[int, int]] | None = None
+) -> tuple[Placement, list[VMSpec]]:
     """A first viable placement, fast: first-fit decreasing under a few orders, the first that packs all.
 
     Why several orders: the paper's order (memory first) is the baseline, but when CPUs are the
@@ -72,7 +101,7 @@ def pack(nodes: Sequence[NodeSpec], vms: Sequence[VMSpec]) -> tuple[Placement, l
 
     best: tuple[Placement, list[VMSpec]] | None = None
     for order in (_order, by_share, by_cpu):
-        placed, left = first_fit_decreasing(nodes, vms, order=order)
+        placed, left = first_fit_decreasing(nodes, vms, used, order=order)
         if not left:
             return placed, left
         if best is None or len(left) < len(best[1]):
@@ -105,7 +134,9 @@ def sticky_pack(inst: Instance) -> tuple[Placement, list[VMSpec]]:
     used: dict[str, tuple[int, int]] = {n.id: (0, 0) for n in inst.nodes}
     out: Placement = {}
     left: list[VMSpec] = []
-    for j in sorted(vjobs, key=lambda j: (-sum(share(v) for v in vjobs[j]), j)):
+    # The vjobs with pinned VMs first: they have one place each, the others adapt around them.
+    order = sorted(vjobs, key=lambda j: (not any(v.pinned for v in vjobs[j]), -sum(share(v) for v in vjobs[j]), j))
+    for j in order:
         rest: list[VMSpec] = []
         for vm in _order(vjobs[j]):
             node = nodes.get(vm.host) if vm.host is not None else None
@@ -115,7 +146,7 @@ def sticky_pack(inst: Instance) -> tuple[Placement, list[VMSpec]]:
                     used[node.id] = (cpu + vm.cpu, mem + vm.mem)
                     out[vm.id] = node.id
                     continue
-            rest.append(vm)
+            (left if vm.pinned else rest).append(vm)
         placed, missed = first_fit_decreasing(inst.nodes, rest, used, order=by_share)
         for vm in rest:
             n = placed.get(vm.id)
@@ -147,21 +178,22 @@ def staying_saves(vm: VMSpec) -> int:
 
 
 def keep_in_place(inst: Instance) -> tuple[Placement, list[VMSpec]]:
-    """Greedy: every VM to run stays home when it fits there (dearest first); the rest go where room is largest."""
+    """Greedy: every VM to run stays home when it fits there (pinned first, then dearest first);
+    the rest go where room is largest."""
     nodes = inst.node_by_id
     free_cpu = {n.id: n.cpu for n in inst.nodes}
     free_mem = {n.id: n.mem for n in inst.nodes}
     out: Placement = {}
     rest: list[VMSpec] = []
-    for vm in sorted(inst.to_run(), key=lambda v: (-staying_saves(v), v.id)):
+    left: list[VMSpec] = []
+    for vm in sorted(inst.to_run(), key=lambda v: (not v.pinned, -staying_saves(v), v.id)):
         h = home(vm)
         if h is not None and h in nodes and free_cpu[h] >= vm.cpu and free_mem[h] >= vm.mem:
             out[vm.id] = h
             free_cpu[h] -= vm.cpu
             free_mem[h] -= vm.mem
         else:
-            rest.append(vm)
-    left: list[VMSpec] = []
+            (left if vm.pinned else rest).append(vm)
     ids = list(free_cpu)
     cpu_arr = np.array([free_cpu[n] for n in ids], dtype=np.int64)
     mem_arr = np.array([free_mem[n] for n in ids], dtype=np.int64)
@@ -255,6 +287,8 @@ def pull_early(inst: Instance, placement: Placement) -> Placement:
             else:
                 late.append((vm, n))
     for vm, n in sorted(late, key=lambda pair: (-pair[0].mem, pair[0].id)):
+        if vm.pinned:
+            continue  # it waits for room at home: nowhere else is allowed
         best: str | None = None
         for m in nodes:
             if m == n:

@@ -5,6 +5,7 @@ jobs or the node, so no plan may reach the executor on the planner's word alone.
 shares nothing with sequencing.py but the input and plan types and the cost function; it
 replays every pool from the starting configuration and checks that
 
+* a pinned VM never arrives anywhere but its own node (no migration, no remote resume);
 * each action applies to a VM in the right state and place (run a waiting VM, resume a
   sleeping one from the node holding its state, migrate/suspend/stop a running one where it
   runs), with at most one action per VM in a pool;
@@ -94,6 +95,8 @@ def validate(inst: Instance, plan: Plan) -> None:
                     state[a.vm] = VJobState.TERMINATED
             if not ok:
                 problems.append(f"{tag}: the VM is not {_expected(a.kind)} at {a.src!r} before this pool")
+            if vm.pinned and a.dst is not None and a.dst != vm.host:
+                problems.append(f"{tag}: the VM is pinned to {vm.host}, the plan moves it to {a.dst}")
         for vm_id, node in arrivals:
             if node in nodes:
                 arriving_cpu[node] += vms[vm_id].cpu
