@@ -90,10 +90,11 @@ def domain_xml(
     # A virtio balloon, for its statistics (without one a guest reports no swap activity) and
     # for the remapping's memory target per node kind (Driver.set_memory). Saved states keep
     # the device set they were saved with — their own XML is restored — so a state saved
-    # before this device existed restores without it. Free page reporting: the guest hands
-    # memory it freed back to QEMU, which then saves it as zero pages — 16–27 % fewer bytes
-    # per checkpoint in bench/checkpoint.py (docs/provisioning.md).
-    balloon = ET.SubElement(devices, "memballoon", model="virtio", freePageReporting="on")
+    # before this device existed restores without it. No free page reporting: it writes 16–27 %
+    # fewer bytes per checkpoint (bench/checkpoint.py), but a swapping guest crashed in 2 of 10
+    # live migrations with it on (a kernel BUG in kswapd, memory corrupted) and in none of 6
+    # without (docs/provisioning.md); a job's memory is worth more than the bytes.
+    balloon = ET.SubElement(devices, "memballoon", model="virtio")
     ET.SubElement(balloon, "stats", period=str(BALLOON_STATS_PERIOD_S))
     return ET.tostring(root, encoding="unicode")
 
