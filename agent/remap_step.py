@@ -18,6 +18,11 @@ bounded by the domain's ceiling and never below what its job asked (preemption.r
 through the provisioning driver, logged with the job): a thrashing job moved to a bigger kind
 gets the memory there, and gives it back when it moves to a smaller one.
 
+A job's memory, for its migration cost and its fit on a kind, is the one libvirt holds for its
+VM (the sample's `memory_kib`), never the pilot's declared `memory_mb`: the state file is the
+job user's. A pilot whose job ends while a swap has its VM away holds its node (agent.pilot,
+bounded) until this step has sent the partner's VM home and writes it a `release` (`release`).
+
 Scope: vjobs of one VM. A pilot refuses to migrate a job of several VMs VM by VM
 (agent.pilot_requests), so those are not remapped yet (the pure parts handle several VMs).
 """
@@ -28,7 +33,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.observe import Observation
@@ -45,14 +50,16 @@ from preemption.remap.live import (
     job_subcluster,
     moves_for,
     node_subclusters,
+    released,
     running_jobs,
+    seen_memory,
 )
 from preemption.remap.memory import MemoryTarget, balloon_target_mib, targets_after
 from preemption.remap.models import Profile, SubCluster
 from preemption.remap.policy import Decision, RemapParams
 from vjob.errors import VjobError
 from vjob.model import Action, JobState
-from vjob.pilot_files import PilotState
+from vjob.pilot_files import PilotState, RequestKind
 from vjob.store import journal
 from vjob.store import vms as store_vms
 
@@ -87,6 +94,8 @@ class RemapState:
     sampler: Sampler | None = None
     farm: dict[str, SubCluster] | None = None
     samples: dict[str, DomainSample] = field(default_factory=dict)
+    memory_mib: dict[str, int] = field(default_factory=dict)
+    """Each VM's current memory in its last sample (libvirt's, not the pilot's): its T^M."""
     last_profile: float = 0.0
     decisions: list[Decision] = field(default_factory=list)
     moves: list[Move] = field(default_factory=list)
@@ -97,6 +106,8 @@ class RemapState:
     """Sets balloon targets after moves; the provisioning driver by default."""
     targets: list[dict[str, Any]] = field(default_factory=list)
     """The balloon targets the last moves set (or failed to set), for the log and tests."""
+    released: list[str] = field(default_factory=list)
+    """The ended vjobs whose pilots the last step released (no foreign VM on their nodes)."""
     published: dict[str, Any] | None = None
     """The summary last written for `vjob status` (STATUS_NAME)."""
 
@@ -174,23 +185,61 @@ def step(agent: Agent, obs: Observation, state: RemapState, claims: PassClaims |
         params = RemapParams(cfg.beta, cfg.tau_s, cfg.threshold_s, cfg.max_migrations, cfg.thrash_pages_s)
         node_sc = node_subclusters(obs.view.nodes, farm)
         profiles = _profile(agent, state, places, node_sc, farm)
-        jobs = running_jobs(places, profiles, node_sc, farm, params, cfg.migrate_bandwidth_mb_s)
+        priced, unseen = seen_memory(places, state.memory_mib)
+        if unseen:
+            state.skipped = skipped = {**skipped, **unseen}
+            agent.log.info("remap: memory not seen, left alone", vjobs=unseen)
+        jobs = running_jobs(priced, profiles, node_sc, farm, params, cfg.migrate_bandwidth_mb_s)
         state.decisions = decide_swaps(jobs, farm, params)
         moves = moves_for(state.decisions, places)
     state.moves = moves
-    if not moves:
-        publish(agent, state)
-        return None
-    state.report = report = _carry_out(agent, obs, moves)
-    for m in moves:
-        state.samples.pop(m.vm, None)  # its next window starts on the new host
-    done = {(a.vm, a.dst) for a in report.done}
-    moved = [m for m in moves if (m.vm, m.dst) in done]
+    report = None
+    moved: list[Move] = []
+    if moves:
+        state.report = report = _carry_out(agent, obs, moves)
+        for m in moves:
+            state.samples.pop(m.vm, None)  # its next window starts on the new host
+        done = {(a.vm, a.dst) for a in report.done}
+        moved = [m for m in moves if (m.vm, m.dst) in done]
     if moved:
         node_sc = node_subclusters(obs.view.nodes, farm)
         state.targets = set_memory(agent, state, targets_after(moved, every, node_sc, farm))
+    state.released = release(agent, obs, every, moved_to, moved)
     publish(agent, state)
     return report
+
+
+def release(
+    agent: Agent, obs: Observation, every: Sequence[Placement], moved_to: Mapping[str, str], moved: Sequence[Move]
+) -> list[str]:
+    """Release the pilots of ended vjobs whose VM the journal moved (a swap) once no foreign VM
+    runs on their nodes: such a pilot holds its node (agent.pilot, bounded) so that the RMS does
+    not free it while the partner's VM is still there. "Ended": the RMS still runs the job but
+    its pilot finished (the guest ended) or saved on SIGTERM (no checkpoint request: nothing
+    waits for a requeue). Where the VMs are: root's placements after this step's moves."""
+    ended: dict[str, tuple[str, ...]] = {}
+    for job in obs.view.running:
+        st = obs.pilots.get(job.id)
+        if st is None or st.vm not in moved_to or not job.allocated_nodes:
+            continue
+        if st.state is PilotState.FINISHED or (st.state is PilotState.SAVED and not st.request_id):
+            ended[job.id] = job.allocated_nodes
+    if not ended:
+        return []
+    dst = {m.vm: m.dst for m in moved}
+    now = [replace(p, vms=tuple((vm, dst.get(vm, node)) for vm, node in p.vms)) for p in every]
+    out = []
+    for job_id in released(ended, now):
+        st = obs.pilots[job_id]
+        request_id = f"release-{st.vm}"
+        try:
+            agent.pilot_dir(job_id).request(RequestKind.RELEASE, request_id, reason="no remapped VM on its node")
+        except (OSError, VjobError) as exc:
+            agent.log.warning("remap: cannot release a pilot", job=job_id, error=str(exc))
+            continue
+        agent.log.info("remap: pilot released", job=job_id, nodes=list(ended[job_id]))
+        out.append(job_id)
+    return out
 
 
 def publish(agent: Agent, state: RemapState) -> None:
@@ -276,6 +325,7 @@ def _profile(
         if sc is not None and prev is not None and now is not None and now.t > prev.t:
             out[p.job] = profile_from_window(window(prev, now), freq_ghz=farm[sc].freq_ghz)
     state.samples = fresh
+    state.memory_mib = {vm: s.memory_kib // 1024 for vm, s in fresh.items() if s.memory_kib}
     return out
 
 

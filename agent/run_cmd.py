@@ -139,6 +139,7 @@ def _run(args: argparse.Namespace) -> int:
     settings = PilotSettings(
         rms=args.rms, job_id=job_id, node=node, image=image, memory_mb=max(args.memory, REAL_MIN_MEMORY_MIB),
         orphan_resume_s=args.orphan_resume, restart_count=_restart_count(args, env), workdir=workdir,
+        partner_hold_s=partner_hold_s(cfg),
     )  # fmt: skip
     driver = _driver(cfg, prov)
     nodes = _job_nodes(args, env, node)
@@ -169,6 +170,7 @@ def _run_tiny(
     settings = PilotSettings(
         rms=args.rms, job_id=job_id, node=node, image=TINY_IMAGE, memory_mb=args.memory,
         orphan_resume_s=args.orphan_resume, restart_count=_restart_count(args, env),
+        partner_hold_s=partner_hold_s(cfg),
     )  # fmt: skip
     driver = _driver(cfg)
     try:
@@ -261,6 +263,12 @@ def _job_nodes(args: argparse.Namespace, env: JobEnvironment, node: str) -> list
     if node not in unique:
         raise InputError(f"node {node}: not in the job's node list {','.join(unique)[:200]}; give --node or --nodes")
     return [node, *(n for n in unique if n != node)]
+
+
+def partner_hold_s(cfg: Config) -> float:
+    """How long a pilot holds its node for a VM a remapping swap lent it (agent.pilot): only
+    where remapping is on, since only the remap step releases a holding pilot."""
+    return cfg.remap.partner_hold_s if cfg.remap.farm_file else 0.0
 
 
 def user_provisioning(prov: ProvisioningConfig) -> ProvisioningConfig:

@@ -18,14 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shutil
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from devkit import libvirtd
+from devkit.bench_nodes import bench_nodes
 from preemption.remap.models import SubCluster, migration_cost_s
 from preemption.remap.online import CYCLES, profile_and_decide
 from preemption.remap.policy import RemapParams
@@ -33,7 +32,6 @@ from provisioning import guest
 from provisioning.driver import Driver, VMSpec
 from provisioning.profiling import Profiler
 from provisioning.vm_types import DriverError
-from vjob.config import ProvisioningConfig
 
 VM = "vjob-remap-live"
 PAYLOAD = """s=7
@@ -131,28 +129,15 @@ def main() -> None:
     system = libvirtd.start_system(Path(tempfile.mkdtemp(prefix="vjob-remap-live-log-")))
     second = libvirtd.start_second_node(Path("/var/tmp/vjob-nodeb"))
     files = guest.build(payload=PAYLOAD.format(n=args.iterations))
-    work = Path(tempfile.mkdtemp(prefix="vjob-remap-live-", dir="/var/tmp"))
-    work.chmod(0o755)
-    image = work / "images" / "empty.qcow2"
-    image.parent.mkdir()
-    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(image), "64M"], check=True, timeout=30)
-    cfg = ProvisioningConfig(
-        nodes={"a": system.uri, "b": second.uri},
-        migrate_uris={"a": "tcp://127.0.0.1", "b": "tcp://127.0.0.1"},
-        operation_timeout_s=120,
-    )
-    driver = Driver(cfg, data_dir=work)
-    spec = VMSpec(VM, image, memory_mib=128, kernel=files.kernel, initrd=files.initrd, cmdline=files.cmdline)
     try:
-        stay = run(driver, spec, args.slow_quota, False, args.tau, args.timeout)
-        print(f"stays on the slow node: {stay}")
-        moved = run(driver, spec, args.slow_quota, True, args.tau, args.timeout)
-        print(f"remapped to the fast node: {moved}")
+        with bench_nodes("vjob-remap-live", {"a": system.uri, "b": second.uri}, vms=[VM]) as bench:
+            spec = VMSpec(VM, bench.image, memory_mib=128, kernel=files.kernel, initrd=files.initrd,
+                          cmdline=files.cmdline)  # fmt: skip
+            stay = run(bench.driver, spec, args.slow_quota, False, args.tau, args.timeout)
+            print(f"stays on the slow node: {stay}")
+            moved = run(bench.driver, spec, args.slow_quota, True, args.tau, args.timeout)
+            print(f"remapped to the fast node: {moved}")
     finally:
-        for node in ("a", "b"):
-            driver.delete(VM, node)
-        driver.close()
-        shutil.rmtree(work, ignore_errors=True)
         libvirtd.stop(second)
         libvirtd.stop(system)
     doc = {

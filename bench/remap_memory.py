@@ -16,17 +16,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from devkit import libvirtd
+from devkit.bench_nodes import bench_nodes
 from provisioning import guest
 from provisioning.driver import Driver, VMSpec
-from vjob.config import ProvisioningConfig
 
 VM = "vjob-remap-memory"
 
@@ -58,38 +56,33 @@ def main() -> None:
 
     system = libvirtd.start_system(Path(tempfile.mkdtemp(prefix="vjob-remap-memory-log-")))
     files = guest.build()
-    work = Path(tempfile.mkdtemp(prefix="vjob-remap-memory-", dir="/var/tmp"))
-    work.chmod(0o755)
-    image = work / "base.qcow2"
-    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(image), "64M"], check=True, timeout=30)
-    driver = Driver(ProvisioningConfig(nodes={"a": system.uri}, operation_timeout_s=180), data_dir=work)
     rows: list[dict[str, Any]] = []
     try:
-        for ceiling in ceilings:
-            spec = VMSpec(VM, image, memory_mib=args.asked_mib, max_memory_mib=ceiling, kernel=files.kernel,
-                          initrd=files.initrd, cmdline=files.cmdline)  # fmt: skip
-            driver.define(spec, "a")
-            t0 = time.monotonic()
-            driver.boot(VM, "a")
-            row: dict[str, Any] = {"ceiling_mib": ceiling, "booted": reading(driver, args.asked_mib)}
-            row["boot_to_stats_s"] = round(time.monotonic() - t0, 1)
-            if ceiling > args.asked_mib:
-                driver.set_memory(VM, "a", ceiling)
-                row["let_out"] = reading(driver, ceiling)
-                driver.set_memory(VM, "a", args.asked_mib)
-                row["taken_back"] = reading(driver, args.asked_mib)
-            print(row, flush=True)
-            rows.append(row)
-            driver.delete(VM, "a")
-    except BaseException:
-        log = driver.console_log(VM, "a")
-        tail = log.read_bytes()[-8000:].decode(errors="replace") if log.exists() else "-"
-        print(f"guest console, last lines: {tail}")
-        raise
+        with bench_nodes("vjob-remap-memory", {"a": system.uri}, vms=[VM], timeout_s=180) as bench:
+            driver = bench.driver
+            try:
+                for ceiling in ceilings:
+                    spec = VMSpec(VM, bench.image, memory_mib=args.asked_mib, max_memory_mib=ceiling,
+                                  kernel=files.kernel, initrd=files.initrd, cmdline=files.cmdline)  # fmt: skip
+                    driver.define(spec, "a")
+                    t0 = time.monotonic()
+                    driver.boot(VM, "a")
+                    row: dict[str, Any] = {"ceiling_mib": ceiling, "booted": reading(driver, args.asked_mib)}
+                    row["boot_to_stats_s"] = round(time.monotonic() - t0, 1)
+                    if ceiling > args.asked_mib:
+                        driver.set_memory(VM, "a", ceiling)
+                        row["let_out"] = reading(driver, ceiling)
+                        driver.set_memory(VM, "a", args.asked_mib)
+                        row["taken_back"] = reading(driver, args.asked_mib)
+                    print(row, flush=True)
+                    rows.append(row)
+                    driver.delete(VM, "a")
+            except BaseException:
+                log = driver.console_log(VM, "a")
+                tail = log.read_bytes()[-8000:].decode(errors="replace") if log.exists() else "-"
+                print(f"guest console, last lines: {tail}")
+                raise
     finally:
-        driver.delete(VM, "a")
-        driver.close()
-        shutil.rmtree(work, ignore_errors=True)
         libvirtd.stop(system)
     base = rows[0]["booted"]["available"]
     print(json.dumps({

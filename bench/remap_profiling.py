@@ -12,17 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import subprocess
-import tempfile
 import time
-from pathlib import Path
 
+from devkit.bench_nodes import bench_nodes
 from devkit.guest_probe import wait_for_counter
 from provisioning import guest
-from provisioning.driver import Driver, VMSpec
+from provisioning.driver import VMSpec
 from provisioning.profiling import Profiler, window
-from vjob.config import ProvisioningConfig
 
 VM = "vjob-bench-profiling"
 
@@ -36,13 +32,10 @@ def main() -> None:
     args = parser.parse_args()
 
     files = guest.build()
-    work = Path(tempfile.mkdtemp(prefix="vjob-bench-prof-", dir="/var/tmp"))
-    work.chmod(0o755)
-    image = work / "empty.qcow2"
-    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(image), "64M"], check=True, timeout=30)
-    driver = Driver(ProvisioningConfig(nodes={"a": args.uri}, operation_timeout_s=120), data_dir=work)
-    spec = VMSpec(VM, image, memory_mib=128, kernel=files.kernel, initrd=files.initrd, cmdline=files.cmdline)
-    try:
+    with bench_nodes("vjob-bench-prof", {"a": args.uri}, vms=[VM]) as bench:
+        driver = bench.driver
+        spec = VMSpec(VM, bench.image, memory_mib=128, kernel=files.kernel, initrd=files.initrd,
+                      cmdline=files.cmdline)  # fmt: skip
         driver.delete(VM, "a")
         driver.define(spec, "a")
         driver.boot(VM, "a")
@@ -59,10 +52,6 @@ def main() -> None:
             last = prof.sample([VM])[VM]
         cpu = time.process_time() - cpu0
         w = window(first, last)
-    finally:
-        driver.delete(VM, "a")
-        driver.close()
-        shutil.rmtree(work, ignore_errors=True)
     sample_ms = prof.overhead_s / prof.samples * 1e3
     doc = {
         "bench": "remap_profiling",

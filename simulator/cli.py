@@ -86,9 +86,15 @@ def register(sub: Any) -> None:
     sim.add_argument(
         "--policy",
         default=None,
-        help="vjob, ubis, mms, mms-block or fcfs-easy (comma list with --sweep; default: [scheduling] policy, vjob)",
+        help="vjob, ubis, mms, mms-block or fcfs-easy (comma list with --sweep; default: [scheduling] policy, vjob); "
+        "with --subclusters: fcfs-easy (default) or vjob",
     )
-    sim.add_argument("--interactive-frac", default="0", help="share of all jobs injected as interactive (0..1)")
+    sim.add_argument(
+        "--interactive-frac",
+        default="0",
+        help="share of all jobs injected as interactive (0..1); with --subclusters --policy vjob: share of the "
+        "trace's jobs made interactive",
+    )
     sim.add_argument("--interactive-mean-size", default="100", help="Poisson mean of interactive sizes (nodes)")
     sim.add_argument(
         "--interactive-cap", default=None, help="share of nodes interactive jobs may hold (0..1; comma list)"

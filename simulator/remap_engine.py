@@ -22,6 +22,17 @@ The model, stated once:
 - a migration costs each migrated job `migration_cost_s(memory of one VM, bandwidth)` seconds
   of lost progress (its VMs migrate in parallel); the job must then be profiled a whole
   window again before it can move again.
+
+With `policy="vjob"` the scheduler is vjob's, reduced to what matters on a farm of kinds:
+interactive jobs (`interactive`, a flag per job) go first in the queue and, when they fit
+nowhere, checkpoint running batch jobs of one sub-cluster (the fastest where enough can be
+freed; most recently started first, never a job migrating or resuming) and start there once
+the checkpoints are written (a VM's memory / `checkpoint_mb_s`); the victims wait at the head
+of the batch queue with their progress and resume anywhere (a read of their state, twice as
+long on another sub-cluster). The remap pass of an instant where the pass acted obeys the
+pass's claims, `preemption.remap.claims` — the agent's rule, with a sub-cluster for a node
+(the simulator's slots are interchangeable within one): no decision on a job the pass
+suspends, nor on a job in a sub-cluster the pass gives to a job it starts or resumes.
 """
 
 from __future__ import annotations
@@ -33,6 +44,8 @@ from typing import Literal
 
 import numpy as np
 
+from preemption.remap.claims import PassClaims, remappable
+from preemption.remap.live import Placement
 from preemption.remap.models import migration_cost_s
 from preemption.remap.policy import Decision, RemapParams, RunningJob, decide
 from simulator.lublin import generate
@@ -41,6 +54,9 @@ from simulator.workload import Workload
 
 Remap = Literal["none", "arrive-f"]
 REMAPS: tuple[str, ...] = ("none", "arrive-f")
+POLICIES: tuple[str, ...] = ("fcfs-easy", "vjob")
+"""fcfs-easy: the paper's baseline (fastest free sub-cluster first); vjob: interactive jobs first,
+preempting batch ones by checkpoint (module docstring)."""
 BACKFILL_DEPTH = 200
 
 
@@ -81,6 +97,9 @@ class RemapResult:
     decisions: dict[str, int] = field(default_factory=dict)
     busy_core_s: float = 0.0
     cores: int = 0
+    policy: str = "fcfs-easy"
+    preemptions: np.ndarray | None = None
+    interactive: np.ndarray | None = None
 
     def summary(self) -> dict[str, float | int | str | dict[str, int]]:
         n = len(self.submit)
@@ -96,7 +115,17 @@ class RemapResult:
             "migrations": int(self.migrations.sum()),
             "jobs_migrated": int((self.migrations > 0).sum()),
             "decisions": dict(self.decisions),
+            "policy": self.policy,
+            "preemptions": int(self.preemptions.sum()) if self.preemptions is not None else 0,
+            "mean_wait_interactive_s": self._wait(True),
+            "mean_wait_batch_s": self._wait(False),
         }
+
+    def _wait(self, interactive: bool) -> float:
+        if self.interactive is None:
+            return float(np.mean(self.start - self.submit)) if len(self.submit) and not interactive else 0.0
+        sel = self.interactive == interactive
+        return float(np.mean(self.start[sel] - self.submit[sel])) if sel.any() else 0.0
 
 
 def simulate(
@@ -108,8 +137,14 @@ def simulate(
     seed: int = 1,
     migrate_bandwidth_mb_s: float = 110.0,
     advance: Callable[[int], None] | None = None,
+    policy: str = "fcfs-easy",
+    interactive: np.ndarray | None = None,
+    checkpoint_mb_s: float = 500.0,
 ) -> RemapResult:
-    """Replay `jobs` on `farm`; `advance(n)` is called with the number of jobs finished so far."""
+    """Replay `jobs` on `farm`; `advance(n)` is called with the number of jobs finished so far.
+    `policy` "vjob" with `interactive` (a flag per job): interactive jobs preempt (docstring)."""
+    if policy not in POLICIES:
+        raise ValueError(f"policy {policy!r}: the heterogeneous replay runs {', '.join(POLICIES)}")
     params = params or RemapParams()
     subs = farm.subclusters
     C = len(subs)
@@ -122,6 +157,13 @@ def simulate(
     err = rng.uniform(-1.0, 1.0, size=(n, C, C)) * (1.0 - acc[jobs.kind])[:, None, None]
     mig_s = np.array([migration_cost_s(k.memory_mb_per_core, migrate_bandwidth_mb_s) for k in farm.kinds])
     mem_slot = {s.name: s.memory_mb_per_slot for s in subs}
+    vjob = policy == "vjob"
+    inter = np.zeros(n, dtype=bool) if interactive is None else np.asarray(interactive, dtype=bool)
+    ck_s = np.array([k.memory_mb_per_core / checkpoint_mb_s for k in farm.kinds])
+    preempted = np.zeros(n, dtype=int)
+    saved_on = np.full(n, -1)
+    seg = np.zeros(n)
+    claimed: dict[str, set[str]] = {"suspending": set(), "given": set()}  # the vjob pass, this instant
 
     free = [s.slots for s in subs]
     cluster = np.full(n, -1)
@@ -152,18 +194,61 @@ def simulate(
     def end_time(j: int) -> float:
         return max(last[j], paused[j]) + (1.0 - done[j]) / rate(j, cluster[j])
 
-    def place(j: int, c: int, now: float) -> None:
-        nonlocal busy
+    def place(j: int, c: int, now: float, delay: float = 0.0) -> None:
         cluster[j] = c
         free[c] -= jobs.slots[j]
-        start[j] = now
+        if saved_on[j] >= 0:  # a checkpointed job resumes: its state is read, twice as long elsewhere
+            delay += ck_s[jobs.kind[j]] * (1.0 if saved_on[j] == c else 2.0)
+            saved_on[j] = -1
+        if math.isnan(start[j]):
+            start[j] = now
+        seg[j] = now
         last[j] = now
-        paused[j] = now
-        on_since[j] = now
+        paused[j] = now + delay
+        on_since[j] = now + delay
         running.add(j)
+        if vjob:
+            claimed["given"].add(names[c])
+
+    def preempt(h: int, now: float) -> bool:
+        """Interactive `h` fits nowhere: checkpoint batch jobs of the fastest sub-cluster where
+        enough can be freed (most recent first; not one migrating or resuming) and start it there."""
+        nonlocal busy
+        for c in range(C):
+            if subs[c].slots < jobs.slots[h]:
+                continue
+            cands = sorted((j for j in running if cluster[j] == c and not inter[j] and paused[j] <= now),
+                           key=lambda j: (-start[j], j))  # fmt: skip
+            victims, room = [], free[c]
+            for j in cands:
+                if room >= jobs.slots[h]:
+                    break
+                victims.append(j)
+                room += jobs.slots[j]
+            if room < jobs.slots[h]:
+                continue
+            for v in victims:
+                update(v, now)
+                running.discard(v)
+                free[c] += jobs.slots[v]
+                busy += (now - seg[v]) * jobs.slots[v]
+                saved_on[v] = c
+                preempted[v] += 1
+                queue.append(v)
+                claimed["suspending"].add(str(v))
+            queue.remove(h)
+            place(h, c, now, max((ck_s[jobs.kind[v]] for v in victims), default=0.0))
+            return True
+        return False
 
     def schedule(now: float) -> int | None:
         """Start what can start; the index of the reserved sub-cluster (None: no reservation)."""
+        if vjob:  # interactive first, then by submission (a checkpointed job keeps its place)
+            queue.sort(key=lambda j: (not inter[j], j))
+            while queue and inter[queue[0]] and not any(free[c] >= jobs.slots[queue[0]] for c in range(C)):
+                if not preempt(queue[0], now):
+                    break
+                queue.sort(key=lambda j: (not inter[j], j))
         while queue:
             h = queue[0]
             c = next((c for c in range(C) if free[c] >= jobs.slots[h]), None)
@@ -207,7 +292,15 @@ def simulate(
 
     def remap_pass(now: float, c_res: int | None) -> None:
         views = []
-        for j in running:
+        eligible = running
+        if claimed["suspending"] or claimed["given"]:
+            places = [Placement(str(j), ((str(j), names[cluster[j]]),), (names[cluster[j]],)) for j in running]
+            keep, skipped = remappable(
+                places, PassClaims(frozenset(claimed["suspending"]), frozenset(claimed["given"]))
+            )
+            eligible = {int(p.job) for p in keep}
+            decisions["skipped_claims"] = decisions.get("skipped_claims", 0) + len(skipped)
+        for j in eligible:
             profiled = now - on_since[j] >= params.tau_s
             if not profiled:
                 continue  # never moved for gain, and its thrashing is not detected yet
@@ -268,13 +361,15 @@ def simulate(
             running.discard(j_end)
             free[cluster[j_end]] += jobs.slots[j_end]
             end[j_end] = t
-            busy += (t - start[j_end]) * jobs.slots[j_end]
+            busy += (t - seg[j_end]) * jobs.slots[j_end]
             finished += 1
             if advance is not None:
                 advance(finished)
         elif t_arr == t:
             queue.append(next_arrival)
             next_arrival += 1
+        claimed["suspending"].clear()
+        claimed["given"].clear()
         c_res = schedule(t)
         if remap == "arrive-f":
             if t == next_tick:
@@ -295,6 +390,9 @@ def simulate(
         decisions=decisions,
         busy_core_s=busy,
         cores=sum(s.slots for s in subs),
+        policy=policy,
+        preemptions=preempted,
+        interactive=inter,
     )
 
 

@@ -24,7 +24,9 @@ from preemption.remap.live import (
     job_subcluster,
     moves_for,
     node_subclusters,
+    released,
     running_jobs,
+    seen_memory,
 )
 from preemption.remap.models import Profile, SubCluster
 from preemption.remap.online import CYCLES
@@ -67,6 +69,23 @@ def test_busy_job_on_slow_swaps_with_idle_job_on_fast_and_hosts_cross() -> None:
     assert d.gain_s == pytest.approx(50 * (2 / 3) * 20 - tm - tm)
     moves = moves_for([d], places)
     assert {(m.vm, m.src, m.dst) for m in moves} == {("vm-1-0", "s1", "f1"), ("vm-2-0", "f1", "s1")}
+
+
+def test_the_migration_is_priced_with_the_memory_libvirt_holds_not_the_pilots_word() -> None:
+    # Job 1's pilot declares 512 MB but libvirt holds 4,000 MiB for its VM: a swap would cost
+    # it 43.6 s, and the gain no longer clears the threshold. A job libvirt gave no figure for is
+    # left out (unpriced), with its reason.
+    places = [_place("1", ["s1"]), _place("2", ["f1"]), _place("3", ["s2"])]
+    priced, left = seen_memory(places, {"vm-1-0": 4000, "vm-2-0": 128})
+    assert [(p.job, p.memory_mb) for p in priced] == [("1", 4000), ("2", 128)]
+    assert set(left) == {"3"} and "not known from libvirt" in left["3"]
+    profiles = {"1": _busy(0.05, 1.0), "2": _busy(0.0, 3.0)}
+    declared = decide_swaps(running_jobs(places[:2], profiles, NODE_SC, FARM, PARAMS, 110.0), FARM, PARAMS)
+    assert [d.kind for d in declared] == ["swap"]  # 33.3 − 2 × 5.6 s: over the 10 s threshold
+    assert decide_swaps(running_jobs(priced, profiles, NODE_SC, FARM, PARAMS, 110.0), FARM, PARAMS) == []
+    # The bigger memory also decides the fit: 4,000 MiB fits the 4,096 MiB of a fast slot, 5,000 does not.
+    (big,) = running_jobs(seen_memory(places[:1], {"vm-1-0": 5000})[0], profiles, NODE_SC, FARM, PARAMS, 110.0)
+    assert big.memory_mb_per_slot == 5000 and big.migrate_s == pytest.approx(5000 * 1.2 / 110)
 
 
 def test_no_move_onto_idle_nodes_live_even_with_a_large_gain() -> None:
@@ -171,6 +190,29 @@ def test_after_the_home_moves_every_vm_is_on_its_own_node_or_a_lent_one(pairs: l
     for i, (j_alive, k_alive, _n) in enumerate(pairs):  # a pair both alive never moves
         if j_alive and k_alive:
             assert not any(m.job in (f"j{i}", f"k{i}") for m in moves)
+
+
+def test_an_ended_job_is_released_only_once_no_foreign_vm_runs_on_its_nodes() -> None:
+    # 1 and 2 swapped (1 on f1, 2 on s1); 1 ended on f1, so its VM is gone; 2 still runs on s1, 1's node.
+    away = [_place("2", ["s1"], ["f1"])]
+    assert released({"1": ("s1",)}, away) == []  # the RMS would free s1 under 2's VM: hold on
+    home = [_place("2", ["f1"], ["f1"])]
+    assert released({"1": ("s1",)}, home) == ["1"]
+    own = _place("3", ["s3"])  # an ended job's own VM (a stale placement) is no foreign one
+    assert released({"1": ("s1",), "3": ("s3",)}, [*home, own]) == ["1", "3"]
+    assert released({"1": ("s1", "s2")}, [_place("4", ["s2"], ["f2"])]) == []  # any of its nodes
+
+
+def test_a_pilot_holds_its_node_only_where_remapping_is_on_and_the_bound_is_checked() -> None:
+    from agent.run_cmd import partner_hold_s
+    from vjob.config import parse
+    from vjob.errors import ConfigError
+
+    assert partner_hold_s(parse({})) == 0.0  # no remap step to release it: it would only wait
+    assert partner_hold_s(parse({"remap": {"farm_file": "farm.toml"}})) == 25.0
+    assert partner_hold_s(parse({"remap": {"farm_file": "farm.toml", "partner_hold_s": 3}})) == 3.0
+    with pytest.raises(ConfigError, match=r"remap\.partner_hold_s = -1"):
+        parse({"remap": {"partner_hold_s": -1}})
 
 
 def test_home_ignores_the_migration_bound() -> None:

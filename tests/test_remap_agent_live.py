@@ -16,10 +16,12 @@ agent's sight); the libvirt sampler itself is tested on a test-driver node below
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -82,9 +84,14 @@ class _NoRMS:
 @pytest.fixture
 def site(tmp_path: Path):
     (tmp_path / "farm.toml").write_text(FARM)
+    # Remapping on for the pilots too (the farm file): only then does a pilot hold its node for a
+    # VM a swap lent it, since only the remap step releases it.
     (tmp_path / "vjob.toml").write_text(
         f'data_dir = "{tmp_path / "data"}"\n[provisioning]\ndefault_uri = "test:///default"\n'
+        f'[remap]\nfarm_file = "{tmp_path / "farm.toml"}"\n'
     )
+    # Job 11's pilot holds its node 3 s at most when nobody releases it (the default is 25 s).
+    (tmp_path / "vjob-11.toml").write_text((tmp_path / "vjob.toml").read_text() + "partner_hold_s = 3\n")
     procs: list[subprocess.Popen[str]] = []
     yield tmp_path, procs
     for proc in procs:
@@ -104,7 +111,8 @@ def _cfg(path: Path, db_url: str) -> Config:
 
 def _pilot(site, job: str, node: str) -> subprocess.Popen[str]:
     path, procs = site
-    cmd = [sys.executable, "-m", "vjob.cli", "--config", str(path / "vjob.toml"), "run", "--job-id", job,
+    conf = path / f"vjob-{job}.toml" if (path / f"vjob-{job}.toml").exists() else path / "vjob.toml"
+    cmd = [sys.executable, "-m", "vjob.cli", "--config", str(conf), "run", "--job-id", job,
            "--node", node, "--memory", "128"]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -124,16 +132,18 @@ def _job(job: str, node: str) -> Job:
 
 class _Hypervisor:
     """What libvirt would report of each VM: CPU time growing at `share` of a vCPU per second,
-    on a clock that advances one window τ per sample of a node."""
+    on a clock that advances one window τ per sample of a node, and its current memory."""
 
-    def __init__(self, share: Mapping[str, float]) -> None:
+    def __init__(self, share: Mapping[str, float], memory_mib: Mapping[str, int]) -> None:
         self.share = share
+        self.memory_mib = memory_mib
         self.calls: dict[str, int] = {}
 
     def __call__(self, node: str, vms: Sequence[str]) -> Mapping[str, DomainSample]:
         t = 50.0 * self.calls.get(node, 0)
         self.calls[node] = self.calls.get(node, 0) + 1
-        return {vm: DomainSample(vm, t, int(self.share[vm] * t * 1e9), 1) for vm in vms}
+        return {vm: DomainSample(vm, t, int(self.share[vm] * t * 1e9), 1, memory_kib=self.memory_mib[vm] * 1024)
+                for vm in vms}  # fmt: skip
 
 
 def test_a_busy_vjob_on_a_slow_node_swaps_with_an_idle_one_journalled_stored_and_shown(site, store: Store, db_url: str):
@@ -160,7 +170,9 @@ def test_a_busy_vjob_on_a_slow_node_swaps_with_an_idle_one_journalled_stored_and
     for n in ("s1", "f1"):
         for vm in ("vjob-slurm-11", "vjob-slurm-12"):
             memory.connection(n).defineXML(BALLOONED.format(name=vm)).create()
-    state = RemapState(sampler=_Hypervisor({"vjob-slurm-11": 1.0, "vjob-slurm-12": 0.0}), memory=memory)
+    # libvirt holds 512 MiB for 11's VM (its pilot's state file says 128): T^M is priced on 512.
+    hypervisor = _Hypervisor({"vjob-slurm-11": 1.0, "vjob-slurm-12": 0.0}, {"vjob-slurm-11": 512, "vjob-slurm-12": 128})
+    state = RemapState(sampler=hypervisor, memory=memory)
     assert step(agent, observation(jobs), state) is None  # the first samples: no window yet
     assert state.decisions == [] and set(state.samples) == {"vjob-slurm-11", "vjob-slurm-12"}
     assert step(agent, observation(jobs), state) is None  # τ has not passed: no new look
@@ -177,7 +189,8 @@ def test_a_busy_vjob_on_a_slow_node_swaps_with_an_idle_one_journalled_stored_and
     assert report is not None and report.state == "done", report
     (d,) = summary(state)["decisions"]
     assert d["kind"] == "swap" and set(d["jobs"]) == {"11", "12"}
-    assert d["gain_s"] == pytest.approx(50 * (2 / 3) * 20 - 2 * 128 * 1.2 / 110)
+    assert _st(site, "11").memory_mb == 128
+    assert d["gain_s"] == pytest.approx(50 * (2 / 3) * 20 - (512 + 128) * 1.2 / 110)
     assert (_st(site, "11").node, _st(site, "12").node) == ("f1", "s1")
 
     sw = journal.load(store, report.switch_id)
@@ -211,11 +224,19 @@ def test_a_busy_vjob_on_a_slow_node_swaps_with_an_idle_one_journalled_stored_and
     # Within τ again: nothing more (the bound and the threshold are the policy's tests).
     assert step(agent, observation(jobs), state) is None
 
-    # Job 12 ends: the RMS frees f1, where job 11's VM runs; 11 goes home to s1 at the next tick.
+    # Job 12 ends (the RMS's SIGTERM): its VM is saved on s1, and 11's VM still runs on f1, 12's
+    # own node. Its pilot does not end the job yet — the RMS would free f1 under 11's VM — but
+    # holds it (bounded) until the agent sends 11 home and releases it.
     procs[1].send_signal(signal.SIGTERM)
-    procs[1].communicate(timeout=60)
-    report = step(agent, observation(jobs[:1]), state)
+    wait_for(lambda: _st(site, "12").state is PilotState.SAVED, 60, "12 saved on SIGTERM")
+    time.sleep(0.5)
+    assert procs[1].poll() is None  # holding f1: the RMS still runs job 12
+    report = step(agent, observation(jobs), state)
     assert report is not None and report.state == "done", report
+    assert state.released == ["12"]  # 11 went home in this step: nothing foreign on f1 any more
+    out, _ = procs[1].communicate(timeout=20)
+    assert procs[1].returncode == 0 and "holding f1" in out and "not released" not in out, out
+    assert _st(site, "12").request_id == "release-vjob-slurm-12"
     assert [(m["vm"], m["src"], m["dst"], m["why"]) for m in summary(state)["moves"]] == [
         ("vjob-slurm-11", "f1", "s1", "home")]  # fmt: skip
     assert _st(site, "11").node == "s1"
@@ -223,6 +244,7 @@ def test_a_busy_vjob_on_a_slow_node_swaps_with_an_idle_one_journalled_stored_and
     assert collect(cfg, "slurm")["vjobs"][0]["migrations"] == ["s1->f1", "f1->s1"]
     # Home on the slow kind: 11's balloon goes back down to its kind's 2048 (never below the 128 asked).
     assert [(t["job"], t["node"], t["mib"]) for t in summary(state)["memory"]] == [("11", "s1", 2048)]
+    assert step(agent, observation(jobs[:1]), state) is None and state.released == []  # 12 gone from the RMS
     assert memory.memory("vjob-slurm-11", "s1") == (2048, 3072)
     memory.close()
 
@@ -235,6 +257,12 @@ def test_a_busy_vjob_on_a_slow_node_swaps_with_an_idle_one_journalled_stored_and
     (finished,) = finish_live_switches(store, "slurm", lambda _sw: performer, log.get("test"))
     assert finished.state == "done" and _st(site, "11").node == "f1"
     assert [m.destination for m in journal.migrations(store, "slurm", ["11"])] == ["f1", "s1", "f1"]
+
+    # 11 ends away from s1 again and no agent releases it: its pilot holds s1 for its bound, then
+    # ends anyway (fail open: a hook never holds the RMS longer than the bound).
+    procs[0].send_signal(signal.SIGTERM)
+    out, _ = procs[0].communicate(timeout=60)
+    assert procs[0].returncode == 0 and "holding s1 (at most 3 s)" in out and "not released within 3 s" in out, out
 
 
 BALLOONED = """<domain type='test'><name>{name}</name><memory unit='MiB'>3072</memory>
@@ -259,6 +287,62 @@ def test_the_libvirt_sampler_reads_each_nodes_vms_through_the_drivers_connection
     with pytest.raises(DriverError, match="ghost"):
         sample("n1", ["ghost"])
     driver.close()
+
+
+def test_a_pilot_whose_guest_ends_away_from_its_own_node_holds_it_until_released(tmp_path: Path) -> None:
+    # In this process (a subprocess pilot's test driver is out of reach): the pilot runs in the
+    # main thread; "the agent" migrates its VM to f1, the guest then ends there by itself, and the
+    # pilot holds s1 — where a swap partner's VM would run — until the release comes.
+    from agent.pilot import DriverVM, Pilot, PilotSettings
+    from agent.run_cmd import TINY_IMAGE, guest_spec
+    from vjob.pilot_files import RequestKind
+
+    driver = Driver(parse({"provisioning": {"default_uri": "test:///default"}}).provisioning, data_dir=tmp_path)
+    name = "vjob-slurm-hold-21"
+    vm = DriverVM(driver, name, "s1", lambda: guest_spec(TINY_IMAGE, name, 128, None))
+    settings = PilotSettings("slurm", "21", "s1", TINY_IMAGE, 128, poll_s=0.05, partner_hold_s=60)
+    pdir = PilotDir(tmp_path / "pilots", "slurm", "21")
+    out = io.StringIO()
+    pilot = Pilot(settings, pdir, vm, out=out, err=out)
+    seen: list[str] = []
+    in_run = threading.Event()  # set while pilot.run() has not returned
+
+    def agent() -> None:
+        try:
+            steps()
+        finally:
+            if not seen:  # a step failed: end the pilot (as SIGTERM would) rather than hang the test
+                pilot.signals.terminate.set()
+                pilot.signals.wake.set()
+
+    def steps() -> None:
+        def state() -> PilotStatus | None:
+            return pdir.read_state() if pdir.exists() else None
+
+        wait_for(lambda: (st := state()) is not None and st.state is PilotState.RUNNING, 30, "pilot running")
+        pdir.request(RequestKind.MIGRATE, "m1", node="f1")
+        wait_for(lambda: (st := state()) is not None and st.request_id == "m1" and st.node == "f1", 30, "migrated")
+        driver.connection("f1").lookupByName(name).destroy()  # the job's guest ends, on f1
+        wait_for(lambda: (st := state()) is not None and st.state is PilotState.FINISHED, 30, "finished")
+        time.sleep(0.5)
+        seen.append("holding" if in_run.is_set() else "gone")
+        pdir.request(RequestKind.RELEASE, "release-21")
+
+    runner = threading.Thread(target=agent)
+    in_run.set()
+    runner.start()
+    try:
+        code = pilot.run()  # signal handlers: the main thread's
+    finally:
+        in_run.clear()
+        runner.join(timeout=60)
+        driver.close()
+    assert code == 0
+    assert seen == ["holding"]  # the pilot had not ended half a second after its guest did
+    text = out.getvalue()
+    assert "guest ended" in text and "holding s1" in text and "not released" not in text, text
+    st = pdir.read_state()
+    assert st is not None and st.state is PilotState.FINISHED and st.request_id == "release-21"
 
 
 def test_a_bad_farm_file_is_logged_and_the_tick_goes_on(tmp_path: Path) -> None:

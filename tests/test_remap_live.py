@@ -1,22 +1,22 @@
-"""Live remapping on real QEMU: a CPU-bound guest on a capped ("slow") node is profiled, the
-policy decides to move it to the free uncapped ("fast") node, the driver live-migrates it, and
-it finishes there with the checksum computed here. The timing comparison is bench/remap_live.py.
+"""Live remapping on real QEMU, the issue's two dev-cluster cases on one pair of libvirtds: a
+CPU-bound guest on a capped ("slow") node is profiled, the policy decides to move it to the free
+uncapped ("fast") node, the driver live-migrates it, and it finishes there with the checksum
+computed here; a guest driven into swap on a node kind with little memory per slot is moved at
+once to the kind with more and keeps running there. The timing comparisons are
+bench/remap_live.py and bench/remap_thrash.py.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import pytest
 
+from devkit.bench_nodes import bench_nodes
 from provisioning import guest
-from provisioning.driver import Driver, VMSpec
+from provisioning.driver import VMSpec
 from tests import bench_scripts
-from vjob.config import ProvisioningConfig
+from vjob.model import VMState
 
 pytestmark = [
     pytest.mark.libvirt,
@@ -39,25 +39,44 @@ def test_cpu_bound_guest_moves_to_the_free_fast_node_and_finishes_with_the_same_
 ) -> None:
     bench = bench_scripts.load("remap_live")
     files = guest.build(payload=bench.PAYLOAD.format(n=ITERATIONS))
-    work = Path(tempfile.mkdtemp(prefix="vjob-remap-live-", dir="/var/tmp"))
-    work.chmod(0o755)
-    image = work / "empty.qcow2"
-    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(image), "64M"], check=True, timeout=30)
-    cfg = ProvisioningConfig(
-        nodes={"a": libvirt_system, "b": libvirt_second_node},
-        migrate_uris={"a": "tcp://127.0.0.1", "b": "tcp://127.0.0.1"},
-        operation_timeout_s=120,
-    )
-    driver = Driver(cfg, data_dir=work)
-    spec = VMSpec(bench.VM, image, memory_mib=128, kernel=files.kernel, initrd=files.initrd, cmdline=files.cmdline)
-    try:
-        out = bench.run(driver, spec, slow_quota=0.33, remap=True, tau=4.0, timeout=300.0)
+    nodes = {"a": libvirt_system, "b": libvirt_second_node}
+    with bench_nodes("vjob-remap-live", nodes, vms=[bench.VM]) as on:
+        spec = VMSpec(bench.VM, on.image, memory_mib=128, kernel=files.kernel, initrd=files.initrd,
+                      cmdline=files.cmdline)  # fmt: skip
+        out = bench.run(on.driver, spec, slow_quota=0.33, remap=True, tau=4.0, timeout=300.0)
         assert out["moved"] is not None, out
         assert [d["reason"] for d in out["decisions"]] == ["gain"]
         assert out["result"] == _checksum(ITERATIONS)
-        assert bench.RESULT_RE.findall(driver.console_log(bench.VM, "b").read_bytes()), "did not finish on b"
-    finally:
-        for node in ("a", "b"):
-            driver.delete(bench.VM, node)
-        driver.close()
-        shutil.rmtree(work, ignore_errors=True)
+        assert bench.RESULT_RE.findall(on.driver.console_log(bench.VM, "b").read_bytes()), "did not finish on b"
+
+
+# With the balloon's free page reporting on, the guest's kernel crashed right after the live
+# migration in 2 of 10 runs (kswapd, BUG in __kmem_cache_free); with it off, as vjob's domains now
+# are (provisioning/domain_xml.py), none in 11. docs/remap.md.
+def test_guest_driven_into_swap_is_moved_at_once_to_the_kind_with_more_memory_and_keeps_running(
+    libvirt_system: str, libvirt_second_node: str
+) -> None:
+    """Not run to the end (the bench times that): the first profiling window must see the guest
+    thrash and move it whatever the gain (both kinds compute alike, so the gain is negative), and
+    a pass of its payload must then finish on the big node."""
+    bench = bench_scripts.load("remap_thrash")
+    files = guest.build(payload=bench.PAYLOAD.format(work=112, passes=10_000))
+    nodes = {"a": libvirt_system, "b": libvirt_second_node}
+    with bench_nodes("vjob-remap-thrash", nodes, vms=[bench.VM], disk_mib=256, timeout_s=180) as on:
+        spec = VMSpec(bench.VM, on.image, memory_mib=256, kernel=files.kernel, initrd=files.initrd,
+                      cmdline=f"{files.cmdline} {bench.NO_TIMER_CHECK}")  # fmt: skip
+        try:
+            out = bench.run(on.driver, spec, 128, remap=True, tau=5.0, timeout=120.0, passes_after_move=1)
+        except BaseException:
+            print(f"guest console, last lines: {bench.console(on.driver)[-3000:].decode(errors='replace')}")
+            raise
+        assert out["moved"] is not None, out
+        assert [(d["kind"], d["reason"], d["dst"]) for d in out["decisions"]] == [("move", "thrashing", ["big"])], out
+        assert out["decisions"][0]["gain_s"] < 0, out  # moved at a loss: thrashing alone decided
+        on_small = [w for w in out["windows"] if w["node"] == "a"]
+        assert len(on_small) == 1, out  # at once: after the first window
+        assert on_small[0]["swap_in_pages_s"] > 200 and (on_small[0]["swap_out_pages_s"] or 0) > 200, out
+        assert out["result"] is None and out["passes"] > out["moved"]["pass"], out
+        assert bench.PASS_RE.findall(on.driver.console_log(bench.VM, "b").read_bytes()), "no pass on b"
+        assert on.driver.state(bench.VM, "b") is VMState.RUNNING, out
+        print(f"thrashing case: {out}")

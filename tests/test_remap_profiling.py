@@ -44,6 +44,15 @@ def test_samples_every_running_domain_and_counts_its_own_cost(conn: libvirt.virC
     assert p.samples == 2 and p.overhead_s > 0
 
 
+def test_a_sample_carries_the_domains_current_memory_as_libvirt_holds_it(conn: libvirt.virConnect) -> None:
+    # The migration cost's memory comes from the hypervisor (root's view), not from the pilot's
+    # state file: the domain's current memory, which follows its balloon.
+    p = Profiler(conn)
+    assert p.sample(["vm1"])["vm1"].memory_kib == 524288
+    conn.lookupByName("vm1").setMemoryFlags(262144, libvirt.VIR_DOMAIN_AFFECT_LIVE)
+    assert p.sample(["vm1"])["vm1"].memory_kib == 262144
+
+
 def test_perf_events_the_host_offers_are_enabled(conn: libvirt.virConnect) -> None:
     on = Profiler(conn).enable("vm1")
     assert on == ["instructions", "cpu_cycles", "cache_misses"]

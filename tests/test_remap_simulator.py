@@ -89,6 +89,46 @@ def test_paper_stream_remapping_gains_in_the_papers_direction() -> None:
     assert remap["migrations"] > 0
 
 
+def _claims_jobs() -> RemapJobs:
+    # On fast (4 slots), X1 and X2 (2 slots each); on mid, Y (4); on slow (1 GB for 4 cores), A (FT,
+    # thrashing) and B. I, interactive, arrives at the first remap tick (t = 50) and fits nowhere.
+    return _jobs([0, 0, 0, 0, 0, 50], [0, 0, 0, 1, 0, 0], [9000, 9000, 9000, 9000, 9000, 500], [2, 2, 4, 2, 2, 2])
+
+
+def test_vjob_policy_an_interactive_job_preempts_the_newest_batch_job_which_resumes_with_its_progress() -> None:
+    farm = _farm(third=True)
+    inter = np.array([0, 0, 0, 0, 0, 1], bool)
+    base = simulate(farm, _claims_jobs(), "none")  # type: ignore[arg-type]
+    r = simulate(farm, _claims_jobs(), "none", policy="vjob", interactive=inter)  # type: ignore[arg-type]
+    assert base.start[5] == pytest.approx(9000) and r.start[5] == 50  # waited for a free slot vs at once
+    assert r.preemptions.tolist() == [1, 0, 0, 0, 0, 0] and r.summary()["preemptions"] == 1  # fastest sub-cluster
+    ck = 100 / 500  # a VM's memory (EP: 100 MB per core) over the checkpoint bandwidth
+    assert r.end[5] == pytest.approx(50 + ck + 500)  # it starts once the checkpoint is written
+    # X1 ran 50 s, slept while I ran, resumed on fast (a local read of its state) and lost nothing else
+    assert r.end[0] == pytest.approx(r.end[5] + ck + 9000 - 50)
+    assert r.summary()["mean_wait_interactive_s"] == 0 and r.summary()["policy"] == "vjob"
+    with pytest.raises(ValueError, match="policy 'ubis'"):
+        simulate(farm, _claims_jobs(), "none", policy="ubis")  # type: ignore[arg-type]
+
+
+def test_vjob_policy_remapping_leaves_alone_what_the_pass_claims_in_the_same_instant() -> None:
+    # At t = 50 the pass checkpoints X1 and gives fast to I; A thrashes on slow and would swap with
+    # X2 on fast at once. The claims (preemption.remap.claims, a sub-cluster for a node) leave fast
+    # alone in that instant: A swaps one tick later, and neither the victim nor I ever moves.
+    farm = _farm(third=True)
+    params = RemapParams(threshold_s=1e9)  # thrashing moves only
+    alone = simulate(farm, _claims_jobs(), "arrive-f", params)  # type: ignore[arg-type]
+    inter = np.array([0, 0, 0, 0, 0, 1], bool)
+    both = simulate(farm, _claims_jobs(), "arrive-f", params, policy="vjob", interactive=inter)  # type: ignore[arg-type]
+    assert alone.decisions == {"swap_thrashing": 1} and alone.migrations[3] == 1
+    assert both.decisions == {"skipped_claims": 2, "swap_thrashing": 1}  # X2 and I, left out at t = 50
+    assert both.migrations.tolist() == [0, 1, 0, 1, 0, 0]
+    tm = 700 * 1.2 / 110  # A's migration (FT: 700 MB per core)
+    # on slow A runs 6× slower (2× the clock, 3× thrashing), on fast at the reference speed
+    assert alone.end[3] - tm == pytest.approx(50 + 9000 - 50 / 6)  # moved at 50
+    assert both.end[3] - tm == pytest.approx(100 + 9000 - 100 / 6)  # moved at the next tick
+
+
 def test_cli_compares_remaps_and_rejects_bad_values(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from vjob.cli import main
 
@@ -110,3 +150,11 @@ def test_cli_compares_remaps_and_rejects_bad_values(tmp_path: Path, capsys: pyte
     assert "--remap = 'arrive-g': must be one of none, arrive-f" in capsys.readouterr().err
     assert main(["simulate", "--trace", str(trace), "--out", str(out)]) == 2
     assert "--nodes: required" in capsys.readouterr().err
+    capsys.readouterr()
+    assert main([*argv, "--policy", "vjob", "--interactive-frac", "0.3"]) == 0
+    doc = json.loads((out / "remap_summary.json").read_text())
+    assert doc["policy"] == "vjob" and all(r["policy"] == "vjob" for r in doc["runs"])
+    assert main([*argv, "--policy", "ubis"]) == 2
+    assert "--policy = 'ubis': with --subclusters it must be one of fcfs-easy, vjob" in capsys.readouterr().err
+    assert main([*argv, "--policy", "vjob", "--interactive-frac", "2"]) == 2
+    assert "--interactive-frac = '2'" in capsys.readouterr().err

@@ -106,6 +106,36 @@ def running_jobs(
     return out
 
 
+def released(ended: Mapping[str, Sequence[str]], placements: Iterable[Placement]) -> list[str]:
+    """The ended jobs (job → the nodes the RMS allocated it) whose nodes no VM of another job runs
+    on any more (`placements`: where every running vjob VM is, root's record): their pilots, which
+    hold the nodes while a VM a swap lent them is still there, may now let the RMS free them."""
+    on: dict[str, set[str]] = {}
+    for p in placements:
+        for _, node in p.vms:
+            on.setdefault(node, set()).add(p.job)
+    return sorted(j for j, nodes in ended.items() if not any(on.get(n, set()) - {j} for n in nodes))
+
+
+def seen_memory(
+    placements: Iterable[Placement], memory_mib: Mapping[str, int]
+) -> tuple[list[Placement], dict[str, str]]:
+    """Each placement with the memory the hypervisor holds for its VMs (`memory_mib`: VM → MiB,
+    root's reading through libvirt) instead of the one its pilot declares: the pilot's state file
+    is the job user's, and the memory prices a job's migration (T^M) and its fit on a node kind.
+    A job with a VM libvirt gave no figure for is left out, with the reason: unpriced, it is in
+    no decision."""
+    out: list[Placement] = []
+    left: dict[str, str] = {}
+    for p in placements:
+        seen = [memory_mib.get(vm) for vm, _ in p.vms]
+        if not seen or any(m is None or m <= 0 for m in seen):
+            left[p.job] = "its VM's memory is not known from libvirt yet (no sample): its migration cannot be priced"
+            continue
+        out.append(replace(p, memory_mb=max(m for m in seen if m is not None)))
+    return out, left
+
+
 def decide_swaps(jobs: Sequence[RunningJob], farm: Mapping[str, SubCluster], params: RemapParams) -> list[Decision]:
     """The policy with no free slot anywhere: swaps only, between jobs of equal node counts."""
     free = {name: 0 for name in farm}
@@ -162,5 +192,7 @@ __all__ = [
     "job_subcluster",
     "moves_for",
     "node_subclusters",
+    "released",
     "running_jobs",
+    "seen_memory",
 ]
