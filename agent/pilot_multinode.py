@@ -14,14 +14,13 @@ copy of the working directory on its job disk, only rank 0's is copied back at t
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from agent.pilot import DriverVM
 from provisioning import network
-from vjob import log, proc
+from vjob import log
 from vjob.model import VMState
 from vjob.store.identities import Address
 
@@ -31,17 +30,6 @@ _log = log.get("pilot")
 def member_names(vm: str, count: int) -> list[str]:
     """The VM names of a job of `count` nodes: `<vm>-0` runs the script."""
     return [f"{vm}-{rank}" for rank in range(count)]
-
-
-def job_ssh_key(comment: str) -> tuple[str, str]:
-    """A fresh ed25519 key pair for the job's user between its VMs (private, public).
-
-    Made by the pilot, as the job's user, at the job's first boot; it lives only on the job
-    disks of the job's own VMs."""
-    with tempfile.TemporaryDirectory(prefix="vjob-key-") as tmp:
-        key = Path(tmp) / "id"
-        proc.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(key)], timeout_s=30)
-        return key.read_text(), " ".join(key.with_suffix(".pub").read_text().split()[:2])
 
 
 def network_of(addresses: Sequence[Address], rank: int, ssh: tuple[str, str] | None) -> dict[str, object]:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.pilot import DriverVM, Pilot, PilotSettings
-from agent.pilot_multinode import JobVMs, job_ssh_key, member_names, network_of
+from agent.pilot_multinode import JobVMs, member_names, network_of
 from plugins import RMS_PACKAGES, job_environment
 from plugins.slurm import hostlist
 from plugins.slurm.images import requested_image
@@ -227,7 +227,7 @@ def _run_multinode(
 
     def spec(rank: int, vm: str, node: str) -> Any:
         if not keys:  # one key for the job, made at its first boot only
-            keys.append(job_ssh_key(f"vjob-{args.rms}-{settings.job_id}"))
+            keys.append(network.job_ssh_key(f"vjob-{args.rms}-{settings.job_id}"))
         disk = driver.job_disk_path(vm, node)
         safe_dirs.ensure_dir(disk.parent, 0o711)
         mine = dataclasses.replace(job, hostname=f"vm{rank}", network=network_of(addresses, rank, keys[0]))

@@ -18,12 +18,14 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import re
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import quoteattr
 
-from vjob import log
+from vjob import log, proc
 from vjob.errors import InputError, VjobError
 from vjob.store.identities import Address, mac_address
 
@@ -183,3 +185,14 @@ def _link_exists(name: str) -> bool:
 def _check_range(field: str, value: int, low: int, high: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
         raise InputError(f"{field} = {str(value)[:40]!r}: must be an integer in {low}..{high}")
+
+
+def job_ssh_key(comment: str) -> tuple[str, str]:
+    """A fresh ed25519 key pair for the job's user between the VMs of one job network (private,
+    public): made when the job first boots (by the pilot, as the job's user; by Saline's site
+    master for a vjob), it lives only on the job disks of the job's own VMs, so in their
+    snapshots, and never in a file on a node."""
+    with tempfile.TemporaryDirectory(prefix="vjob-key-") as tmp:
+        key = Path(tmp) / "id"
+        proc.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(key)], timeout_s=30)
+        return key.read_text(), " ".join(key.with_suffix(".pub").read_text().split()[:2])

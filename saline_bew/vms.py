@@ -43,7 +43,7 @@ from provisioning.images import Catalogue
 from provisioning.vm_types import Snapshot
 from saline_bew import workdir
 from saline_bew.identity import NetworkIdentity
-from vjob import log, proc
+from vjob import log
 from vjob.errors import InputError
 from vjob.model import VMState
 from vjob.store.db import Store
@@ -118,7 +118,7 @@ class SalineVMs:
             pw = pwd.getpwnam(user)
         except KeyError:
             raise InputError(f"user = {user!r}: unknown on this machine (its uid owns the job in the VMs)") from None
-        private, public = _ssh_key(f"vjob-saline-{identities[0].vm_name}")
+        private, public = network.job_ssh_key(f"vjob-saline-{identities[0].vm_name}")
         peers = [[ident.ip, f"vm{rank}"] for rank, ident in enumerate(identities)]
         prov = self.driver.config
         specs = []
@@ -342,12 +342,3 @@ def _identity_args(identity: NetworkIdentity) -> str:
         f"saline.subnet={identity.subnet_id} saline.vm={identity.vm_id} "
         f"saline.mac={identity.mac} saline.ip={identity.ip}"
     )
-
-
-def _ssh_key(comment: str) -> tuple[str, str]:
-    """A fresh ed25519 key pair for the vjob's user between its VMs (private, public); it lives
-    only on the vjob's job disks (and so in its snapshots)."""
-    with tempfile.TemporaryDirectory(prefix="vjob-key-") as tmp:
-        key = Path(tmp) / "id"
-        proc.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(key)], timeout_s=30)
-        return key.read_text(), " ".join(key.with_suffix(".pub").read_text().split()[:2])
