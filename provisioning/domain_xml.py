@@ -91,9 +91,9 @@ def domain_xml(
     # for the remapping's memory target per node kind (Driver.set_memory). Saved states keep
     # the device set they were saved with — their own XML is restored — so a state saved
     # before this device existed restores without it. No free page reporting: it writes 16–27 %
-    # fewer bytes per checkpoint (bench/checkpoint.py), but a swapping guest crashed in 2 of 10
-    # live migrations with it on (a kernel BUG in kswapd, memory corrupted) and in none of 6
-    # without (docs/provisioning.md); a job's memory is worth more than the bytes.
+    # fewer bytes per checkpoint (bench/checkpoint.py), but a swapping, ballooned guest crashed
+    # after live migration in 2 of 10 runs with it on (1 of 13 with it off: the cause is open,
+    # docs/remap.md), and it adds page discards to that path.
     balloon = ET.SubElement(devices, "memballoon", model="virtio")
     ET.SubElement(balloon, "stats", period=str(BALLOON_STATS_PERIOD_S))
     return ET.tostring(root, encoding="unicode")
