@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -241,6 +242,30 @@ def collect(disk: Path, workdir: Path) -> Results:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return Results(exit_code, files)
+
+
+MAX_EXIT_BYTES = 16
+"""`/.vjob/exit` holds one number and a newline; anything longer is not read."""
+
+
+def read_exit(disk: Path, scratch_parent: Path) -> int | None:
+    """The exit status the guest agent left on a job disk, read by root without trusting it
+    (the user could have written that file too): debugfs (no mount) on a root-owned raw copy
+    first says the file's type and size, and only a regular file of at most MAX_EXIT_BYTES is
+    read (a sparse file of terabytes would otherwise be dumped). None unless it holds a number
+    in 0..255 (the job never ended, or the file is not the agent's)."""
+    tmp = Path(tempfile.mkdtemp(prefix=".vjob-exit-", dir=scratch_parent))
+    try:
+        raw = tmp / "disk.raw"
+        proc.run(["qemu-img", "convert", "-q", "-U", "-f", "qcow2", "-O", "raw", str(disk), str(raw)], timeout_s=600)
+        shown = _debugfs(raw, f"stat /{CONTROL}/exit")  # debugfs says "not found" on stderr, exits 0
+        size = re.search(r"\bSize: (\d+)", shown)
+        if not re.search(r"\bType: regular\b", shown) or size is None or int(size.group(1)) > MAX_EXIT_BYTES:
+            return None
+        value = _debugfs(raw, f"cat /{CONTROL}/exit")[: MAX_EXIT_BYTES + 1].strip()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return int(value) if re.fullmatch(r"[0-9]{1,3}", value) and int(value) <= 255 else None
 
 
 def _debugfs(raw: Path, request: str) -> str:

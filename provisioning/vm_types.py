@@ -48,6 +48,32 @@ def check_name(kind: str, value: str) -> str:
     return value
 
 
+MAC_RE = re.compile(r"[0-9a-f]{2}(?::[0-9a-f]{2}){5}")
+NIC_KINDS = ("bridge", "network")
+
+
+@dataclass(frozen=True)
+class Nic:
+    """One virtio NIC: its MAC and where it plugs in, a bridge by name (a job's private network)
+    or a libvirt network by name (Saline's NAT network, the same name on every node).
+
+    `isolated`: libvirt's `<port isolated='yes'/>`: the NIC reaches the host's side of the
+    network (the NAT gateway) but no other isolated port on it, so VMs of different vjobs that
+    share the NAT network cannot talk over it."""
+
+    mac: str
+    source: str
+    kind: str = "bridge"
+    isolated: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.mac, str) or not MAC_RE.fullmatch(self.mac):
+            raise InputError(f"nic mac = {str(self.mac)[:40]!r}: must match {MAC_RE.pattern}")
+        if self.kind not in NIC_KINDS:
+            raise InputError(f"nic kind = {str(self.kind)[:40]!r}: must be one of {', '.join(NIC_KINDS)}")
+        check_name(f"nic {self.kind}", self.source)
+
+
 @dataclass(frozen=True)
 class VMSpec:
     """What a VM is made of: an OS image (backing file), memory, CPUs, optional direct boot."""
@@ -66,8 +92,9 @@ class VMSpec:
     """Two more serial ports logged to files: the job's stdout (ttyS1) and stderr (ttyS2)."""
     cpu_model: str = ""
     """A named CPU model (e.g. qemu64) so that a saved state restores on any host; "" = libvirt's."""
-    nic: tuple[str, str] | None = None
-    """(MAC, bridge): a multi-node job's VM on its job's private network (provisioning.network)."""
+    nics: tuple[Nic, ...] = ()
+    """The VM's NICs in guest order: first a multi-node job's (or a vjob's) private network
+    (provisioning.network), then Saline's NAT interface when the site has one."""
     max_memory_mib: int = 0
     """The domain's maximum memory (`<memory>`), the most its balloon can give it later; the
     guest starts with `memory_mib` (`<currentMemory>`). 0 = `memory_mib`: it can never grow.

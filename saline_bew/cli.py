@@ -1,4 +1,4 @@
-"""`vjob besteffort submit|manager|list|show|cancel`: the Saline wrapper's commands.
+"""`vjob besteffort submit|manager|list|show|cancel|output|stage`: the Saline wrapper's commands.
 
 Users submit with `vjob besteffort submit [OAR options] -- COMMAND` and otherwise keep using
 oarstat (their OAR job is named after the vjob key); the site runs `vjob besteffort manager`.
@@ -11,6 +11,7 @@ learns who the caller is from the kernel, so it can act for that user only.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import json
 import os
@@ -18,13 +19,14 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from saline_bew import lease, server, sites, workdir
 from vjob.cli import load_config
 from vjob.config import ProvisioningConfig
-from vjob.errors import UsageError
+from vjob.errors import InputError, UsageError
 from vjob.sdnotify import Notifier
 from vjob.store.db import open_store
 
@@ -117,13 +119,37 @@ def register(sub: Any) -> None:
     c.add_argument("key", help="the vjob's key, as submit printed it (be + 10 hex digits)")
     c.set_defaults(func=_cancel)
 
+    o = bsub.add_parser(
+        "output",
+        help="what COMMAND printed (its stdout, or --stderr)",
+        description="What COMMAND printed in the first VM: up to the last snapshot while it runs, all of it once "
+        "it ended (kept 7 days). Its exit status is in `show` (exit_code).",
+        epilog="example: vjob besteffort output be0123456789 > result.txt",
+    )
+    o.add_argument("key", help="the vjob's key")
+    o.add_argument("--stderr", action="store_true", help="its standard error instead")
+    o.add_argument("--both", action="store_true", help="its stdout to stdout and its stderr to stderr")
+    o.set_defaults(func=_output)
+
+    st = bsub.add_parser(
+        "stage",
+        help="(run by the holder of an oarsub vjob) send the current directory to the first VM",
+        description="Run by the OAR job of a vjob submitted with oarsub, as the user, in the submission directory: "
+        "builds its job disk with the user's rights and passes it to the manager (as submit does).",
+        epilog="example (holder.sh, as OAR runs it): vjob besteffort --socket /run/vjob/saline.sock stage be0123456789",
+    )
+    st.add_argument("key", help="the vjob's key")
+    st.add_argument("--stage-limit-mb", type=int, default=ProvisioningConfig().stage_limit_mb,
+                    help="refuse a directory bigger than this")  # fmt: skip
+    st.set_defaults(func=_stage)
+
 
 def build(args: argparse.Namespace) -> Any:
     """The manager of the configured sites (imports kept here: the driver loads libvirt, and
     `vjob --help` stays fast)."""
     from provisioning.driver import Driver  # heavy: libvirt
     from saline_bew.manager import Manager  # heavy: libvirt (through the driver)
-    from saline_bew.vms import SalineVMs  # heavy: libvirt (through the driver)
+    from saline_bew.vms import SalineVMs, nat_network  # heavy: libvirt (through the driver)
 
     config = load_config(args)
     store = open_store(config)
@@ -132,7 +158,7 @@ def build(args: argparse.Namespace) -> Any:
         config,
         store,
         sites.from_config(config),
-        SalineVMs(driver, store),
+        SalineVMs(driver, store, nat_network=nat_network(config.saline)),
         owner=lease.host_owner(),
     )
 
@@ -169,15 +195,54 @@ def _submit(args: argparse.Namespace) -> int:
 def _submit_with_workdir(args: argparse.Namespace, request: dict[str, Any]) -> Any:
     """Build the working directory's disk as the user (saline_bew.workdir) and pass it open
     with the request: the manager (root) never opens a path of the user's."""
-    limit = args.stage_limit_mb * 2**20
+    with _workdir_disk(request["command"], args.stage_limit_mb) as fd:
+        return server.call(server.socket_path(args.socket), request, fd=fd)
+
+
+@contextlib.contextmanager
+def _workdir_disk(command: list[str], limit_mb: int) -> Iterator[int]:
+    """The current directory's job disk, built with the caller's rights, open for reading."""
     with tempfile.TemporaryDirectory(prefix="vjob-submit-") as tmp:
         disk = Path(tmp) / f"work{workdir.SUFFIX}"
-        workdir.build_for_user(Path.cwd(), request["command"], disk, limit_bytes=limit)
+        workdir.build_for_user(Path.cwd(), command, disk, limit_bytes=limit_mb * 2**20)
         fd = os.open(disk, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            return server.call(server.socket_path(args.socket), request, fd=fd)
+            yield fd
         finally:
             os.close(fd)
+
+
+def _output(args: argparse.Namespace) -> int:
+    """Copy the descriptor the manager passed (its own copy of the output) to stdout (stderr)."""
+    streams = ("stdout", "stderr") if args.both else ("stderr",) if args.stderr else ("stdout",)
+    for stream in streams:
+        request = {"op": "output", "key": args.key, "stream": stream}
+        _result, fds = server.call_fd(server.socket_path(args.socket), request)
+        if not fds:
+            raise UsageError("vjob besteffort output: the manager sent no output descriptor")
+        try:
+            out = sys.stdout.buffer if stream == "stdout" or not args.both else sys.stderr.buffer
+            while chunk := os.read(fds[0], 1 << 20):
+                out.write(chunk)
+            out.flush()
+        finally:
+            for fd in fds:
+                os.close(fd)
+    return 0
+
+
+def _stage(args: argparse.Namespace) -> int:
+    """The holder's half of `oarsub` staging: the directory's job disk, built as the user;
+    a directory that cannot be sent is declined with the reason (the manager goes on at once)."""
+    path = server.socket_path(args.socket)
+    try:
+        with _workdir_disk(["-"], args.stage_limit_mb) as fd:
+            server.call(path, {"op": "stage", "key": args.key}, fd=fd)
+    except InputError as exc:  # too big, a file the user cannot read: said, and nothing waits for it
+        server.call(path, {"op": "stage", "key": args.key, "declined": str(exc)[:1000]})
+        raise
+    print(f"vjob {args.key}: {Path.cwd()} sent to the first VM's /work", file=sys.stderr)
+    return 0
 
 
 def _manager(args: argparse.Namespace) -> int:

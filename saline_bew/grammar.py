@@ -24,6 +24,8 @@ LABEL = re.compile(r"s[0-9]{1,20}")
 SITE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 IMAGE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")
 HOST = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,252}")
+PLAIN_PATH = re.compile(r"/[A-Za-z0-9_./-]{1,1000}")
+"""A path the holder's OAR command may carry (the admission rule checks the same in Perl)."""
 PHASES = ("submitted", "running", "killed", "done", "failed", "cancelled")
 MAX_WORDS = 256
 MAX_WORD = 4096

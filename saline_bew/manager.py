@@ -28,21 +28,25 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
+import socket
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from sqlalchemy import update
 
 from plugins.oar.client import OarUnavailable, SubmitRequest
 from plugins.oar.parse import OarJob
-from provisioning import transfer
+from provisioning import safe_dirs, transfer
 from provisioning.driver import DriverError
 from provisioning.transfer import sha256_file
-from saline_bew import grammar, identity, journal, lease, phases, relocation
+from saline_bew import grammar, identity, journal, lease, output, phases, relocation
 from saline_bew.gathering import REPOSITORY, Gathering
 from saline_bew.journal import LeaseLost, SalineJob
 from saline_bew.metrics import SalineMetrics
@@ -70,6 +74,24 @@ RELOCATION = "relocation"
 ADMISSION_TIMEOUT_S = 120.0
 """An admitted vjob whose OAR job never shows up (a later admission rule refused it, oarsub
 died) is abandoned after this long: nobody asked for it any more."""
+STAGE_WAIT_S = 60.0
+"""An admitted vjob on a real image: longest wait, once its OAR job runs, for the holder to
+send the submission directory before the first deployment (then COMMAND starts in an empty
+home, with the reason journalled)."""
+WORKDIR_WAIT = "waiting_for_workdir"
+WORKDIR_STAGED = "workdir_staged"
+WORKDIR_NOT_STAGED = "workdir_not_staged"
+FINISHED = "finished"
+
+
+def _vjob_command() -> str | None:
+    """The `vjob` command beside this Python (else on PATH): the holder runs it on the node, as
+    the user, to send the directory and print the output; the same install path is expected there."""
+    found = shutil.which("vjob", path=str(Path(sys.executable).parent)) or shutil.which("vjob")
+    return str(Path(found).absolute()) if found else None
+
+
+VJOB_COMMAND = _vjob_command()
 
 
 class Manager:
@@ -110,6 +132,10 @@ class Manager:
         self._adoptable: dict[str, relocation.OpenRequest] = {}
         """Per vjob, during its pass: a migration request a dead manager left open. An
         evacuation this pass takes it over; otherwise it is deleted at the end of the pass."""
+        self.socket: Path | None = None
+        """The socket this manager's server listens on (set by saline_bew.server.Server): the
+        holder is told it, to talk back as the user."""
+        self._pruned_at = 0.0
         self.metrics = SalineMetrics()
 
     # -- submission ----------------------------------------------------------------------
@@ -198,7 +224,7 @@ class Manager:
             key = job.key
             job = self._record(key, phases.ADMITTED, {"site": site, "by": "oar admission rule"})
             _log.info("vjob admitted by OAR's admission rule", jobs=[key], site=site, user=user)
-            return job, self._request(job, self._site(site))
+            return job, self._request(job, self._site(site), stage=True)
 
     def _adopt(self, job: SalineJob, since: float) -> None:
         """Take the OAR job the admission rule named after the vjob (same user: another
@@ -218,9 +244,16 @@ class Manager:
             )
             _log.warning("admitted vjob never got its OAR job: abandoned", jobs=[job.key])
 
-    def _request(self, job: SalineJob, site: Site) -> SubmitRequest:
+    def _request(self, job: SalineJob, site: Site, *, stage: bool = False) -> SubmitRequest:
+        """The holder's OAR job. Told the `vjob` command and this socket, the holder prints the
+        vjob's output into OAR's output files when released; with `stage` (the admission
+        rule's job, which runs in the submission directory) it first sends that directory."""
+        command = ["/bin/sh", str(HOLDER), job.key]
+        tail = [VJOB_COMMAND or "", str(self.socket or "")]
+        if all(grammar.PLAIN_PATH.fullmatch(word) for word in tail):
+            command += [*tail, "stage" if stage else "hold"]
         return SubmitRequest(
-            command=["/bin/sh", str(HOLDER), job.key],
+            command=command,
             resource=f"/resource_id={job.vm_count * job.vcpus}",
             walltime=job.walltime,
             name=job.key,
@@ -307,6 +340,9 @@ class Manager:
             phases_seen[job.phase] = phases_seen.get(job.phase, 0) + 1
             self.process(job.key)
         self._cleanup_ended()
+        if self.clock() - self._pruned_at > 600:
+            self._pruned_at = self.clock()
+            output.prune(self.output_dir, active={j.key for j in jobs})
         self.metrics.set_phases(phases_seen)
         self.metrics.refused.set(len(self.refused))
         self.metrics.last_pass.set(self.clock())
@@ -448,7 +484,8 @@ class Manager:
             )
             _log.info("vjob cancelled (its OAR job was deleted)", jobs=[job.key])
         elif kind is phases.Kind.DEPLOY and seen.oar_job is not None:
-            self._deploy(job, seen.oar_job)
+            if not self._awaiting_workdir(job, seen.oar_job.hosts[0]):
+                self._deploy(job, seen.oar_job)
         elif kind is phases.Kind.MOVE:
             self._maybe_move(job)
         elif kind is phases.Kind.EVACUATE:
@@ -561,7 +598,9 @@ class Manager:
         began = time.monotonic()
         members = list(zip(job.vm_names, job.hosts, strict=True))
         real = self._real(job, job.hosts[0])
-        self.vms.checkpoint(members, label, job_id=job.job_id, keep_running=not suspend, with_job_disk=real)  # one cut
+        at_cut: list[int] = []  # the first VM's output logs at the cut: what this snapshot covers
+        self.vms.checkpoint(members, label, job_id=job.job_id, keep_running=not suspend, with_job_disk=real,
+                            at_cut=lambda: at_cut.extend(self._log_sizes(job)))  # one cut  # fmt: skip
         holdings: dict[str, tuple[str, ...]] = {}
         for vm, node in members:
             holdings[node] = (*holdings.get(node, ()), vm)
@@ -607,6 +646,7 @@ class Manager:
                 "bytes": sum(s for s, _ in expected.values()),
                 "gather_s": round(time.monotonic() - started, 3),
                 "took_s": round(time.monotonic() - began, 3),
+                **self._commit_output(job, at_cut),
             },
             snapshot_label=label,
             snapshot_site=job.site,
@@ -959,13 +999,140 @@ class Manager:
 
     # -- the end --------------------------------------------------------------------------
     def _complete(self, job: SalineJob) -> None:
-        self._record(job.key, "finished", {"hosts": list(job.hosts)}, phase="done")
+        """COMMAND ended: keep the rest of its output and its exit status, then release the OAR
+        job (whose holder then prints that output into OAR's output files)."""
+        detail: dict[str, object] = {"hosts": list(job.hosts), **self._commit_output(job, None)}
+        detail["exit_code"] = None
+        if job.hosts and self._real(job, job.hosts[0]):
+            try:
+                detail["exit_code"] = self.vms.exit_status(job.vm_names[0], job.hosts[0])
+            except (VjobError, OSError) as exc:  # the vjob is over all the same; say why it is unknown
+                detail["exit_error"] = str(exc)[:300]
+        self._record(job.key, FINISHED, detail, phase="done")
         if job.oar_job_id:
             try:
                 self._site(job.site).client.signal(job.oar_job_id, signal.SIGUSR1, user=job.user)
             except CommandError as exc:
                 _log.warning("could not release the OAR job", jobs=[job.key], error=str(exc))
         _log.info("vjob finished", jobs=[job.key])
+
+    # -- COMMAND's output and the submission directory -------------------------------------
+    @property
+    def output_dir(self) -> Path:
+        return self.vms.driver.data_dir / "saline-output"
+
+    def _log_sizes(self, job: SalineJob) -> list[int]:
+        """Sizes of the first VM's stdout and stderr logs on its node (0: none)."""
+        sizes = []
+        for log_path in self.vms.output_logs(job.vm_names[0], job.hosts[0]):
+            try:
+                sizes.append(os.stat(log_path, follow_symlinks=False).st_size)
+            except FileNotFoundError:
+                sizes.append(0)
+        return sizes
+
+    def _commit_output(self, job: SalineJob, upto: list[int] | None) -> dict[str, object]:
+        """Append to root's copy of the vjob's output what the first VM's logs gained since the
+        last safe point of this deployment, up to `upto` (a snapshot's cut) or their end (COMMAND
+        ended). The journal detail: `output_at` (the logs' offsets now covered) and
+        `output_bytes` (the copy's sizes). Never fails the snapshot or the end: a problem is
+        logged and said in `output_error`."""
+        if not job.hosts:
+            return {}
+        events = journal.events(self.store, job.key)
+        base, committed = [0, 0], [0, 0]
+        for ev in reversed(events):
+            if ev.kind in phases.DEPLOY_EVENTS:
+                break
+            if ev.kind == "snapshot" and _pair(ev.detail.get("output_at")):
+                base = list(ev.detail["output_at"])
+                break
+        for ev in reversed(events):
+            if _pair(ev.detail.get("output_bytes")):
+                committed = list(ev.detail["output_bytes"])
+                break
+        try:
+            where = safe_dirs.ensure_dir(self.output_dir, 0o700)
+            logs = self.vms.output_logs(job.vm_names[0], job.hosts[0])
+            sizes, dropped = [], False
+            for i, stream in enumerate(output.STREAMS):
+                end = upto[i] if upto else None
+                size, cut = output.commit(logs[i], base[i], end, output.path(where, job.key, stream), committed[i])
+                sizes.append(size)
+                dropped = dropped or cut
+        except (OSError, VjobError) as exc:
+            _log.error("vjob output not kept", jobs=[job.key], error=str(exc)[:300])
+            return {"output_error": str(exc)[:300]}
+        detail: dict[str, object] = {"output_bytes": sizes}
+        if upto:
+            detail["output_at"] = list(upto)
+        if dropped:
+            detail["output_truncated"] = output.LIMIT_BYTES
+        return detail
+
+    def output_file(self, key: str, stream: str) -> int:
+        """An open read-only descriptor of root's copy of `key`'s output (for the socket server,
+        which checked the caller owns the vjob). What a safe snapshot covers while it runs,
+        everything once it finished; kept `output.KEEP_S` after the end."""
+        try:
+            return os.open(output.path(self.output_dir, key, stream), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)  # nothing printed (yet)
+
+    def stage_workdir(self, key: str, fd: int | None, *, reason: str = "") -> SalineJob:
+        """The holder of an admitted vjob sends its submission directory (a job disk it built as
+        the user, as `vjob besteffort submit` does), or says why it sends none (`fd` None): before
+        the first deployment only; the manager stops waiting for it either way."""
+        job = journal.get(self.store, key)
+        kinds = [e.kind for e in journal.events(self.store, key)]
+        if phases.ADMITTED not in kinds:
+            raise InputError(f"best-effort vjob {key}: not submitted with oarsub (submit sent its directory)")
+        if any(k in phases.DEPLOY_EVENTS for k in kinds) or not job.active:
+            raise InputError(f"best-effort vjob {key}: too late, its VMs started without the directory")
+        if WORKDIR_STAGED in kinds or self.vms.work_path(key).exists():
+            raise InputError(f"best-effort vjob {key}: its directory was sent already")
+        received = self.vms.receive_work(fd) if fd is not None else None  # outside the lock: a copy
+        try:
+            with self._lock:
+                if not self._lease(key):
+                    holder = lease.holder(self.store, key)[0]
+                    raise LeaseLost(f"best-effort vjob {key}: handled by the manager {holder}; try again later")
+                if any(e.kind in phases.DEPLOY_EVENTS for e in journal.events(self.store, key)):
+                    raise InputError(f"best-effort vjob {key}: too late, its VMs started without the directory")
+                if received is None:
+                    return self._record(key, WORKDIR_NOT_STAGED, {"reason": f"the holder: {reason[:300]}"})
+                size = received.stat().st_size
+                os.replace(received, self.vms.work_path(key))
+                received = None
+                _log.info("submission directory received from the holder", jobs=[key], bytes=size)
+                return self._record(key, WORKDIR_STAGED, {"bytes": size})
+        finally:
+            if received is not None:
+                received.unlink(missing_ok=True)
+
+    def _awaiting_workdir(self, job: SalineJob, node: str) -> bool:
+        """An admitted vjob on a real image, about to deploy for the first time: wait (each pass,
+        at most STAGE_WAIT_S) for its holder to send the submission directory."""
+        events = journal.events(self.store, job.key)
+        kinds = {e.kind for e in events}
+        if phases.ADMITTED not in kinds or kinds & {*phases.DEPLOY_EVENTS, WORKDIR_STAGED, WORKDIR_NOT_STAGED}:
+            return False
+        if self.vms.work_path(job.key).exists() or not self._real(job, node):
+            return False
+        if not reaches_socket(self.vms.driver.uri(node)):
+            why = f"the holder runs on {node}, another host: it cannot reach this manager's socket"
+            self._record(job.key, WORKDIR_NOT_STAGED, {"reason": why})
+            return False
+        since = next((e.at for e in events if e.kind == WORKDIR_WAIT), None)
+        if since is None:
+            self._record(job.key, WORKDIR_WAIT, {"at_most_s": STAGE_WAIT_S})
+            return True
+        if self.clock() - since < STAGE_WAIT_S:
+            return True
+        why = f"the holder sent no directory within {STAGE_WAIT_S:.0f} s: COMMAND starts in an empty home"
+        self._record(job.key, WORKDIR_NOT_STAGED, {"reason": why})
+        _log.warning("deploying without the submission directory", jobs=[job.key], reason=why)
+        return False
 
     def request_cancel(self, key: str, *, by: str) -> SalineJob:
         """Cancel `key` for a user (the socket server checked that they may): journalled as a
@@ -1054,6 +1221,18 @@ def store_jobs_terminate(store: Store, key: str) -> None:
 
 def _copy_file(src: Path, dest: Path) -> None:
     transfer.copy(transfer.Endpoint(src), transfer.Endpoint(dest), method="local")
+
+
+def reaches_socket(uri: str) -> bool:
+    """Whether a process on the node of libvirt `uri` can use this host's Unix socket (and pass
+    descriptors over it): only on this very host. The holder runs on the job's first node."""
+    host = urlsplit(uri).hostname
+    return host in (None, "", "localhost", "127.0.0.1", socket.gethostname())
+
+
+def _pair(value: object) -> bool:
+    """Two non-negative byte counts (stdout, stderr), as the journal keeps output offsets."""
+    return isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) and v >= 0 for v in value)
 
 
 def _last_detail(events: list[journal.Event], kind: str, field: str, *, default: float) -> float:

@@ -99,7 +99,24 @@ class Cancel(_Request):
     key: Key
 
 
-AnyRequest = Submit | Admit | ListJobs | Show | Cancel
+class Output(_Request):
+    """What COMMAND printed (saline_bew.output): answered with an open read-only descriptor."""
+
+    op: Literal["output"]
+    key: Key
+    stream: Literal["stdout", "stderr"] = "stdout"
+
+
+class Stage(_Request):
+    """From the holder of an admitted vjob, as the user, in the submission directory: its job
+    disk passed with the request (SCM_RIGHTS), or none and `declined` saying why."""
+
+    op: Literal["stage"]
+    key: Key
+    declined: Annotated[str, StringConstraints(max_length=1000)] = ""
+
+
+AnyRequest = Submit | Admit | ListJobs | Show | Cancel | Output | Stage
 Request = Annotated[AnyRequest, Field(discriminator="op")]
 _REQUEST: TypeAdapter[AnyRequest] = TypeAdapter(Request)
 OAR_ACCOUNT = "oar"
@@ -164,11 +181,22 @@ class Handler:
         job = self._own(grammar.word("key", request.key, grammar.KEY), uid, caller)
         if isinstance(request, Show):
             out = row(job)
+            events = journal.events(self.manager.store, job.key)
             out["journal"] = [
-                {"at": e.at, "kind": e.kind, "site": e.site, "oar_job_id": e.oar_job_id, **e.detail}
-                for e in journal.events(self.manager.store, job.key)
+                {"at": e.at, "kind": e.kind, "site": e.site, "oar_job_id": e.oar_job_id, **e.detail} for e in events
             ]
+            ended = next((e.detail for e in reversed(events) if e.kind == "finished"), {})
+            out["exit_code"] = ended.get("exit_code")
             return out
+        if isinstance(request, Output):
+            fd = self.manager.output_file(job.key, request.stream)
+            return WithFd({"key": job.key, "phase": job.phase, "stream": request.stream}, fd)
+        if isinstance(request, Stage):
+            work_fd = (fds or [None])[0]
+            if work_fd is None and not request.declined:
+                raise InputError("stage: no directory passed and no reason given (declined)")
+            after = self.manager.stage_workdir(job.key, work_fd, reason=request.declined)
+            return {"key": after.key, "staged": work_fd is not None}
         after = self.manager.request_cancel(job.key, by=caller)
         return {"key": after.key, "phase": after.phase}
 
@@ -264,10 +292,22 @@ def peer_uid(conn: socket.socket) -> int:
     return uid
 
 
+class WithFd:
+    """A result sent with an open descriptor (SCM_RIGHTS), closed here once sent."""
+
+    def __init__(self, result: Any, fd: int) -> None:
+        self.result = result
+        self.fd = fd
+
+
 def answer(handler: Handler, line: bytes, uid: int, fds: list[int] | None = None) -> dict[str, Any]:
-    """The answer to one request line; every failure is an answer, never a dead server."""
+    """The answer to one request line; every failure is an answer, never a dead server. A
+    descriptor to send with it is under the key `_fd` (taken off by the connection)."""
     try:
-        return {"ok": True, "result": handler(parse_request(line), uid, fds)}
+        result = handler(parse_request(line), uid, fds)
+        if isinstance(result, WithFd):
+            return {"ok": True, "result": result.result, "_fd": result.fd}
+        return {"ok": True, "result": result}
     except VjobError as exc:
         return {"ok": False, "error": str(exc), "exit": exc.exit_code}
     except Exception as exc:  # noqa: BLE001 - one bad request must not end the server
@@ -292,8 +332,18 @@ class _Connection(socketserver.StreamRequestHandler):
         else:
             reply = answer(self.server.handler, line, uid, fds[:1])
         _close(fds)
-        with contextlib.suppress(OSError):
-            self.wfile.write(json.dumps(reply, default=str).encode() + b"\n")
+        out_fd = reply.pop("_fd", None)
+        data = json.dumps(reply, default=str).encode() + b"\n"
+        try:
+            with contextlib.suppress(OSError):
+                if out_fd is None:
+                    self.wfile.write(data)
+                else:
+                    sent = socket.send_fds(self.request, [data], [out_fd])
+                    self.request.sendall(data[sent:])
+        finally:
+            if out_fd is not None:
+                os.close(out_fd)
 
 
 def _read_line(conn: socket.socket, fds: list[int]) -> bytes:
@@ -347,6 +397,7 @@ class Server:
         else:
             os.chmod(self.path, 0o666)
         server.server_activate()
+        self.manager.socket = self.path  # the holder's OAR command names it (Manager._request)
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
         self._thread.start()
@@ -418,25 +469,47 @@ def socket_path(given: str | None, *, configured: str = "") -> Path:
 def call(path: Path, request: dict[str, Any], *, timeout_s: float = CLIENT_TIMEOUT_S, fd: int | None = None) -> Any:
     """Send one request to the manager at `path` and return its result (RemoteError if
     refused); `fd` goes with it (SCM_RIGHTS)."""
+    result, got = call_fd(path, request, timeout_s=timeout_s, fd=fd)
+    _close(got)
+    return result
+
+
+def call_fd(
+    path: Path, request: dict[str, Any], *, timeout_s: float = CLIENT_TIMEOUT_S, fd: int | None = None
+) -> tuple[Any, list[int]]:
+    """`call`, and the descriptors the answer brought (`output`: the caller closes them)."""
     line = json.dumps(request).encode() + b"\n"
     if len(line) > MAX_LINE:
         raise InputError(f"request: more than {MAX_LINE} bytes (a shorter COMMAND?)")
+    got: list[int] = []
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.settimeout(timeout_s)
             conn.connect(str(path))
             sent = socket.send_fds(conn, [line], [fd]) if fd is not None else 0
             conn.sendall(line[sent:])
-            with conn.makefile("rb") as reader:
-                reply_line = reader.readline(MAX_LINE + 1)
-    except (FileNotFoundError, ConnectionRefusedError):
-        raise VjobError(f"{path}: no Saline manager listens there (is 'vjob besteffort manager' running?)") from None
-    except PermissionError:
-        raise VjobError(f"{path}: permission denied (the site may restrict Saline to a group)") from None
-    except TimeoutError:
-        raise VjobError(f"{path}: the Saline manager did not answer within {timeout_s:.0f} s") from None
+            reply_line = _read_line(conn, got)
     except OSError as exc:
-        raise VjobError(f"{path}: {exc.strerror or exc}") from None
+        _close(got)
+        raise _client_error(path, exc, timeout_s) from None
+    try:
+        return _result(path, reply_line), got
+    except BaseException:
+        _close(got)
+        raise
+
+
+def _client_error(path: Path, exc: OSError, timeout_s: float) -> VjobError:
+    if isinstance(exc, FileNotFoundError | ConnectionRefusedError):
+        return VjobError(f"{path}: no Saline manager listens there (is 'vjob besteffort manager' running?)")
+    if isinstance(exc, PermissionError):
+        return VjobError(f"{path}: permission denied (the site may restrict Saline to a group)")
+    if isinstance(exc, TimeoutError):
+        return VjobError(f"{path}: the Saline manager did not answer within {timeout_s:.0f} s")
+    return VjobError(f"{path}: {exc.strerror or exc}")
+
+
+def _result(path: Path, reply_line: bytes) -> Any:
     try:
         reply = json.loads(reply_line)
     except (ValueError, RecursionError):

@@ -15,7 +15,9 @@ job disks are part of each snapshot. The network identity
 with that MAC on the vjob's private network: provisioning.network's per-job bridge (the one
 of multi-node jobs), created on a node before a VM of the vjob arrives there and removed when
 the last one leaves, so a vjob resumed or migrated elsewhere finds its network again, with
-the same addresses, and no other job's VM is on it.
+the same addresses, and no other job's VM is on it. With `[saline] nat_network` each VM has
+a second NIC, the paper's NAT interface (provisioning.nat): a static address from its
+subnetID/vmID behind the same gateway on every node, set in a real image's guest from job.json.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ import pwd
 import shlex
 import tempfile
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from provisioning import coordinated, guest, images, job_disk, network, safe_dirs, transfer
+from provisioning import coordinated, guest, images, job_disk, nat, network, safe_dirs, transfer
 from provisioning.coordinated import Cut, Member, Resumed
 from provisioning.driver import (  # _write_manifest: the driver's own manifest format
     MANIFEST_SUFFIX,
@@ -40,10 +43,11 @@ from provisioning.driver import (  # _write_manifest: the driver's own manifest 
     _write_manifest,
 )
 from provisioning.images import Catalogue
-from provisioning.vm_types import Snapshot
+from provisioning.vm_types import Nic, Snapshot
 from saline_bew import workdir
 from saline_bew.identity import NetworkIdentity
 from vjob import log
+from vjob.config import SalineConfig
 from vjob.errors import InputError
 from vjob.model import VMState
 from vjob.store.db import Store
@@ -57,6 +61,11 @@ REAL_MIN_MEMORY_MIB = 256
 """A real image (Debian's kernel, python3, sshd) does not boot in the tiny guest's 128 MiB."""
 JOB_SCRIPT = b'#!/bin/sh\nexec "$@"\n'
 """The job disk's script of a vjob: COMMAND is its argv, run as the user (no shell between)."""
+
+
+def nat_network(cfg: SalineConfig) -> nat.NatNetwork | None:
+    """The NAT network of `[saline]` (None when `nat_network` is empty: no second NIC)."""
+    return nat.from_config(cfg.nat_network, cfg.nat_range, cfg.nat_mac_prefix, cfg.nat_dns)
 
 
 def snapshot_files(vm: str, label: str, *, with_job_disk: bool = False) -> list[str]:
@@ -77,10 +86,20 @@ class VMPlan:
 
 
 class SalineVMs:
-    def __init__(self, driver: Driver, store: Store, *, memory_mib: int = 128) -> None:
+    def __init__(
+        self, driver: Driver, store: Store, *, memory_mib: int = 128, nat_network: nat.NatNetwork | None = None
+    ) -> None:
         self.driver = driver
         self.store = store
         self.memory_mib = memory_mib
+        self.nat = nat_network
+        """The NAT network every VM also plugs into (`[saline] nat_network`); None: none."""
+
+    def nics(self, ident: NetworkIdentity) -> tuple[Nic, ...]:
+        """The VM's NICs: the vjob's private network first (the guest's first NIC, as before),
+        then the NAT interface when the site has one."""
+        private = Nic(ident.mac, network.bridge_name(ident.subnet_id, network.SALINE_FAMILY))
+        return (private,) if self.nat is None else (private, self.nat.nic(ident.subnet_id, ident.vm_id))
 
     def image(self, name: str) -> Path:
         """The disk image of catalogue entry `name`; unknown names are an InputError."""
@@ -125,6 +144,8 @@ class SalineVMs:
         for rank, (ident, node) in enumerate(zip(identities, placement, strict=True)):
             net = {"mac": ident.mac, "ip": ident.ip, "prefix": 24, "peers": peers, "leader": rank == 0,
                    "ssh_private": private, "ssh_public": public}  # fmt: skip
+            if self.nat is not None:
+                net["nat"] = self.nat.guest(ident.subnet_id, ident.vm_id)
             job = job_disk.check_description(
                 job_disk.JobDescription(script=JOB_SCRIPT, args=command, env={}, uid=pw.pw_uid, gid=pw.pw_gid,
                                         user=user, home=pw.pw_dir, cwd=pw.pw_dir, hostname=f"vm{rank}", network=net)
@@ -147,10 +168,10 @@ class SalineVMs:
                     vcpus=vcpus,
                     kernel=local.kernel,
                     initrd=local.initrd,
-                    cmdline=f"{local.cmdline} {_identity_args(ident)}",
+                    cmdline=f"{local.cmdline} {self._identity_args(ident)}",
                     job_disk=disk,
                     output_ports=True,
-                    nic=(ident.mac, network.bridge_name(ident.subnet_id, network.SALINE_FAMILY)),
+                    nics=self.nics(ident),
                     cpu_model=prov.cpu_model,
                 )
             )
@@ -180,15 +201,29 @@ class SalineVMs:
             vcpus=vcpus,
             kernel=files.kernel,
             initrd=files.initrd,
-            cmdline=f"{files.cmdline} {_identity_args(identity)}",
-            nic=(identity.mac, network.bridge_name(identity.subnet_id, network.SALINE_FAMILY)),
+            cmdline=f"{files.cmdline} {self._identity_args(identity)}",
+            nics=self.nics(identity),
         )
 
+    def _identity_args(self, identity: NetworkIdentity) -> str:
+        """The VM's network identity on its kernel command line (read by the guest, or by a person)."""
+        args = (
+            f"saline.subnet={identity.subnet_id} saline.vm={identity.vm_id} "
+            f"saline.mac={identity.mac} saline.ip={identity.ip}"
+        )
+        if self.nat is not None:
+            args += f" saline.nat_ip={self.nat.address(identity.subnet_id, identity.vm_id)}"
+        return args
+
     def network_up(self, subnet_id: int, nodes: list[str]) -> None:
-        """The vjob's private network on every node in `nodes` (before its VMs boot, are
-        restored or migrate there: libvirt refuses a NIC whose bridge is missing)."""
+        """The vjob's private network, and the NAT network when there is one, on every node in
+        `nodes` (before its VMs boot, are restored or migrate there: libvirt refuses a NIC whose
+        network is missing). The NAT network is shared by every vjob: it stays on the node."""
         for node in dict.fromkeys(nodes):
-            network.ensure_bridge(self.driver.connection(node), subnet_id, network.SALINE_FAMILY)
+            conn = self.driver.connection(node)
+            if self.nat is not None:
+                nat.ensure(conn, self.nat)
+            network.ensure_bridge(conn, subnet_id, network.SALINE_FAMILY)
 
     def network_down(self, subnet_id: int, nodes: list[str]) -> None:
         """Remove the vjob's network from nodes none of its VMs runs on any more. Best effort:
@@ -214,6 +249,7 @@ class SalineVMs:
         job_id: int,
         keep_running: bool,
         with_job_disk: bool = False,
+        at_cut: Callable[[], object] | None = None,
     ) -> Cut:
         """One consistent cut of the vjob's VMs, left under `label` in their nodes' snapshot dirs.
 
@@ -222,10 +258,13 @@ class SalineVMs:
         whatever order the saves take. With `keep_running` (a periodic snapshot) the VMs are
         restored paused and let run together; without it (OAR's checkpoint signal) they stay
         stopped at the cut, since work done after the kept state would be lost anyway.
+        `at_cut` is called while every VM is saved (the output logs' size at the cut).
         """
         coord = [Member(vm, node) for vm, node in members]
         cut = coordinated.checkpoint(self.driver, coord, job_id=job_id)
         try:
+            if at_cut is not None:
+                at_cut()
             for vm, node in members:
                 _stage(self.driver, cut.snapshots[vm], vm, node, label, keep_state=keep_running)
                 if with_job_disk:  # taken at the cut, while the VM is saved: its files as its memory has them
@@ -305,6 +344,16 @@ class SalineVMs:
     def console_log(self, vm: str, node: str) -> Path:
         return self.driver.console_log(vm, node)
 
+    def output_logs(self, vm: str, node: str) -> tuple[Path, Path]:
+        """A real image's VM: its COMMAND's stdout and stderr as logged on `node` (deleted with
+        the VM; saline_bew.output keeps what a safe snapshot covers)."""
+        return self.driver.output_logs(vm, node)
+
+    def exit_status(self, vm: str, node: str) -> int | None:
+        """The exit status the guest agent left on `vm`'s job disk (None: none readable)."""
+        scratch = safe_dirs.ensure_dir(self.driver.data_dir / "saline-work", 0o700)
+        return job_disk.read_exit(self.driver.job_disk_path(vm, node), scratch)
+
 
 def _stage(driver: Driver, snap: Snapshot, vm: str, node: str, label: str, *, keep_state: bool) -> None:
     """Name the saved state of `vm` and a copy of its overlay `label` in the node's snapshot dir,
@@ -333,12 +382,4 @@ def _stage(driver: Driver, snap: Snapshot, vm: str, node: str, label: str, *, ke
             "created_at": snap.created_at,
             "overlay": None,
         },
-    )
-
-
-def _identity_args(identity: NetworkIdentity) -> str:
-    """The VM's network identity on its kernel command line (read by the guest, or by a person)."""
-    return (
-        f"saline.subnet={identity.subnet_id} saline.vm={identity.vm_id} "
-        f"saline.mac={identity.mac} saline.ip={identity.ip}"
     )

@@ -32,7 +32,7 @@ from saline_bew import journal
 from saline_bew.manager import Manager
 from saline_bew.repository import Repository
 from saline_bew.sites import Site
-from saline_bew.vms import SalineVMs
+from saline_bew.vms import SalineVMs, nat_network
 from vjob.config import ProvisioningConfig, parse
 from vjob.errors import CommandError
 from vjob.store.db import Store, now
@@ -134,12 +134,36 @@ def make_image(store: Store, tmp_path: Path) -> None:
     Catalogue(store, ProvisioningConfig(), data_dir=tmp_path).add("empty", image)
 
 
+def make_real_image(store: Store, tmp_path: Path) -> None:
+    """A catalogue entry `real` with its own kernel, as `vjob image build` leaves it (the test
+    driver boots nothing): the guest agent's path, a job disk per VM."""
+    disk = tmp_path / "real.qcow2"
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(disk), "16M"], check=True, timeout=30)
+    for part in ("vmlinuz", "initrd"):
+        (tmp_path / part).write_bytes(b"not booted by the test driver")
+    Catalogue(store, ProvisioningConfig(), data_dir=tmp_path).add_or_reuse(
+        "real",
+        disk,
+        kernel=tmp_path / "vmlinuz",
+        initrd=tmp_path / "initrd",
+        cmdline="root=/dev/vda init=/sbin/vjob-init",
+    )
+
+
 @contextmanager
 def manager_on(
-    store: Store, tmp_path: Path, nodes: dict[str, str], api_url: str, *, vm_dir: str | None = None, **kwargs: Any
+    store: Store,
+    tmp_path: Path,
+    nodes: dict[str, str],
+    api_url: str,
+    *,
+    vm_dir: str | None = None,
+    saline: dict[str, Any] | None = None,
+    **kwargs: Any,
 ) -> Iterator[Manager]:
     """A manager of one site `a` whose OAR is `api_url`, VMs on the test-driver `nodes`, each
-    node with its own vm_dir unless `vm_dir` is given (one for all: live migration possible)."""
+    node with its own vm_dir unless `vm_dir` is given (one for all: live migration possible);
+    `saline`: more `[saline]` keys (e.g. the NAT network)."""
     cfg = parse(
         {
             "data_dir": str(tmp_path),
@@ -148,12 +172,15 @@ def manager_on(
                 "snapshot_dir": str(tmp_path / "snap" / "{node}"),
                 "vm_dir": vm_dir or str(tmp_path / "vms" / "{node}"),
             },
-            "saline": {"sites": [{"name": "a", "oar_api_url": api_url, "repository": str(tmp_path / "repo")}]},
+            "saline": {
+                "sites": [{"name": "a", "oar_api_url": api_url, "repository": str(tmp_path / "repo")}],
+                **(saline or {}),
+            },
         }
     )
     sites = {"a": Site("a", OarRest(api_url, timeout_s=5), Repository("a", str(tmp_path / "repo")))}
     with Driver(cfg.provisioning, data_dir=tmp_path, store=store) as driver:
-        yield Manager(cfg, store, sites, SalineVMs(driver, store), **kwargs)
+        yield Manager(cfg, store, sites, SalineVMs(driver, store, nat_network=nat_network(cfg.saline)), **kwargs)
 
 
 @contextmanager

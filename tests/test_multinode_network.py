@@ -17,7 +17,7 @@ from plugins import job_environment
 from provisioning import job_disk, network
 from provisioning.domain_xml import domain_xml
 from provisioning.guest_agent import agent
-from provisioning.vm_types import VMSpec
+from provisioning.vm_types import Nic, VMSpec
 from vjob.errors import InputError
 from vjob.store import identities
 from vjob.store.db import Store
@@ -107,7 +107,7 @@ def test_a_hostile_network_in_job_json_is_refused_by_field(field: str, value: ob
 
 
 def test_the_vm_of_a_multi_node_job_has_its_nic_on_the_jobs_bridge(tmp_path: Path) -> None:
-    spec = VMSpec("j-0", tmp_path / "i.qcow2", nic=("52:54:00:03:87:01", "vjob-0387"))
+    spec = VMSpec("j-0", tmp_path / "i.qcow2", nics=(Nic("52:54:00:03:87:01", "vjob-0387"),))
     xml = domain_xml(spec, dom_type="qemu", overlay=tmp_path / "o.qcow2", console_log=tmp_path / "c.log")
     nic = ET.fromstring(xml).find("./devices/interface[@type='bridge']")
     assert nic is not None

@@ -26,7 +26,7 @@ from plugins.oar.client import OarCommands
 from preemption.deadline.threshold_file import THRESHOLD_NAME, read_threshold, write_threshold
 from provisioning.driver import Driver
 from saline_bew import admission, deadline_rule, journal, server
-from saline_bew.manager import HOLDER, Manager
+from saline_bew.manager import HOLDER, VJOB_COMMAND, Manager
 from saline_bew.repository import Repository
 from saline_bew.sites import Site
 from saline_bew.vms import SalineVMs
@@ -110,7 +110,8 @@ def test_oarsub_besteffort_vjob_is_wrapped_and_fails_open_without_vjob(
             submitted.append(oar_id)
             key = re.search(r"best-effort vjob (be[0-9a-f]{10})", proc.stdout).group(1)
             seen = oarstat(oar_id)
-            assert seen["name"] == key and seen["command"] == f"/bin/sh {HOLDER} {key}"
+            holder = f"/bin/sh {HOLDER} {key} {VJOB_COMMAND} {rule_and_socket} stage"  # it sends the directory
+            assert seen["name"] == key and seen["command"] == holder
             assert "besteffort" in seen["types"] and not any(t.startswith("vjob") for t in seen["types"])
             assert "AND (site='a')" in seen["properties"], seen["properties"]
             deadline = time.monotonic() + 30

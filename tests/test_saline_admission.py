@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -23,8 +25,18 @@ from typing import Any
 import pytest
 
 from saline_bew import admission, journal, phases, server
-from saline_bew.manager import ADMISSION_TIMEOUT_S, HOLDER, Manager
-from tests.saline_env import FakeOar, make_image, manager_on
+from saline_bew.manager import (
+    ADMISSION_TIMEOUT_S,
+    HOLDER,
+    STAGE_WAIT_S,
+    VJOB_COMMAND,
+    WORKDIR_NOT_STAGED,
+    WORKDIR_STAGED,
+    WORKDIR_WAIT,
+    Manager,
+    reaches_socket,
+)
+from tests.saline_env import FakeOar, make_image, make_real_image, manager_on
 from tests.services import free_port
 from vjob.errors import InputError, UsageError
 from vjob.store.db import Store
@@ -99,7 +111,7 @@ def test_a_besteffort_vjob_becomes_the_holder_named_after_the_vjob(
     )
     key = after["name"]
     assert key.startswith("be") and f"best-effort vjob {key}" in printed
-    assert after["command"] == f"/bin/sh {HOLDER} {key}"
+    assert after["command"] == f"/bin/sh {HOLDER} {key} {VJOB_COMMAND} {sock} stage"  # it sends the directory
     assert after["types"] == ["besteffort"]  # OAR's type check never sees vjob's types
     assert (after["checkpoint"], after["signal"]) == (60, 12)
     assert after["resources"] == 2 and after["walltime"] == 7200
@@ -309,3 +321,99 @@ def test_the_socket_and_lease_keys_are_wired(
         m.cfg.lease_s = 300.0
         assert Manager(m.config, store, m.sites, m.vms).lease_s == 300.0
     store.close()
+
+
+def _admitted_and_running(tmp_path: Path, manager: Manager, sock: Path, fake: FakeOar) -> tuple[str, list[str]]:
+    """`oarsub -t besteffort -t vjob=real ./simulate` through the rule; OAR runs the holder's
+    job on n1; the manager adopts it and, on a real image, waits for the directory before
+    deploying. (the vjob's key, the holder's command as OAR runs it)"""
+    make_real_image(manager.store, tmp_path)
+    after, _ = run_rule(tmp_path, sock, types=["besteffort", "vjob=real"], command="./simulate --steps 3")
+    key = after["name"]
+    command = after["command"].split()
+    assert command[:3] == ["/bin/sh", str(HOLDER), key] and command[4:] == [str(sock), "stage"]
+    running = {"id": 8, "state": "Running", "owner": "nobody", "name": key, "types": ["besteffort"], "events": []}
+    fake.details = [running]
+    fake.jobs["8"] = running
+    fake.jobs["8/resources"] = {"items": [{"id": 1, "network_address": "n1"}]}
+    manager.step()  # adopted
+    manager.step()  # running: waits for the holder
+    assert journal.get(manager.store, key).phase == "submitted"
+    assert [e.kind for e in journal.events(manager.store, key)][-1] == WORKDIR_WAIT
+    return key, command
+
+
+def test_the_oarsub_holder_sends_the_submission_directory_to_the_first_vm(
+    tmp_path: Path, manager: Manager, sock: Path, fake: FakeOar
+) -> None:
+    """The holder (the real holder.sh, run as OAR runs it, in the submission directory) builds
+    the directory's job disk with the user's rights and passes it over the socket; the
+    manager deploys at its next pass with `./simulate` on the first VM's /work. On SIGUSR1
+    (the vjob finished) the holder prints the vjob's output into its own stdout, which OAR
+    names OAR.<id>.stdout. (As root here: nobody cannot run this checkout's Python.)"""
+    key, command = _admitted_and_running(tmp_path, manager, sock, fake)
+    submitted_in = tmp_path / "submitted-in"
+    submitted_in.mkdir()
+    (submitted_in / "simulate").write_text("#!/bin/sh\necho simulated\n")
+    oar_stdout, oar_stderr = tmp_path / "OAR.8.stdout", tmp_path / "OAR.8.stderr"
+    with oar_stdout.open("wb") as so, oar_stderr.open("wb") as se:
+        holder = subprocess.Popen(command, cwd=submitted_in, stdout=so, stderr=se)
+    try:
+        deadline = time.monotonic() + 60
+        while WORKDIR_STAGED not in [e.kind for e in journal.events(manager.store, key)]:
+            assert holder.poll() is None and time.monotonic() < deadline, oar_stderr.read_text()
+            time.sleep(0.2)
+        manager.step()
+        job = journal.get(manager.store, key)
+        assert job.phase == "running" and job.hosts == ("n1",)
+        disk = manager.vms.driver.job_disk_path(job.vm_names[0], "n1")
+        raw = tmp_path / "vm0.raw"
+        subprocess.run(["qemu-img", "convert", "-q", "-U", "-O", "raw", str(disk), str(raw)], check=True, timeout=60)
+        debugfs = shutil.which("debugfs") or "/usr/sbin/debugfs"
+        shown = subprocess.run([debugfs, "-R", "cat /work/simulate", str(raw)], capture_output=True, timeout=30)
+        assert shown.stdout == b"#!/bin/sh\necho simulated\n"
+
+        out, err = manager.vms.output_logs(job.vm_names[0], "n1")
+        out.write_bytes(b"simulated 3 steps\n")  # as virtlogd logs the guest's second and third serial ports
+        err.write_bytes(b"COMMAND's error 1\n")
+        manager.vms.driver.console_log(job.vm_names[0], "n1").touch()  # a real guest's (the test driver writes none)
+        manager.vms.driver.stop(job.vm_names[0], "n1")  # COMMAND ended: the first VM powered off
+        manager.step()
+        assert journal.get(manager.store, key).phase == "done"
+        holder.send_signal(signal.SIGUSR1)  # what the manager's release does through OAR
+        assert holder.wait(timeout=60) == 0
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+    assert oar_stdout.read_bytes() == b"simulated 3 steps\n", oar_stderr.read_text()
+    assert "released" in oar_stderr.read_text() and "COMMAND's error 1" in oar_stderr.read_text()
+
+
+def test_a_holder_that_sends_nothing_delays_the_first_deployment_by_the_bound_only(
+    tmp_path: Path, manager: Manager, sock: Path, fake: FakeOar
+) -> None:
+    """No directory arrives (the node lacks the vjob command, the holder died): the manager
+    deploys after STAGE_WAIT_S with the reason journalled, COMMAND in an empty home. A holder
+    that cannot build the disk says so, and the manager goes on at once."""
+    key, _ = _admitted_and_running(tmp_path, manager, sock, fake)
+    manager.step()
+    assert journal.get(manager.store, key).phase == "submitted"
+    later = time.time() + STAGE_WAIT_S + 1
+    manager.clock = lambda: later
+    manager.step()
+    job = journal.get(manager.store, key)
+    assert job.phase == "running"
+    skipped = [e for e in journal.events(manager.store, key) if e.kind == WORKDIR_NOT_STAGED]
+    assert len(skipped) == 1 and f"within {STAGE_WAIT_S:.0f} s" in skipped[0].detail["reason"]
+    with pytest.raises(server.RemoteError, match="too late"):
+        server.call(sock, {"op": "stage", "key": key, "declined": "x"})
+
+    assert reaches_socket("test:///tmp/nodes/n1.xml") and reaches_socket("qemu:///system")
+    assert not reaches_socket("qemu+ssh://node7.site/system")  # the holder there cannot pass a descriptor here
+
+    manager.clock = time.time
+    other, _ = _admitted_and_running(tmp_path, manager, sock, fake)
+    assert server.call(sock, {"op": "stage", "key": other, "declined": "working directory: too big"})["staged"] is False
+    manager.step()
+    assert journal.get(manager.store, other).phase == "running"  # no wait for the bound

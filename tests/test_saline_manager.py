@@ -24,15 +24,16 @@ import pytest
 
 from plugins.oar.client import OarRest
 from plugins.oar.parse import OarEvent, OarJob
-from provisioning import coordinated, network
+from provisioning import coordinated, job_disk, network
 from provisioning.driver import Driver, DriverError
 from provisioning.images import Catalogue
-from saline_bew import cli, identity, journal, workdir
+from saline_bew import cli, identity, journal, output, server, workdir
 from saline_bew.manager import Manager
 from saline_bew.repository import Repository
 from saline_bew.server import RemoteError, Server
 from saline_bew.sites import Site
 from saline_bew.vms import SalineVMs
+from tests.saline_env import make_real_image
 from tests.services import free_port
 from vjob.config import ProvisioningConfig, parse
 from vjob.errors import CommandError, InputError
@@ -171,11 +172,16 @@ def test_a_full_or_unwritable_repository_is_not_reported_safe(manager: Manager, 
     assert not any(manager.vms.stage_dir("n1").iterdir()), "a failed snapshot leaves no half copy on the node"
 
 
-def test_cli_submit_errors_and_the_kept_record(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_submit_errors_and_the_kept_record(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The user commands through the manager's socket; the manager built from the file."""
-    from saline_bew import server
     from saline_bew.cli import build
     from vjob.cli import main
+
+    submitted_in = tmp_path / "submitted-in"  # not the checkout: submit stages its directory
+    submitted_in.mkdir()
+    monkeypatch.chdir(submitted_in)
 
     image = tmp_path / "img.qcow2"
     subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(image), "16M"], check=True, timeout=30)
@@ -520,18 +526,7 @@ def test_a_real_image_vjob_gets_job_disks_on_its_network_and_keeps_them_across_a
 
 
 def _real_image(manager: Manager, tmp_path: Path) -> None:
-    """A catalogue entry with its own kernel, as `vjob image build` leaves it (not booted here)."""
-    disk = tmp_path / "real.qcow2"
-    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(disk), "16M"], check=True, timeout=30)
-    for part in ("vmlinuz", "initrd"):
-        (tmp_path / part).write_bytes(b"not booted by the test driver")
-    Catalogue(manager.store, ProvisioningConfig(), data_dir=tmp_path).add_or_reuse(
-        "real",
-        disk,
-        kernel=tmp_path / "vmlinuz",
-        initrd=tmp_path / "initrd",
-        cmdline="root=/dev/vda init=/sbin/vjob-init",
-    )
+    make_real_image(manager.store, tmp_path)
 
 
 def _debugfs(raw: Path, request: str) -> bytes:
@@ -617,3 +612,103 @@ def test_an_oversized_directory_or_a_crafted_disk_is_refused(tmp_path: Path, mon
         finally:
             os.close(fd)
         assert not dest.exists()
+
+
+def _agent_exits(disk: Path, code: bytes, scratch: Path) -> None:
+    """What the guest agent does when COMMAND ends (the test driver runs no guest): `/.vjob/exit`
+    written on the job disk, here with debugfs on a raw copy put back as the qcow2."""
+    raw, value, script = scratch / "exit.raw", scratch / "exit.value", scratch / "exit.debugfs"
+    subprocess.run(["qemu-img", "convert", "-q", "-U", "-O", "raw", str(disk), str(raw)], check=True, timeout=60)
+    value.write_bytes(code)
+    script.write_text(f"cd /.vjob\nwrite {value} exit\n")
+    debugfs = shutil.which("debugfs") or "/usr/sbin/debugfs"
+    subprocess.run([debugfs, "-w", "-f", str(script), str(raw)], capture_output=True, check=True, timeout=30)
+    subprocess.run(["qemu-img", "convert", "-q", "-O", "qcow2", str(raw), str(disk)], check=True, timeout=60)
+
+
+def test_commands_output_and_exit_status_reach_its_user_once_without_what_a_resume_replays(
+    manager: Manager, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first VM's output logs (written here as virtlogd would: the test driver runs no
+    guest) are kept by the manager up to each safe snapshot's cut; a kill loses what came
+    after it, and the resumed VM prints that again, so it appears once. At the end the rest is
+    kept and the exit status is read off the job disk: `show` says it, `output` streams the
+    output through the socket to the vjob's owner only."""
+    _real_image(manager, tmp_path)
+    job = journal.create(manager.store, key="be0123456789", user="nobody", image="real", command=["./simulate"],
+                         vm_count=1, vcpus=1, memory_mb=128, walltime="1:00:00", site="a")  # fmt: skip
+    assert manager._lease(job.key)
+    journal.record(manager.store, job.key, "test", oar_job_id="1")
+    manager._deploy(journal.get(manager.store, job.key), _running_again(job, "n1"))
+    vm = job.vm_names[0]
+    out, err = manager.vms.output_logs(vm, "n1")
+    out.write_bytes(b"step 1\n")
+    err.write_bytes(b"warning 1\n")
+    cut = manager.vms.checkpoint
+
+    def printing_on(*args: object, **kwargs: object) -> object:
+        taken = cut(*args, **kwargs)
+        with out.open("ab") as fh:  # the VM runs on after the cut, while its files are gathered
+            fh.write(b"step 2\n")  # not in this snapshot: lost with the kill, printed again after the resume
+        return taken
+
+    monkeypatch.setattr(manager.vms, "checkpoint", printing_on)
+    assert manager.snapshot(journal.get(manager.store, job.key), reason="periodic")
+    monkeypatch.setattr(manager.vms, "checkpoint", cut)
+    assert (manager.output_dir / f"{job.key}.stdout").read_bytes() == b"step 1\n"
+    with pytest.raises(CommandError, match="unreachable"):
+        manager._ended(journal.get(manager.store, job.key), _killed_by_oar(job))
+    assert not out.exists(), "the kill deletes the VM and its logs"
+    manager._deploy(journal.get(manager.store, job.key), _running_again(job, "n1"))
+    out.write_bytes(b"step 2\nstep 3\n")
+    err.write_bytes(b"")
+    _agent_exits(manager.vms.driver.job_disk_path(vm, "n1"), b"3\n", tmp_path)
+    manager.vms.driver.stop(vm, "n1")
+    manager._complete(journal.get(manager.store, job.key))
+    finished = journal.events(manager.store, job.key)[-1]
+    assert finished.kind == "finished" and finished.detail["exit_code"] == 3
+    assert finished.detail["output_bytes"] == [len(b"step 1\nstep 2\nstep 3\n"), len(b"warning 1\n")]
+    kept = manager.output_dir / f"{job.key}.stdout"
+    assert kept.stat().st_uid == 0 and stat.S_IMODE(kept.stat().st_mode) == 0o600
+
+    sock = tmp_path / "sock" / "saline.sock"
+    args = argparse.Namespace(socket=str(sock), key=job.key, stderr=False, both=False)
+    with Server(manager, sock):
+        capsys.readouterr()
+        assert cli._output(args) == 0
+        assert capsys.readouterr().out == "step 1\nstep 2\nstep 3\n"
+        assert cli._output(argparse.Namespace(socket=str(sock), key=job.key, stderr=True, both=False)) == 0
+        assert capsys.readouterr().out == "warning 1\n"
+        assert server.call(sock, {"op": "show", "key": job.key})["exit_code"] == 3
+    with pytest.raises(server.Refused, match="another user"):
+        server.Handler(manager)(server.Output(op="output", key=job.key), 1)  # uid 1 (daemon) is not nobody
+
+
+def test_a_crafted_exit_file_or_an_output_over_the_limit_is_not_trusted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The exit file is on a disk the user could have written: anything but a number in
+    0..255 is no exit status. An output over the limit is cut there and said; a commit after a
+    manager died between its append and its journal entry cuts the copy back first."""
+    staged = tmp_path / "staged"
+    staged.mkdir()
+    built = tmp_path / "built.qcow2"
+    job_disk.build(staged, job_disk.JobDescription(script=b"#!/bin/sh\n", args=[], env={}, uid=0, gid=0,
+                   user="root", home="/root", cwd="/work"), built, limit_bytes=1 << 20, free_bytes=0)  # fmt: skip
+    assert job_disk.read_exit(built, tmp_path) is None  # the job never ended
+    cases = ((b"0\n", 0), (b"255\n", 255), (b"256\n", None), (b"9" * 40, None), (b"-1\n", None), ("³\n".encode(), None))
+    for content, expected in cases:
+        disk = tmp_path / "job.qcow2"
+        shutil.copyfile(built, disk)
+        _agent_exits(disk, content, tmp_path)
+        assert job_disk.read_exit(disk, tmp_path) == expected, content
+    log = tmp_path / "vm.stdout.log"
+    log.write_bytes(b"abcdefgh")
+    dest = tmp_path / "kept"
+    assert output.commit(log, 0, 4, dest, 0) == (4, False)
+    assert output.commit(log, 4, None, dest, 4) == (8, False)
+    assert output.commit(log, 4, None, dest, 4) == (8, False)  # done again from the journal's 4: not doubled
+    assert dest.read_bytes() == b"abcdefgh"
+    monkeypatch.setattr(output, "LIMIT_BYTES", 6)
+    assert output.commit(log, 4, None, dest, 4) == (6, True) and dest.read_bytes() == b"abcdef"
+    assert output.commit(tmp_path / "missing.log", 0, None, dest, 6) == (6, False)

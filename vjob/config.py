@@ -43,6 +43,7 @@ def default_data_dir() -> Path:
 # Checked with `fullmatch`: `$` would accept a trailing newline.
 _MAC_PREFIX = re.compile(r"[0-9a-fA-F]{2}(?::[0-9a-fA-F]{2}){2}")
 _SITE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_NAT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,14}")
 
 
 class Section(BaseModel):
@@ -186,6 +187,10 @@ class AgentConfig(Section):
     pilot_dir: str = ""
     """Where pilots and the agent exchange state and checkpoint requests (one directory per
     job); empty means <data_dir>/pilots. Must be shared by the agent and the compute nodes."""
+    multinode_pilots: Literal["leader", "per-node"] = "leader"
+    """A multi-node vjob's VMs: "leader", the first node's pilot drives every VM (through each
+    node's libvirt); "per-node" (Slurm), it starts a member pilot on every other node (srun) that
+    builds, boots, saves and restores its own node's VM at the leader's word (docs/multinode.md)."""
     lease_s: float = Field(30.0, ge=5, le=3600)
     """The agent's lease on its cluster in the store: one agent per RMS acts at a time; a
     standby (e.g. on the second controller of an HA pair) takes over this long after the active
@@ -340,13 +345,67 @@ class SalineConfig(Section):
     lease_s: float = Field(0.0, ge=0)
     """Seconds a vjob's lease outlives its manager's last renewal (a dead master's vjobs wait
     this long); 0: max(120, 30 × poll_interval_s). Keep it far above the masters' clock skew."""
+    nat_network: str = ""
+    """The libvirt network of every VM's second NIC, the paper's NAT interface (the same name on
+    every node; defined by vjob with `<forward mode='nat'>` where absent, an operator's own used
+    as it is); empty: VMs have only the vjob's private network. docs/saline.md."""
+    nat_range: str = "100.64.0.0/10"
+    """The NAT network's addresses (a /8../16 apart from `network`): a VM's is base +
+    subnetID·256 + vmID, static, the same at every site; the gateway is base + 1 on every node."""
+    nat_mac_prefix: str = "52:54:01"
+    """Three octets (not `mac_prefix`): a VM's NAT MAC is prefix + subnetID + vmID, the
+    gateway's prefix:00:00:00 on every node."""
+    nat_dns: list[str] = []
+    """Name servers the guests put in resolv.conf; empty: the gateway (libvirt's dnsmasq, which
+    the nodes then need); given: the network vjob defines runs no DNS (no dnsmasq)."""
 
-    @field_validator("mac_prefix")
+    @field_validator("mac_prefix", "nat_mac_prefix")
     @classmethod
     def _mac(cls, value: str) -> str:
         if not _MAC_PREFIX.fullmatch(value):
             raise ValueError(f"{value!r}: must be three hex octets like 52:54:00")
         return value.lower()
+
+    @field_validator("nat_network")
+    @classmethod
+    def _nat_name(cls, value: str) -> str:
+        if value and (not _NAT_NAME.fullmatch(value) or value.startswith(("vjob-", "vsal-"))):
+            raise ValueError(f"{value!r}: must match {_NAT_NAME.pattern} (a bridge name) and not start vjob-/vsal-")
+        return value
+
+    @field_validator("nat_range")
+    @classmethod
+    def _nat_range(cls, value: str) -> str:
+        try:
+            net = ipaddress.IPv4Network(value)
+        except ValueError as exc:
+            raise ValueError(f"{value!r}: not an IPv4 network ({exc})") from None
+        if not 8 <= net.prefixlen <= 16:
+            raise ValueError(f"{value!r}: must be a /8 to /16 (room for subnetID·256 + vmID)")
+        return str(net)
+
+    @field_validator("nat_dns")
+    @classmethod
+    def _nat_dns(cls, value: list[str]) -> list[str]:
+        for ip in value:
+            try:
+                ipaddress.IPv4Address(ip)
+            except ValueError:
+                raise ValueError(f"{ip!r}: not an IPv4 address") from None
+        return value[:3]  # the resolver reads at most three
+
+    @model_validator(mode="after")
+    def _nat_apart(self) -> SalineConfig:
+        if self.nat_network:
+            if self.nat_mac_prefix == self.mac_prefix:
+                raise ValueError(f"nat_mac_prefix = {self.nat_mac_prefix!r}: must differ from mac_prefix")
+            try:
+                private = ipaddress.IPv4Network(self.network)
+            except ValueError:
+                return self  # `network` is refused where it is used (saline_bew.identity)
+            if ipaddress.IPv4Network(self.nat_range).overlaps(private):
+                raise ValueError(f"nat_range = {self.nat_range!r}: overlaps network = {self.network!r}")
+        return self
 
 
 TUNE_OBJECTIVES = (

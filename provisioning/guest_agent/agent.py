@@ -22,7 +22,8 @@ A multi-node job (docs/multinode.md) has one VM per node; job.json's `network` g
 its address on the job's private network, every VM's host name (/etc/hosts), the host file at
 $VJOB_NODEFILE, and the job's ssh key: sshd runs and the user reaches every VM without a
 password. Only the first VM (`leader`) runs the script; the others wait, reachable, until the
-pilot ends the job.
+pilot ends the job. A Saline VM with a NAT interface (`network.nat`, provisioning.nat) gets
+that NIC's static address, the default route through its gateway and resolv.conf.
 
 Everything in job.json came from the host but was written into a disk the user could have
 prepared: it is checked here too (types, sizes, names), and the job never runs as root unless
@@ -87,6 +88,17 @@ class Job:
 
 
 @dataclass(frozen=True)
+class Nat:
+    """This VM's way out (job.json `network.nat`): the same address and gateway on every node."""
+
+    mac: str
+    ip: str
+    prefix: int
+    gateway: str
+    dns: list[str]
+
+
+@dataclass(frozen=True)
 class Network:
     """This VM's place on the job's private network (job.json `network`)."""
 
@@ -98,6 +110,29 @@ class Network:
     leader: bool
     ssh_private: str = ""
     ssh_public: str = ""
+    nat: Nat | None = None
+
+
+def parse_nat(data: object, private_mac: str) -> Nat:
+    """job.json's `network.nat`, every field checked (it reaches the routing table and
+    resolv.conf): the gateway inside the NIC's own network, not the NIC's address."""
+    if not isinstance(data, dict):
+        raise JobError("network.nat: must be an object")
+    mac = data.get("mac")
+    if not isinstance(mac, str) or not MAC_RE.fullmatch(mac) or mac == private_mac:
+        raise JobError(f"network.nat.mac: {str(mac)[:40]!r}: must match {MAC_RE.pattern}, not network.mac")
+    prefix = data.get("prefix")
+    if not isinstance(prefix, int) or isinstance(prefix, bool) or not 8 <= prefix <= 30:
+        raise JobError(f"network.nat.prefix: {str(prefix)[:40]!r}: must be an integer in 8..30")
+    ip = _ipv4("network.nat.ip", data.get("ip"))
+    gateway = _ipv4("network.nat.gateway", data.get("gateway"))
+    own = ipaddress.IPv4Network(f"{ip}/{prefix}", strict=False)
+    if ipaddress.IPv4Address(gateway) not in own or gateway == ip:
+        raise JobError(f"network.nat.gateway: {gateway}: must be another address of {own}")
+    dns = data.get("dns")
+    if not isinstance(dns, list) or not 1 <= len(dns) <= 3:
+        raise JobError("network.nat.dns: must be a list of 1..3 IPv4 addresses")
+    return Nat(mac, ip, prefix, gateway, [_ipv4("network.nat.dns", d) for d in dns])
 
 
 def parse_network(data: object) -> Network:
@@ -130,7 +165,8 @@ def parse_network(data: object) -> Network:
     leader = data.get("leader")
     if not isinstance(leader, bool):
         raise JobError("network.leader: must be true or false")
-    return Network(mac, ip, prefix, peers, leader, private, public)
+    nat = parse_nat(data["nat"], mac) if data.get("nat") is not None else None
+    return Network(mac, ip, prefix, peers, leader, private, public, nat)
 
 
 def _ipv4(field: str, value: object) -> str:
@@ -224,7 +260,11 @@ def ensure_user(job: Job, etc: Path = Path("/etc")) -> None:
 
 
 _SIOCSIFFLAGS, _SIOCGIFFLAGS, _SIOCSIFADDR, _SIOCSIFNETMASK = 0x8914, 0x8913, 0x8916, 0x891C
+_SIOCADDRT = 0x890B
 _IFF_UP = 0x1
+_RTF_UP, _RTF_GATEWAY = 0x1, 0x2
+_RTENTRY = "@L16s16s16sHhLPhPLLH0L"
+"""struct rtentry (linux/route.h), native alignment, padded to its size (120 bytes on x86_64)."""
 
 
 def _ifreq(name: str, tail: bytes = b"") -> bytes:
@@ -238,6 +278,37 @@ def _sockaddr(ip: str) -> bytes:
 def _link_up(sock: socket.socket, name: str) -> None:
     flags = struct.unpack("16sH", fcntl.ioctl(sock, _SIOCGIFFLAGS, _ifreq(name))[:18])[1]
     fcntl.ioctl(sock, _SIOCSIFFLAGS, _ifreq(name, struct.pack("H", flags | _IFF_UP)))
+
+
+def default_route(gateway: str) -> bytes:
+    """The SIOCADDRT request for 0.0.0.0/0 via `gateway` (the kernel picks the interface whose
+    network holds it)."""
+    any_addr = _sockaddr("0.0.0.0").ljust(16, b"\0")
+    return struct.pack(_RTENTRY, 0, any_addr, _sockaddr(gateway).ljust(16, b"\0"), any_addr,
+                       _RTF_UP | _RTF_GATEWAY, 0, 0, 0, 0, 0, 0, 0, 0)  # fmt: skip
+
+
+def _address(sock: socket.socket, name: str, ip: str, prefix: int) -> None:
+    mask = str(ipaddress.IPv4Network(f"0.0.0.0/{prefix}").netmask)
+    fcntl.ioctl(sock, _SIOCSIFADDR, _ifreq(name, _sockaddr(ip)))
+    fcntl.ioctl(sock, _SIOCSIFNETMASK, _ifreq(name, _sockaddr(mask)))
+    _link_up(sock, name)
+
+
+def setup_nat(nat: Nat, etc: Path = Path("/etc")) -> str:
+    """The NAT NIC's static address, the default route through the gateway (the same address
+    at every site: nothing to redo after a move) and resolv.conf; returns the interface."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        name = interface_of(nat.mac)
+        _address(sock, name, nat.ip, nat.prefix)
+        try:
+            fcntl.ioctl(sock, _SIOCADDRT, default_route(nat.gateway))
+        except FileExistsError:  # the agent runs once per boot; a route already there is this one
+            pass
+    resolv = etc / "resolv.conf"
+    resolv.unlink(missing_ok=True)  # often a link to a resolver's runtime file: replaced, not followed
+    resolv.write_text("".join(f"nameserver {ip}\n" for ip in nat.dns))
+    return name
 
 
 def interface_of(mac: str, sys_net: Path = Path("/sys/class/net")) -> str:
@@ -254,13 +325,10 @@ def interface_of(mac: str, sys_net: Path = Path("/sys/class/net")) -> str:
 def setup_network(net: Network, hostname: str, etc: Path = Path("/etc")) -> None:
     """Address the job's NIC (ioctl: the image has no iproute2), name every VM in /etc/hosts,
     write the host file, and start sshd with the job's key when the image has it."""
-    mask = str(ipaddress.IPv4Network(f"0.0.0.0/{net.prefix}").netmask)
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         _link_up(sock, "lo")
         name = interface_of(net.mac)
-        fcntl.ioctl(sock, _SIOCSIFADDR, _ifreq(name, _sockaddr(net.ip)))
-        fcntl.ioctl(sock, _SIOCSIFNETMASK, _ifreq(name, _sockaddr(mask)))
-        _link_up(sock, name)
+        _address(sock, name, net.ip, net.prefix)
     lines = ["127.0.0.1 localhost\n", *(f"{ip} {host}\n" for ip, host in net.peers)]
     (etc / "hosts").write_text("".join(lines))
     nodefile = etc / NODEFILE.relative_to("/etc")
@@ -268,6 +336,9 @@ def setup_network(net: Network, hostname: str, etc: Path = Path("/etc")) -> None
     nodefile.write_text("".join(f"{host} slots=1\n" for _ip, host in net.peers))
     nodefile.chmod(0o644)
     _say(f"network: {name} {net.ip}/{net.prefix} as {hostname}, {len(net.peers)} VMs")
+    if net.nat is not None:
+        outside = setup_nat(net.nat, etc)
+        _say(f"NAT: {outside} {net.nat.ip}/{net.nat.prefix} via {net.nat.gateway}")
 
 
 def user_ssh_dir(job: Job) -> Path:

@@ -52,7 +52,7 @@
                     and $vjob_answer->{key} =~ /^be[0-9a-f]{10}$/
                     and $vjob_answer->{resources} =~ /^[0-9]{1,4}$/
                     and $vjob_answer->{checkpoint} =~ /^[0-9]{1,6}$/ and $vjob_answer->{signal} =~ /^[0-9]{1,2}$/
-                    and $vjob_answer->{command} =~ m{^/bin/sh /[A-Za-z0-9_./-]+ be[0-9a-f]{10}$}
+                    and $vjob_answer->{command} =~ m{^/bin/sh /[A-Za-z0-9_./-]+ be[0-9a-f]{10}( /[A-Za-z0-9_./-]+ /[A-Za-z0-9_./-]+ stage)?$}
                     and $vjob_answer->{properties} =~ /^[A-Za-z0-9_=<>!' ().,-]{0,1024}$/);
                 1;
             };

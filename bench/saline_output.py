@@ -1,0 +1,147 @@
+"""A Saline vjob's output and exit status on a real guest: what the user gets back.
+
+Root only (root's libvirt). The vjob runs the real `debian12` image (`vjob image build`,
+cached by content) on one VM; its first VM's guest agent runs COMMAND as the user:
+
+    print "before", wait until the host's snapshot is taken, print "after" on stdout and
+    "to stderr" on stderr, exit 3
+
+The manager's own code drives it: `Manager._deploy`, a periodic `Manager.snapshot` once
+"before" is out (its output is committed up to the cut), then, when the guest powered off,
+`Manager._complete` (the rest of the output, the exit status read off the job disk). OAR is not
+involved (its client points at nothing). Checked: the kept stdout is exactly "before\\nafter\\n",
+stderr "to stderr\\n", exit_code 3. Figures: start → COMMAND ended, the snapshot with its
+output commit, the end's commit and exit read. Ends with one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from devkit import libvirtd
+from plugins.oar.client import OarRest
+from plugins.oar.parse import OarJob
+from provisioning import image_build
+from provisioning.driver import Driver
+from provisioning.images import Catalogue
+from saline_bew import journal
+from saline_bew.manager import Manager
+from saline_bew.repository import Repository
+from saline_bew.sites import Site
+from saline_bew.vms import SalineVMs
+from vjob import progress
+from vjob.config import ProvisioningConfig, parse
+from vjob.store.db import Store
+
+USER = "oaruser1"
+"""A user of this machine (the OAR tests' user): COMMAND runs as its uid in the guest."""
+COMMAND = ["sh", "-c", "echo before; sleep 25; echo after; echo to stderr >&2; exit 3"]
+
+
+def wait_for(predicate: Any, timeout_s: float, what: str) -> float:
+    start = time.monotonic()
+    while not predicate():
+        if time.monotonic() - start > timeout_s:
+            raise SystemExit(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(0.5)
+    return time.monotonic() - start
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--boot-timeout", type=float, default=600.0)
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("root only: root's libvirt")
+    work = Path(tempfile.mkdtemp(prefix="vjob-saline-out-"))
+    os.chmod(work, 0o755)
+    system = libvirtd.start_system(work / "log")
+    figures: dict[str, Any] = {"bench": "saline_output", "image": "debian12", "load_1m": round(os.getloadavg()[0], 1)}
+    try:
+        with progress.Progress(4, "saline output bench") as bar:
+            store = Store(f"sqlite:///{work / 'vjob.sqlite'}")
+            store.upgrade()
+            bar.relabel("image debian12 (cached by content; a cold build takes minutes)")
+            built = image_build.build(Catalogue(store, ProvisioningConfig(), data_dir=work / "data"), "debian12")
+            figures["image_cached"] = built.cached
+            bar.advance()
+            cfg = parse(
+                {
+                    "data_dir": str(work / "data"),
+                    "provisioning": {
+                        "nodes": {"na": libvirtd.SYSTEM_URI},
+                        "vm_dir": str(work / "vms" / "{node}"),
+                        "snapshot_dir": str(work / "snap" / "{node}"),
+                        "job_disk_free_mb": 64,
+                    },
+                    "saline": {"sites": [{"name": "a", "repository": str(work / "repo-a")}]},
+                }
+            )
+            dead = OarRest("http://127.0.0.1:9/oarapi", timeout_s=1)
+            sites = {"a": Site("a", dead, Repository("a", str(work / "repo-a")))}
+            with Driver(cfg.provisioning, data_dir=work / "data", store=store) as driver:
+                figures.update(run(Manager(cfg, store, sites, SalineVMs(driver, store)), bar, args.boot_timeout))
+            store.close()
+    finally:
+        libvirtd.stop(system)
+        shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps(figures))
+
+
+def run(manager: Manager, bar: progress.Progress, boot_timeout_s: float) -> dict[str, Any]:
+    store = manager.store
+    job = journal.create(store, key="be0a7b0e7a1c", user=USER, image="debian12", command=COMMAND, vm_count=1,
+                         vcpus=1, memory_mb=512, walltime="1:00:00", site="a")  # fmt: skip
+    assert manager._lease(job.key)
+    journal.record(store, job.key, "bench", oar_job_id="1")
+    vm = job.vm_names[0]
+    out_log, _err_log = manager.vms.output_logs(vm, "na")
+    bar.relabel("deploy and boot (TCG here: about a minute)")
+    started = time.monotonic()
+    try:
+        oar_job = OarJob(id="1", state="Running", user=USER, types=("besteffort",), hosts=("na",), resources=(1,))
+        manager._deploy(journal.get(store, job.key), oar_job)
+        printed = wait_for(lambda: out_log.exists() and b"before" in out_log.read_bytes(), boot_timeout_s, "'before'")
+        bar.advance()
+        bar.relabel("snapshot while COMMAND sleeps")
+        t = time.monotonic()
+        assert manager.snapshot(journal.get(store, job.key), reason="periodic")
+        snapshot_s = time.monotonic() - t
+        snap = [e for e in journal.events(store, job.key) if e.kind == "snapshot"][-1].detail
+        bar.advance()
+        bar.relabel("COMMAND ends")
+        wait_for(lambda: manager._finished(journal.get(store, job.key)), 300, "the guest to power off")
+        ended_s = time.monotonic() - started
+        t = time.monotonic()
+        manager._complete(journal.get(store, job.key))
+        complete_s = time.monotonic() - t
+        bar.advance()
+        finished = journal.events(store, job.key)[-1].detail
+        kept = (manager.output_dir / f"{job.key}.stdout").read_bytes()
+        kept_err = (manager.output_dir / f"{job.key}.stderr").read_bytes()
+    finally:
+        manager.vms.stop(vm, "na")
+        manager.vms.network_down(manager._subnet(job), ["na"])
+    ok = kept == b"before\nafter\n" and kept_err == b"to stderr\n" and finished.get("exit_code") == 3
+    return {
+        "ok": ok,
+        "exit_code": finished.get("exit_code"),
+        "stdout": kept.decode(errors="replace"),
+        "stderr": kept_err.decode(errors="replace"),
+        "snapshot_output_at": snap.get("output_at"),
+        "start_to_first_line_s": round(printed, 1),
+        "snapshot_s": round(snapshot_s, 2),
+        "start_to_end_s": round(ended_s, 1),
+        "complete_s": round(complete_s, 2),
+    }
+
+
+if __name__ == "__main__":
+    main()
