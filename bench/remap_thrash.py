@@ -10,7 +10,8 @@ small node its working set does not fit: every pass evicts and reads back the fi
 (thrashing). Run 1 keeps it there. Run 2 starts it there with the big node free: every --tau
 seconds the profiler samples the guest's balloon statistics (swap in, swap out),
 `preemption.remap.decide` sees it thrash and moves it at once, whatever the gain (both kinds
-compute alike: the gain is the migration's loss, negative), the driver live-migrates it, and
+compute alike: the gain is the migration's loss, negative), the driver migrates it (paused under TCG,
+live on KVM: docs/remap.md, "The migration defect"), and
 the big node lets its balloon go. Checksums must match; times compared. Last line: JSON.
 
     .venv/bin/python bench/remap_thrash.py [--passes 12] [--tau 5]
@@ -71,6 +72,18 @@ def balloon(driver: Driver, node: str, mib: int) -> None:
     driver.set_memory(VM, node, mib)
 
 
+CRASH_RE = re.compile(rb"(Oops|BUG: |Kernel panic|general protection fault|kernel BUG at)[^\r\n]{0,80}")
+MOVES = {"auto": None, "live": True, "paused": False}
+"""How the guest is moved: as the driver chooses (paused under TCG, live on KVM: the migration
+defect, docs/remap.md), or forced live, or forced paused for the whole copy."""
+
+
+def crash(log: bytes) -> str | None:
+    """The guest kernel's first crash line on its console, if it crashed."""
+    found = CRASH_RE.search(log)
+    return found.group(0).decode(errors="replace") if found else None
+
+
 def passes(log: bytes) -> int:
     """The last pass the payload finished, as its console shows it (0: none yet)."""
     found = PASS_RE.findall(log)
@@ -86,6 +99,8 @@ def run(
     timeout: float,
     *,
     passes_after_move: int = 0,
+    move: str = "auto",
+    big_mib: int | None = None,
 ) -> dict[str, Any]:
     """One run to the payload's RESULT; with `passes_after_move` > 0 it stops instead once the
     guest, moved, has finished that many whole passes on the big node (tests/test_remap_live.py:
@@ -98,7 +113,7 @@ def run(
     balloon(driver, "a", small_mib)
     farm = {
         "small": SubCluster("small", 1, 1, small_mib, 3.0, cycles={CYCLES: 1.0}),
-        "big": SubCluster("big", 1, 1, spec.memory_mib, 3.0, cycles={CYCLES: 1.0}),
+        "big": SubCluster("big", 1, 1, big_mib or spec.memory_mib, 3.0, cycles={CYCLES: 1.0}),
     }
     params = RemapParams(tau_s=tau, beta=20, threshold_s=60.0, thrash_pages_s=200.0)
     prof = Profiler(driver.connection("a"))
@@ -143,10 +158,11 @@ def run(
         if ds:
             t0 = time.monotonic()
             at_pass = passes(console(driver))
-            driver.migrate(VM, "a", "b")
+            live = driver.migrate(VM, "a", "b", live=MOVES[move])
             balloon(driver, "b", spec.memory_mib)
             node = "b"
-            moved = {"after_s": round(t0 - started, 1), "migrate_s": round(time.monotonic() - t0, 2), "pass": at_pass}
+            moved = {"after_s": round(t0 - started, 1), "migrate_s": round(time.monotonic() - t0, 2), "pass": at_pass,
+                     "live": live}  # fmt: skip
             prof = Profiler(driver.connection("b"))
             last = prof.sample([VM])[VM]
     found = RESULT_RE.findall(console(driver))
