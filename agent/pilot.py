@@ -217,12 +217,16 @@ class Pilot:
         *,
         out: IO[str] | None = None,
         err: IO[str] | None = None,
+        replay: bool | None = None,
     ) -> None:
+        """`replay`: whether the job's output was empty when the pilot began (default: looked at
+        in `run`); given when something (member pilots' start) wrote to it before `run`."""
         self.s = settings
         self.pdir = pdir
         self.vm = vm
         self.out = out or sys.stdout
         self.err = err or sys.stderr
+        self._replay = replay
         self.real = settings.workdir is not None
         self.signals = _Signals()
         self.log = log.get("pilot").bind(job=settings.job_id, vm=vm.name, node=settings.node)
@@ -244,7 +248,8 @@ class Pilot:
     def run(self) -> int:
         self.pdir.ensure()
         self.signals.install()
-        replay = _empty_file(self.out)  # the RMS truncated the output at a requeue: copy it all again
+        # the RMS truncated the output at a requeue: copy it all again
+        replay = self._replay if self._replay is not None else empty_file(self.out)
         try:
             self._start()
             if self.real:
@@ -482,7 +487,7 @@ class Pilot:
         return False
 
 
-def _empty_file(stream: IO[str]) -> bool:
+def empty_file(stream: IO[str]) -> bool:
     """Whether `stream` is an empty regular file (a fresh or truncated job output file)."""
     try:
         st = os.fstat(stream.fileno())

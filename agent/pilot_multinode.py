@@ -10,6 +10,10 @@ on a request, restore, finish) is unchanged, `JobVMs` stands in for its one VM.
 The VMs are `<vjob name>-<rank>`; rank 0 runs the user's script, the others wait reachable as
 `vm1`, `vm2`… (provisioning.network gives the MACs, addresses and host file); every VM has a
 copy of the working directory on its job disk, only rank 0's is copied back at the end.
+
+With per-node pilots (`[agent] multinode_pilots = "per-node"`, agent.member_leader) the VMs of
+ranks 1… are `MemberVM`s: their member pilot builds, boots, pauses, saves and restores them on
+its own node at this pilot's word; the cut is still provisioning.coordinated's, through them.
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from agent.member_leader import MemberVM
 from agent.pilot import DriverVM
 from provisioning import network
 from vjob import log
+from vjob.errors import VjobError
 from vjob.model import VMState
 from vjob.store.identities import Address
 
@@ -57,16 +63,27 @@ class JobVMs:
         nodes: Sequence[str],
         subnet_id: int,
         spec_factory: Callable[[int, str, str], Any],
+        remotes: Sequence[MemberVM] = (),
+        describe: Callable[[int], dict[str, Any]] | None = None,
     ) -> None:
-        """`spec_factory(rank, vm name, node)` builds the VMSpec of one VM (its job disk too)."""
+        """`spec_factory(rank, vm name, node)` builds the VMSpec of one VM (its job disk too);
+        `remotes`: the member pilots' VMs of ranks 1… (per-node pilots), each defined from
+        `describe(rank)` on its own node."""
         self.driver = driver
         self.subnet_id = subnet_id
         self._spec_factory = spec_factory
+        self._describe = describe
         self._settled = False
-        self.members = [
+        names = member_names(vm, len(nodes))
+        self.members: list[DriverVM | MemberVM] = [
             DriverVM(driver, name, node, (lambda r=rank, n=name, nd=node: spec_factory(r, n, nd)))
-            for rank, (name, node) in enumerate(zip(member_names(vm, len(nodes)), nodes, strict=True))
+            for rank, (name, node) in enumerate(zip(names, nodes, strict=True))
         ]
+        for rank, remote in enumerate(remotes, start=1):
+            if (remote.name, remote.node) != (names[rank], nodes[rank]):
+                raise VjobError(f"member pilot of rank {rank}: {remote.name} on {remote.node}, expected "
+                                f"{names[rank]} on {nodes[rank]}")  # fmt: skip
+            self.members[rank] = remote
         self.leader = self.members[0]
         self.name = self.leader.name
         self.node = self.leader.node
@@ -79,18 +96,35 @@ class JobVMs:
         from provisioning.coordinated import Member  # heavy: libvirt-python (the driver)
 
         froms = list(from_nodes) if len(from_nodes) == len(self.members) else [m.node for m in self.members]
-        return [Member(m.name, m.node, from_node=f) for m, f in zip(self.members, froms, strict=True)]
+        return [Member(m.name, m.node, from_node=f, handle=m if isinstance(m, MemberVM) else None)
+                for m, f in zip(self.members, froms, strict=True)]  # fmt: skip
+
+    def _handles(self) -> list[Any]:
+        """Each VM's cut steps: a member pilot's VM through its link, the others through the driver."""
+        from provisioning import coordinated  # heavy: libvirt-python (the driver)
+
+        return [coordinated.handle(self.driver, m) for m in self._coordinated()]
+
+    def _local_nodes(self) -> list[str]:
+        """The nodes whose bridge this pilot makes (a member pilot makes its own node's)."""
+        return list(dict.fromkeys(m.node for m in self.members if not isinstance(m, MemberVM)))
 
     def _ensure_network(self) -> None:
-        for node in dict.fromkeys(self.nodes()):  # one bridge per node (libvirt), in node order
+        for node in self._local_nodes():  # one bridge per node (libvirt), in node order
             network.ensure_bridge(self.driver.connection(node), self.subnet_id)
 
     def _remove_network(self) -> None:
-        for node in dict.fromkeys(self.nodes()):
+        for node in self._local_nodes():
             try:
                 network.remove_bridge(self.driver.connection(node), self.subnet_id)
             except Exception as exc:  # noqa: BLE001 - a bridge left behind costs nothing; logged
                 _log.warning("job network not removed", node=node, error=str(exc))
+        for m in self.members:
+            if isinstance(m, MemberVM):
+                try:
+                    m.remove_network()
+                except VjobError as exc:
+                    _log.warning("job network not removed", node=m.node, error=str(exc))
 
     def console_log(self) -> Path:
         return self.leader.console_log()
@@ -109,20 +143,23 @@ class JobVMs:
         VMs saved and the others paused — all at the moment of the cut, since every VM was paused
         before any save began. Restoring the saved ones paused and letting all run again gives
         back that one consistent state; booting afresh would lose the job."""
-        saved = [m for m in self.members if self.driver.state(m.name, m.node) == VMState.SAVED]
-        live = [m for m in self.members if m.active()]
-        if not saved or not live:
-            return  # nothing half done: a whole save is restored the usual way, a live job adopted
-        self._ensure_network()
-        for m in saved:
-            self.driver.restore(m.name, m.node, paused=True)
-        for m in self.members:
-            self.driver.unpause(m.name, m.node)
-        _log.warning("half-done checkpoint undone: the job runs on", saved=[m.name for m in saved],
-                     paused=[m.name for m in live])  # fmt: skip
+        pairs = [(m, h, h.state()) for m, h in zip(self.members, self._handles(), strict=True)]
+        saved = [(m, h) for m, h, st in pairs if st == VMState.SAVED]
+        live = [(m, h) for m, h, st in pairs if st == VMState.RUNNING]  # paused ones count: libvirt's "active"
+        if not live:
+            return  # nothing half done: a whole save is restored the usual way
+        if saved:
+            self._ensure_network()
+        for m, h in saved:
+            h.restore(from_node=m.node, paused=True, bypass_cache=False)
+        for _m, h in saved + live:  # also VMs paused by a pilot killed before any save: they run again
+            h.unpause()
+        if saved:
+            _log.warning("half-done checkpoint undone: the job runs on", saved=[m.name for m, _ in saved],
+                         paused=[m.name for m, _ in live])  # fmt: skip
 
     def boot(self) -> None:
-        saved = [m for m in self.members if self.driver.state(m.name, m.node) == VMState.SAVED]
+        saved = [h for h in self._handles() if h.state() == VMState.SAVED]
         if saved and len(saved) == len(self.members):
             _log.warning("the job's VMs are saved though the pilot never said so: restoring them")
             self.restore(self.node, self.nodes())  # killed between the cut and its state file
@@ -130,9 +167,15 @@ class JobVMs:
         self._ensure_network()
         try:
             for rank, m in enumerate(self.members):  # every job disk first: the VMs then boot together
-                self.driver.define(self._spec_factory(rank, m.name, m.node), m.node)
+                if isinstance(m, MemberVM):
+                    m.define(self._describe(rank) if self._describe else {})
+                else:
+                    self.driver.define(self._spec_factory(rank, m.name, m.node), m.node)
             for m in reversed(self.members):  # the script's VM last
-                self.driver.boot(m.name, m.node)
+                if isinstance(m, MemberVM):
+                    m.boot()
+                else:
+                    self.driver.boot(m.name, m.node)
         except Exception:
             self._remove_network()  # the VMs are kept for a look; the bridge is made again by a retry
             raise

@@ -31,7 +31,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agent.pilot import DriverVM, Pilot, PilotSettings
+from agent import member_link
+from agent.member_leader import Members
+from agent.pilot import DriverVM, Pilot, PilotSettings, empty_file
+from agent.pilot_member import Member
 from agent.pilot_multinode import JobVMs, member_names, network_of
 from plugins import RMS_PACKAGES, job_environment
 from plugins.slurm import hostlist
@@ -39,6 +42,7 @@ from plugins.slurm.images import requested_image
 from preemption.remap.farm import load_subclusters
 from preemption.remap.memory import domain_max_mib
 from provisioning import guest, images, job_disk, network, safe_dirs
+from provisioning.vm_types import Nic
 from vjob import log
 from vjob.cli import load_config
 from vjob.config import Config, ProvisioningConfig
@@ -102,6 +106,12 @@ def register(sub: Any) -> None:
     p.add_argument("--base64", action="store_true", help="the script is base64 (the Slurm wrapper's encoding)")
     p.add_argument("args", nargs=argparse.REMAINDER, help="-- then the script's arguments")
     p.add_argument(
+        "--member",
+        action="store_true",
+        help="a member pilot of a multi-node job (started by the first node's pilot through srun; the leader's"
+        f" address and token come from ${member_link.LEADER_ENV} and ${member_link.TOKEN_ENV})",
+    )
+    p.add_argument(
         "--orphan-resume",
         type=float,
         default=30.0,
@@ -118,6 +128,8 @@ def _run(args: argparse.Namespace) -> int:
     if not job_id:
         raise UsageError(f"vjob run: no job id: run inside a {args.rms} job (${env.job_id}) or give --job-id")
     node = args.node or os.environ.get(env.node_name) or socket.gethostname().split(".")[0]
+    if args.member:
+        return _run_member(cfg, node)
     image = args.os_image or os.environ.get("VJOB_OS") or _script_image(env) or TINY_IMAGE
     if args.memory < 72:
         raise InputError(f"--memory {args.memory}: must be at least 72 MiB (the guest kernel's floor)")
@@ -233,11 +245,84 @@ def _run_multinode(
         mine = dataclasses.replace(job, hostname=f"vm{rank}", network=network_of(addresses, rank, keys[0]))
         job_disk.build(settings.workdir or Path.cwd(), mine, disk, limit_bytes=prov.stage_limit_mb * 2**20,
                        free_bytes=prov.job_disk_free_mb * 2**20)  # fmt: skip
-        nic = (addresses[rank].mac, network.bridge_name(addresses[rank].subnet_id))
-        return dataclasses.replace(real_spec(local, vm, settings.memory_mb, disk, cpu_model=prov.cpu_model), nic=nic)
+        nics = (Nic(addresses[rank].mac, network.bridge_name(addresses[rank].subnet_id)),)
+        return dataclasses.replace(real_spec(local, vm, settings.memory_mb, disk, cpu_model=prov.cpu_model), nics=nics)
 
-    vms = JobVMs(driver, name, nodes, addresses[0].subnet_id, spec)
-    return Pilot(settings, PilotDir(pilot_root(cfg), args.rms, settings.job_id), vms).run()  # type: ignore[arg-type]
+    pdir = PilotDir(pilot_root(cfg), args.rms, settings.job_id)
+    if cfg.agent.multinode_pilots == "leader":
+        vms = JobVMs(driver, name, nodes, addresses[0].subnet_id, spec)
+        return Pilot(settings, pdir, vms).run()  # type: ignore[arg-type]
+    if args.rms != "slurm":
+        raise UsageError(f'[agent] multinode_pilots = "per-node": built for Slurm only, not {args.rms}')
+
+    def describe(rank: int) -> dict[str, Any]:
+        """What member `rank` builds its VM from: never the script, which only rank 0 runs."""
+        if not keys:
+            keys.append(network.job_ssh_key(f"vjob-{args.rms}-{settings.job_id}"))
+        mine = dataclasses.replace(job, script=b"", hostname=f"vm{rank}", network=network_of(addresses, rank, keys[0]))
+        fields = {k: v for k, v in mine.__dict__.items() if k not in ("script", "skipped")}
+        return {"image": settings.image, "memory_mb": settings.memory_mb, "job": fields}
+
+    replay = empty_file(sys.stdout)  # before the members' first log lines reach the job's output
+    members = Members(nodes[1:])
+    try:
+        members.launch_srun(args.rms)
+        members.join()
+        remotes = members.vms(member_names(name, len(nodes))[1:], addresses[0].subnet_id, driver,
+                              prov.operation_timeout_s)  # fmt: skip
+        vms = JobVMs(driver, name, nodes, addresses[0].subnet_id, spec, remotes, describe)
+        return Pilot(settings, pdir, vms, replay=replay).run()  # type: ignore[arg-type]
+    finally:
+        members.close()
+
+
+def _run_member(cfg: Config, node: str) -> int:
+    """A member pilot: connect to the leader named in the environment, then obey it (agent.pilot_member)."""
+    token, leader = os.environ.get(member_link.TOKEN_ENV, ""), os.environ.get(member_link.LEADER_ENV, "")
+    if not token or not leader:
+        raise UsageError(f"vjob run --member: started by a multi-node job's first pilot only "
+                         f"(${member_link.TOKEN_ENV} and ${member_link.LEADER_ENV} unset)")  # fmt: skip
+    os.environ.pop(member_link.TOKEN_ENV, None)  # nothing this process starts needs it
+    prov = user_provisioning(cfg.provisioning)
+    link = member_link.connect(leader, token, node)
+    driver = _driver(cfg, prov)
+
+    def spec(msg: dict[str, Any], vm: str, rank: int) -> Any:
+        job = member_job(msg.get("job"))
+        local = check_image(str(msg.get("image", "")), cfg, node)
+        memory = msg.get("memory_mb")
+        if not isinstance(memory, int) or isinstance(memory, bool) or not REAL_MIN_MEMORY_MIB <= memory <= 1 << 22:
+            raise InputError(f"memory_mb = {str(memory)[:20]!r}: must be MiB, at least {REAL_MIN_MEMORY_MIB}")
+        disk = driver.job_disk_path(vm, node)
+        safe_dirs.ensure_dir(disk.parent, 0o711)
+        job_disk.build(Path.cwd(), job, disk, limit_bytes=prov.stage_limit_mb * 2**20,
+                       free_bytes=prov.job_disk_free_mb * 2**20)  # fmt: skip
+        if local is None or job.network is None:
+            raise InputError(f"image = {msg.get('image')!r}: a member pilot runs a real image on the job's network")
+        nics = (Nic(str(job.network["mac"]), str(msg["bridge"])),)
+        return dataclasses.replace(real_spec(local, vm, memory, disk, cpu_model=prov.cpu_model), nics=nics)
+
+    try:
+        return Member(link, driver, node, spec).serve()
+    finally:
+        driver.close()
+
+
+def member_job(data: object) -> job_disk.JobDescription:
+    """A member's job description from its leader: every field typed, the user this process's."""
+    if not isinstance(data, dict):
+        raise InputError("job: must be an object")
+    try:
+        job = job_disk.JobDescription(
+            script=b"", args=[str(a) for a in data["args"]], env={str(k): str(v) for k, v in data["env"].items()},
+            uid=int(data["uid"]), gid=int(data["gid"]), user=str(data["user"]), home=str(data["home"]),
+            cwd=str(data["cwd"]), hostname=str(data["hostname"]), network=dict(data["network"]),
+        )  # fmt: skip
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise InputError(f"job: a field is missing or mistyped: {exc}") from None
+    if job.uid != os.getuid():
+        raise InputError(f"job.uid = {job.uid}: this member pilot runs as uid {os.getuid()}")
+    return job_disk.check_description(job)
 
 
 def _job_nodes(args: argparse.Namespace, env: JobEnvironment, node: str) -> list[str]:

@@ -9,7 +9,9 @@ every one is back keeps the cut on the way back too.
 
 The agent, the PBS hook and Saline call this one module (`checkpoint`, `restore`): the
 timestamps it returns let a test, or an operator reading the log, check that every VM was
-paused before any save began.
+paused before any save began. Each VM's steps (pause, save, restore, unpause) go through a
+`VMHandle`: the driver by default, or another process that holds the VM on its own node (a
+per-node pilot, agent.member_leader), so the one cut logic here serves both.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from provisioning.driver import Driver
 from provisioning.vm_types import DriverError, Snapshot
@@ -29,14 +31,68 @@ _log = log.get("provisioning")
 T = TypeVar("T")
 
 
+class VMHandle(Protocol):
+    """The per-VM steps of a cut, on the VM's own node (DriverHandle: through the driver)."""
+
+    def pause(self) -> bool: ...
+
+    def save(self, *, job_id: int | None, bypass_cache: bool) -> Snapshot: ...
+
+    def restore(self, *, from_node: str, paused: bool, bypass_cache: bool) -> None: ...
+
+    def unpause(self) -> None: ...
+
+    def state(self, node: str | None = None) -> VMState | None: ...
+
+
 @dataclass(frozen=True)
 class Member:
     """One VM of the job and the node it is on (for a restore: the node it goes to, and the
-    node its state is on when that differs)."""
+    node its state is on when that differs); `handle` when another process drives the VM."""
 
     vm: str
     node: str
     from_node: str | None = None
+    handle: VMHandle | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class DriverHandle:
+    """A VM's cut steps through the VM driver (the driver reaches the VM's node's libvirt)."""
+
+    driver: Driver
+    vm: str
+    node: str
+
+    def pause(self) -> bool:
+        return self.driver.pause(self.vm, self.node)
+
+    def save(self, *, job_id: int | None, bypass_cache: bool) -> Snapshot:
+        return self.driver.save(self.vm, self.node, job_id=job_id, bypass_cache=bypass_cache)
+
+    def restore(self, *, from_node: str, paused: bool, bypass_cache: bool) -> None:
+        self.driver.restore(self.vm, self.node, from_node=from_node, paused=paused, bypass_cache=bypass_cache)
+
+    def unpause(self) -> None:
+        self.driver.unpause(self.vm, self.node)
+
+    def state(self, node: str | None = None) -> VMState | None:
+        return self.driver.state(self.vm, node or self.node)
+
+    def paused(self) -> bool:
+        """libvirt's word, read only (a member whose leader is gone saves only a paused VM)."""
+        import libvirt  # heavy: libvirt-python
+
+        try:
+            dom = self.driver.connection(self.node).lookupByName(self.vm)
+            return bool(dom.isActive()) and dom.state()[0] == libvirt.VIR_DOMAIN_PAUSED
+        except libvirt.libvirtError:
+            return False
+
+
+def handle(driver: Driver, m: Member) -> VMHandle:
+    """Who carries out `m`'s steps: its own handle, else the driver."""
+    return m.handle if m.handle is not None else DriverHandle(driver, m.vm, m.node)
 
 
 @dataclass
@@ -112,7 +168,7 @@ def checkpoint(
     cut = Cut()
 
     def pause(m: Member) -> bool:
-        paused = driver.pause(m.vm, m.node)
+        paused = handle(driver, m).pause()
         cut.paused_at[m.vm] = time.time()
         return paused
 
@@ -123,13 +179,13 @@ def checkpoint(
         _rollback(driver, live, saved=[])
         raise errors[0]
     for m in live:  # libvirt's own word, not ours: every VM is paused before any save begins
-        if driver.pause(m.vm, m.node) is not True:
+        if handle(driver, m).pause() is not True:
             _rollback(driver, live, saved=[])
             raise DriverError("checkpoint", m.vm, m.node, "the VM did not stay paused; no state was saved")
 
     def save(m: Member) -> Snapshot:
         cut.save_started_at[m.vm] = time.time()
-        snap = driver.save(m.vm, m.node, job_id=job_id, bypass_cache=bypass_cache)
+        snap = handle(driver, m).save(job_id=job_id, bypass_cache=bypass_cache)
         cut.saved_at[m.vm] = time.time()
         return snap
 
@@ -155,13 +211,14 @@ def _rollback(driver: Driver, paused: Sequence[Member], *, saved: Sequence[Membe
     """Undo half a cut: saved VMs are restored on their node, paused ones run again."""
     for m in saved:
         try:
-            driver.restore(m.vm, m.node)
+            handle(driver, m).restore(from_node=m.node, paused=False, bypass_cache=False)
         except DriverError as exc:
             _log.error("rollback restore failed", vm=m.vm, node=m.node, error=str(exc))
     for m in paused:
         try:
-            if driver.state(m.vm, m.node) == VMState.RUNNING:
-                driver.unpause(m.vm, m.node)
+            h = handle(driver, m)
+            if h.state() == VMState.RUNNING:
+                h.unpause()
         except DriverError as exc:
             _log.error("rollback unpause failed", vm=m.vm, node=m.node, error=str(exc))
 
@@ -183,13 +240,15 @@ def restore(
 
     def one(m: Member) -> None:
         if label is not None:
+            if m.handle is not None:  # Saline's repository snapshots are driven by its own driver only
+                raise DriverError("restore", m.vm, m.node, "a labelled snapshot is restored through the driver only")
             driver.restore_snapshot(m.vm, m.node, label=label, from_node=m.from_node, paused=True)
             done.restored_at[m.vm] = time.time()
             return
-        src = m.from_node or m.node
-        if src != m.node and driver.state(m.vm, src) is None and driver.state(m.vm, m.node) == VMState.SAVED:
+        src, h = m.from_node or m.node, handle(driver, m)
+        if src != m.node and h.state(src) is None and h.state() == VMState.SAVED:
             src = m.node  # moved by an earlier, failed attempt and saved again where it went
-        driver.restore(m.vm, m.node, from_node=src, paused=True, bypass_cache=bypass_cache)
+        h.restore(from_node=src, paused=True, bypass_cache=bypass_cache)
         done.restored_at[m.vm] = time.time()
 
     results = _parallel(one, members)
@@ -201,12 +260,12 @@ def restore(
                 if label is not None:
                     driver.delete(m.vm, m.node)
                     continue
-                driver.save(m.vm, m.node)
+                handle(driver, m).save(job_id=None, bypass_cache=False)
             except DriverError as exc:
                 _log.error("re-save after a failed restore failed", vm=m.vm, node=m.node, error=str(exc))
         raise failed[0]
     for m in members:
-        driver.unpause(m.vm, m.node)
+        handle(driver, m).unpause()
     done.running_at = time.time()
     _log.info("coordinated restore", vms=[m.vm for m in members], nodes=[m.node for m in members])
     return done

@@ -8,6 +8,11 @@ cut), then Slurm requeues the job and starts it again (both restored, paused, th
 together). The second VM keeps its progress in /tmp,
 a tmpfs (memory only): the right count at the end, with the same boot id, shows it was
 restored and never rebooted.
+
+Parametrized by `[agent] multinode_pilots`: "leader" (the default, in CI) drives both VMs from
+the first node's pilot; "per-node" (a soak case: a second whole run, ~2–4 min, over CI's +40 s)
+has that pilot start a member pilot on the second node with srun, which builds, boots, saves and
+restores vm1 there at the leader's word.
 """
 
 from __future__ import annotations
@@ -87,10 +92,14 @@ def _job_state(cluster: DevCluster, job: str) -> str:
     return m.group(1) if m else ""
 
 
+@pytest.mark.parametrize("mode", ["leader", pytest.param("per-node", marks=pytest.mark.soak)])
 def test_two_node_job_reaches_its_peer_by_name_and_survives_a_requeue(
     wrapped_cluster: DevCluster,  # noqa: F811 - the fixture
     site: Path,
+    mode: str,
 ) -> None:
+    conf = site / "vjob.toml"
+    conf.write_text(conf.read_text().replace("[agent]\n", f'[agent]\nmultinode_pilots = "{mode}"\n'))
     work = site / "work"
     work.mkdir()
     (work / "job.sh").write_text(SCRIPT)
@@ -122,11 +131,17 @@ def test_two_node_job_reaches_its_peer_by_name_and_survives_a_requeue(
     assert saved is not None and len(saved.member_nodes) == 2, saved
     cuts = [json.loads(line) for line in first_run.splitlines() if '"coordinated checkpoint"' in line]
     assert cuts and all(c["consistent"] for c in cuts), cuts
+    # per-node: vm1 was set up, saved and restored by a member pilot on node2 (its own log lines)
+    members = [json.loads(line) for line in text.splitlines() if '"member: set up"' in line]
+    assert [m.get("node") for m in members] == (["node2"] if mode == "per-node" else []), text[-4000:]
+    if mode == "per-node":
+        assert '"member pilots joined"' in first_run and '"member: set up"' in first_run, first_run[-4000:]
     assert max(cuts[0]["paused_at"].values()) <= min(cuts[0]["save_started_at"].values())
     boot = re.search(r"^boot vm1 (\S+)$", text, re.M)
     assert boot is not None, text[-4000:]
     # vm1 counted every step in its tmpfs, with the boot id it had before the checkpoint
     assert (work / "result.txt").read_text().split() == ["vm1", *map(str, range(1, STEPS + 1)), boot.group(1)]
     restored = [json.loads(line) for line in text.splitlines() if '"multi-node job restored"' in line]
-    print(json.dumps({"figure": "multinode_slurm", "vms": 2, "pause_to_saved_s": cuts[0]["pause_to_saved_s"],
+    print(json.dumps({"figure": "multinode_slurm", "mode": mode, "vms": 2,
+                      "pause_to_saved_s": cuts[0]["pause_to_saved_s"],
                       "restore_to_running_s": restored[0]["restore_to_running_s"] if restored else None}))  # fmt: skip
