@@ -21,6 +21,12 @@ suspending the multi-node one whole; its plan actions are coalesced into the one
 pilot takes (agent.pilot_coalesce), which still refuses, journalled, a plan that would move
 its VMs one by one (a safety net: the validator already rejects such a plan).
 
+Every step leaves what it decided in a small root-owned record (STATUS_NAME in the data
+directory, agent.status_file) that `vjob status` shows: each vjob's target and why (its place in
+the FCFS queue, its measured size, whether it fits beside the vjobs before it), the overloaded
+nodes, and the plan (its actions and cost, "no change", or why there is none) with the switch
+that carried it out.
+
 Scope: the vjobs that have a pilot (running, or asleep after a live suspend). Starting a new
 job stays the RMS's decision; the loop packs, relieves and wakes the vjobs it already holds.
 """
@@ -31,12 +37,13 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agent.observe import Observation
 from agent.pilot_coalesce import MembersMoved, coalesce, journal_refusal
 from agent.pilot_multinode import member_names
 from agent.pilot_performer import EXECUTOR_TAG, PilotRequestPerformer
+from agent.status_file import write_status_file
 from preemption.executor import ExecutionReport, Executor
 from preemption.planner import NodeSpec, Plan, PlanAction
 from preemption.planner.control import ControlDecision, ObservedVM, cpu_demand, decide, plan_for
@@ -50,6 +57,9 @@ if TYPE_CHECKING:
     from provisioning.profiling import DomainSample
 
 _log = log.get(__name__)
+
+STATUS_NAME = "control.json"
+"""The control loop's last step, for `vjob status` (agent.status_cmd.read_control_status)."""
 
 Sampler = Callable[[str], Mapping[str, "DomainSample"]]
 """node → one sample of every domain running there (provisioning.profiling.node_sampler)."""
@@ -79,6 +89,8 @@ class ControlState:
     last_step: float = 0.0
     decision: ControlDecision | None = None
     plan: Plan | None = None
+    published: dict[str, Any] | None = None
+    """The record last written for `vjob status` (STATUS_NAME)."""
 
 
 def measured_mib(sample: DomainSample) -> int | None:
@@ -172,14 +184,23 @@ def step(agent: Agent, obs: Observation, state: ControlState) -> ExecutionReport
     nodes = [NodeSpec(n.name, n.cpus, n.memory_mb) for n in usable]
     names = {n.name for n in usable}
     vms = [o for o in observed_vms(obs, state, busy=agent.cfg.planner.busy) if o.host in names]
+    state.decision = state.plan = None
     if not vms:
+        publish(agent, state, record(state, [], "nothing to decide", "no vjob with a pilot on a usable node"))
         return None
     submitted = {j.id: j.submit_time for j in obs.view.jobs}
     queue = sorted({o.vjob for o in vms}, key=lambda j: (submitted.get(j, 0.0), j))
     state.decision = decide(nodes, vms, queue)
-    state.plan = plan = plan_for(state.decision, optimizer=agent.cfg.planner.optimizer,
-                                 time_limit_s=min(agent.cfg.planner.time_limit_s, 5.0))  # fmt: skip
+    try:
+        state.plan = plan = plan_for(state.decision, optimizer=agent.cfg.planner.optimizer,
+                                     time_limit_s=min(agent.cfg.planner.time_limit_s, 5.0))  # fmt: skip
+    except VjobError as exc:  # the tick reports it; the status says why there is no plan
+        publish(agent, state, record(state, queue, "no plan", str(exc)))
+        raise
     if plan is None:
+        why = ("every vjob stays as it is and no node is overloaded" if not state.decision.changes
+               else "the planner found nothing to do")  # fmt: skip
+        publish(agent, state, record(state, queue, "no change", why))
         return None
     overloaded = dict(zip(state.decision.overloaded, state.decision.why, strict=True))
     agent.log.info("consolidation planned", overloaded=overloaded, cost=plan.cost, actions=plan.count(),
@@ -193,17 +214,81 @@ def step(agent: Agent, obs: Observation, state: ControlState) -> ExecutionReport
     except MembersMoved as refused:
         agent.log.error("consolidation refused: a multi-node vjob would move VM by VM", error=str(refused))
         if str(refused) == state.refused:
+            publish(agent, state, record(state, queue, "refused", str(refused)))
             return None  # journalled at the step that first planned it
         state.refused = str(refused)
-        return journal_refusal(agent.store(), plan, refused, reason=f"consolidation refused: {refused}",
-                               tag=EXECUTOR_TAG, job_key=job_key)  # fmt: skip
+        report = journal_refusal(agent.store(), plan, refused, reason=f"consolidation refused: {refused}",
+                                 tag=EXECUTOR_TAG, job_key=job_key)  # fmt: skip
+        publish(agent, state, record(state, queue, "refused", str(refused), report))
+        return report
     state.refused = ""
+    doing = f"carrying out {len(plan.actions)} action(s) in {len(plan.pools)} pool(s)"
+    publish(agent, state, record(state, queue, "switching", doing))
     performer = PilotRequestPerformer(lambda a: agent.pilot_dir(a.vjob), timeout_s=agent.checkpoint_timeout_s,
                                       reason="consolidation")  # fmt: skip
     executor = Executor(performer, agent.store(), tag=EXECUTOR_TAG, job_key=job_key)
     report = executor.execute(requests, reason="consolidation: measured demand")
     agent.log.info("consolidation done", switch=report.switch_id, summary=report.summary())
+    publish(agent, state, record(state, queue, report.state, report.summary(), report))
     return report
 
 
-__all__ = ["ControlState", "Sampler", "measured_mib", "members_of", "observed_vms", "step", "vm_demand"]
+def vjob_reasons(decision: ControlDecision, queue: list[str]) -> dict[str, dict[str, Any]]:
+    """Each vjob of the decision: its state, the decision module's target, and why (its place in
+    the FCFS queue, what root measured it using, whether it fits beside the vjobs before it)."""
+    out: dict[str, dict[str, Any]] = {}
+    target = decision.selection.target
+    for rank, (vjob, vms) in enumerate(sorted(decision.instance.vjobs().items(), key=lambda kv: queue.index(kv[0]))):
+        cpu, mem = sum(v.cpu for v in vms), sum(v.mem for v in vms)
+        now, then = vms[0].state, target[vjob]
+        nodes = sorted({v.host for v in vms if v.host})
+        size = f"#{rank + 1} in the FCFS queue, measured {cpu} CPU, {mem} MiB over {len(vms)} VM(s)"
+        where = f" on the nodes it is pinned to ({', '.join(nodes)})" if vms[0].pinned else ""
+        ahead = f" beside the {rank} vjob(s) before it" if rank else ""
+        if then is VJobState.RUNNING:
+            why = f"{'runs' if now is VJobState.RUNNING else 'wakes'}: {size}: fits{where}{ahead}"
+        else:
+            why = f"{'sleeps' if now is VJobState.RUNNING else 'stays asleep'}: {size}: no room{where}{ahead}"
+        out[vjob] = {"state": now.value, "target": then.value, "position": rank + 1, "cpu": cpu, "mem_mib": mem,
+                     "nodes": nodes, "pinned": vms[0].pinned, "why": why}  # fmt: skip
+    return out
+
+
+def record(
+    state: ControlState, queue: list[str], outcome: str, why: str, report: ExecutionReport | None = None
+) -> dict[str, Any]:
+    """What the step decided and did, as `vjob status` shows it: `outcome` is `nothing to
+    decide`, `no change`, `no plan` (the planner failed: `why`), `refused`, `switching` (the
+    plan being carried out), or the switch's end state (`done`, `failed`)."""
+    decision, plan = state.decision, state.plan
+    doc: dict[str, Any] = {
+        "at": state.last_step,
+        "policy": "fcfs",
+        "vjobs": {} if decision is None else vjob_reasons(decision, queue),
+        "overloaded": {} if decision is None else dict(zip(decision.overloaded, decision.why, strict=True)),
+        "unmeasured": list(state.unmeasured),
+        "plan": {"outcome": outcome, "why": why, "cost": None, "actions": [], "pools": 0, "switch": None},
+    }
+    if plan is not None:
+        actions = [a.to_dict() | {"pool": i} for i, pool in enumerate(plan.pools) for a in pool]
+        doc["plan"] |= {"cost": plan.cost, "pools": len(plan.pools), "optimizer": plan.optimizer, "actions": actions}
+    if report is not None:
+        doc["plan"] |= {"switch": report.switch_id, "finished_at": time.time()}
+    return doc
+
+
+def publish(agent: Agent, state: ControlState, doc: dict[str, Any]) -> None:
+    """The step's record where `vjob status` reads it (agent.status_file); a write failure is
+    only logged: the loop goes on."""
+    try:
+        write_status_file(agent.cfg.data_path / STATUS_NAME, doc)
+    except OSError as exc:
+        agent.log.warning("control loop: cannot write the status", error=str(exc))
+        return
+    state.published = doc
+
+
+__all__ = [
+    "STATUS_NAME", "ControlState", "Sampler", "measured_mib", "members_of", "observed_vms", "publish", "record", "step",
+    "vjob_reasons", "vm_demand",
+]  # fmt: skip

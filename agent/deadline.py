@@ -7,8 +7,6 @@ Pure decisions come from preemption.deadline; this module only holds the state b
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -16,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.status_file import write_status_file
 from preemption.deadline import (
     Bounds,
     Continuation,
@@ -405,10 +404,7 @@ class DeadlineKeeper:
         }
         path = self.cfg.data_path / STATUS_NAME
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(doc) + "\n")
-            os.replace(tmp, path)
+            write_status_file(path, doc)
         except OSError as exc:
             _log.warning("cannot write the deadline status", path=str(path), error=str(exc))
 

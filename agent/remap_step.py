@@ -29,8 +29,6 @@ Scope: vjobs of one VM. A pilot refuses to migrate a job of several VMs VM by VM
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -38,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.observe import Observation
 from agent.pilot_performer import EXECUTOR_TAG, PilotRequestPerformer
+from agent.status_file import write_status_file
 from preemption.executor import ExecutionReport, Executor
 from preemption.planner.plan import Plan, PlanAction
 from preemption.remap.claims import PassClaims, allowed_moves, remappable
@@ -251,10 +250,7 @@ def publish(agent: Agent, state: RemapState) -> None:
         return
     path = agent.cfg.data_path / STATUS_NAME
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(doc | {"at": time.time()}) + "\n")
-        os.replace(tmp, path)
+        write_status_file(path, doc | {"at": time.time()})
     except OSError as exc:
         agent.log.warning("remap: cannot write the status", path=str(path), error=str(exc))
         return

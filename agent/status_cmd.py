@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agent.consolidate import STATUS_NAME as CONTROL_STATUS_NAME
 from agent.deadline import STATUS_NAME
 from agent.remap_step import STATUS_NAME as REMAP_STATUS_NAME
 from vjob.cli import load_config
@@ -136,9 +137,11 @@ def collect(cfg: Any, rms: str, switches: int = 10, snapshots: int = 20) -> dict
         )
     out["deadline"] = read_deadline_status(cfg, out["errors"])
     out["remap"] = read_remap_status(cfg, out["errors"])
+    out["control"] = read_control_status(cfg, out["errors"])
     for v in out["vjobs"]:
         v.update(out["deadline"]["jobs"].get(v["job"], {}))
         v["remap_skipped"] = out["remap"]["skipped"].get(v["job"])
+        v["control"] = out["control"]["vjobs"].get(v["job"])
     return out
 
 
@@ -164,6 +167,13 @@ def read_remap_status(cfg: Any, errors: list[str]) -> dict[str, Any]:
     its last moves and balloon targets. Missing: remapping never ran."""
     empty: dict[str, Any] = {"at": None, "skipped": {}, "moves": [], "memory": []}
     return _read_status_file(cfg.data_path / REMAP_STATUS_NAME, errors, "remap status", empty, "skipped")
+
+
+def read_control_status(cfg: Any, errors: list[str]) -> dict[str, Any]:
+    """The control loop's last step (agent.consolidate.record): each vjob's target and why, the
+    overloaded nodes, the plan and its switch. Missing: the loop never ran (planner.interval_s 0)."""
+    empty: dict[str, Any] = {"at": None, "policy": None, "vjobs": {}, "overloaded": {}, "unmeasured": [], "plan": None}
+    return _read_status_file(cfg.data_path / CONTROL_STATUS_NAME, errors, "control loop status", empty, "vjobs")
 
 
 def read_deadline_status(cfg: Any, errors: list[str]) -> dict[str, Any]:
@@ -230,6 +240,7 @@ def _status(args: argparse.Namespace) -> int:
                        "-" if j["predicted_end"] is None else time.strftime(fmt, time.localtime(j["predicted_end"])),
                        j["decision"])  # fmt: skip
         console.print(dt)
+    _print_control(console, data["control"])
     vo = dl["vo_model"]
     if isinstance(vo, dict):
         console.print(
@@ -240,3 +251,37 @@ def _status(args: argparse.Namespace) -> int:
     for err in data["errors"]:
         console.print(f"[yellow]warning:[/] {err}")
     return 0
+
+
+def _print_control(console: Any, ctl: dict[str, Any]) -> None:
+    """The control loop's last decision (each vjob's target and why) and its plan."""
+    if ctl["at"] is None:
+        return
+    if (
+        not isinstance(ctl["at"], int | float)
+        or not isinstance(ctl["overloaded"], dict)
+        or not all(isinstance(v, dict) for v in ctl["vjobs"].values())
+    ):
+        console.print("[yellow]warning:[/] the control loop's status record is not in the shape it writes")
+        return
+    from rich.table import Table
+
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ctl["at"]))
+    plan = ctl["plan"] if isinstance(ctl["plan"], dict) else {}
+    ct = Table(title=f"control loop, last step {when} ({ctl['policy']})")
+    for col in ("vjob", "now", "target", "why"):
+        ct.add_column(col)
+    for job, v in sorted(ctl["vjobs"].items(), key=lambda kv: kv[1].get("position", 0)):
+        ct.add_row(job, str(v.get("state")), str(v.get("target")), str(v.get("why")))
+    console.print(ct)
+    for node, why in sorted(ctl["overloaded"].items()):
+        console.print(f"overloaded: {node} ({why})")
+    actions = ", ".join(
+        f"{a.get('action')} {a.get('vm')}" + (f" {a.get('from')}→{a.get('to')}" if a.get("action") == "migrate" else "")
+        for a in plan.get("actions", [])
+    )
+    cost = "" if plan.get("cost") is None else f", cost {plan['cost']}"
+    switch = "" if plan.get("switch") is None else f", switch {plan['switch']}"
+    console.print(
+        f"plan: {plan.get('outcome')} ({plan.get('why')}){cost}{switch}" + (f": {actions}" if actions else "")
+    )

@@ -7,7 +7,10 @@ Root only (root's libvirt, `vjob image build`). The site image `mpi` is debian12
 taken from the build cache when there). A 2-VM vjob (`vjob run --nodes node1,node2`: both
 "nodes" on this machine's libvirt, as on the dev cluster) runs
 `mpirun --hostfile "$VJOB_NODEFILE" -np 2 python3 ring.py ROUNDS`: each round rank 0 sends a
-counter to rank 1, which adds one and sends it back, adding one too. After `--checkpoint-at`
+counter to rank 1, which adds one and sends it back, adding one too (`ring.py ROUNDS STAGES WORK
+IDLE`, as bench/planner_live.py's `--program mpi-ring` runs it: round r first computes WORK steps
+of arithmetic on every rank when STAGES[r] is `C`, or sleeps IDLE seconds on every rank when it
+is `I`). After `--checkpoint-at`
 rounds the bench asks the pilot for a checkpoint as the agent does (both VMs paused, then
 saved: one cut), ends the pilot as a requeue would (SIGTERM), starts the job's pilot again (both
 VMs restored paused, then run together) and waits for the end: the final counter must be
@@ -30,9 +33,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from provisioning import image_build, kvm_probe, network
+from provisioning.driver import Driver
 from provisioning.images import Catalogue
 from vjob.config import ProvisioningConfig
 from vjob.store.db import Store
@@ -47,13 +52,28 @@ from mpi4py import MPI
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
+rounds = int(sys.argv[1])
+stages = sys.argv[2] if len(sys.argv) > 2 else ""
+work = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+idle = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0
 counter = 0
-for r in range(int(sys.argv[1])):
+for r in range(rounds):
+    stage = stages[r % len(stages)] if stages else ""
+    t0 = time.time()
+    if stage == "C":
+        s = 0
+        for i in range(work):
+            s = (s + i * 31 + 7) % 1000003
+    elif stage == "I":
+        time.sleep(idle)
     if rank == 0:
         comm.send(counter + 1, dest=1)
         counter = comm.recv(source=size - 1)
         print(f"round {r + 1} counter {counter}", flush=True)
-        time.sleep(1)
+        if stages:
+            print(f"stage {stage} {time.time() - t0:.1f} s", flush=True)
+        else:
+            time.sleep(1)
     else:
         counter = comm.recv(source=rank - 1) + 1
         comm.send(counter, dest=(rank + 1) % size)
@@ -62,7 +82,7 @@ if rank == 0:
 """
 JOB = """#!/bin/bash
 set -e
-mpirun --allow-run-as-root --hostfile "$VJOB_NODEFILE" -np 2 python3 ring.py "$1"
+mpirun --allow-run-as-root --hostfile "$VJOB_NODEFILE" -np 2 python3 ring.py "$@"
 """
 
 
@@ -90,16 +110,31 @@ def _events(err: Path, name: str) -> list[dict[str, object]]:
     return [json.loads(line) for line in err.read_text(errors="replace").splitlines() if f'"{name}"' in line]
 
 
+def forget_job(driver: Driver, job_id: str, nodes: Sequence[str], vms: int) -> None:
+    """A multi-node job's VMs (looked for on every node) and its bridge, whatever state a run
+    left them in (also bench/planner_live.py's clean-up)."""
+    for node in nodes:
+        for rank in range(vms):
+            driver.delete(f"vjob-slurm-{job_id}-{rank}", node)
+    network.remove_bridge(driver.connection(nodes[0]), network.pilot_subnet_id("slurm", job_id))
+
+
+def ring_outcome(text: str, rounds: int, ranks: int = 2) -> dict[str, object]:
+    """What rank 0 printed: the final counter against an uninterrupted ring's (ranks × rounds),
+    and whether every round was printed once, in order, with its right value."""
+    counters = [int(m.group(1)) for m in re.finditer(r"^round \d+ counter (\d+)$", text, re.M)]
+    final = re.search(r"^final (\d+)$", text, re.M)
+    value = int(final.group(1)) if final else None
+    ok = value == ranks * rounds and counters == [ranks * i for i in range(1, rounds + 1)]
+    return {"final": value, "expected": ranks * rounds, "ok": ok}
+
+
 def _forget(base: Path, job_id: str) -> None:
-    """The job's VMs and bridge, whatever state the run left them in."""
-    from provisioning.driver import Driver  # heavy: libvirt-python
     from vjob.config import load
 
     cfg = load(str(base / "vjob.toml"))
     with Driver(cfg.provisioning, data_dir=cfg.data_path) as driver:
-        for rank in range(2):
-            driver.delete(f"vjob-slurm-{job_id}-{rank}", "node1")
-        network.remove_bridge(driver.connection("node1"), network.pilot_subnet_id("slurm", job_id))
+        forget_job(driver, job_id, ["node1"], 2)
 
 
 def ring(base: Path, rounds: int, at: int, memory: int) -> dict[str, object]:
@@ -135,18 +170,14 @@ def ring(base: Path, rounds: int, at: int, memory: int) -> dict[str, object]:
                 p.send_signal(signal.SIGTERM)
                 p.wait(timeout=120)
         _forget(base, job_id)
-    text = second.read_text(errors="replace")
-    counters = [int(m.group(1)) for m in re.finditer(r"^round \d+ counter (\d+)$", text, re.M)]
-    final = re.search(r"^final (\d+)$", text, re.M)
+    outcome = ring_outcome(second.read_text(errors="replace"), rounds)
     cuts = _events(first.with_suffix(".err"), "coordinated checkpoint")
     restored = _events(second.with_suffix(".err"), "multi-node job restored")
     return {
         "rounds": rounds,
         "checkpoint_at_round": at,
         "exit": code,
-        "final": int(final.group(1)) if final else None,
-        "expected": 2 * rounds,
-        "ok": bool(final) and int(final.group(1)) == 2 * rounds and counters == [2 * i for i in range(1, rounds + 1)],
+        **outcome,
         "first_round_s": round(first_round_s, 1),
         "cut_consistent": bool(cuts) and all(c.get("consistent") for c in cuts),
         "pause_to_saved_s": cuts[0].get("pause_to_saved_s") if cuts else None,

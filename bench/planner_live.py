@@ -23,6 +23,18 @@ are relieved by migration or suspension). The figure is the completion time of t
 
     .venv/bin/python bench/planner_live.py --experiment [--vjobs 3] [--stages 4] [--iterations 200000]
 
+`--program mpi-ring` (with `--vms 2`): each vjob is instead one real multi-node pilot (`vjob run
+--nodes a,b`: one VM on each libvirtd, a private network between them) of the site image `mpi`
+(bench/multinode_mpi.py builds it, Open MPI), running bench/multinode_mpi.py's MPI ring with
+its stages: every round, each rank computes `--work` steps of Python arithmetic (`C`) or sleeps
+`--idle` seconds (`I`), then the counter goes round the ring. The loop observes the pilots as
+the agent does (agent.consolidate.observed_vms: each VM sampled on its node, the vjob's VMs
+pinned), so it can only run, suspend and resume a vjob whole, in place (agent.pilot_coalesce);
+every ring must end with the counter an uninterrupted run gives.
+
+    nice -n 10 .venv/bin/python bench/planner_live.py --experiment --program mpi-ring --vms 2 --memory 384 \
+        --node-memory 4096 --vjobs 3 --stages 3 --workload alternating --work 1000000 --idle 150
+
 `LiveSite` (the configuration of the two nodes, the pilots, the store, the clean-up) is also
 what tests/test_planner_realvm.py runs its plan on.
 """
@@ -30,6 +42,8 @@ what tests/test_planner_realvm.py runs its plan on.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib.util
 import json
 import os
 import random
@@ -42,29 +56,54 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import Any, NamedTuple
 
 from agent import consolidate
+from agent.observe import Observation
+from agent.pilot_coalesce import coalesce
+from agent.pilot_multinode import member_names
 from agent.pilot_performer import EXECUTOR_TAG, PilotRequestPerformer
 from devkit import guest_probe, libvirtd
 from preemption.executor import ExecutionReport, Executor
 from preemption.planner import NodeSpec, Plan, PlanAction, control
 from preemption.planner.control import ObservedVM
-from provisioning import guest
+from provisioning import guest, image_build
 from provisioning.driver import Driver
+from provisioning.images import Catalogue
 from provisioning.profiling import DomainSample, node_sampler
 from vjob import config as vconfig
 from vjob.errors import VjobError
-from vjob.model import Action, VJobState
+from vjob.model import Action, ClusterView, VJobState
 from vjob.pilot_files import PilotDir, PilotState, PilotStatus, RequestKind, vm_name
 from vjob.progress import Progress
 from vjob.store import journal
 from vjob.store.db import Store
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _bench_module(name: str) -> ModuleType:
+    """Another bench script (they are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", Path(__file__).with_name(f"{name}.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+mpi = _bench_module("multinode_mpi")
+"""The MPI ring, its job script, the site image with Open MPI and a job's clean-up."""
 NODES = ("a", "b")
 RMS = "slurm"
 KINDS = ("run", "suspend", "local resume", "migrate", "remote resume", "stop")
+
+
+class MpiScript(NamedTuple):
+    """A multi-node job's script: its directory (job.sh, ring.py) and its arguments."""
+
+    cwd: Path
+    args: tuple[str, ...]
 
 
 class LiveSite:
@@ -93,19 +132,30 @@ class LiveSite:
         self.driver = Driver(cfg.provisioning, data_dir=cfg.data_path)
         self.nodes = tuple(uris)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.multi: set[str] = set()
+        """The multi-node jobs started (their VMs `<vm>-<rank>` and bridge to clean up)."""
 
     # -- pilots ------------------------------------------------------------------------------
-    def pilot(self, job: str, node: str, payload: Path | None = None) -> subprocess.Popen[bytes]:
+    def pilot(self, job: str, node: str, payload: Path | None = None, *, script: MpiScript | None = None,
+              nodes: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:  # fmt: skip
         """Start vjob `job`'s pilot on `node` (what the RMS does when the job starts there);
-        the guest runs `payload` (a shell script) instead of its counter when given."""
+        the guest runs `payload` (a shell script) instead of its counter when given. With
+        `script` and several `nodes`: a multi-node pilot of a catalogue image, one VM per node,
+        running the script unchanged from its directory."""
         for n in self.nodes:  # a VM of that name left by an earlier run would be adopted
             self.driver.delete(vm_name(RMS, job), n)
         cmd = [sys.executable, "-m", "vjob.cli", "--config", str(self.config), "run", "--job-id", job,
                "--node", node, "--memory", str(self.memory_mib)]  # fmt: skip
         cmd += ["--payload", str(payload)] if payload else []
+        cwd = REPO
+        if script is not None:
+            self.multi.add(job)
+            mpi.forget_job(self.driver, job, self.nodes, len(nodes))
+            cmd += ["--nodes", ",".join(nodes), "--os", mpi.IMAGE, "--script", "job.sh", "--", *script.args]
+            cwd = script.cwd
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
         with open(self.work / f"pilot-{job}.out", "ab") as out:
-            proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL)  # fmt: skip
         self.procs[job] = proc
         return proc
@@ -169,6 +219,8 @@ class LiveSite:
             for node in self.nodes:
                 try:
                     self.driver.delete(vm_name(RMS, job), node)
+                    if job in self.multi:
+                        mpi.forget_job(self.driver, job, (node,), 2)
                 except VjobError:
                     pass  # gone with its node: nothing left to delete there
         self.driver.close()
@@ -368,6 +420,144 @@ def experiment(site: LiveSite, tag: str, *, measured: bool, args: argparse.Names
             "max_core_share": round(max(work.used, default=0.0), 2)}  # fmt: skip
 
 
+# -- the cluster experiment with multi-node vjobs running an MPI ring -------------------------
+def ring_stages(args: argparse.Namespace) -> list[str]:
+    """Each vjob's stages (`C` compute, `I` idle), the same for both policies: `alternating`
+    starts every other vjob idle; `random` draws them from `seed` (at least one compute)."""
+    rng = random.Random(args.seed)
+    out = []
+    for k in range(args.vjobs):
+        if args.workload == "alternating":
+            out.append((("CI" if k % 2 == 0 else "IC") * args.stages)[: args.stages])
+        else:
+            pattern = "C" + "".join(rng.choice("CI") for _ in range(args.stages - 1))
+            out.append("".join(rng.sample(pattern, len(pattern))))
+    return out
+
+
+def runs_as_one(plan: Plan, vms: Mapping[str, int]) -> Plan:
+    """The runs of a multi-node vjob (one per VM) as one run of its pilot's first VM in the
+    last pool that held one of them: the RMS starts the job once, on all its nodes (the
+    planner's placement of each VM), and the pilot reports on its first VM's node."""
+    last: dict[str, int] = {}
+    for i, pool in enumerate(plan.pools):
+        for a in pool:
+            if a.kind is Action.RUN and vms.get(a.vjob, 1) > 1:
+                last[a.vjob] = i
+    pools = []
+    for i, pool in enumerate(plan.pools):
+        kept = [a for a in pool if not (a.kind is Action.RUN and a.vjob in last)]
+        for job in (j for j, at in last.items() if at == i):
+            leader = member_names(vm_name(RMS, job), vms[job])[0]
+            kept.append(PlanAction(Action.RUN, leader, job, None, plan.placement[leader]))
+        pools.append(tuple(kept))
+    return Plan(tuple(p for p in pools if p), plan.placement, plan.cost, plan.optimizer, plan.warnings, plan.stats)
+
+
+def mpi_experiment(site: LiveSite, tag: str, *, measured: bool, args: argparse.Namespace) -> dict[str, Any]:
+    """The set of `--vjobs` MPI rings, each a multi-node pilot, under one policy (as
+    `experiment`: `measured=False` weighs each VM by its requested CPU and memory, True by what
+    root measured through libvirt); its completion time and whether every ring ended right."""
+    cwd = site.work / f"job-{tag}"
+    cwd.mkdir()
+    (cwd / "job.sh").write_text(mpi.JOB)
+    (cwd / "ring.py").write_text(mpi.RING)
+    queue = [f"{tag}{k}" for k in range(args.vjobs)]
+    stages = dict(zip(queue, ring_stages(args), strict=True))
+    scripts = {j: MpiScript(cwd, (str(len(p)), p, str(args.work), str(args.idle))) for j, p in stages.items()}
+    nodes = tuple(NodeSpec(n, 1, args.node_memory) for n in site.nodes)
+    vms = dict.fromkeys(queue, args.vms)
+    placed: dict[str, str] = {}
+    """Where the last plan put each VM: the nodes the RMS starts a job on."""
+
+    def start(a: PlanAction) -> None:
+        where = tuple(placed[m] for m in member_names(vm_name(RMS, a.vjob), args.vms))
+        site.pilot(a.vjob, where[0], script=scripts[a.vjob], nodes=where)
+
+    performer = PilotRequestPerformer(lambda a: site.pdir(a.vjob), timeout_s=args.action_timeout, start_job=start)
+    executor = Executor(performer, site.store, pipeline_interval_s=0.1, tag=EXECUTOR_TAG,
+                        job_key=lambda a: f"{RMS}:{a.vjob}")  # fmt: skip
+    state = consolidate.ControlState(sampler=node_sampler(site.driver.connection))
+    actions: dict[str, int] = {}
+    requests: dict[str, int] = {}
+    switches: list[dict[str, Any]] = []
+    used: list[float] = []
+    wanted: list[float] = []
+    steps = overloaded = 0
+    finished: dict[str, float] = {}
+    t0 = time.monotonic()
+    while True:
+        pilots = {}
+        for job in queue:
+            try:
+                st = site.state(job)
+            except VjobError:
+                continue  # not started yet (or its state being rewritten: read next step)
+            if st.state in (PilotState.FINISHED, PilotState.FAILED):
+                finished.setdefault(job, round(time.monotonic() - t0, 1))
+            pilots[job] = st
+        if len(finished) == len(queue):
+            break
+        if time.monotonic() - t0 > args.horizon:
+            raise VjobError(f"experiment {tag}: not finished within {args.horizon} s")
+        before = dict(state.samples)
+        observed = consolidate.observed_vms(Observation(ClusterView(now=time.time()), pilots, {}, True), state,
+                                            busy=0.5)  # fmt: skip
+        for vm, now in state.samples.items():
+            prev = before.get(vm)
+            if prev is not None and now.t > prev.t:
+                dt = now.t - prev.t
+                used.append(max(0, now.cpu_time_ns - prev.cpu_time_ns) / 1e9 / dt)
+                wanted.append(used[-1] + max(0, (now.vcpu_delay_ns or 0) - (prev.vcpu_delay_ns or 0)) / 1e9 / dt)
+        if not measured:  # FCFS as a static scheduler books it: the requested size, start to end
+            observed = [dataclasses.replace(o, demand=o.vcpus, mem=site.memory_mib) for o in observed]
+        for job in queue:
+            if job not in pilots:
+                observed += [ObservedVM(vm, job, VJobState.WAITING, None, site.memory_mib, 1, 1)
+                             for vm in member_names(vm_name(RMS, job), args.vms)]  # fmt: skip
+        present = {o.vjob for o in observed}
+        decision = control.decide(nodes, observed, [j for j in queue if j in present])
+        steps += 1
+        overloaded += bool(decision.overloaded)
+        plan = control.plan_for(decision, optimizer="cpsat", time_limit_s=2.0)
+        if plan is not None:
+            placed.update(plan.placement)
+            asked = coalesce(runs_as_one(plan, vms), state.members)
+            t1 = time.monotonic()
+            report = executor.execute(asked, reason="bench planner_live mpi experiment")
+            for a in plan.actions:
+                actions[a.kind.value] = actions.get(a.kind.value, 0) + 1
+            for a in asked.actions:
+                requests[a.kind.value] = requests.get(a.kind.value, 0) + 1
+            switches.append({"t": round(t1 - t0, 1), "s": round(time.monotonic() - t1, 1), "state": report.state,
+                             "overloaded": list(decision.overloaded),
+                             "requests": [f"{a.kind.value} {a.vjob}" for a in asked.actions]})  # fmt: skip
+            print(f"{t1 - t0:7.1f} s  {report.state:<7} {', '.join(switches[-1]['requests'])}"
+                  f"{'  (overloaded: ' + ', '.join(decision.overloaded) + ')' if decision.overloaded else ''}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+        time.sleep(args.interval)
+    rings = {}
+    for job in queue:
+        text = (site.work / f"pilot-{job}.out").read_text(errors="replace")
+        rings[job] = {"stages": stages[job], "finished_s": finished[job], "pilot": site.state(job).state.value,
+                      **mpi.ring_outcome(text, len(stages[job]))}  # fmt: skip
+    return {"completion_s": round(time.monotonic() - t0, 1), "rings": rings,
+            "all_rings_right": all(r["ok"] for r in rings.values()), "switches": switches,
+            "failed_switches": sum(s["state"] != "done" for s in switches), "actions": actions,
+            "requests": requests, "steps": steps, "overloaded_steps": overloaded,
+            "busy_readings": sum(u >= 0.5 for u in used), "readings": len(used),
+            "starved_readings": sum(u < 0.5 <= w for u, w in zip(used, wanted, strict=True)),
+            "max_core_share": round(max(used, default=0.0), 2)}  # fmt: skip
+
+
+def mpi_image(site: LiveSite) -> dict[str, Any]:
+    """The site image with Open MPI in the site's catalogue (from the build cache when there)."""
+    cfg = vconfig.load(site.config)
+    built = image_build.build(Catalogue(site.store, cfg.provisioning, data_dir=site.data), mpi.IMAGE,
+                              packages=mpi.PACKAGES)  # fmt: skip
+    return {"image_mb": round(built.size_bytes / 2**20, 1), "build_s": round(built.build_s, 1), "cached": built.cached}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repetitions", type=int, default=3)
@@ -383,7 +573,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="experiment: the random workload's seed")
     p.add_argument("--interval", type=float, default=5.0, help="experiment: seconds between control steps")
     p.add_argument("--horizon", type=float, default=1800.0, help="experiment: give up after this many seconds")
+    p.add_argument("--program", choices=("shell", "mpi-ring"), default="shell",
+                   help="experiment: one-VM pilots (shell stages) or multi-node pilots (an MPI ring)")  # fmt: skip
+    p.add_argument("--work", type=int, default=1_000_000, help="mpi-ring: steps of a compute stage, per rank")
+    p.add_argument("--node-memory", type=int, default=1024, help="experiment: MiB each node is declared")
+    p.add_argument("--action-timeout", type=float, default=600.0,
+                   help="mpi-ring: seconds a pilot may take to start, save or restore its VMs")  # fmt: skip
     args = p.parse_args(argv)
+    if args.program == "mpi-ring" and (args.vms != 2 or not args.experiment):
+        p.error("--program mpi-ring: with --experiment and --vms 2 (one VM on each node)")
     load0 = os.getloadavg()[0]
     guest.build()  # the counter guest, built once and cached
     system = libvirtd.start_system(Path(tempfile.mkdtemp(prefix="vjob-libvirtd-log-", dir="/var/tmp")))
@@ -395,11 +593,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.experiment:
             tag = f"{os.getpid() % 100000}"
+            run = experiment
+            if args.program == "mpi-ring":
+                result["image"] = mpi_image(site)
+                run = mpi_experiment
             with Progress(2, "FCFS, then the loop") as bar:
-                result["fcfs"] = experiment(site, f"{tag}f", measured=False, args=args)
-                bar.advance()
-                result["loop"] = experiment(site, f"{tag}e", measured=True, args=args)
-                bar.advance()
+                for name, measured in (("fcfs", False), ("loop", True)):
+                    result[name] = run(site, f"{tag}{name[0]}", measured=measured, args=args)
+                    print(json.dumps({name: result[name]}), file=sys.stderr, flush=True)  # kept if the next fails
+                    bar.advance()
         else:
             with Progress(args.repetitions, "live actions") as bar:
                 for i in range(args.repetitions):
@@ -417,7 +619,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"bench": "planner_live", "experiment": {**result, "reduction": round(1 - loop / fcfs, 4),
                           "vjobs": args.vjobs, "vms_per_vjob": args.vms, "stages": args.stages,
                           "iterations": args.iterations, "idle_s": args.idle, "interval_s": args.interval,
-                          "workload": args.workload, "seed": args.seed},
+                          "workload": args.workload, "seed": args.seed, "program": args.program,
+                          "work": args.work, "node_memory_mib": args.node_memory},
                           "memory_mib": args.memory, "load_avg_1min": load}))  # fmt: skip
         return 0
     figures: dict[str, Any] = {}

@@ -30,6 +30,7 @@ from agent.metrics import AgentMetrics
 from agent.observe import Observation
 from agent.pilot_performer import PilotRequestPerformer
 from agent.recover import finish_live_switches
+from agent.status_cmd import read_control_status
 from provisioning.profiling import node_sampler
 from tests.services import wait_for
 from tests.services.libvirt import make_test_node
@@ -119,6 +120,14 @@ def test_the_loop_suspends_and_resumes_a_multi_node_vjob_as_one_request_each(sit
     st = _st(site, "79")
     assert st.state is PilotState.SAVED and st.memory_saved and st.saved_nodes == ["node1", "node2"]
     assert _st(site, "78").state is PilotState.RUNNING
+    errors: list[str] = []
+    shown = read_control_status(cfg, errors)  # what `vjob status` shows of this step
+    assert shown["vjobs"]["79"]["why"] == (
+        "sleeps: #2 in the FCFS queue, measured 0 CPU, 768 MiB over 2 VM(s): no room on the nodes it is pinned "
+        "to (node1, node2) beside the 1 vjob(s) before it")  # fmt: skip
+    assert (shown["plan"]["outcome"], shown["plan"]["switch"], shown["overloaded"]) == (
+        "done", report.switch_id, {"node1": "memory 1152 > 1024 MB"})  # fmt: skip
+    assert errors == []
 
     # The agent killed after the pilot answered but before the journal said so: the recovery
     # repeats the action with the same request id, and the pilot is not asked to sleep twice.
@@ -145,5 +154,6 @@ def test_the_loop_suspends_and_resumes_a_multi_node_vjob_as_one_request_each(sit
     assert [(a.action, a.vm_name, a.state) for a in sw.actions] == [("resume", MEMBERS[0], "done")]
     st = _st(site, "79")
     assert (st.state, st.node, st.restores, st.local_restores) == (PilotState.RUNNING, "node1", 1, 1)
+    assert read_control_status(cfg, errors)["vjobs"]["79"]["why"].startswith("wakes: #2 in the FCFS queue")
     for conn in hv.values():
         conn.close()
