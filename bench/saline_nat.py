@@ -26,33 +26,29 @@ import argparse
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from devkit import libvirtd
-from plugins.oar.client import OarRest
+from devkit.saline_bench import (
+    USER,
+    SecondNode,
+    evacuate_keeping_output,
+    numbered_lines,
+    require_root,
+    saline_bench,
+    wait_for,
+)
 from plugins.oar.parse import OarJob
-from provisioning import image_build
 from provisioning.driver import Driver
-from provisioning.images import Catalogue
 from saline_bew import identity, journal
 from saline_bew.manager import Manager
-from saline_bew.repository import Repository
-from saline_bew.sites import Site
 from saline_bew.vms import SalineVMs, nat_network
 from vjob import progress
-from vjob.config import ProvisioningConfig, parse
-from vjob.errors import CommandError
-from vjob.store.db import Store
 
-USER = "oaruser1"
-"""A user of this machine (the OAR tests' user): COMMAND runs as its uid in the guest."""
 NAT_NAME = "vjnatbench"
 OUTSIDE_NS = "vjnat-outside"
 HOST_SIDE, OUTSIDE = "198.51.100.1", "198.51.100.2"
@@ -81,11 +77,7 @@ LINE = re.compile(r"OUT (\d+) (\d+) (.*)")
 
 
 def answers(log: Path) -> list[tuple[int, str]]:
-    try:
-        text = log.read_text(errors="replace")
-    except FileNotFoundError:
-        return []
-    return [(int(m.group(1)), m.group(3).strip()) for m in LINE.finditer(text)]
+    return numbered_lines(log, LINE)
 
 
 def pongs(seen: list[tuple[int, str]], after: int) -> int:
@@ -93,13 +85,8 @@ def pongs(seen: list[tuple[int, str]], after: int) -> int:
     return sum(n > after and a.startswith("PONG") for n, a in seen)
 
 
-def wait_for(log: Path, predicate: Any, timeout_s: float, what: str) -> float:
-    start = time.monotonic()
-    while time.monotonic() - start < timeout_s:
-        if predicate(answers(log)):
-            return time.monotonic() - start
-        time.sleep(0.5)
-    raise SystemExit(f"{what}: not seen in {timeout_s:.0f} s; {log}: {answers(log)[-5:]}")
+def wait_answers(log: Path, predicate: Any, timeout_s: float, what: str) -> float:
+    return wait_for(lambda: predicate(answers(log)), timeout_s, f"{what} ({log})")
 
 
 def nics(driver: Driver, vm: str, node: str) -> list[tuple[str, str, str]]:
@@ -155,59 +142,33 @@ def main() -> None:
     ap.add_argument("--boot-timeout", type=float, default=600.0)
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args()
-    if os.geteuid() != 0:
-        raise SystemExit("root only: root's libvirt, a second libvirtd, a network namespace")
-    work = Path(tempfile.mkdtemp(prefix="vjob-saline-nat-"))
-    os.chmod(work, 0o755)
-    system = libvirtd.start_system(work / "log")
-    base_b = Path("/var/tmp/vjob-saline-nat-nodeb")
-    second = libvirtd.start_second_node(base_b, hostname="natb", migration_ports=(49360, 49380))
-    for lib in (Path("/var/lib/libvirt"), base_b / "lib"):  # libvirt keeps each network's MAC list here;
-        (lib / "dnsmasq").mkdir(mode=0o755, exist_ok=True)  # dnsmasq's package makes it, absent here
-    nodes = {"na": libvirtd.SYSTEM_URI, "nb": second.uri}
+    require_root("root's libvirt, a second libvirtd, a network namespace")
     figures: dict[str, Any] = {"bench": "saline_nat", "image": "debian12", "vms": 1, "load": os.getloadavg()[0]}
+    saline = {"nat_network": NAT_NAME, "nat_dns": ["192.0.2.53"]}  # no dnsmasq on this machine: libvirt runs no DNS
     server = None
     try:
         server = outside_up()
-        with progress.Progress(4, "saline NAT bench") as bar:
-            store = Store(f"sqlite:///{work / 'vjob.sqlite'}")
-            store.upgrade()
-            bar.relabel("image debian12 (cached by content; a cold build takes minutes)")
-            built = image_build.build(Catalogue(store, ProvisioningConfig(), data_dir=work / "data"), "debian12")
-            figures["image_cached"] = built.cached
-            bar.advance()
-            cfg = parse(
-                {
-                    "data_dir": str(work / "data"),
-                    "provisioning": {
-                        "nodes": nodes,
-                        "vm_dir": str(work / "vms" / "{node}"),
-                        "snapshot_dir": str(work / "snap" / "{node}"),
-                        "job_disk_free_mb": 64,
-                    },
-                    "saline": {
-                        "sites": [{"name": s, "repository": str(work / f"repo-{s}")} for s in ("a", "b")],
-                        "nat_network": NAT_NAME,
-                        "nat_dns": ["192.0.2.53"],  # no dnsmasq on this machine: libvirt runs no DNS
-                    },
-                }
-            )
-            dead = OarRest("http://127.0.0.1:9/oarapi", timeout_s=1)  # nobody listens: OAR is not part of it
-            sites = {sc.name: Site(sc.name, dead, Repository(sc.name, sc.repository)) for sc in cfg.saline.sites}
-            with Driver(cfg.provisioning, data_dir=work / "data", store=store) as driver:
-                vms = SalineVMs(driver, store, nat_network=nat_network(cfg.saline))
-                try:
-                    figures.update(run(Manager(cfg, store, sites, vms), driver, args, bar))
-                finally:
-                    for node in nodes:
-                        nat_off(driver, node)
-            store.close()
+        with (
+            progress.Progress(4, "saline NAT bench") as bar,
+            saline_bench(
+                "saline-nat",
+                bar,
+                figures,
+                second=SecondNode("natb", (49360, 49380)),
+                saline=saline,
+                vms=lambda driver, store, cfg: SalineVMs(driver, store, nat_network=nat_network(cfg.saline)),
+                keep=args.keep,
+            ) as b,
+        ):
+            for lib in b.lib_dirs:  # libvirt keeps each network's MAC list here;
+                (lib / "dnsmasq").mkdir(mode=0o755, exist_ok=True)  # dnsmasq's package makes it, absent here
+            try:
+                figures.update(run(b.manager, b.driver, args, bar))
+            finally:
+                for node in ("na", "nb"):
+                    nat_off(b.driver, node)
     finally:
         outside_down(server)
-        libvirtd.stop(second)
-        libvirtd.stop(system)
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(figures))
 
 
@@ -228,30 +189,17 @@ def run(manager: Manager, driver: Driver, args: argparse.Namespace, bar: progres
         t0 = time.monotonic()
         manager._deploy(job, OarJob(id="1", state="Running", user=USER, hosts=("na",)))
         log_a = driver.output_logs(vm, "na")[0]
-        wait_for(log_a, lambda ex: pongs(ex, 0) >= 1, args.boot_timeout, "first answer from the outside at na")
+        wait_answers(log_a, lambda ex: pongs(ex, 0) >= 1, args.boot_timeout, "first answer from the outside at na")
         out["boot_to_first_answer_s"] = round(time.monotonic() - t0, 1)
-        wait_for(log_a, lambda ex: pongs(ex, 0) >= 3, 120, "three answers at na")
+        wait_answers(log_a, lambda ex: pongs(ex, 0) >= 3, 120, "three answers at na")
         text = log_a.read_text(errors="replace")
         route = re.search(r"DEFAULT (\S+) (\S+)", text)
         out["guest_default_route"] = [route.group(1), route.group(2)] if route else None
         out["nics_at_a"] = nics(driver, vm, "na")
         bar.advance()
         bar.relabel("OAR's warning, no site with room: one cut into site a's repository")
-        kept = Path(str(log_a) + ".kept")
-        real_stop = manager.vms.stop
-
-        def stop(name: str, node: str) -> None:  # the VM's logs go with it: keep what it printed
-            shutil.copyfile(log_a, kept)
-            real_stop(name, node)
-
-        manager.vms.stop = stop  # type: ignore[method-assign]
-        warned = time.time()
-        try:
-            manager._evacuate(journal.get(store, job.key), 1, warned)
-        except CommandError:
-            pass  # the resubmission to OAR after the suspension: OAR is not part of this bench
-        manager.vms.stop = real_stop  # type: ignore[method-assign]
-        out["warning_to_node_freed_s"] = round(time.time() - warned, 1)
+        kept, took = evacuate_keeping_output(manager, job.key, log_a)
+        out["warning_to_node_freed_s"] = round(took, 1)
         before = answers(kept)
         out["last_before"] = before[-1][0]
         out["answers_at_a"] = sorted({a for _, a in before})
@@ -264,9 +212,9 @@ def run(manager: Manager, driver: Driver, args: argparse.Namespace, bar: progres
         out["restore_to_running_s"] = journal.events(store, job.key)[-1].detail.get("restore_to_running_s")
         log_b = driver.output_logs(vm, "nb")[0]
         last = out["last_before"]
-        wait_for(log_b, lambda ex: pongs(ex, last) >= 1, 120, "an answer after the resume at nb")
+        wait_answers(log_b, lambda ex: pongs(ex, last) >= 1, 120, "an answer after the resume at nb")
         out["resume_to_answer_s"] = round(time.monotonic() - t1, 1)
-        wait_for(log_b, lambda ex: pongs(ex, last) >= 3, 120, "three answers at nb")
+        wait_answers(log_b, lambda ex: pongs(ex, last) >= 3, 120, "three answers at nb")
         after = answers(log_b)
         out["first_after"] = min(n for n, _ in after)
         out["answers_at_b"] = sorted({a for _, a in after})

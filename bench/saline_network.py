@@ -25,33 +25,28 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import shutil
-import tempfile
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from devkit import libvirtd
-from plugins.oar.client import OarRest
+from devkit.saline_bench import (
+    USER,
+    SecondNode,
+    evacuate_keeping_output,
+    numbered_lines,
+    require_root,
+    saline_bench,
+    wait_for,
+)
 from plugins.oar.parse import OarJob
-from provisioning import image_build, network
+from provisioning import network
 from provisioning.driver import Driver
-from provisioning.images import Catalogue
 from saline_bew import identity, journal
 from saline_bew.manager import Manager
-from saline_bew.repository import Repository
-from saline_bew.sites import Site
-from saline_bew.vms import SalineVMs
 from vjob import progress
-from vjob.config import ProvisioningConfig, parse
-from vjob.errors import CommandError
-from vjob.store.db import Store
 
-USER = "oaruser1"
-"""A user of this machine (the OAR tests' user): COMMAND runs as its uid in the guest."""
 COMMAND = [
     "sh",
     "-c",
@@ -63,20 +58,11 @@ LINE = re.compile(r"EXCHANGE (\d+) (\d+) (.*)")
 
 def exchanges(log: Path) -> list[tuple[int, str]]:
     """(counter, what vm1 answered) of every exchange the first VM printed so far."""
-    try:
-        text = log.read_text(errors="replace")
-    except FileNotFoundError:
-        return []
-    return [(int(m.group(1)), m.group(3).strip()) for m in LINE.finditer(text)]
+    return numbered_lines(log, LINE)
 
 
-def wait_for(log: Path, predicate: Any, timeout_s: float, what: str) -> float:
-    start = time.monotonic()
-    while time.monotonic() - start < timeout_s:
-        if predicate(exchanges(log)):
-            return time.monotonic() - start
-        time.sleep(0.5)
-    raise SystemExit(f"{what}: not seen in {timeout_s:.0f} s; {log}: {exchanges(log)[-5:]}")
+def wait_exchanges(log: Path, predicate: Any, timeout_s: float, what: str) -> float:
+    return wait_for(lambda: predicate(exchanges(log)), timeout_s, f"{what} ({log})")
 
 
 def _step(bar: progress.Progress, text: str) -> None:
@@ -98,44 +84,13 @@ def main() -> None:
     ap.add_argument("--boot-timeout", type=float, default=600.0)
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args()
-    if os.geteuid() != 0:
-        raise SystemExit("root only: root's libvirt and a second libvirtd")
-    work = Path(tempfile.mkdtemp(prefix="vjob-saline-net-"))
-    os.chmod(work, 0o755)
-    system = libvirtd.start_system(work / "log")
-    second = libvirtd.start_second_node(Path("/var/tmp/vjob-saline-net-nodeb"), hostname="salineb",
-                                        migration_ports=(49330, 49350))  # fmt: skip
-    nodes = {"na": libvirtd.SYSTEM_URI, "nb": second.uri}
+    require_root("root's libvirt and a second libvirtd")
     figures: dict[str, Any] = {"bench": "saline_network", "image": "debian12", "vms": 2}
-    try:
-        with progress.Progress(4, "saline network bench") as bar:
-            store = Store(f"sqlite:///{work / 'vjob.sqlite'}")
-            store.upgrade()
-            _step(bar, "image debian12 (cached by content; a cold build takes minutes)")
-            built = image_build.build(Catalogue(store, ProvisioningConfig(), data_dir=work / "data"), "debian12")
-            figures["image_cached"] = built.cached
-            cfg = parse(
-                {
-                    "data_dir": str(work / "data"),
-                    "provisioning": {
-                        "nodes": nodes,
-                        "vm_dir": str(work / "vms" / "{node}"),
-                        "snapshot_dir": str(work / "snap" / "{node}"),
-                        "job_disk_free_mb": 64,
-                    },
-                    "saline": {"sites": [{"name": s, "repository": str(work / f"repo-{s}")} for s in ("a", "b")]},
-                }
-            )
-            dead = OarRest("http://127.0.0.1:9/oarapi", timeout_s=1)  # nobody listens: OAR is not part of it
-            sites = {sc.name: Site(sc.name, dead, Repository(sc.name, sc.repository)) for sc in cfg.saline.sites}
-            with Driver(cfg.provisioning, data_dir=work / "data", store=store) as driver:
-                figures.update(run(Manager(cfg, store, sites, SalineVMs(driver, store)), driver, args, bar))
-            store.close()
-    finally:
-        libvirtd.stop(second)
-        libvirtd.stop(system)
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
+    with (
+        progress.Progress(4, "saline network bench") as bar,
+        saline_bench("saline-net", bar, figures, second=SecondNode("salineb", (49330, 49350)), keep=args.keep) as b,
+    ):
+        figures.update(run(b.manager, b.driver, args, bar))
     print(json.dumps(figures))
 
 
@@ -154,29 +109,14 @@ def run(manager: Manager, driver: Driver, args: argparse.Namespace, bar: progres
         t0 = time.monotonic()
         manager._deploy(job, OarJob(id="1", state="Running", user=USER, hosts=("na",)))
         log_a = driver.output_logs(job.vm_names[0], "na")[0]
-        wait_for(log_a, lambda ex: any(a == "vm1" for _, a in ex), args.boot_timeout, "first exchange at na")
+        wait_exchanges(log_a, lambda ex: any(a == "vm1" for _, a in ex), args.boot_timeout, "first exchange at na")
         out["boot_to_first_exchange_s"] = round(time.monotonic() - t0, 1)
-        wait_for(log_a, lambda ex: sum(a == "vm1" for _, a in ex) >= 3, 300, "three exchanges at na")
+        wait_exchanges(log_a, lambda ex: sum(a == "vm1" for _, a in ex) >= 3, 300, "three exchanges at na")
         out["macs_at_a"] = [nics(driver, vm, "na") for vm in job.vm_names]
         _step(bar, "OAR's warning, no site with room: one cut of both VMs into site a's repository")
-        job = journal.get(store, job.key)
-        kept = Path(str(log_a) + ".kept")
-        real_stop = manager.vms.stop
-
-        def stop(vm: str, node: str) -> None:  # the VM's logs go with it: keep what vm0 printed
-            if vm == job.vm_names[0]:
-                shutil.copyfile(log_a, kept)
-            real_stop(vm, node)
-
-        manager.vms.stop = stop  # type: ignore[method-assign]
-        warned = time.time()
-        try:
-            manager._evacuate(job, 1, warned)
-        except CommandError:
-            pass  # the resubmission to OAR after the suspension: OAR is not part of this bench
-        manager.vms.stop = real_stop  # type: ignore[method-assign]
-        out["warning_to_nodes_freed_s"] = round(time.time() - warned, 1)
-        log_a = kept
+        kept, took = evacuate_keeping_output(manager, job.key, log_a)
+        out["warning_to_nodes_freed_s"] = round(took, 1)
+        job, log_a = journal.get(store, job.key), kept
         before = exchanges(log_a)
         out["last_exchange_before"] = before[-1][0]
         snap = next(e for e in reversed(journal.events(store, job.key)) if e.kind == "snapshot")
@@ -191,9 +131,11 @@ def run(manager: Manager, driver: Driver, args: argparse.Namespace, bar: progres
         out["deploy_b_s"] = round(time.monotonic() - t1, 1)
         log_b = driver.output_logs(job.vm_names[0], "nb")[0]
         last = out["last_exchange_before"]
-        wait_for(log_b, lambda ex: any(n > last and a == "vm1" for n, a in ex), 300, "an exchange after the resume")
+        wait_exchanges(
+            log_b, lambda ex: any(n > last and a == "vm1" for n, a in ex), 300, "an exchange after the resume"
+        )
         out["resume_to_exchange_s"] = round(time.monotonic() - t1, 1)
-        wait_for(log_b, lambda ex: sum(n > last and a == "vm1" for n, a in ex) >= 3, 300, "three exchanges at nb")
+        wait_exchanges(log_b, lambda ex: sum(n > last and a == "vm1" for n, a in ex) >= 3, 300, "three exchanges at nb")
         out["first_exchange_after"] = min(n for n, _ in exchanges(log_b))
         out["macs_at_b"] = [nics(driver, vm, "nb") for vm in job.vm_names]
         out["same_macs_and_bridge"] = out["macs_at_a"] == out["macs_at_b"] == [[(i.mac, bridge)] for i in ids]

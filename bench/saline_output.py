@@ -19,79 +19,31 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-from devkit import libvirtd
-from plugins.oar.client import OarRest
+from devkit.saline_bench import (
+    USER,
+    require_root,
+    saline_bench,
+    wait_for,
+)
 from plugins.oar.parse import OarJob
-from provisioning import image_build
-from provisioning.driver import Driver
-from provisioning.images import Catalogue
 from saline_bew import journal
 from saline_bew.manager import Manager
-from saline_bew.repository import Repository
-from saline_bew.sites import Site
-from saline_bew.vms import SalineVMs
 from vjob import progress
-from vjob.config import ProvisioningConfig, parse
-from vjob.store.db import Store
 
-USER = "oaruser1"
-"""A user of this machine (the OAR tests' user): COMMAND runs as its uid in the guest."""
 COMMAND = ["sh", "-c", "echo before; sleep 25; echo after; echo to stderr >&2; exit 3"]
-
-
-def wait_for(predicate: Any, timeout_s: float, what: str) -> float:
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > timeout_s:
-            raise SystemExit(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(0.5)
-    return time.monotonic() - start
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--boot-timeout", type=float, default=600.0)
     args = ap.parse_args()
-    if os.geteuid() != 0:
-        raise SystemExit("root only: root's libvirt")
-    work = Path(tempfile.mkdtemp(prefix="vjob-saline-out-"))
-    os.chmod(work, 0o755)
-    system = libvirtd.start_system(work / "log")
+    require_root("root's libvirt")
     figures: dict[str, Any] = {"bench": "saline_output", "image": "debian12", "load_1m": round(os.getloadavg()[0], 1)}
-    try:
-        with progress.Progress(4, "saline output bench") as bar:
-            store = Store(f"sqlite:///{work / 'vjob.sqlite'}")
-            store.upgrade()
-            bar.relabel("image debian12 (cached by content; a cold build takes minutes)")
-            built = image_build.build(Catalogue(store, ProvisioningConfig(), data_dir=work / "data"), "debian12")
-            figures["image_cached"] = built.cached
-            bar.advance()
-            cfg = parse(
-                {
-                    "data_dir": str(work / "data"),
-                    "provisioning": {
-                        "nodes": {"na": libvirtd.SYSTEM_URI},
-                        "vm_dir": str(work / "vms" / "{node}"),
-                        "snapshot_dir": str(work / "snap" / "{node}"),
-                        "job_disk_free_mb": 64,
-                    },
-                    "saline": {"sites": [{"name": "a", "repository": str(work / "repo-a")}]},
-                }
-            )
-            dead = OarRest("http://127.0.0.1:9/oarapi", timeout_s=1)
-            sites = {"a": Site("a", dead, Repository("a", str(work / "repo-a")))}
-            with Driver(cfg.provisioning, data_dir=work / "data", store=store) as driver:
-                figures.update(run(Manager(cfg, store, sites, SalineVMs(driver, store)), bar, args.boot_timeout))
-            store.close()
-    finally:
-        libvirtd.stop(system)
-        shutil.rmtree(work, ignore_errors=True)
+    with progress.Progress(4, "saline output bench") as bar, saline_bench("saline-out", bar, figures) as b:
+        figures.update(run(b.manager, bar, args.boot_timeout))
     print(json.dumps(figures))
 
 

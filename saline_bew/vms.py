@@ -287,8 +287,9 @@ class SalineVMs:
         return "{node}" not in self.driver.config.vm_dir
 
     def migrate(self, vm: str, src: str, dst: str) -> None:
-        """Move a running VM to `dst` live: it never stops, so no work is lost and no snapshot
-        is written."""
+        """Move a running VM to `dst` by migration: no work is lost and no snapshot is written.
+        Live on KVM; under TCG the driver pauses the guest for the copy (seconds), because
+        QEMU 7.2's live migration corrupted fast-writing TCG guests (docs/remap.md)."""
         self.driver.migrate(vm, src, dst)
 
     def stage_dir(self, node: str) -> Path:
