@@ -1,24 +1,27 @@
-"""An MPI ring in a two-node vjob, checkpointed mid-run and resumed (issue 16; a bench, not CI).
+"""An MPI ring in a two-node vjob, checkpointed mid-run and resumed (issue 16; the bench of
+tests/test_multinode_slurm.py's ring, without Slurm).
 
     .venv/bin/python bench/multinode_mpi.py [--rounds 40] [--checkpoint-at 8] [--memory 512]
 
-Root only (root's libvirt, `vjob image build`). The site image `mpi` is debian12 plus Debian's
-`openmpi-bin` and `python3-mpi4py` (`vjob image build mpi --packages openmpi-bin,python3-mpi4py`;
-taken from the build cache when there). A 2-VM vjob (`vjob run --nodes node1,node2`: both
+Root only (root's libvirt, `vjob image build`). The default image `debian12` has Debian's
+`openmpi-bin` and `python3-mpi4py` (provisioning.image_build.BASE_PACKAGES; taken from the build
+cache when there). A 2-VM vjob (`vjob run --nodes node1,node2`: both
 "nodes" on this machine's libvirt, as on the dev cluster) runs
 `mpirun --hostfile "$VJOB_NODEFILE" -np 2 python3 ring.py ROUNDS`: each round rank 0 sends a
 counter to rank 1, which adds one and sends it back, adding one too (`ring.py ROUNDS STAGES WORK
 IDLE`, as bench/planner_live.py's `--program mpi-ring` runs it: round r first computes WORK steps
 of arithmetic on every rank when STAGES[r] is `C`, or sleeps IDLE seconds on every rank when it
-is `I`). After `--checkpoint-at`
+is `I`). Every rank also appends each round to a file in its VM's /tmp (a tmpfs) and rank 0
+prints, at the start and the end, every rank's boot id and, at the end, what its file holds: the
+same boot id and every round show a VM restored, never rebooted. After `--checkpoint-at`
 rounds the bench asks the pilot for a checkpoint as the agent does (both VMs paused, then
 saved: one cut), ends the pilot as a requeue would (SIGTERM), starts the job's pilot again (both
 VMs restored paused, then run together) and waits for the end: the final counter must be
 2 × ROUNDS, the value of an uninterrupted run, and every round must be printed once.
 
-Prints one JSON line: image size and build time (against debian12's, same cache rules), the
-job's time to its first round (boot of both VMs under TCG + mpirun's ssh launch), the cut
-(pause → all saved) and restore (start → all running) times, and whether the result matched.
+Prints one JSON line: the image's size and build time (cached or not), the job's time to its
+first round (boot of both VMs under TCG + mpirun's ssh launch), the cut (pause → all saved) and
+restore (start → all running) times, and whether the result matched and every VM kept its memory.
 """
 
 from __future__ import annotations
@@ -42,13 +45,20 @@ from provisioning.images import Catalogue
 from vjob.config import ProvisioningConfig
 from vjob.store.db import Store
 
-IMAGE = "mpi"
-PACKAGES = "openmpi-bin,python3-mpi4py"
+IMAGE = "debian12"
+PACKAGES = ""
+"""Open MPI and mpi4py are in the default image (bench/planner_live.py builds IMAGE with these)."""
 RING = """\
 import sys
 import time
 
 from mpi4py import MPI
+
+
+def boot_id():
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        return f.read().strip()
+
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
@@ -56,6 +66,12 @@ rounds = int(sys.argv[1])
 stages = sys.argv[2] if len(sys.argv) > 2 else ""
 work = int(sys.argv[3]) if len(sys.argv) > 3 else 0
 idle = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0
+steps = f"/tmp/vjob-ring.{rank}"
+open(steps, "w").close()
+boots = comm.gather(boot_id(), root=0)
+if rank == 0:
+    for i, b in enumerate(boots):
+        print(f"boot rank {i} {b}", flush=True)
 counter = 0
 for r in range(rounds):
     stage = stages[r % len(stages)] if stages else ""
@@ -77,7 +93,14 @@ for r in range(rounds):
     else:
         counter = comm.recv(source=rank - 1) + 1
         comm.send(counter, dest=(rank + 1) % size)
+    with open(steps, "a") as f:
+        f.write(f"{r + 1}\\n")
+with open(steps) as f:
+    mine = f.read().split()
+ends = comm.gather((boot_id(), mine), root=0)
 if rank == 0:
+    for i, (b, got) in enumerate(ends):
+        print(f"rank {i} boot {b} steps {' '.join(got)}", flush=True)
     print(f"final {counter}", flush=True)
 """
 JOB = """#!/bin/bash
@@ -129,6 +152,19 @@ def ring_outcome(text: str, rounds: int, ranks: int = 2) -> dict[str, object]:
     return {"final": value, "expected": ranks * rounds, "ok": ok}
 
 
+def ring_memory(text: str, rounds: int, ranks: int = 2) -> dict[str, object]:
+    """Whether every rank's VM kept its memory: the boot id each rank had at the start (printed
+    before any checkpoint) is the one it has at the end, and its tmpfs file holds every round
+    once, in order (a rebooted VM would have an empty /tmp and a new boot id)."""
+    start = dict(re.findall(r"^boot rank (\d+) (\S+)$", text, re.M))
+    end = {r: (b, steps.split()) for r, b, steps in re.findall(r"^rank (\d+) boot (\S+) steps ?(.*)$", text, re.M)}
+    want = [str(i) for i in range(1, rounds + 1)]
+    kept = len(start) == len(end) == ranks and all(
+        r in start and end.get(r) == (start[r], want) for r in map(str, range(ranks))
+    )
+    return {"boot_ids": start, "memory_kept": kept}
+
+
 def _forget(base: Path, job_id: str) -> None:
     from vjob.config import load
 
@@ -170,7 +206,8 @@ def ring(base: Path, rounds: int, at: int, memory: int) -> dict[str, object]:
                 p.send_signal(signal.SIGTERM)
                 p.wait(timeout=120)
         _forget(base, job_id)
-    outcome = ring_outcome(second.read_text(errors="replace"), rounds)
+    text = second.read_text(errors="replace")
+    outcome = ring_outcome(text, rounds)
     cuts = _events(first.with_suffix(".err"), "coordinated checkpoint")
     restored = _events(second.with_suffix(".err"), "multi-node job restored")
     return {
@@ -178,6 +215,7 @@ def ring(base: Path, rounds: int, at: int, memory: int) -> dict[str, object]:
         "checkpoint_at_round": at,
         "exit": code,
         **outcome,
+        "memory_kept": ring_memory(text, rounds)["memory_kept"],
         "first_round_s": round(first_round_s, 1),
         "cut_consistent": bool(cuts) and all(c.get("consistent") for c in cuts),
         "pause_to_saved_s": cuts[0].get("pause_to_saved_s") if cuts else None,
@@ -200,20 +238,17 @@ def main() -> int:
         store = Store(f"sqlite:///{base / 'vjob.sqlite'}")
         store.upgrade()
         catalogue = Catalogue(store, ProvisioningConfig(), data_dir=base / "data")
-        plain = image_build.build(catalogue, "debian12")
-        mpi = image_build.build(catalogue, IMAGE, packages=PACKAGES)
+        built = image_build.build(catalogue, IMAGE, packages=PACKAGES)
         store.close()
         (base / "vjob.toml").write_text(f'data_dir = "{base / "data"}"\n')
         line: dict[str, object] = {
             "bench": "multinode_mpi",
             "vms": 2,
             "domain_type": kvm_probe.cached("qemu64") or "qemu",
-            "image_mb": round(mpi.size_bytes / 2**20, 1),
-            "debian12_mb": round(plain.size_bytes / 2**20, 1),
-            "build_s": round(mpi.build_s, 1),
-            "build_cached": mpi.cached,
-            "debian12_build_s": round(plain.build_s, 1),
-            "debian12_cached": plain.cached,
+            "image": IMAGE,
+            "image_mb": round(built.size_bytes / 2**20, 1),
+            "build_s": round(built.build_s, 1),
+            "build_cached": built.cached,
         }
         line.update(ring(base, args.rounds, args.checkpoint_at, args.memory))
         print(json.dumps(line))

@@ -24,8 +24,8 @@ are relieved by migration or suspension). The figure is the completion time of t
     .venv/bin/python bench/planner_live.py --experiment [--vjobs 3] [--stages 4] [--iterations 200000]
 
 `--program mpi-ring` (with `--vms 2`): each vjob is instead one real multi-node pilot (`vjob run
---nodes a,b`: one VM on each libvirtd, a private network between them) of the site image `mpi`
-(bench/multinode_mpi.py builds it, Open MPI), running bench/multinode_mpi.py's MPI ring with
+--nodes a,b`: one VM on each libvirtd, a private network between them) of the default image
+`debian12` (Open MPI and mpi4py are in it; bench/multinode_mpi.IMAGE), running bench/multinode_mpi.py's MPI ring with
 its stages: every round, each rank computes `--work` steps of Python arithmetic (`C`) or sleeps
 `--idle` seconds (`I`), then the counter goes round the ring. The loop observes the pilots as
 the agent does (agent.consolidate.observed_vms: each VM sampled on its node, the vjob's VMs

@@ -39,16 +39,26 @@ from vjob.errors import CommandError, InputError, UsageError, VjobError
 
 DEFAULT_IMAGE = "debian12"
 SUITE = "bookworm"
-BASE_PACKAGES = ("linux-image-cloud-amd64", "python3", "mount", "procps", "openssh-server", "openssh-client")
+BASE_PACKAGES = (
+    "linux-image-cloud-amd64", "python3", "mount", "procps", "openssh-server", "openssh-client",
+    "openmpi-bin", "python3-mpi4py",
+)  # fmt: skip
 """The kernel, the guest agent's Python, mount (not Essential in bookworm), ps/kill for jobs,
-and ssh between the VMs of a multi-node job (docs/multinode.md: about 2 MB more, no rebuild cost
-worth naming; Open MPI is left to a site's `--packages`)."""
+ssh between the VMs of a multi-node job, and Open MPI with mpi4py so `mpirun --hostfile
+"$VJOB_NODEFILE"` works in the default image (the image has Python and no compiler): +64 MiB
+and ~14 s of a quiet build (docs/multinode.md, "A private network per job")."""
 INITRAMFS_MODULES = ("virtio_pci", "virtio_blk", "ext4", "virtio_net")
 """What the initramfs must hold to mount the root disk, and the NIC of a multi-node job (no udev
 in the guest loads it later); MODULES=list keeps it ~5 MB."""
+OPENMPI_PARAMS = "\n# vjob: no resource manager in a guest\nplm = rsh\nras = ^slurm,gridengine\n"
+"""Appended to Open MPI's system parameters: the job's environment in the guest carries the host
+allocation's SLURM_* variables, so Open MPI would take the host nodes for its allocation (refusing
+`--hostfile "$VJOB_NODEFILE"`: "vm0 not in the allocation") and launch with srun, which the guest
+has not; the VMs are reached over ssh (docs/multinode.md). Part of the cache key. It starts with a
+newline: Debian's file does not end with one."""
 PACKAGE_RE = re.compile(r"[a-z0-9][a-z0-9+.-]{0,99}")
 MAX_PACKAGES = 200
-RECIPE_VERSION = "2"
+RECIPE_VERSION = "3"
 """Bumped when the recipe changes: part of the cache key."""
 CMDLINE = "root=/dev/vda rw console=ttyS0 quiet loglevel=3 panic=-1 init=/sbin/vjob-init"
 ROOT_FREE_MB = 1536
@@ -93,7 +103,7 @@ def check_packages_exist(packages: list[str]) -> None:
 
 def _cache_key(packages: list[str]) -> str:
     h = hashlib.sha256()
-    for part in (RECIPE_VERSION, SUITE, ",".join(packages), CMDLINE):
+    for part in (RECIPE_VERSION, SUITE, ",".join(packages), CMDLINE, OPENMPI_PARAMS):
         h.update(part.encode() + b"\0")
     h.update(AGENT.read_bytes() + b"\0" + INIT.read_bytes())
     return h.hexdigest()[:20]
@@ -122,6 +132,7 @@ def _mmdebstrap(work: Path, packages: list[str]) -> Path:
     cfg.mkdir(mode=0o700)
     (cfg / "vjob.conf").write_text("MODULES=list\nCOMPRESS=gzip\n")
     (cfg / "modules").write_text("".join(f"{m}\n" for m in INITRAMFS_MODULES))
+    (cfg / "openmpi.conf").write_text(OPENMPI_PARAMS)
     root = work / "root"
     include = ",".join([*BASE_PACKAGES, *packages])
     # The hooks are constant text and our own private paths: no user data reaches a shell.
@@ -134,6 +145,7 @@ def _mmdebstrap(work: Path, packages: list[str]) -> Path:
         f"--setup-hook=upload {cfg / 'modules'} /etc/initramfs-tools/modules",
         '--customize-hook=rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*.bin',
         '--customize-hook=rm -f "$1"/etc/ssh/ssh_host_*',  # one host key per VM, made at its boot
+        f'--customize-hook=cat {cfg / "openmpi.conf"} >> "$1"/etc/openmpi/openmpi-mca-params.conf',
         SUITE, str(root),
     ]  # fmt: skip
     try:
