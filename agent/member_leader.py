@@ -1,27 +1,28 @@
 """The leader's side of per-node pilots: it starts one member pilot per other node and drives
 each member's VM through it (`MemberVM`, a provisioning.coordinated handle).
 
-Why the leader starts the members itself (`srun --relative=1`, one task per other node) rather
-than the job script or the RMS: only the leader knows the job's layout (ranks, names, the
-network), and the token it makes here reaches the members in srun's environment — readable by
-the job's user only, never on a command line — so a member is whoever knows it, and nobody
-else can drive a VM of the job. A member's failure does not end the others
-(`--kill-on-bad-exit=0`): the leader sees it as a lost member and rolls the cut back.
+Why the leader starts the members itself (by its RMS's launcher, agent.member_launch: Slurm
+`srun --relative=1`, OAR `oarsh`, PBS `pbsdsh`) rather than the job script or the RMS: only the
+leader knows the job's layout (ranks, names, the network), and the token it makes here reaches
+its members only (srun's environment, oarsh's stdin, PBS's job cookie; never a command line),
+so a member is whoever knows it, and nobody else can drive a VM of the job. A member's failure
+does not end the others (`--kill-on-bad-exit=0`, one oarsh/pbsdsh per node): the leader sees it
+as a lost member and rolls the cut back.
 """
 
 from __future__ import annotations
 
-import os
+import ipaddress
 import socket
 import subprocess
-import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agent import member_link
+from agent import member_launch, member_link, member_workdir
+from agent.member_launch import Secret, Started
 from agent.member_link import Link, LinkError
 from provisioning.vm_types import DriverError, Snapshot
 from vjob import log
@@ -32,7 +33,8 @@ _log = log.get("pilot")
 JOIN_TIMEOUT_S = 180.0
 """How long the leader waits for every member to connect (srun's step start, Python's import)."""
 STEP_TIMEOUTS_S = {"pause": 30.0, "unpause": 30.0, "state": 30.0, "cpu": 30.0, "setup": 30.0, "boot": 300.0,
-                   "delete": 120.0, "forget": 120.0, "remove_network": 60.0, "define": 1800.0}  # fmt: skip
+                   "delete": 120.0, "forget": 120.0, "remove_network": 60.0, "define": 1800.0,
+                   "workdir": 30.0}  # fmt: skip
 """Per request; a save's and a restore's come from `operation_timeout_s` (copies included)."""
 
 
@@ -116,14 +118,33 @@ class MemberVM:
     def active(self) -> bool:
         return self.state() is VMState.RUNNING
 
-    def define(self, description: dict[str, Any]) -> None:
-        """The member builds its VM's job disk and defines it; the job's ssh key travels sealed."""
+    def define(self, description: dict[str, Any], place_disk: Callable[[], dict[str, Any]] | None = None) -> None:
+        """The member builds its VM's job disk and defines it; the job's ssh key travels sealed.
+
+        A member whose node lacks this pilot's working directory (no shared filesystem: it does
+        not see the probe left there, agent.member_workdir) gets the job disk `place_disk` builds
+        here and sends (Driver.place_job_disk, the leader mode's code), checked again on arrival."""
         job = dict(description.get("job") or {})
         net = dict(job.get("network") or {})
         if net.get("ssh_private"):
             net["ssh_private"] = self.link.seal(str(net["ssh_private"]))
             job["network"] = net
-        self.call("define", **{**description, "job": job})
+        cwd = str(job.get("cwd", ""))
+        probe = member_workdir.leave_probe(cwd) if cwd else None
+        try:
+            seen = self.call("workdir", cwd=cwd, **({"probe": probe.name, "nonce": probe.nonce} if probe else {}))
+        finally:
+            if probe is not None:
+                probe.remove()  # before any job disk is built from the directory
+        if seen.get("same") is True:
+            self.call("define", **{**description, "job": job})
+            return
+        why = str(seen.get("why", ""))[:300]
+        if place_disk is None:
+            raise DriverError("define", self.name, self.node, f"no job disk for the member: {why}")
+        _log.info("member lacks the working directory: its job disk built here and sent", vm=self.name,
+                  node=self.node, why=why)  # fmt: skip
+        self.call("define", **{**description, "job": job, "disk": place_disk()})
 
     def boot(self) -> None:
         self.call("boot")
@@ -146,42 +167,50 @@ class MemberVM:
 
 
 class Members:
-    """The member pilots of one job: the listener, their srun step, one link per node."""
+    """The member pilots of one job: the listener, their launcher processes, one link per node."""
 
-    def __init__(self, nodes: Sequence[str], *, host: str = "") -> None:
-        """`nodes`: the other nodes, in rank order (rank 1 first)."""
+    def __init__(self, nodes: Sequence[str], *, host: str = "", secret: Secret | None = None) -> None:
+        """`nodes`: the other nodes, in rank order (rank 1 first); `secret`: the RMS's
+        (member_launch.leader_secret), a fresh token by default; `host`: the address to listen
+        on and advertise (`[agent] member_address`), else `leader_address` toward rank 1's node."""
         self.nodes = list(nodes)
-        self.token = member_link.new_token()
-        self.listener = socket.create_server((host or _own_address(), 0), backlog=len(self.nodes) + 4)
-        self.address = "{}:{}".format(*self.listener.getsockname()[:2])
-        self.links: dict[str, Link] = {}
-        self.step: subprocess.Popen[bytes] | None = None
-
-    def env(self) -> dict[str, str]:
-        """What a member needs to find and prove itself to this leader (srun passes it on)."""
-        return {member_link.TOKEN_ENV: self.token, member_link.LEADER_ENV: self.address}
-
-    def launch_srun(self, rms: str) -> None:
-        """One member per other node of the Slurm allocation, as a step of the job."""
-        argv = ["srun", "--ntasks-per-node=1", f"--nodes={len(self.nodes)}", "--relative=1",
-                "--kill-on-bad-exit=0", "--overlap", sys.executable, "-m", "vjob.cli", "run", "--member",
-                "--rms", rms]  # fmt: skip
+        self.secret = secret or Secret(member_link.new_token())
+        self.token = self.secret.token
+        ip = ipaddress.ip_address(host or leader_address(self.nodes[0]))
+        family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
         try:
-            self.step = subprocess.Popen(argv, env={**os.environ, **self.env()}, stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.DEVNULL)  # fmt: skip
+            self.listener = socket.create_server((str(ip), 0), family=family, backlog=len(self.nodes) + 4)
         except OSError as exc:
-            raise VjobError(f"cannot start the member pilots ({' '.join(argv[:5])} …): {exc}") from None
-        _log.info("member pilots started", nodes=self.nodes, leader=self.address)
+            raise VjobError(f"the leader cannot listen on {ip} ([agent] member_address, or the route toward "
+                            f"{self.nodes[0]}): {exc.strerror}") from None  # fmt: skip
+        port = self.listener.getsockname()[1]
+        self.address = f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
+        self.links: dict[str, Link] = {}
+        self.steps: list[Started] = []
+
+    def launch(self, rms: str, *, config: str | None = None, node_file: Sequence[str] = ()) -> None:
+        """One member per other node, by the RMS's launcher (agent.member_launch)."""
+        self.steps = member_launch.start(rms, self.nodes, self.address, self.secret, config=config,
+                                         node_file=node_file)  # fmt: skip
+        _log.info("member pilots started", rms=rms, nodes=self.nodes, leader=self.address)
+
+    def _ended(self) -> str:
+        """Why a member that has not joined never will: its launcher ended ('' while none did)."""
+        for s in self.steps:
+            code = s.proc.poll()
+            if code is not None and any(n not in self.links for n in s.nodes):
+                return f"their launcher ({', '.join(s.nodes)}) ended with {code}"
+        return ""
 
     def join(self, timeout_s: float = JOIN_TIMEOUT_S) -> None:
         """Wait until every node's member proved the token; a stranger is refused and waited past."""
         deadline = time.monotonic() + timeout_s
         while len(self.links) < len(self.nodes):
             left = deadline - time.monotonic()
-            if left <= 0 or (self.step is not None and self.step.poll() is not None):
+            ended = self._ended()
+            if left <= 0 or ended:
                 missing = [n for n in self.nodes if n not in self.links]
-                why = f"their step ended with {self.step.returncode}" if self.step and self.step.poll() is not None \
-                    else f"not within {timeout_s:g} s"  # fmt: skip
+                why = ended or f"not within {timeout_s:g} s"
                 raise VjobError(f"member pilots on {', '.join(missing)} did not connect: {why}")
             self.listener.settimeout(min(left, 1.0))
             try:
@@ -226,20 +255,39 @@ class Members:
             self.listener.close()
         except OSError:
             pass
-        if self.step is not None:
+        deadline = time.monotonic() + wait_s
+        for s in self.steps:
             try:
-                self.step.wait(timeout=wait_s)
+                s.proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
             except subprocess.TimeoutExpired:
-                self.step.terminate()
+                s.proc.terminate()
                 try:
-                    self.step.wait(timeout=5.0)
+                    s.proc.wait(timeout=5.0)
                 except subprocess.TimeoutExpired:
-                    self.step.kill()
+                    s.proc.kill()
+                    s.proc.wait()
 
 
-def _own_address() -> str:
-    """The address members reach this node by: its host name's, as the cluster resolves it."""
+def leader_address(toward: str) -> str:
+    """The address members reach this node by: the source address of its route toward `toward`
+    (the first member's node, its name resolved), which the kernel picks on a UDP connect without
+    sending anything — the interface the cluster network is on, where the host name may resolve to
+    127.0.1.1 or a management address. A name that does not resolve: the host name's address."""
     try:
-        return socket.gethostbyname(socket.gethostname())
+        targets = socket.getaddrinfo(toward, 9, type=socket.SOCK_DGRAM)
+    except (OSError, UnicodeError):
+        targets = []
+    for family, kind, proto, _canon, sockaddr in targets:
+        try:
+            with socket.socket(family, kind, proto) as udp:
+                udp.connect(sockaddr)  # a route lookup: no packet leaves
+                return str(udp.getsockname()[0])
+        except OSError:
+            continue
+    try:
+        fallback = socket.gethostbyname(socket.gethostname())
     except OSError:
-        return "127.0.0.1"
+        fallback = "127.0.0.1"
+    _log.warning("no route toward the first member node: the leader listens on its host name's address",
+                 node=toward[:64], address=fallback)  # fmt: skip
+    return fallback

@@ -16,11 +16,13 @@ from __future__ import annotations
 import signal
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from agent import member_workdir
 from agent.member_link import Link, LinkError
 from agent.pilot import DriverVM
-from provisioning import network
+from provisioning import integrity, network, transfer
 from provisioning.vm_types import check_name
 from vjob import log
 from vjob.errors import VjobError
@@ -31,18 +33,24 @@ SETUP_TIMEOUT_S = 120.0
 """How long a member waits for its leader's first message after the handshake."""
 NODE_FIELDS = ("node", "from_node")
 
-SpecBuilder = Callable[[dict[str, Any], str, int], Any]
-"""(the leader's `define` message, the VM's name, its rank) → the VMSpec, job disk built."""
+SpecBuilder = Callable[[dict[str, Any], str, int, Path | None], Any]
+"""(the leader's `define` message, the VM's name, its rank, the working directory to build the
+job disk from — None: the leader sent the disk, it is in place) → the VMSpec."""
 
 
 class Member:
     """One member pilot: serves its leader's requests on its VM until `bye` or the leader is gone."""
 
-    def __init__(self, link: Link, driver: Any, node: str, build_spec: SpecBuilder) -> None:
+    def __init__(
+        self, link: Link, driver: Any, node: str, build_spec: SpecBuilder, workdir: Path | None = None
+    ) -> None:
+        """`workdir`: the directory srun started this member in (member_workdir.own_workdir)."""
         self.link = link
         self.driver = driver
         self.node = node
         self.build_spec = build_spec
+        self.workdir = workdir
+        self.same_workdir: tuple[bool, str] = (False, "the leader never showed its working directory")
         self.vm = ""
         self.rank = 0
         self.subnet_id = 0
@@ -133,11 +141,19 @@ class Member:
         if op == "unpause":
             h.unpause()
             return {}
+        if op == "workdir":
+            job_cwd = str(msg.get("cwd", ""))
+            self.same_workdir = member_workdir.sees_probe(self.workdir, job_cwd, msg.get("probe"), msg.get("nonce"))
+            if not self.same_workdir[0]:
+                _log.warning("member: not the batch step's working directory", vm=self.vm, node=self.node,
+                             why=self.same_workdir[1])  # fmt: skip
+            return {"same": self.same_workdir[0], "why": self.same_workdir[1]}
         if op == "define":
             net = msg.get("job", {}).get("network") if isinstance(msg.get("job"), dict) else None
             if isinstance(net, dict) and net.get("ssh_private"):
                 net["ssh_private"] = self.link.unseal(str(net["ssh_private"]))
-            spec = self.build_spec({**msg, "bridge": network.bridge_name(self.subnet_id)}, self.vm, self.rank)
+            workdir = self._sent_disk(msg["disk"]) if "disk" in msg else self._own_dir()
+            spec = self.build_spec({**msg, "bridge": network.bridge_name(self.subnet_id)}, self.vm, self.rank, workdir)
             network.ensure_bridge(d.connection(self.node), self.subnet_id)
             d.define(spec, self.node)
             return {}
@@ -159,6 +175,29 @@ class Member:
             reading = DriverVM(d, self.vm, self.node, lambda: None).cpu()
             return {"cpu": list(reading) if reading is not None else None}
         raise VjobError(f"unknown request {op[:20]!r}")
+
+    def _own_dir(self) -> Path:
+        """The directory to build the job disk from: only the batch step's (never srun's /tmp fallback)."""
+        same, why = self.same_workdir
+        if not same or self.workdir is None:
+            raise VjobError(f"no job disk built here: {why}; the leader must send it")
+        return self.workdir
+
+    def _sent_disk(self, expected: object) -> None:
+        """The job disk the leader built and sent (its node lacks the working directory), checked
+        here against what the leader built before the VM may use it; a copy that differs is removed."""
+        if not isinstance(expected, dict) or not isinstance(expected.get("size_bytes"), int) or \
+                not isinstance(expected.get("sha256"), str):  # fmt: skip
+            raise VjobError("define.disk: must be {size_bytes: int, sha256: str}")
+        disk = self.driver.job_disk_path(self.vm, self.node)
+        host = self.driver.host(self.node)
+        try:
+            integrity.check_against(self.vm, self.node, disk, expected, host)
+        except VjobError as exc:
+            transfer.remove(transfer.Endpoint(disk, host))
+            raise VjobError(f"the job disk the leader sent is refused ({exc}); removed here") from None
+        _log.info("member: job disk received from the leader", vm=self.vm, node=self.node,
+                  bytes=expected["size_bytes"])  # fmt: skip
 
     def _leader_gone(self, why: str) -> None:
         """No leader to finish the cut: a paused VM is at the cut and is saved; a running one is

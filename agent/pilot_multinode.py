@@ -168,7 +168,8 @@ class JobVMs:
         try:
             for rank, m in enumerate(self.members):  # every job disk first: the VMs then boot together
                 if isinstance(m, MemberVM):
-                    m.define(self._describe(rank) if self._describe else {})
+                    m.define(self._describe(rank) if self._describe else {},
+                             lambda r=rank, mm=m: self._place_disk(r, mm))  # fmt: skip
                 else:
                     self.driver.define(self._spec_factory(rank, m.name, m.node), m.node)
             for m in reversed(self.members):  # the script's VM last
@@ -179,6 +180,11 @@ class JobVMs:
         except Exception:
             self._remove_network()  # the VMs are kept for a look; the bridge is made again by a retry
             raise
+
+    def _place_disk(self, rank: int, m: MemberVM) -> dict[str, Any]:
+        """A member's job disk built here as the leader mode builds it, then put on its node."""
+        self._spec_factory(rank, m.name, m.node)
+        return dict(self.driver.place_job_disk(m.name, m.node))
 
     def save(self) -> tuple[Path, int]:
         from provisioning import coordinated  # heavy: libvirt-python (the driver)

@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agent import member_link
+from agent import member_launch, member_link, member_workdir
 from agent.member_leader import Members
 from agent.pilot import DriverVM, Pilot, PilotSettings, empty_file
 from agent.pilot_member import Member
@@ -57,7 +57,7 @@ REAL_MIN_MEMORY_MIB = 256
 MAX_SCRIPT_READ = 8 << 20
 USER_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
-HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]{0,62}")
+HOST_NAME = member_launch.NODE_NAME
 
 
 RUN_EPILOG = """\
@@ -108,9 +108,12 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--member",
         action="store_true",
-        help="a member pilot of a multi-node job (started by the first node's pilot through srun; the leader's"
-        f" address and token come from ${member_link.LEADER_ENV} and ${member_link.TOKEN_ENV})",
+        help="a member pilot of a multi-node job, started by the first node's pilot (Slurm: srun, the leader's"
+        f" address and token in ${member_link.LEADER_ENV} and ${member_link.TOKEN_ENV}; OAR: oarsh, one line on"
+        " stdin; PBS: pbsdsh, --leader and --nonce, the token from $PBS_JOBCOOKIE)",
     )
+    p.add_argument("--leader", metavar="HOST:PORT", help=argparse.SUPPRESS)  # PBS members: from pbsdsh's argv
+    p.add_argument("--nonce", metavar="HEX", help=argparse.SUPPRESS)
     p.add_argument(
         "--orphan-resume",
         type=float,
@@ -129,7 +132,7 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(f"vjob run: no job id: run inside a {args.rms} job (${env.job_id}) or give --job-id")
     node = args.node or os.environ.get(env.node_name) or socket.gethostname().split(".")[0]
     if args.member:
-        return _run_member(cfg, node)
+        return _run_member(cfg, args, node)
     image = args.os_image or os.environ.get("VJOB_OS") or _script_image(env) or TINY_IMAGE
     if args.memory < 72:
         raise InputError(f"--memory {args.memory}: must be at least 72 MiB (the guest kernel's floor)")
@@ -252,8 +255,7 @@ def _run_multinode(
     if cfg.agent.multinode_pilots == "leader":
         vms = JobVMs(driver, name, nodes, addresses[0].subnet_id, spec)
         return Pilot(settings, pdir, vms).run()  # type: ignore[arg-type]
-    if args.rms != "slurm":
-        raise UsageError(f'[agent] multinode_pilots = "per-node": built for Slurm only, not {args.rms}')
+    secret = member_launch.leader_secret(args.rms, os.environ)  # refuses an RMS without a launcher
 
     def describe(rank: int) -> dict[str, Any]:
         """What member `rank` builds its VM from: never the script, which only rank 0 runs."""
@@ -264,9 +266,10 @@ def _run_multinode(
         return {"image": settings.image, "memory_mb": settings.memory_mb, "job": fields}
 
     replay = empty_file(sys.stdout)  # before the members' first log lines reach the job's output
-    members = Members(nodes[1:])
+    members = Members(nodes[1:], host=cfg.agent.member_address, secret=secret)
     try:
-        members.launch_srun(args.rms)
+        members.launch(args.rms, config=getattr(args, "config", None) or os.environ.get("VJOB_CONFIG"),
+                       node_file=_node_file(args.rms) if args.rms == "pbs" else ())  # fmt: skip
         members.join()
         remotes = members.vms(member_names(name, len(nodes))[1:], addresses[0].subnet_id, driver,
                               prov.operation_timeout_s)  # fmt: skip
@@ -276,18 +279,18 @@ def _run_multinode(
         members.close()
 
 
-def _run_member(cfg: Config, node: str) -> int:
-    """A member pilot: connect to the leader named in the environment, then obey it (agent.pilot_member)."""
-    token, leader = os.environ.get(member_link.TOKEN_ENV, ""), os.environ.get(member_link.LEADER_ENV, "")
-    if not token or not leader:
-        raise UsageError(f"vjob run --member: started by a multi-node job's first pilot only "
-                         f"(${member_link.TOKEN_ENV} and ${member_link.LEADER_ENV} unset)")  # fmt: skip
+def _run_member(cfg: Config, args: argparse.Namespace, node: str) -> int:
+    """A member pilot: connect to its leader, learnt the way its RMS's launcher passes it
+    (agent.member_launch), then obey it (agent.pilot_member)."""
+    call = member_launch.calling(args.rms, os.environ, node, leader=args.leader or "", nonce=args.nonce or "")
+    node = call.node
     os.environ.pop(member_link.TOKEN_ENV, None)  # nothing this process starts needs it
     prov = user_provisioning(cfg.provisioning)
-    link = member_link.connect(leader, token, node)
+    link = member_link.connect(call.leader, call.token, node)
     driver = _driver(cfg, prov)
 
-    def spec(msg: dict[str, Any], vm: str, rank: int) -> Any:
+    def spec(msg: dict[str, Any], vm: str, rank: int, workdir: Path | None) -> Any:
+        """`workdir` None: the leader built and sent the job disk (agent.member_workdir)."""
         job = member_job(msg.get("job"))
         local = check_image(str(msg.get("image", "")), cfg, node)
         memory = msg.get("memory_mb")
@@ -295,15 +298,16 @@ def _run_member(cfg: Config, node: str) -> int:
             raise InputError(f"memory_mb = {str(memory)[:20]!r}: must be MiB, at least {REAL_MIN_MEMORY_MIB}")
         disk = driver.job_disk_path(vm, node)
         safe_dirs.ensure_dir(disk.parent, 0o711)
-        job_disk.build(Path.cwd(), job, disk, limit_bytes=prov.stage_limit_mb * 2**20,
-                       free_bytes=prov.job_disk_free_mb * 2**20)  # fmt: skip
+        if workdir is not None:
+            job_disk.build(workdir, job, disk, limit_bytes=prov.stage_limit_mb * 2**20,
+                           free_bytes=prov.job_disk_free_mb * 2**20)  # fmt: skip
         if local is None or job.network is None:
             raise InputError(f"image = {msg.get('image')!r}: a member pilot runs a real image on the job's network")
         nics = (Nic(str(job.network["mac"]), str(msg["bridge"])),)
         return dataclasses.replace(real_spec(local, vm, memory, disk, cpu_model=prov.cpu_model), nics=nics)
 
     try:
-        return Member(link, driver, node, spec).serve()
+        return Member(link, driver, node, spec, member_workdir.own_workdir()).serve()
     finally:
         driver.close()
 
@@ -334,11 +338,7 @@ def _job_nodes(args: argparse.Namespace, env: JobEnvironment, node: str) -> list
         raw = os.environ.get(env.node_list, "")
         names = list(hostlist.expand(raw, f"${env.node_list}")) if raw else []
     else:
-        try:
-            text = Path(os.environ.get(env.node_list, "")).read_text() if os.environ.get(env.node_list) else ""
-        except OSError as exc:
-            raise InputError(f"${env.node_list}: cannot read the node file: {exc.strerror}") from None
-        names = [line.strip().split(".")[0] for line in text.splitlines() if line.strip()]
+        names = [member_launch.short_name(line) for line in _node_file(args.rms) if line.strip()]
     for n in names:
         if not HOST_NAME.fullmatch(n):
             raise InputError(f"node list: {n[:80]!r} is not a node name")
@@ -348,6 +348,15 @@ def _job_nodes(args: argparse.Namespace, env: JobEnvironment, node: str) -> list
     if node not in unique:
         raise InputError(f"node {node}: not in the job's node list {','.join(unique)[:200]}; give --node or --nodes")
     return [node, *(n for n in unique if n != node)]
+
+
+def _node_file(rms: str) -> list[str]:
+    """The RMS's node file, one line per slot (PBS: line i is TM's node i, pbsdsh -n's index)."""
+    var = job_environment(rms).node_list
+    try:
+        return Path(os.environ.get(var, "")).read_text().splitlines() if os.environ.get(var) else []
+    except OSError as exc:
+        raise InputError(f"${var}: cannot read the node file: {exc.strerror}") from None
 
 
 def partner_hold_s(cfg: Config) -> float:

@@ -11,10 +11,10 @@ balloon (`--balloons reporting,stats`) the counter guests are booted with half t
 filled with random data (held) and a quarter more touched and freed again (`--churn`: a job
 whose memory use went down), checkpointed together (`provisioning.coordinated`: all paused,
 then saved in parallel), the state files are copied, and the guests are restored together
-and checked to have continued. `stats` is the domain vjob defines (virtio balloon for statistics);
-`reporting` adds free page reporting (the guest hands freed memory back to QEMU, which then
-saves it as zero pages), measured here and left off in vjob's domains: a swapping guest
-crashed in 2 of 10 live migrations with it (docs/provisioning.md).
+and checked to have continued. `stats` is a virtio balloon for statistics only; `reporting`
+adds free page reporting (the guest hands freed memory back to QEMU, which then saves it as
+zero pages): the domain XML the driver writes with `[provisioning] free_page_reporting` off or
+on; the default is vjob's own setting (docs/provisioning.md).
 Every configuration is measured `--reps` times, the repetitions interleaved (rep 1 of every
 configuration, then rep 2, ...) so that a load spike hits one repetition rather than one
 configuration; the table shows medians, and the spread of the copy. The page cache is
@@ -28,10 +28,11 @@ hash alone is reported too, and so is `start`, libvirt starting one such guest p
 state to load (a restore's floor: a QEMU process, its monitor, its devices). Figures are per
 GiB of guest memory, with the bytes written per GiB of guest memory, and the load average at
 the start and the end. Starts libvirtd (under tini) if it is not running and stops what it
-started. Prints a table and ends with one JSON line.
+started; with `--node-dir` a private libvirtd of its own instead (another session's test may
+stop the shared one in the middle of a run). Prints a table and ends with one JSON line.
 
     .venv/bin/python bench/checkpoint.py [--vms 1,4] [--mib 512] [--modes cold,bypass]
-        [--balloons reporting,stats] [--churn 0.25] [--reps 3]
+        [--balloons reporting,stats] [--churn 0.25] [--reps 3] [--node-dir /var/tmp/vjob-node-ckpt]
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ import statistics
 import subprocess
 import tempfile
 import time
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import libvirt
@@ -133,15 +133,8 @@ def _start_paused(driver: Driver, name: str, image: Path, files: guest.GuestFile
         driver.delete(name, NODE)
 
 
-def _with_page_reporting(driver: Driver, name: str) -> None:
-    """Redefine `name` with free page reporting on its balloon (off in vjob's own domains)."""
-    conn = driver.connection(NODE)
-    root = ET.fromstring(conn.lookupByName(name).XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
-    for balloon in root.findall("./devices/memballoon"):
-        balloon.set("freePageReporting", "on")
-    conn.defineXML(ET.tostring(root, encoding="unicode"))
-
-
+DEFAULT_BALLOON = "reporting" if ProvisioningConfig().free_page_reporting else "stats"
+"""The balloon of vjob's own domains (`[provisioning] free_page_reporting`)."""
 Config = tuple[int, str, str]
 """One configuration: number of VMs, page-cache mode, balloon."""
 
@@ -159,9 +152,8 @@ def measure(
         driver.console_log(name, NODE).unlink(missing_ok=True)  # an old log would show old counters
         spec = VMSpec(name, image, memory_mib=mib, kernel=files.kernel, initrd=files.initrd,
                       cmdline=f"{files.cmdline} vjob_fill={fill} vjob_churn={churned}")  # fmt: skip
+        driver.config.free_page_reporting = balloon == "reporting"  # the domain XML vjob writes with it
         driver.define(spec, NODE)
-        if balloon == "reporting":
-            _with_page_reporting(driver, name)
         driver.boot(name, NODE)
     try:
         for name in names:
@@ -247,10 +239,14 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=512, help="memory of each guest in MiB (half filled)")
     parser.add_argument("--modes", default="cold,bypass", help="page-cache policies to measure: cold, bypass")
     parser.add_argument(
-        "--balloons", default="reporting,stats", help="balloons to compare: reporting (free page reporting), stats"
+        "--balloons",
+        default=DEFAULT_BALLOON,
+        help=f"balloons to compare: reporting (free page reporting), stats; default: vjob's ({DEFAULT_BALLOON})",
     )
     parser.add_argument("--churn", type=float, default=0.25, help="share of each guest's RAM touched, then freed")
     parser.add_argument("--reps", type=int, default=3, help="repetitions of every configuration, interleaved")
+    parser.add_argument("--node-dir", default="",
+                        help="a private libvirtd kept here (others may stop the shared one)")  # fmt: skip
     args = parser.parse_args()
     counts = [int(s) for s in args.vms.split(",")]
     modes = [m for m in args.modes.split(",") if m]
@@ -267,7 +263,10 @@ def main() -> None:
     console = Console(stderr=True)
     work = Path(tempfile.mkdtemp(prefix="vjob-bench-", dir="/var/tmp"))
     work.chmod(0o755)
-    daemons = libvirtd.start_system(work / "log")
+    if args.node_dir:
+        daemons = libvirtd.start_second_node(Path(args.node_dir), hostname="ckpt", migration_ports=(49500, 49519))
+    else:
+        daemons = libvirtd.start_system(work / "log")
     runs: dict[Config, list[dict]] = {c: [] for c in configs}
     load_start = os.getloadavg()[0]
     try:

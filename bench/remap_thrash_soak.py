@@ -11,9 +11,12 @@ the guest's CPU rewriting a file in RAM, moved 5 s after its payload starts. A r
 crash when the guest's console shows an Oops, a BUG or a panic. Its own second libvirtd
 (--node-dir, --ports) and initrd, so that several can run at once (--vm-suffix). Found: the
 live copy under TCG is the cause, not the balloon or the swap (docs/remap.md, "The migration
-defect"). Last line: JSON.
+defect"). `--free-page-reporting on` gives the guest's balloon free page reporting (the domain
+XML of `[provisioning] free_page_reporting`; each run records whether the domain had it): how
+it was re-tested before being turned on by default. Last line: JSON.
 
     nice -n 10 .venv/bin/python bench/remap_thrash_soak.py --runs 30 --move live --payload dirty
+    nice -n 10 .venv/bin/python bench/remap_thrash_soak.py --runs 30 --free-page-reporting on
 """
 
 from __future__ import annotations
@@ -22,15 +25,18 @@ import argparse
 import json
 import tempfile
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+import libvirt
 import remap_thrash as bench  # bench/ is this script's directory, first on sys.path
 
 from devkit import libvirtd
 from devkit.bench_nodes import bench_nodes
 from provisioning import guest
 from provisioning.driver import Driver, VMSpec
+from vjob.config import ProvisioningConfig
 from vjob.model import VMState
 
 DIRTY_PAYLOAD = """mkdir -p /w && mount -t tmpfs -o size={work}m tmpfs /w
@@ -44,6 +50,10 @@ while [ $i -lt {passes} ]; do i=$((i+1)); j=0
 """
 """The control: no swap and no balloon, the guest's CPU rewriting a --working-mib file in tmpfs
 (in RAM) over and over — memory dirtied as fast as the thrashing guest's, by the CPU alone."""
+
+
+REPORTING = ProvisioningConfig().free_page_reporting
+"""vjob's own balloon setting, the default of --free-page-reporting."""
 
 
 def dirty_run(driver: Driver, spec: VMSpec, move: str, after_s: float, passes_after: int) -> dict[str, Any]:
@@ -71,6 +81,16 @@ def dirty_run(driver: Driver, spec: VMSpec, move: str, after_s: float, passes_af
     return {"moved": moved}
 
 
+def _reporting(driver: Driver, node: str) -> bool | None:
+    """Whether the guest's running domain on `node` has free page reporting (None: no domain):
+    the run is counted under the balloon it really had."""
+    try:
+        xml = driver.connection(node).lookupByName(bench.VM).XMLDesc(0)
+    except libvirt.libvirtError:
+        return None
+    return any(b.get("freePageReporting") == "on" for b in ET.fromstring(xml).findall("./devices/memballoon"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=30)
@@ -83,6 +103,8 @@ def main() -> None:
     parser.add_argument("--node-dir", default="/var/tmp/vjob-node20")
     parser.add_argument("--ports", default="49360-49379", help="the second node's migration ports")
     parser.add_argument("--vm-suffix", default="", help="a VM name of its own, to run beside another soak")
+    parser.add_argument("--free-page-reporting", choices=("on", "off"), default="on" if REPORTING else "off",
+                        help="free page reporting on the balloon (provisioning.free_page_reporting)")  # fmt: skip
     args = parser.parse_args()
     low, high = (int(p) for p in args.ports.split("-"))
 
@@ -98,6 +120,7 @@ def main() -> None:
     try:
         with bench_nodes("vjob-remap-soak", {"a": system.uri, "b": second.uri}, vms=[bench.VM], disk_mib=256,
                          timeout_s=180) as on:  # fmt: skip
+            on.driver.config.free_page_reporting = args.free_page_reporting == "on"
             spec = VMSpec(bench.VM, on.image, memory_mib=args.boot_mib, kernel=files.kernel, initrd=files.initrd,
                           cmdline=f"{files.cmdline} {bench.NO_TIMER_CHECK}")  # fmt: skip
             for i in range(1, args.runs + 1):
@@ -118,6 +141,7 @@ def main() -> None:
                     running = on.driver.state(bench.VM, "b") is VMState.RUNNING
                 except Exception:  # noqa: BLE001 - no domain on b: not running there
                     running = False
+                row["reporting"] = _reporting(on.driver, "b" if running else "a")
                 row["ok"] = row["crash"] is None and "error" not in row and running
                 row["seconds"] = round(time.monotonic() - t0, 1)
                 if not row["ok"]:
@@ -133,6 +157,7 @@ def main() -> None:
         "move": args.move,
         "boot_mib": args.boot_mib,
         "payload": args.payload,
+        "free_page_reporting": args.free_page_reporting,
         "runs": len(runs),
         "crashes": sum(1 for r in runs if r["crash"]),
         "failures": len(bad),

@@ -26,6 +26,7 @@ def domain_xml(
     job_disk: Path | None = None,
     output_logs: tuple[Path, Path] | None = None,
     seclabels: bool = True,
+    free_page_reporting: bool = False,
 ) -> str:
     """The domain of `spec` on a node of type `dom_type` ("test" for libvirt's test driver).
 
@@ -92,12 +93,15 @@ def domain_xml(
     # A virtio balloon, for its statistics (without one a guest reports no swap activity) and
     # for the remapping's memory target per node kind (Driver.set_memory). Saved states keep
     # the device set they were saved with — their own XML is restored — so a state saved
-    # before this device existed restores without it. No free page reporting: it writes 16–27 %
-    # fewer bytes per checkpoint (bench/checkpoint.py); it was turned off when a swapping,
-    # ballooned guest crashed after live migration (2 of 10 runs with it on). The cause turned
-    # out to be TCG's live copy itself, balloon or not (Driver.migrate now pauses TCG guests;
-    # docs/remap.md, "The migration defect"); reporting was not tested again since.
+    # before this device existed, or before free page reporting, restores as it was saved.
+    # `free_page_reporting` (config provisioning.free_page_reporting): the guest returns freed
+    # 2 MiB blocks, which a save then writes as zero pages (16–27 % fewer bytes,
+    # bench/checkpoint.py). It was off while a swapping guest crashed after live migrations;
+    # that was TCG's live copy, balloon or not (Driver.migrate pauses TCG guests; docs/remap.md,
+    # "The migration defect").
     balloon = ET.SubElement(devices, "memballoon", model="virtio")
+    if free_page_reporting:
+        balloon.set("freePageReporting", "on")
     ET.SubElement(balloon, "stats", period=str(BALLOON_STATS_PERIOD_S))
     return ET.tostring(root, encoding="unicode")
 

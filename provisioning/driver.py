@@ -36,7 +36,7 @@ import libvirt
 from sqlalchemy import select
 
 from provisioning import domain_xml as domxml
-from provisioning import guest, integrity, kvm_access, kvm_probe, safe_dirs, transfer
+from provisioning import guest, integrity, kvm_access, kvm_probe, safe_dirs, save_hash, transfer
 from provisioning.transfer import Endpoint
 from provisioning.vm_types import (
     MANIFEST_SUFFIX,
@@ -350,7 +350,22 @@ class Driver:
         transfer.rename(Endpoint(tmp, host), overlay.path, mode=0o600, timeout_s=timeout)
         self._own_overlay(spec.name, node)
 
-    def _send_job_disk(self, vm: str, node: str, disk: Path, host: str) -> None:
+    def place_job_disk(self, vm: str, node: str) -> dict[str, Any]:
+        """The job disk built here for `node`'s VM, put where that node's own pilot defines the
+        VM (a per-node job's member whose node lacks the working directory): sent and checked
+        on arrival as `define` does, or left here when the node shares this VM directory. Its
+        size and sha256 as built, for that pilot to check once more before using it."""
+        disk = self.job_disk_path(vm, node)
+        if not disk.is_file():
+            raise DriverError("define", vm, node, f"job disk {disk}: missing")
+        built: dict[str, Any] = {"size_bytes": disk.stat().st_size, "sha256": transfer.sha256_file(disk)}
+        host = self.host(node)
+        if host is not None:
+            self._ensure_dirs(node)
+            self._send_job_disk(vm, node, disk, host, built)
+        return built
+
+    def _send_job_disk(self, vm: str, node: str, disk: Path, host: str, built: dict[str, Any] | None = None) -> None:
         """Send the job disk the pilot built here to `node`'s host and check it there.
 
         Why checked: it holds the job's files and goes to another machine by rsync/scp; the
@@ -367,7 +382,7 @@ class Driver:
             raise DriverError("define", vm, node, f"job disk {disk}: missing")
         if self._shares_dir(disk.parent, host):
             return
-        built = {"size_bytes": disk.stat().st_size, "sha256": transfer.sha256_file(disk)}
+        built = built or {"size_bytes": disk.stat().st_size, "sha256": transfer.sha256_file(disk)}
         transfer.copy(Endpoint(disk), remote, method=self.config.copy_method, timeout_s=self.config.operation_timeout_s)
         try:
             integrity.check_against(vm, node, disk, built, host)
@@ -425,6 +440,7 @@ class Driver:
             job_disk=spec.job_disk,
             output_logs=self.output_logs(spec.name, node) if spec.output_ports else None,
             seclabels=not self.uri(node).endswith("/session"),
+            free_page_reporting=self.config.free_page_reporting,
         )
 
     def domain_type(self, node: str) -> str:
@@ -552,13 +568,29 @@ class Driver:
         state_ep = self._ep(path, node)
         partial = path.with_name(path.name + ".part")
         dom = self._domain(vm, node)
+        hashed: tuple[int, str] | None = None
+        followed = False
         if dom is not None and self._active(dom):
             conn_dom = dom
             flags = libvirt.VIR_DOMAIN_SAVE_RUNNING | (libvirt.VIR_DOMAIN_SAVE_BYPASS_CACHE if bypass_cache else 0)
             if self._is_test(node):
                 flags = 0  # libvirt's test driver accepts no save flags
-            self._call("save", vm, node, lambda: conn_dom.saveFlags(str(partial), None, flags), on_timeout=dom.abortJob)
-            transfer.rename(self._ep(partial, node), path, mode=0o600)
+            # Hashed while libvirt writes it (save_hash), on this machine's files and through the
+            # page cache only: with BYPASS_CACHE reading it back would fill the cache it bypasses.
+            follower = None
+            if self.host(node) is None and not bypass_cache:
+                partial.unlink(missing_ok=True)  # an earlier failed save's: the follower must see libvirt's new file
+                follower = save_hash.FollowingHash(partial)
+            try:
+                self._call(
+                    "save", vm, node, lambda: conn_dom.saveFlags(str(partial), None, flags), on_timeout=dom.abortJob
+                )
+                transfer.rename(self._ep(partial, node), path, mode=0o600)
+                if follower is not None:
+                    hashed, followed = follower.finish(path), follower.followed
+            finally:
+                if follower is not None:
+                    follower.abandon()  # after finish: nothing left to stop; after a failure: the reader stops
             transfer.remove(self._ep(partial, node))
             # an older manifest does not describe this file
             transfer.remove(self._ep(integrity.manifest_path(path), node))
@@ -568,9 +600,9 @@ class Driver:
             else:
                 raise DriverError("save", vm, node, "the VM is not running and has no saved state")
         disks = self.disk_paths(vm, node) if with_disks else None
-        snap = self._describe(vm, node, "memory", path, None, job_id, disks=disks)
+        snap = self._describe(vm, node, "memory", path, None, job_id, disks=disks, hashed=hashed)
         self._update_vm(vm, state=VMState.SAVED)
-        _log.info("vm saved", vm=vm, node=node, bytes=snap.size_bytes, path=str(path))
+        _log.info("vm saved", vm=vm, node=node, bytes=snap.size_bytes, path=str(path), hashed_while_written=followed)
         return snap
 
     def _save_image_ok(self, path: Path, node: str) -> bool:
@@ -829,7 +861,7 @@ class Driver:
         if memory.exists() and integrity.manifest_path(memory).exists():
             return self._describe(vm, node, "full", memory, overlay_copy, job_id)
         state = self.state_path(vm, node)
-        self.save(vm, node, with_disks=False)
+        saved = self.save(vm, node, with_disks=False)
         try:
             transfer.copy(Endpoint(self.overlay_path(vm, node)), Endpoint(overlay_copy), method="local")
             os.replace(state, memory)
@@ -844,7 +876,9 @@ class Driver:
                 os.replace(memory, state)  # keep the VM resumable from its normal state file
             raise
         self._update_vm(vm, state=VMState.RUNNING if keep_running else VMState.STOPPED)
-        snap = self._describe(vm, node, "full", memory, overlay_copy, job_id)
+        # `memory` is the saved state renamed (one file, only read since): its save-time digest
+        # describes it, no second pass (Saline's periodic snapshots)
+        snap = self._describe(vm, node, "full", memory, overlay_copy, job_id, hashed=(saved.size_bytes, saved.sha256))
         _log.info("vm snapshot", vm=vm, node=node, label=label, bytes=snap.size_bytes, running=keep_running)
         return snap
 
@@ -926,9 +960,11 @@ class Driver:
         job_id: int | None,
         *,
         disks: dict[str, Path] | None = None,
+        hashed: tuple[int, str] | None = None,
     ) -> Snapshot:
         """Hash a fresh state file (on its node), write its manifest and its store row (once);
-        `disks` (role: path) are hashed into the manifest too."""
+        `disks` (role: path) are hashed into the manifest too. `hashed`: the (size, sha256) of
+        this very file computed while it was written (save_hash), used when the size agrees."""
         host = self.host(node)
         existing = integrity.read_manifest(path, host)
         actual = transfer.size(Endpoint(path, host))
@@ -937,7 +973,8 @@ class Driver:
         if existing is not None and existing.get("size_bytes") == actual:
             size, digest, created = int(existing["size_bytes"]), str(existing["sha256"]), float(existing["created_at"])
         else:
-            size, digest, created = actual, transfer.sha256(Endpoint(path, host)), now()
+            digest = hashed[1] if hashed is not None and hashed[0] == actual else transfer.sha256(Endpoint(path, host))
+            size, created = actual, now()
             integrity.write_manifest(
                 path,
                 {

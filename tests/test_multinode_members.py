@@ -8,10 +8,14 @@ SIGKILLed process. The real launch by srun is test_multinode_slurm.py's per-node
 
 from __future__ import annotations
 
+import io
+import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -21,17 +25,22 @@ from typing import Any
 
 import libvirt
 import pytest
+from pydantic import ValidationError
 
-from agent import member_link
-from agent.member_leader import Members, MemberVM
+from agent import member_link, member_workdir
+from agent.member_leader import Members, MemberVM, leader_address
 from agent.member_link import LinkError
+from agent.pilot import Pilot, PilotSettings
 from agent.pilot_member import Member
 from agent.pilot_multinode import JobVMs
-from provisioning import coordinated
+from provisioning import coordinated, job_disk
 from provisioning.driver import Driver, DriverError, VMSpec
+from provisioning.job_disk import JobDescription
 from tests.services.libvirt import make_test_node
-from vjob.config import ProvisioningConfig
+from vjob.config import AgentConfig, ProvisioningConfig
+from vjob.errors import VjobError
 from vjob.model import VMState
+from vjob.pilot_files import PilotDir, PilotState
 
 pytestmark = pytest.mark.libvirt
 
@@ -76,21 +85,37 @@ class Job:
     threads: list[threading.Thread]
     exits: dict[str, int | str] = field(default_factory=dict)
     defined: list[dict[str, Any]] = field(default_factory=list)
+    built_from: dict[str, Path | None] = field(default_factory=dict)
+    """Per member node, the directory it built its job disk from (None: the leader sent it)."""
 
 
-def _start(driver: Driver, image: Path, die: dict[str, str] | None = None) -> tuple[Job, JobVMs]:
-    """A leader on n1 and member pilots on n2, n3 (threads), joined; the job's VMs not booted."""
+def _start(
+    driver: Driver,
+    image: Path,
+    die: dict[str, str] | None = None,
+    *,
+    workdir: Path | None = None,
+    member_dirs: dict[str, Path | None] | None = None,
+    leader_spec: Any = None,
+    member_spec: Any = None,
+) -> tuple[Job, JobVMs]:
+    """A leader on n1 and member pilots on n2, n3 (threads), joined; the job's VMs not booted.
+    `workdir`: the leader's working directory (a member's is the same unless `member_dirs` says)."""
     members = Members(NODES[1:], host="127.0.0.1")
     job = Job(members, [])
+    work = workdir or image.parent / "work"  # the test's tmp_path
+    work.mkdir(exist_ok=True)
 
     def member(node: str) -> None:
-        def spec(msg: dict[str, Any], vm: str, _rank: int) -> VMSpec:
+        def spec(msg: dict[str, Any], vm: str, rank: int, wd: Path | None) -> VMSpec:
             job.defined.append(msg)
-            return VMSpec(vm, image)
+            job.built_from[node] = wd
+            return member_spec(msg, vm, rank, wd, node) if member_spec else VMSpec(vm, image)
 
         try:
             link = member_link.connect(members.address, members.token, node)
-            job.exits[node] = Dying(link, driver, node, spec, die_on=(die or {}).get(node, "")).serve()
+            mine = (member_dirs or {}).get(node, work)
+            job.exits[node] = Dying(link, driver, node, spec, mine, die_on=(die or {}).get(node, "")).serve()
         except (LinkError, DriverError) as exc:
             job.exits[node] = str(exc)
 
@@ -100,8 +125,12 @@ def _start(driver: Driver, image: Path, die: dict[str, str] | None = None) -> tu
         job.threads.append(t)
     members.join(timeout_s=30)
     remotes = members.vms(NAMES[1:], SUBNET, driver, 30)
-    vms = JobVMs(driver, "job9", NODES, SUBNET, lambda _r, vm, _n: VMSpec(vm, image), remotes,
-                 lambda rank: {"job": {"network": {"ssh_private": f"secret key of rank {rank}"}}})  # fmt: skip
+
+    def describe(rank: int) -> dict[str, Any]:
+        return {"job": {"cwd": str(work), "network": {"ssh_private": f"secret key of rank {rank}"}}}
+
+    vms = JobVMs(driver, "job9", NODES, SUBNET, leader_spec or (lambda _r, vm, _n: VMSpec(vm, image)), remotes,
+                 describe)  # fmt: skip
     return job, vms
 
 
@@ -245,7 +274,9 @@ def test_a_connection_without_the_token_is_refused_and_a_member_with_it_joins(dr
         members.close(wait_s=1)
 
 
-def test_a_member_ignores_its_own_sigterm_and_saves_at_its_leaders_word(driver: Driver, image: Path) -> None:
+def test_a_member_ignores_its_own_sigterm_and_saves_at_its_leaders_word(
+    driver: Driver, image: Path, tmp_path: Path
+) -> None:
     """Slurm signals every step of a requeued job at once: the member (here in the main thread,
     where its SIGTERM handler lives) gets SIGTERM with its VM running and does not save; it
     still answers its leader's PAUSE and SAVE, and ends at `bye`."""
@@ -256,7 +287,7 @@ def test_a_member_ignores_its_own_sigterm_and_saves_at_its_leaders_word(driver: 
         try:
             members.join(timeout_s=20)
             vm = members.vms(["job9-1"], SUBNET, driver, 30)[0]
-            vm.define({})
+            vm.define({"job": {"cwd": str(tmp_path)}})
             vm.boot()
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(0.5)
@@ -271,7 +302,7 @@ def test_a_member_ignores_its_own_sigterm_and_saves_at_its_leaders_word(driver: 
     t = threading.Thread(target=leader, daemon=True)
     t.start()
     link = member_link.connect(members.address, members.token, "n2")
-    member = Member(link, driver, "n2", lambda _m, vm, _r: VMSpec(vm, image))
+    member = Member(link, driver, "n2", lambda _m, vm, _r, _w: VMSpec(vm, image), tmp_path)
     assert member.serve() == 0
     t.join(timeout=10)
     assert "error" not in seen, seen.get("error")
@@ -291,3 +322,265 @@ def test_vms_left_paused_by_a_pilot_killed_before_any_save_run_again(driver: Dri
     assert again.active()
     assert _all_running(driver)
     again.delete()
+
+
+def _job_disks(driver: Driver, image: Path, work: Path) -> tuple[Any, Any]:
+    """Spec builders that make real job disks (mkfs.ext4 -d, qemu-img): the leader's for any
+    rank (as the leader mode builds them), a member's from the directory it was given."""
+
+    def description(rank: int, cwd: Path) -> JobDescription:
+        return JobDescription(script=b"#!/bin/sh\ntrue\n", args=[], env={}, uid=0, gid=0, user="root",
+                              home="/root", cwd=str(cwd), hostname=f"vm{rank}")  # fmt: skip
+
+    def build(wd: Path, rank: int, vm: str, node: str) -> VMSpec:
+        disk = driver.job_disk_path(vm, node)
+        disk.parent.mkdir(parents=True, exist_ok=True)
+        job_disk.build(wd, description(rank, work), disk, limit_bytes=1 << 20, free_bytes=64 << 20)
+        return VMSpec(vm, image, job_disk=disk)
+
+    def leader(rank: int, vm: str, node: str) -> VMSpec:
+        return build(work, rank, vm, node)
+
+    def member(_msg: dict[str, Any], vm: str, rank: int, wd: Path | None, node: str) -> VMSpec:
+        return (
+            build(wd, rank, vm, node) if wd is not None else VMSpec(vm, image, job_disk=driver.job_disk_path(vm, node))
+        )
+
+    return leader, member
+
+
+def _files_on(disk: Path, scratch: Path) -> dict[str, str]:
+    """The working directory's copy on a job disk (/work), read with debugfs as the pilot reads it."""
+    raw = scratch.with_suffix(".raw")
+    subprocess.run(["qemu-img", "convert", "-q", "-U", "-O", "raw", str(disk), str(raw)], check=True, timeout=60)
+    debugfs = shutil.which("debugfs") or "/usr/sbin/debugfs"
+
+    def ask(request: str) -> str:
+        run = subprocess.run([debugfs, "-R", request, str(raw)], capture_output=True, text=True, timeout=60)
+        return run.stdout
+
+    names = [f.split("/")[5] for f in ask("ls -p /work").splitlines() if f.count("/") >= 6]
+    return {n: ask(f"cat /work/{n}") for n in names if n not in (".", "..")}
+
+
+def test_a_member_without_the_working_directory_gets_its_job_disk_from_the_leader(
+    driver: Driver, image: Path, tmp_path: Path
+) -> None:
+    """No shared filesystem: n2's member has no such directory (srun would have started it in
+    /tmp), n3's shares the leader's. n2's does not see the leader's probe and gets the job disk
+    the leader builds from its own directory, checked on arrival; n3's builds its own; the probe
+    is gone before any disk is built, so no disk holds it."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "data.txt").write_text("the leader's files\n")
+    leader, member = _job_disks(driver, image, work)
+    job, vms = _start(driver, image, workdir=work, member_dirs={"n2": tmp_path / "missing", "n3": work},
+                      leader_spec=leader, member_spec=member)  # fmt: skip
+    try:
+        vms.boot()
+        assert _all_running(driver)
+        assert job.built_from == {"n2": None, "n3": work}
+        for vm, node in VMS:
+            files = _files_on(driver.job_disk_path(vm, node), tmp_path / f"out-{node}")
+            assert files == {"data.txt": "the leader's files\n"}, (node, files)  # no probe on any disk
+        assert [p.name for p in work.iterdir()] == ["data.txt"]
+    finally:
+        _end(job)
+
+
+def test_a_job_disk_altered_on_the_way_is_refused_by_the_member(
+    driver: Driver, image: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "data.txt").write_text("x\n")
+    leader, member = _job_disks(driver, image, work)
+    real = Driver.place_job_disk
+
+    def altered(self: Driver, vm: str, node: str) -> dict[str, Any]:
+        built = real(self, vm, node)
+        with open(self.job_disk_path(vm, node), "r+b") as fh:  # one byte changed after the check at the source
+            fh.seek(100)
+            byte = fh.read(1)
+            fh.seek(100)
+            fh.write(bytes([byte[0] ^ 0xFF]))
+        return built
+
+    monkeypatch.setattr(Driver, "place_job_disk", altered)
+    job, vms = _start(driver, image, workdir=work, member_dirs={"n2": None}, leader_spec=leader, member_spec=member)
+    try:
+        with pytest.raises(DriverError, match=r"job9-1 on node n2: the member refused: the job disk the leader sent is "
+                                              r"refused \(.*corrupt.*\); removed here"):  # fmt: skip
+            vms.boot()
+        assert not driver.job_disk_path("job9-1", "n2").exists()
+        assert driver.state("job9-1", "n2") is None
+        assert "n2" not in job.built_from  # nothing defined from a bad disk
+    finally:
+        _end(job)
+
+
+def test_the_leader_listens_where_its_route_toward_the_members_leaves(driver: Driver) -> None:
+    """Not its host name's address (127.0.0.1 here, 127.0.1.1 on Debian): the source address
+    the kernel picks toward the first member node, or `[agent] member_address`."""
+    out = subprocess.run(["ip", "-o", "route", "get", "203.0.113.5"], capture_output=True, text=True, check=False)
+    if out.returncode == 0 and " src " in out.stdout:  # a machine with a route out: the kernel's answer
+        assert leader_address("203.0.113.5") == out.stdout.split(" src ")[1].split()[0]
+    assert leader_address("127.0.0.1") == "127.0.0.1"
+    assert Members(["127.0.0.1"]).address.startswith("127.0.0.1:")
+    assert leader_address("no-such-node.invalid") == socket.gethostbyname(socket.gethostname())  # the fallback
+    with pytest.raises(VjobError, match=r"cannot listen on 203\.0\.113\.7 \(\[agent\] member_address"):
+        Members(["n2"], host="203.0.113.7")  # not an address of this machine
+    with pytest.raises(ValidationError, match="member_address"):
+        AgentConfig(member_address="eth0")
+    assert AgentConfig(member_address="::1").member_address == "::1"
+    members = Members(["n2"], host="::1")  # IPv6: the member parses [addr]:port
+    assert members.address.startswith("[::1]:")
+    joiner = threading.Thread(target=members.join, kwargs={"timeout_s": 20})
+    joiner.start()
+    link = member_link.connect(members.address, members.token, "n2")
+    joiner.join(timeout=20)
+    try:
+        assert set(members.links) == {"n2"}
+    finally:
+        link.close()
+        members.close(wait_s=1)
+
+
+MEMBER_PROCESS = """
+import os
+import sys
+from pathlib import Path
+from agent import member_link, member_workdir
+from agent.pilot_member import Member
+from provisioning.driver import Driver, VMSpec
+from vjob.config import ProvisioningConfig
+
+uri, snap, data, image, workdir = sys.argv[1:6]
+cfg = ProvisioningConfig(nodes={"n2": uri}, snapshot_dir=snap, operation_timeout_s=30)
+link = member_link.connect(os.environ[member_link.LEADER_ENV], os.environ[member_link.TOKEN_ENV], "n2")
+with Driver(cfg, data_dir=Path(data)) as drv:
+    member = Member(link, drv, "n2", lambda _m, vm, _r, _w: VMSpec(vm, Path(image)), Path(workdir))
+    code = member.serve()
+print("sigterm seen:", member.terminated.is_set(), flush=True)
+sys.exit(code)
+"""
+
+
+def _sigterm_alone(driver: Driver, image: Path, tmp_path: Path, job: str, per_node: bool) -> dict[str, Any]:
+    """A 2-node pilot (n1, n2) that gets SIGTERM with no request first — a requeue or preemption
+    as Slurm does it, signalling every step of the job at once: with `per_node`, n2's VM is a
+    member pilot's, a real process of its own (its own test-driver instance of n2) that gets
+    SIGTERM too and must ignore it. Returns what happened and the cut's times."""
+    work = tmp_path / f"work-{job}"
+    work.mkdir()
+    nodes, names = ["n1", "n2"], [f"{job}-0", f"{job}-1"]
+    members, proc, remotes = None, None, []
+    if per_node:
+        members = Members(["n2"], host="127.0.0.1")
+        env = {**os.environ, member_link.TOKEN_ENV: members.token, member_link.LEADER_ENV: members.address}
+        proc = subprocess.Popen(
+            [sys.executable, "-c", MEMBER_PROCESS, driver.uri("n2"), str(tmp_path / "snap" / "{node}"),
+             str(tmp_path / "data"), str(image), str(work)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=Path(__file__).parent.parent,
+        )  # fmt: skip
+        try:
+            members.join(timeout_s=60)
+        except VjobError:
+            proc.kill()
+            raise AssertionError(
+                f"the member process never joined: {proc.communicate(timeout=10)[0][-3000:]}"
+            ) from None
+        remotes = members.vms(names[1:], SUBNET, driver, 30)
+    vms = JobVMs(driver, job, nodes, SUBNET, lambda _r, vm, _n: VMSpec(vm, image), remotes,
+                 lambda _rank: {"job": {"cwd": str(work)}})  # fmt: skip
+    pdir = PilotDir(tmp_path / "pilots", "slurm", job.removeprefix("job"))
+    settings = PilotSettings(rms="slurm", job_id=job.removeprefix("job"), node="n1", poll_s=0.05)
+    pilot = Pilot(settings, pdir, vms, out=io.StringIO(), err=io.StringIO())  # type: ignore[arg-type]
+    cuts: list[coordinated.Cut] = []
+    real_checkpoint = coordinated.checkpoint
+    sent: dict[str, float] = {}
+
+    def recording(*a: Any, **kw: Any) -> coordinated.Cut:
+        cuts.append(real_checkpoint(*a, **kw))
+        return cuts[-1]
+
+    def requeue() -> None:  # the RMS: SIGTERM to every step of the job at once, once the job runs
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            st = pdir.read_state()
+            if st is not None and st.state is PilotState.RUNNING:
+                break
+            time.sleep(0.02)
+        sent["at"] = time.monotonic()
+        if proc is not None:
+            proc.send_signal(signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    coordinated.checkpoint = recording  # type: ignore[assignment]
+    rms = threading.Thread(target=requeue, daemon=True)
+    rms.start()
+    try:
+        code = pilot.run()
+        exited = time.monotonic()
+    finally:
+        coordinated.checkpoint = real_checkpoint  # type: ignore[assignment]
+        rms.join(timeout=5)
+        member_out = ""
+        if members is not None and proc is not None:
+            members.close(wait_s=10)
+            member_out = proc.communicate(timeout=10)[0]
+    state = pdir.read_state()
+    return {"code": code, "state": state.state if state else None, "cuts": cuts, "member_exit": proc.returncode
+            if proc else None, "member_out": member_out, "sigterm_to_exit_s": exited - sent["at"],
+            "saved": [driver.verify(vm, node).sha256 for vm, node in zip(names, nodes, strict=True)]}  # fmt: skip
+
+
+def test_sigterm_alone_finishes_the_cut_through_a_member_that_ignores_its_own(
+    driver: Driver, image: Path, tmp_path: Path
+) -> None:
+    """SIGTERM → PAUSE → all paused → SAVE → all saved, with no request from the agent first.
+    The member process got the same SIGTERM, noted it, and still paused and saved at its
+    leader's word, then ended at `bye`. The leader mode is run the same way for comparison: the
+    figures (test driver: no guest memory to write, so the protocol's own cost) are printed."""
+    per_node = _sigterm_alone(driver, image, tmp_path, "job7", per_node=True)
+    leader = _sigterm_alone(driver, image, tmp_path, "job8", per_node=False)
+    for run in (per_node, leader):
+        assert run["code"] == 0 and run["state"] is PilotState.SAVED, run
+        assert len(run["cuts"]) == 1 and run["cuts"][0].consistent, run["cuts"]
+        assert len(run["saved"]) == 2  # both states verify on disk (size and sha256 of their manifests)
+    assert per_node["member_exit"] == 0, per_node["member_out"]
+    assert "sigterm seen: True" in per_node["member_out"], per_node["member_out"]
+    figures = {
+        "figure": "member_sigterm_cut",
+        "per_node_pause_to_saved_s": round(per_node["cuts"][0].pause_to_saved_s, 4),
+        "leader_pause_to_saved_s": round(leader["cuts"][0].pause_to_saved_s, 4),
+        "per_node_sigterm_to_exit_s": round(per_node["sigterm_to_exit_s"], 4),
+        "leader_sigterm_to_exit_s": round(leader["sigterm_to_exit_s"], 4),
+    }
+    print(json.dumps(figures))
+
+
+def test_the_working_directory_probe_follows_no_symlink(tmp_path: Path) -> None:
+    """A member never takes a symlink planted where the probe should be (or a linked directory)
+    for the leader's directory; the leader makes no probe through a linked directory."""
+    work = tmp_path / "work"
+    work.mkdir()
+    probe = member_workdir.leave_probe(str(work))
+    assert probe is not None
+    try:
+        assert member_workdir.sees_probe(work, str(work), probe.name, probe.nonce) == (True, "")
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        (elsewhere / "copy").write_text(probe.nonce)
+        (elsewhere / probe.name).symlink_to(elsewhere / "copy")  # the right content, behind a link
+        same, why = member_workdir.sees_probe(elsewhere, str(elsewhere), probe.name, probe.nonce)
+        assert not same and "not a regular file" not in why  # refused at open (O_NOFOLLOW)
+        link = tmp_path / "link"
+        link.symlink_to(work)  # the right directory, through a link
+        assert member_workdir.sees_probe(link, str(link), probe.name, probe.nonce)[0] is False
+        assert member_workdir.sees_probe(work, "/elsewhere", probe.name, probe.nonce)[0] is False
+        assert member_workdir.sees_probe(work, str(work), "../x", probe.nonce)[0] is False
+        assert member_workdir.leave_probe(str(link)) is None
+    finally:
+        probe.remove()
+    assert list(work.iterdir()) == []

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import stat
 import subprocess
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import libvirt
 import pytest
 from sqlalchemy import select
 
@@ -151,11 +153,53 @@ def test_save_finishes_after_a_crash_between_libvirt_and_the_rename(driver: Driv
     assert driver.state("vm1", "n1") == VMState.RUNNING
 
 
+def test_a_partial_state_left_by_a_failed_save_is_not_hashed_into_the_next(driver: Driver, base_image: Path) -> None:
+    """The save's hash follows libvirt's file as it is written (provisioning.save_hash): an old
+    `.part` at that name must not be what it reads."""
+    driver.define(VMSpec("vm1", base_image), "n1")
+    driver.boot("vm1", "n1")
+    state = driver.state_path("vm1", "n1")
+    state.parent.mkdir(parents=True, exist_ok=True)
+    Path(str(state) + ".part").write_bytes(b"LibvirtQemudPart" + b"\x00" * (20 << 20))
+    snap = driver.save("vm1", "n1")
+    assert (snap.size_bytes, snap.sha256) == (state.stat().st_size, sha256_file(state))
+    assert not Path(str(state) + ".part").exists()
+    driver.restore("vm1", "n1")
+    assert driver.state("vm1", "n1") == VMState.RUNNING
+
+
+def test_free_page_reporting_follows_the_config_and_an_old_state_restores_as_saved(
+    tmp_path: Path, test_nodes: dict[str, str], base_image: Path
+) -> None:
+    """New domains get the balloon's free page reporting when `free_page_reporting` is on; a
+    state saved before (without it) restores with its own XML, here and on another node."""
+
+    def reporting(drv: Driver, vm: str, node: str) -> list[str | None]:
+        root = ET.fromstring(drv.connection(node).lookupByName(vm).XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
+        return [b.get("freePageReporting") for b in root.findall("./devices/memballoon")]
+
+    with make_driver(tmp_path, test_nodes) as drv:
+        drv.config.free_page_reporting = False
+        drv.define(VMSpec("old", base_image), "n1")
+        drv.boot("old", "n1")
+        drv.save("old", "n1")
+        drv.config.free_page_reporting = True
+        drv.define(VMSpec("new", base_image), "n1")
+        assert reporting(drv, "new", "n1") == ["on"]
+        drv.restore("old", "n1")
+        assert reporting(drv, "old", "n1") == [None]
+        drv.save("old", "n1")
+        drv.restore("old", "n2", from_node="n1")
+        assert reporting(drv, "old", "n2") == [None]
+        assert drv.state("old", "n2") == VMState.RUNNING
+
+
 def test_snapshot_keeps_the_vm_running_and_restores_elsewhere(driver: Driver, base_image: Path) -> None:
     driver.define(VMSpec("vm1", base_image), "n1")
     driver.boot("vm1", "n1")
     snap = driver.snapshot("vm1", "n1", label="t1")
     assert driver.state("vm1", "n1") == VMState.RUNNING
+    assert (snap.size_bytes, snap.sha256) == (snap.memory_path.stat().st_size, sha256_file(snap.memory_path))
     assert snap.kind == "full" and snap.overlay_path is not None and snap.overlay_path.exists()
     assert stat.S_IMODE(snap.overlay_path.stat().st_mode) == 0o600
     assert driver.snapshot("vm1", "n1", label="t1") == snap

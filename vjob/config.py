@@ -189,8 +189,25 @@ class AgentConfig(Section):
     job); empty means <data_dir>/pilots. Must be shared by the agent and the compute nodes."""
     multinode_pilots: Literal["leader", "per-node"] = "leader"
     """A multi-node vjob's VMs: "leader", the first node's pilot drives every VM (through each
-    node's libvirt); "per-node" (Slurm), it starts a member pilot on every other node (srun) that
+    node's libvirt); "per-node", it starts a member pilot on every other node (srun, oarsh, pbsdsh) that
     builds, boots, saves and restores its own node's VM at the leader's word (docs/multinode.md)."""
+    member_address: str = ""
+    """The IP address a per-node job's leader pilot listens on and gives its member pilots: one of
+    the first node's addresses the other nodes reach. Empty: the source address of this node's
+    route toward the first member node (its name resolved; no packet sent), else the address of
+    the node's host name. Set it where that route is not the one members come back by."""
+
+    @field_validator("member_address")
+    @classmethod
+    def _member_address(cls, value: str) -> str:
+        if not value:
+            return value
+        try:
+            return str(ipaddress.ip_address(value))
+        except ValueError:
+            raise ValueError(f"{value[:80]!r}: must be an IP address of this node (IPv4 or IPv6), e.g. "
+                             "10.1.0.5, or empty to take the route toward the member nodes") from None  # fmt: skip
+
     lease_s: float = Field(30.0, ge=5, le=3600)
     """The agent's lease on its cluster in the store: one agent per RMS acts at a time; a
     standby (e.g. on the second controller of an HA pair) takes over this long after the active
@@ -230,6 +247,10 @@ class ProvisioningConfig(Section):
     host of the site; "" lets libvirt choose (then a state may not restore elsewhere)."""
     qemu_user: str = "libvirt-qemu"
     """The user QEMU runs as; VM overlays are owned by it (mode 0600) and never relabelled."""
+    free_page_reporting: bool = True
+    """Free page reporting on every VM's balloon: the guest hands the memory it frees back to
+    QEMU, so a checkpoint writes it as zero pages (16–27 % fewer bytes, docs/provisioning.md).
+    A state restores with the balloon it was saved with, whatever this says."""
     stage_limit_mb: int = Field(2048, ge=1)
     """Largest working directory (MiB of files) a real job may stage into its VM's job disk;
     a job over it is refused before anything starts (docs/realjobs.md)."""

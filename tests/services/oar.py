@@ -19,6 +19,7 @@ import pwd
 import shutil
 import subprocess
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -107,19 +108,31 @@ def _children(pid: int) -> list[int]:
     return [int(x) for x in out.stdout.split()]
 
 
-def _stop_tree(pid: int) -> None:
+def _stop_tree(pid: int, grace_s: float = 10) -> None:
     """Stop `pid` and its descendants (Almighty forks its modules), children first, by pid."""
     for child in _children(pid):
-        _stop_tree(child)
-    stop_pid(pid, grace_s=10)
+        _stop_tree(child, grace_s)
+    stop_pid(pid, grace_s=grace_s)
 
 
-def _oarexecs() -> set[int]:
-    """Pids of OAR's per-job `perl - JOBID OAREXEC` processes (uid oar). They are detached from
-    Almighty (parent 1), so stopping its tree does not reach them; one whose job OAR never
-    ended outlives the run (seen: an interactive job's)."""
+JOB_CPUSETS = Path("/sys/fs/cgroup/cpuset/oar")
+"""OAR's cgroup-v1 cpusets, one per running job (`<user>_<id>`): OAREXEC and every process of
+the job, those oarsh started included, are in its `tasks` (job_resource_manager_cgroups.pl)."""
+
+
+def _job_processes() -> set[int]:
+    """Pids of OAR jobs' processes: the per-job `perl - JOBID OAREXEC` (uid oar) and everything in
+    a job's cpuset. They are detached from Almighty (parent 1, or an ssh session of the node's
+    sshd: an interactive or oarsh-started shell), so stopping its tree does not reach them; a
+    job OAR never ended (an interactive one), or one launched while the server was being
+    stopped (a job submitted at a test's very end), outlives the run with its processes."""
     oar_uid = pwd.getpwnam("oar").pw_uid
     found = set()
+    for tasks in JOB_CPUSETS.glob("*/tasks"):
+        try:
+            found.update(int(x) for x in tasks.read_text().split())
+        except (OSError, ValueError):
+            continue
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -131,6 +144,18 @@ def _oarexecs() -> set[int]:
         if owner == oar_uid and len(words) >= 4 and words[1] == b"-" and words[2].isdigit() and words[3] == b"OAREXEC":
             found.add(int(proc.name))
     return found
+
+
+def _stop_jobs(before: set[int]) -> None:
+    """Stop, by pid, the jobs' processes that appeared during the run, each with its children
+    first; again until a look finds none (a launch in flight when Almighty stopped lands late)."""
+    for _ in range(5):
+        ours = sorted(_job_processes() - before)
+        if not ours:
+            return
+        for pid in ours:
+            _stop_tree(pid, grace_s=2)  # OAREXEC ignores SIGTERM: SIGKILL after the grace
+        time.sleep(0.5)
 
 
 def _pid_alive(pidfile: Path) -> bool:
@@ -164,7 +189,7 @@ def oar_cluster() -> Iterator[OarCluster]:
     apache_dir = base / "apache"
     api_port = free_port()
     started: dict[str, int] = {}
-    before = _oarexecs()  # none of ours yet: only these are left alone at the end
+    before = _job_processes()  # none of ours yet: only these are left alone at the end
     try:
         log = Path("/var/log/oar.log")
         log.touch()
@@ -225,18 +250,16 @@ def oar_cluster() -> Iterator[OarCluster]:
             _run("useradd", "-m", "-s", "/bin/bash", TEST_USER)
         yield OarCluster(api_url=f"http://127.0.0.1:{api_port}/oarapi", user=TEST_USER)
     finally:
-        for pid in sorted(_oarexecs() - before):  # ours, by pid; the job's processes first
-            for child in _children(pid):
-                _stop_tree(child)
-            stop_pid(pid, grace_s=2)  # it ignores SIGTERM
+        # Almighty first: nothing is launched once it is gone (its bipbip starts the OAREXECs).
+        if "almighty" in started:  # its appendice and bipbip ignore SIGTERM: 2 s each, then SIGKILL
+            _stop_tree(started["almighty"], grace_s=2)
+            SERVER_PIDFILE.unlink(missing_ok=True)
         if "apache" in started:
             stop_pid(started["apache"], grace_s=10)
-        if "almighty" in started:
-            _stop_tree(started["almighty"])
-            SERVER_PIDFILE.unlink(missing_ok=True)
         if "sshd" in started:
-            stop_pid(started["sshd"], grace_s=10)
+            stop_pid(started["sshd"], grace_s=10)  # no new job session; the open ones are the jobs'
             SSHD_PIDFILE.unlink(missing_ok=True)
+        _stop_jobs(before)
         drop_cluster(pg_name, base / "pg")
         shutil.copy2(saved_conf, CONF)
         shutil.rmtree(base, ignore_errors=True)

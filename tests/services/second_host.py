@@ -20,11 +20,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.services.libvirt import SECOND_NODE_DIR
 from vjob import proc
+from vjob.config import ProvisioningConfig
 
 SSH_HOST = "vjob-hostb"
 """The ssh name of the second host in the run's ssh config."""
@@ -52,6 +54,14 @@ class SecondHost:
             check=False,
         )
         return res.stdout if res.returncode == 0 else b""
+
+    def provisioning(self, first_uri: str, **extra: Any) -> ProvisioningConfig:
+        """Two nodes sharing no VM or snapshot directory: "a" this host (`first_uri`), "b" the
+        second one, reached by ssh and rsync; the same paths on both, other contents."""
+        return ProvisioningConfig(
+            nodes={"a": first_uri, "b": self.uri}, hosts={"a": "", "b": self.ssh_host}, copy_method="rsync",
+            vm_dir=str(self.root / "vms"), snapshot_dir=str(self.root / "snapshots"), **extra,
+        )  # fmt: skip
 
     def exists(self, path: Path) -> bool:
         res = subprocess.run(
