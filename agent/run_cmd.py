@@ -112,8 +112,12 @@ def register(sub: Any) -> None:
         f" address and token in ${member_link.LEADER_ENV} and ${member_link.TOKEN_ENV}; OAR: oarsh, one line on"
         " stdin; PBS: pbsdsh, --leader and --nonce, the token from $PBS_JOBCOOKIE)",
     )
-    p.add_argument("--leader", metavar="HOST:PORT", help=argparse.SUPPRESS)  # PBS members: from pbsdsh's argv
-    p.add_argument("--nonce", metavar="HEX", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--leader", metavar="HOST:PORT", help="with --member under PBS: the leader's address (put there by its pbsdsh)"
+    )
+    p.add_argument(
+        "--nonce", metavar="HEX", help="with --member under PBS: the nonce the job's token is derived from (not secret)"
+    )
     p.add_argument(
         "--orphan-resume",
         type=float,

@@ -1,7 +1,7 @@
-"""An MPI ring in a two-node vjob, checkpointed mid-run and resumed (issue 16; the bench of
+"""An MPI ring in a multi-node vjob (two VMs unless `--vms`), checkpointed mid-run and resumed (issue 16; the bench of
 tests/test_multinode_slurm.py's ring, without Slurm).
 
-    .venv/bin/python bench/multinode_mpi.py [--rounds 40] [--checkpoint-at 8] [--memory 512]
+    .venv/bin/python bench/multinode_mpi.py [--rounds 40] [--checkpoint-at 8] [--memory 512] [--vms 2]
 
 Root only (root's libvirt, `vjob image build`). The default image `debian12` has Debian's
 `openmpi-bin` and `python3-mpi4py` (provisioning.image_build.BASE_PACKAGES; taken from the build
@@ -105,14 +105,20 @@ if rank == 0:
 """
 JOB = """#!/bin/bash
 set -e
-mpirun --allow-run-as-root --hostfile "$VJOB_NODEFILE" -np 2 python3 ring.py "$@"
+mpirun --allow-run-as-root --hostfile "$VJOB_NODEFILE" -np "$(wc -l < "$VJOB_NODEFILE")" python3 ring.py "$@"
 """
 
 
-def _pilot(base: Path, work: Path, job_id: str, memory: int, out: Path, rounds: int) -> subprocess.Popen[bytes]:
+def _nodes(vms: int) -> str:
+    return ",".join(f"node{i}" for i in range(1, vms + 1))
+
+
+def _pilot(
+    base: Path, work: Path, job_id: str, memory: int, out: Path, rounds: int, vms: int
+) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "vjob.cli", "--config", str(base / "vjob.toml"), "run", "--job-id", job_id,
-         "--node", "node1", "--nodes", "node1,node2", "--os", IMAGE, "--memory", str(memory),
+         "--node", "node1", "--nodes", _nodes(vms), "--os", IMAGE, "--memory", str(memory),
          "--script", "job.sh", "--", str(rounds)],
         cwd=work, stdout=out.open("wb"), stderr=out.with_suffix(".err").open("wb"),
     )  # fmt: skip
@@ -165,15 +171,15 @@ def ring_memory(text: str, rounds: int, ranks: int = 2) -> dict[str, object]:
     return {"boot_ids": start, "memory_kept": kept}
 
 
-def _forget(base: Path, job_id: str) -> None:
+def _forget(base: Path, job_id: str, vms: int) -> None:
     from vjob.config import load
 
     cfg = load(str(base / "vjob.toml"))
     with Driver(cfg.provisioning, data_dir=cfg.data_path) as driver:
-        forget_job(driver, job_id, ["node1"], 2)
+        forget_job(driver, job_id, ["node1"], vms)
 
 
-def ring(base: Path, rounds: int, at: int, memory: int) -> dict[str, object]:
+def ring(base: Path, rounds: int, at: int, memory: int, vms: int = 2) -> dict[str, object]:
     from vjob.pilot_files import PilotDir, PilotState
 
     work = base / "work"
@@ -184,7 +190,7 @@ def ring(base: Path, rounds: int, at: int, memory: int) -> dict[str, object]:
     pdir = PilotDir(base / "data" / "pilots", "slurm", job_id)
     first, second = base / "run1.out", base / "run2.out"
     t0 = time.monotonic()
-    pilot = _pilot(base, work, job_id, memory, first, rounds)
+    pilot = _pilot(base, work, job_id, memory, first, rounds, vms)
     again: subprocess.Popen[bytes] | None = None
     try:
         first_round_s = _wait_for(first, rb"^round 1 ", 1800, pilot)
@@ -197,7 +203,7 @@ def ring(base: Path, rounds: int, at: int, memory: int) -> dict[str, object]:
             time.sleep(0.2)
         pilot.send_signal(signal.SIGTERM)  # the requeue
         pilot.wait(timeout=120)
-        again = _pilot(base, work, job_id, memory, second, rounds)
+        again = _pilot(base, work, job_id, memory, second, rounds, vms)
         code = again.wait(timeout=1800)
         total_s = time.monotonic() - t0
     finally:
@@ -205,9 +211,9 @@ def ring(base: Path, rounds: int, at: int, memory: int) -> dict[str, object]:
             if p is not None and p.poll() is None:
                 p.send_signal(signal.SIGTERM)
                 p.wait(timeout=120)
-        _forget(base, job_id)
+        _forget(base, job_id, vms)
     text = second.read_text(errors="replace")
-    outcome = ring_outcome(text, rounds)
+    outcome = ring_outcome(text, rounds, vms)
     cuts = _events(first.with_suffix(".err"), "coordinated checkpoint")
     restored = _events(second.with_suffix(".err"), "multi-node job restored")
     return {
@@ -215,7 +221,7 @@ def ring(base: Path, rounds: int, at: int, memory: int) -> dict[str, object]:
         "checkpoint_at_round": at,
         "exit": code,
         **outcome,
-        "memory_kept": ring_memory(text, rounds)["memory_kept"],
+        "memory_kept": ring_memory(text, rounds, vms)["memory_kept"],
         "first_round_s": round(first_round_s, 1),
         "cut_consistent": bool(cuts) and all(c.get("consistent") for c in cuts),
         "pause_to_saved_s": cuts[0].get("pause_to_saved_s") if cuts else None,
@@ -229,7 +235,10 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=40, help="ring rounds (default 40, one a second)")
     parser.add_argument("--checkpoint-at", type=int, default=8, help="checkpoint after this round (default 8)")
     parser.add_argument("--memory", type=int, default=512, help="MiB per VM (default 512)")
+    parser.add_argument("--vms", type=int, default=2, help="VMs (ranks) of the job, one per node (default 2)")
     args = parser.parse_args()
+    if not 2 <= args.vms <= 8:
+        raise SystemExit(f"bench: --vms {args.vms}: must be between 2 and 8")
     if not 1 <= args.checkpoint_at < args.rounds:
         raise SystemExit("bench: --checkpoint-at must be at least 1 and below --rounds")
     base = Path(tempfile.mkdtemp(prefix="vjob-bench-mpi-", dir="/var/tmp"))
@@ -243,14 +252,14 @@ def main() -> int:
         (base / "vjob.toml").write_text(f'data_dir = "{base / "data"}"\n')
         line: dict[str, object] = {
             "bench": "multinode_mpi",
-            "vms": 2,
+            "vms": args.vms,
             "domain_type": kvm_probe.cached("qemu64") or "qemu",
             "image": IMAGE,
             "image_mb": round(built.size_bytes / 2**20, 1),
             "build_s": round(built.build_s, 1),
             "build_cached": built.cached,
         }
-        line.update(ring(base, args.rounds, args.checkpoint_at, args.memory))
+        line.update(ring(base, args.rounds, args.checkpoint_at, args.memory, args.vms))
         print(json.dumps(line))
     finally:
         shutil.rmtree(base, ignore_errors=True)
