@@ -35,6 +35,7 @@ from devkit.saline_bench import (
     USER,
     SecondNode,
     evacuate_keeping_output,
+    leased_job,
     numbered_lines,
     require_root,
     saline_bench,
@@ -96,9 +97,7 @@ def main() -> None:
 
 def run(manager: Manager, driver: Driver, args: argparse.Namespace, bar: progress.Progress) -> dict[str, Any]:
     store = manager.store
-    job = journal.create(store, key="be5a11e0e7a1", user=USER, image="debian12", command=COMMAND, vm_count=2,
-                         vcpus=1, memory_mb=384, walltime="1:00:00", site="a")  # fmt: skip
-    assert manager._lease(job.key)
+    job = leased_job(manager, "be5a11e0e7a1", COMMAND, vm_count=2, memory_mb=384)
     ids = identity.assign(store, site="a", job_key=job.key, vm_names=job.vm_names, mac_prefix="52:54:00",
                           network="10.0.0.0/8")  # fmt: skip
     bridge = network.bridge_name(ids[0].subnet_id, network.SALINE_FAMILY)

@@ -24,6 +24,7 @@ from typing import Any
 
 from devkit.saline_bench import (
     USER,
+    leased_job,
     require_root,
     saline_bench,
     wait_for,
@@ -49,9 +50,7 @@ def main() -> None:
 
 def run(manager: Manager, bar: progress.Progress, boot_timeout_s: float) -> dict[str, Any]:
     store = manager.store
-    job = journal.create(store, key="be0a7b0e7a1c", user=USER, image="debian12", command=COMMAND, vm_count=1,
-                         vcpus=1, memory_mb=512, walltime="1:00:00", site="a")  # fmt: skip
-    assert manager._lease(job.key)
+    job = leased_job(manager, "be0a7b0e7a1c", COMMAND, vm_count=1, memory_mb=512)
     journal.record(store, job.key, "bench", oar_job_id="1")
     vm = job.vm_names[0]
     out_log, _err_log = manager.vms.output_logs(vm, "na")

@@ -131,6 +131,16 @@ def saline_bench(
             shutil.rmtree(work, ignore_errors=True)
 
 
+def leased_job(manager: Manager, key: str, command: list[str], *, vm_count: int, memory_mb: int) -> journal.SalineJob:
+    """A vjob of USER's at site a, recorded and leased by `manager`, as a submission leaves it
+    before the manager deploys it (the benches then drive that deployment step by step)."""
+    job = journal.create(manager.store, key=key, user=USER, image="debian12", command=command, vm_count=vm_count,
+                         vcpus=1, memory_mb=memory_mb, walltime="1:00:00", site="a")  # fmt: skip
+    if not manager._lease(job.key):
+        raise RuntimeError(f"bench: the manager could not lease vjob {key}")
+    return job
+
+
 def numbered_lines(log: Path, line: re.Pattern[str]) -> list[tuple[int, str]]:
     """(counter, rest) of every `line` the guest printed so far: the pattern's groups 1 and
     the last."""
