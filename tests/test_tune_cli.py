@@ -18,7 +18,7 @@ from optuna.trial import TrialState
 
 from tests.conftest import TESTS
 from vjob.cli import main
-from vjob.config import parse
+from vjob.config import TuneConfig, parse
 
 LUBLIN = TESTS / "data" / "traces" / "lublin_256.swf"
 SMALL = [
@@ -128,13 +128,16 @@ def test_worker_killed_mid_trial_leaves_it_failed_and_the_study_usable(tmp_path:
     try:
         deadline = time.monotonic() + 120
         running: list[int] = []
+        searched = len(TuneConfig().search)
         while time.monotonic() < deadline and not running:
             time.sleep(0.2)
             try:
                 trials = optuna.load_study(study_name="k", storage=url).trials
             except KeyError:
                 continue
-            running = [t.number for t in trials if t.state == TrialState.RUNNING and t.params]  # replaying
+            # a trial holding every searched parameter (killed mid-suggestion, its retry could not
+            # replay the parameters it never had)
+            running = [t.number for t in trials if t.state == TrialState.RUNNING and len(t.params) == searched]
         assert running, "the worker never started a trial"
         os.kill(proc.pid, signal.SIGKILL)
     finally:
