@@ -16,13 +16,13 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from agent.observe import Observation
-from preemption.executor import Executor
-from preemption.planner import instance_from_view, make_plan
+from preemption.executor import Abandoned, Executor
+from preemption.planner import PlanAction, instance_from_view, make_plan
 from preemption.scheduling.tick import Decision, Preemption, Release
 from ubis_priority import usage as ubis_usage
 from vjob.errors import CommandError, StoreError, VjobError
 from vjob.model import VM, ClusterView, VJobState, VMState
-from vjob.pilot_files import PilotState
+from vjob.pilot_files import PilotState, vms_of
 from vjob.rms import PriorityKnob
 from vjob.store import jobs as store_jobs
 from vjob.store import vms as store_vms
@@ -39,27 +39,50 @@ REQUEUE_RESTART_MARGIN_S = 3.0
 class PilotPerformer:
     """The executor's ActionPerformer for RMS-driven vjobs: a suspend is a checkpoint request
     to the VM's pilot, answered by a save, then the job's requeue-hold. Nothing else is done
-    by the agent itself: the RMS starts jobs and their pilots boot or restore their VMs."""
+    by the agent itself: the RMS starts jobs and their pilots boot or restore their VMs.
+
+    A vjob of several VMs (one per node) has one pilot, which saves them all as one cut: the
+    executor hands it the suspends of all its VMs together (a JobPerformer), and they are one
+    request, one save, one requeue-hold."""
 
     def __init__(self, agent: Agent, obs: Observation, reason: str) -> None:
         self.agent = agent
         self.obs = obs
         self.reason = reason
-        self.job_of = {st.vm: job_id for job_id, st in obs.pilots.items()}
+        self.job_of = {vm: job_id for job_id, st in obs.pilots.items() for vm, _node in vms_of(st)}
         self.done: list[str] = []
 
     def suspend(self, vm: str, node: str) -> None:
-        job_id = self.job_of[vm]
+        self._checkpoint(self.job_of[vm], vm, node)
+
+    def suspend_job(self, actions: Sequence[PlanAction]) -> None:
+        """The suspends of every VM of one multi-VM vjob: one checkpoint request to its pilot."""
+        jobs = {self.job_of[a.vm] for a in actions}
+        if len(jobs) != 1:
+            raise VjobError(f"one cut asked for the VMs of several vjobs: {', '.join(sorted(jobs))}")
+        first = actions[0]
+        self._checkpoint(jobs.pop(), first.vm, first.node or "-")
+
+    def resume_job(self, actions: Sequence[PlanAction]) -> None:
+        self._refuse("resume", ", ".join(a.vm for a in actions))
+
+    def _checkpoint(self, job_id: str, vm: str, node: str) -> None:
+        """Ask the pilot of `job_id` to save (all its VMs), wait for the save, requeue-hold the job."""
+        if job_id in self.done:
+            return  # its pilot already saved every VM of it, in one cut
         pdir = self.agent.pilot_dir(job_id)
         request_id = f"{vm}@{time.time():.6f}"
         pdir.request_checkpoint(request_id, reason=self.reason, nodes=self.obs.view.job(job_id).allocated_nodes)
-        deadline = time.monotonic() + self.agent.checkpoint_timeout_s
+        timeout = self.agent.checkpoint_timeout_for(self.obs, job_id)  # scales with the VM's memory
+        deadline = time.monotonic() + timeout
         while not pdir.saved_for(request_id):
+            if not self.agent.lease_valid():  # the lease's new holder finishes or undoes it (agent.recover)
+                raise Abandoned(f"job {job_id}: the agent lease was lost waiting for VM {vm}'s checkpoint")
             if time.monotonic() > deadline:
                 # Too slow: withdraw the request; a pilot that saves anyway restores at once.
                 pdir.withdraw_request()
                 raise VjobError(f"job {job_id}: no checkpoint of VM {vm} on {node} within "
-                                f"{self.agent.checkpoint_timeout_s:.0f} s; request withdrawn")  # fmt: skip
+                                f"{timeout:.0f} s; request withdrawn")  # fmt: skip
             time.sleep(0.1)
         finish_checkpoint(self.agent, job_id)
         self.done.append(job_id)
@@ -179,7 +202,8 @@ def preempt(agent: Agent, pre: Preemption, obs: Observation, *, reason: str = ""
     reason = reason or f"interactive job {pre.job_id} needs nodes {','.join(pre.nodes)}"
     agent.log.info("switch planned", jobs=[pre.job_id, *pre.victims], nodes=list(pre.nodes), cost=plan.cost)
     performer = PilotPerformer(agent, obs, reason)
-    report = Executor(performer, agent.store(), job_key=lambda a: f"{agent.rms}:{a.vjob}").execute(plan, reason=reason)
+    report = Executor(performer, agent.store(), job_key=lambda a: f"{agent.rms}:{a.vjob}",
+                      still_ours=agent.lease_valid).execute(plan, reason=reason)  # fmt: skip
     agent.metrics.switch_seconds.observe(time.monotonic() - t0)
     agent.log.info("switch finished", switch=report.switch_id, summary=report.summary(), jobs=performer.done)
     return performer.done
@@ -212,10 +236,12 @@ def _vm_view(obs: Observation, victims: set[str]) -> tuple[ClusterView, dict[str
     vms, target = [], {}
     for job_id, st in obs.pilots.items():
         saved = st.state is PilotState.SAVED and st.memory_saved
-        if job_id not in known or st.node not in nodes or not (saved or st.state is PilotState.RUNNING):
+        placed = vms_of(st)  # one VM per node of a multi-node vjob
+        usable = saved or st.state is PilotState.RUNNING
+        if job_id not in known or not usable or any(n not in nodes for _, n in placed):
             continue
         state = VMState.SAVED if saved else VMState.RUNNING
-        vms.append(VM(st.vm, job_id, st.image or "-", 1, max(1, st.memory_mb), st.node, state))
+        vms += [VM(vm, job_id, st.image or "-", 1, max(1, st.memory_mb), node, state) for vm, node in placed]
         target[job_id] = VJobState.SLEEPING if saved or job_id in victims else VJobState.RUNNING
     return replace(obs.view, vms=tuple(vms)), target
 

@@ -11,7 +11,10 @@ submission time; the planner's switch is carried out live through the pilots
 Why not the pilot's own CPU counter: the pilot's state file is owned by the job's user, who
 could report an idle VM to get a node to itself, or a tiny one to be packed beside others. The
 pilot file now only says which VMs exist, their state and the node to look on; a VM root cannot
-find there is weighed at its requested size (the pilot's figures, advisory) and logged.
+find there weighs what root knows of it — the RMS's allocation (the store's record of it for a
+job the RMS forgot), or more if root measured more — and is logged: the pilot's `memory_mb` and
+`vcpus` are advisory and weigh nothing (issue 39, item 9). A vjob the RMS does not list comes
+after every vjob it does in the FCFS queue, so it cannot push another user's VM out.
 
 A multi-node vjob (one pilot holding `<vm>-0`, `<vm>-1`…, agent.pilot_multinode) is each of its
 VMs, measured on the node its pilot's `member_nodes` names, so the planner weighs its real size;
@@ -35,22 +38,22 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from agent.observe import Observation
 from agent.pilot_coalesce import MembersMoved, coalesce, journal_refusal
-from agent.pilot_multinode import member_names
 from agent.pilot_performer import EXECUTOR_TAG, PilotRequestPerformer
 from agent.status_file import write_status_file
 from preemption.executor import ExecutionReport, Executor
 from preemption.planner import NodeSpec, Plan, PlanAction
 from preemption.planner.control import ControlDecision, ObservedVM, cpu_demand, decide, plan_for
 from vjob import log
-from vjob.errors import VjobError
-from vjob.model import VJobState
-from vjob.pilot_files import PilotState, PilotStatus
+from vjob.errors import StoreError, VjobError
+from vjob.model import Node, VJobState
+from vjob.pilot_files import PilotState, PilotStatus, vms_of
+from vjob.store import jobs as store_jobs
 
 if TYPE_CHECKING:
     from agent.loop import Agent
@@ -115,18 +118,55 @@ def vm_demand(now: DomainSample, prev: DomainSample | None, *, busy: float) -> i
 
 def members_of(st: PilotStatus) -> list[tuple[str, str]]:
     """(VM, node) of each VM a pilot holds: its own on its node, or each `<vm>-<rank>` of a
-    multi-node job on the node `member_nodes` names (its first VM is the pilot's `vm`)."""
-    if len(st.member_nodes) > 1 and st.vm.endswith("-0"):
-        return list(zip(member_names(st.vm.removesuffix("-0"), len(st.member_nodes)), st.member_nodes, strict=True))
-    return [(st.vm, (st.saved_node or st.node) if st.state is PilotState.SAVED else st.node)]
+    multi-node job on the node `member_nodes` names (vjob.pilot_files.vms_of: the names the
+    agent derived from the job id when it read the state)."""
+    return vms_of(st)
 
 
-def observed_vms(obs: Observation, state: ControlState, *, busy: float) -> list[ObservedVM]:
+def allotments(obs: Observation, forgotten: Mapping[str, tuple[int, int]] | None = None) -> dict[str, Allotment]:
+    """What root knows each VM of each vjob may hold, per VM (one per node): the RMS's allocation
+    per node (Job.memory_mb, Job.cores) of the jobs it lists, else `forgotten` — (MiB, CPUs) the
+    store recorded from the RMS for a job it no longer lists. Never the pilot's file."""
+    out = {job_id: Allotment(mem, cpus) for job_id, (mem, cpus) in (forgotten or {}).items()}
+    out |= {j.id: Allotment(j.memory_mb, j.cores) for j in obs.view.jobs}
+    return out
+
+
+@dataclass(frozen=True)
+class Allotment:
+    """A vjob's VM size as root knows it: MiB (0: the RMS was asked for none) and CPUs per VM."""
+
+    memory_mb: int
+    cpus: int
+
+
+def root_size(allotment: Allotment | None, node: Node | None) -> tuple[int, int]:
+    """(MiB, CPUs) an unmeasured VM weighs: its allotment; with no memory asked, its CPUs' share
+    of the node's memory (what a node shared by cores gives it); a vjob neither the RMS nor the
+    store knows, the whole node (root knows nothing smaller: it is last in the queue, so only
+    its own VMs give way). Why not the pilot's claim: the job's user writes it, and a small
+    claim packs the VM beside others, a large one (first in the queue) pushes others out."""
+    if allotment is None:
+        return (node.memory_mb, node.cpus) if node is not None else (1, 1)
+    cpus = max(1, allotment.cpus)
+    if allotment.memory_mb > 0 or node is None:
+        return max(1, allotment.memory_mb), cpus
+    return max(1, math.ceil(node.memory_mb * min(cpus, node.cpus) / max(1, node.cpus))), cpus
+
+
+def observed_vms(
+    obs: Observation, state: ControlState, *, busy: float, forgotten: Mapping[str, tuple[int, int]] | None = None
+) -> list[ObservedVM]:
     """The vjobs with a pilot, each running VM weighing what root measured on its node since
-    the previous step; a sleeping VM keeps what it was last measured."""
+    the previous step; a sleeping VM keeps what it was last measured. A VM root has not measured
+    (not found where its pilot says, or asleep since before a restart) weighs no less than root
+    knows (root_size: the RMS's allocation, the store's record of it for a job the RMS forgot,
+    what root last measured); the pilot's `memory_mb` and `vcpus` play no part."""
     if state.sampler is None:
         raise VjobError("control loop: no sampler to measure the VMs with")
-    running: dict[str, list[tuple[str, str, PilotStatus, int, bool]]] = {}
+    sizes = allotments(obs, forgotten)
+    node_of = {n.name: n for n in obs.view.nodes}
+    running: dict[str, list[tuple[str, str, int, bool]]] = {}
     out = []
     state.members = {}
     for job_id, st in sorted(obs.pilots.items()):
@@ -137,39 +177,62 @@ def observed_vms(obs: Observation, state: ControlState, *, busy: float) -> list[
         vms = members_of(st)
         if len(vms) > 1:
             state.members[job_id] = tuple(vms)
-        vcpus = max(1, st.vcpus // len(vms))  # a multi-node pilot reports its VMs' vCPUs together
         for vm, node in vms:
+            root_mem, cpus = root_size(sizes.get(job_id), node_of.get(node))
             if st.state is PilotState.SAVED:
-                mem = state.memory.get(vm) or max(1, st.memory_mb)  # never measured (a restarted agent): advisory
-                out.append(ObservedVM(vm, job_id, VJobState.SLEEPING, node, mem, vcpus,
-                                      state.demand.get(vm, vcpus), pinned=len(vms) > 1))  # fmt: skip
+                mem = state.memory.get(vm) or root_mem  # never measured (a restarted agent): root's figure
+                out.append(ObservedVM(vm, job_id, VJobState.SLEEPING, node, mem, cpus,
+                                      state.demand.get(vm, cpus), pinned=len(vms) > 1))  # fmt: skip
             else:
-                running.setdefault(node, []).append((job_id, vm, st, vcpus, len(vms) > 1))
+                running.setdefault(node, []).append((job_id, vm, cpus, len(vms) > 1))
     fresh: dict[str, DomainSample] = {}
     unmeasured = []
     for node, members in sorted(running.items()):
         try:
             on_node = state.sampler(node)
-        except VjobError as exc:  # a node unreachable: its VMs are weighed at their requested size
+        except VjobError as exc:  # a node unreachable: its VMs are weighed at what root knows of them
             _log.warning("control loop: cannot sample a node's VMs", node=node, error=str(exc))
             on_node = {}
-        for job_id, vm, st, vcpus, pinned in members:
+        for job_id, vm, cpus, pinned in members:
+            root_mem = max(state.memory.get(vm, 0), root_size(sizes.get(job_id), node_of.get(node))[0])
             sample = on_node.get(vm)
             if sample is None:  # booting, moving, or not where its pilot says
                 unmeasured.append(vm)
-                mem = max(state.memory.get(vm, 0), st.memory_mb, 1)
-                out.append(ObservedVM(vm, job_id, VJobState.RUNNING, node, mem, vcpus, vcpus, pinned))
+                out.append(ObservedVM(vm, job_id, VJobState.RUNNING, node, root_mem, cpus, cpus, pinned))
                 continue
             fresh[vm] = sample
             demand = state.demand[vm] = vm_demand(sample, state.samples.get(vm), busy=busy)
-            mem = measured_mib(sample) or state.memory.get(vm) or max(1, st.memory_mb)
+            mem = measured_mib(sample) or root_mem
             state.memory[vm] = mem
             out.append(ObservedVM(vm, job_id, VJobState.RUNNING, node, mem, max(1, sample.vcpus), demand, pinned))
     if unmeasured:
-        _log.warning("control loop: VMs not found on their node, weighed at their requested size", vms=unmeasured)
+        _log.warning("control loop: VMs not found on their node, weighed at what root knows of them", vms=unmeasured)
     state.samples = fresh
     state.unmeasured = tuple(unmeasured)
     return out
+
+
+def forgotten_sizes(agent: Agent, obs: Observation) -> dict[str, tuple[int, int]]:
+    """(MiB, CPUs) per VM the store recorded from the RMS for each vjob with a pilot that the
+    RMS no longer lists; {} with the store down (those vjobs then weigh whole nodes, last)."""
+    known = {j.id for j in obs.view.jobs}
+    out: dict[str, tuple[int, int]] = {}
+    try:
+        for job_id in sorted(set(obs.pilots) - known):
+            rec = store_jobs.get(agent.store(), agent.rms, job_id)
+            if rec is not None:
+                out[job_id] = (rec.memory_mb, rec.cores)
+    except StoreError as exc:
+        agent.log.warning("control loop: no store: vjobs the RMS forgot weigh whole nodes", error=str(exc))
+    return out
+
+
+def fcfs_queue(obs: Observation, vjobs: Iterable[str]) -> list[str]:
+    """The FCFS order: the vjobs the RMS lists by submission time, then every other one (a job
+    it forgot, a directory of an id it never had) — never before a known one, whatever it
+    claims: an unknown id used to sort first (submitted at 0) and push other users' VMs out."""
+    submitted = {j.id: j.submit_time for j in obs.view.jobs}
+    return sorted(set(vjobs), key=lambda j: (j not in submitted, submitted.get(j, 0.0), j))
 
 
 def step(agent: Agent, obs: Observation, state: ControlState) -> ExecutionReport | None:
@@ -183,13 +246,13 @@ def step(agent: Agent, obs: Observation, state: ControlState) -> ExecutionReport
     usable = [n for n in obs.view.nodes if n.state.usable]
     nodes = [NodeSpec(n.name, n.cpus, n.memory_mb) for n in usable]
     names = {n.name for n in usable}
-    vms = [o for o in observed_vms(obs, state, busy=agent.cfg.planner.busy) if o.host in names]
+    forgotten = forgotten_sizes(agent, obs)
+    vms = [o for o in observed_vms(obs, state, busy=agent.cfg.planner.busy, forgotten=forgotten) if o.host in names]
     state.decision = state.plan = None
     if not vms:
         publish(agent, state, record(state, [], "nothing to decide", "no vjob with a pilot on a usable node"))
         return None
-    submitted = {j.id: j.submit_time for j in obs.view.jobs}
-    queue = sorted({o.vjob for o in vms}, key=lambda j: (submitted.get(j, 0.0), j))
+    queue = fcfs_queue(obs, (o.vjob for o in vms))
     state.decision = decide(nodes, vms, queue)
     try:
         state.plan = plan = plan_for(state.decision, optimizer=agent.cfg.planner.optimizer,
@@ -289,6 +352,7 @@ def publish(agent: Agent, state: ControlState, doc: dict[str, Any]) -> None:
 
 
 __all__ = [
-    "STATUS_NAME", "ControlState", "Sampler", "measured_mib", "members_of", "observed_vms", "publish", "record", "step",
-    "vjob_reasons", "vm_demand",
+    "STATUS_NAME", "Allotment", "ControlState", "Sampler", "allotments", "fcfs_queue", "forgotten_sizes",
+    "measured_mib", "members_of", "observed_vms", "publish", "record", "root_size", "step", "vjob_reasons",
+    "vm_demand",
 ]  # fmt: skip

@@ -7,6 +7,8 @@ Pure decisions come from preemption.deadline; this module only holds the state b
 
 from __future__ import annotations
 
+import os
+import secrets
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -14,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.metrics import AgentMetrics
 from agent.status_file import write_status_file
 from preemption.deadline import (
     Bounds,
@@ -56,6 +59,32 @@ def threshold_path(cfg: Config, rms: str) -> Path | None:
     return None
 
 
+def publish_problem(cfg: Config, rms: str) -> str:
+    """Why the agent cannot publish X where the hooks read it ("" when it can, or when nothing
+    is published): a file made and removed there, as the agent itself would (O_EXCL, no link
+    followed). Why a real write and not a look at modes: the shipped unit's
+    ProtectSystem=strict makes /etc read-only to the agent whatever the modes say, and admission
+    then silently never refused a job. Said at startup and on every failed publication."""
+    path = threshold_path(cfg, rms)
+    if cfg.deadline.admission == "none" or path is None:
+        return ""
+    probe = path.with_name(f".{path.name}.probe.{os.getpid()}.{secrets.token_hex(4)}")
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        return _unwritable(path, exc)
+    return ""
+
+
+def _unwritable(path: Path, exc: OSError) -> str:
+    return (f"[deadline] admission is on but the threshold file {path} cannot be written "
+            f"({exc.strerror or exc}): the submit hooks accept every job. Make its directory writable "
+            f"to the agent (the shipped unit: ReadWritePaths=) or set [deadline] threshold_file to a "
+            f"path the hooks read")  # fmt: skip
+
+
 @dataclass
 class JobDeadline:
     job_id: str
@@ -92,6 +121,10 @@ class DeadlineKeeper:
     kinds: dict[str, str | None] = field(default_factory=dict)
     """Job → the VO model's kind it declares (`--comment=vjob:kind=cpu`), None: none or a
     bad one (then the worst kind is assumed); looked up once per job with a deadline."""
+    metrics: AgentMetrics | None = None
+    """Where a failed publication of X is counted (`vjob_agent_errors_total{kind="deadline_threshold"}`)."""
+    publish_error: str = ""
+    """Why X could not be published the last time ("" : it was): logged as an error when it changes."""
 
     def __post_init__(self) -> None:
         self.prior = self.vo
@@ -332,7 +365,11 @@ class DeadlineKeeper:
             try:
                 write_threshold(path, self.x, self.slowdown, now, stale_after_s=self.cfg.deadline.stale_after_s)
             except OSError as exc:
-                _log.warning("cannot publish the deadline threshold", path=str(path), error=str(exc))
+                self.publish_failed(_unwritable(path, exc))
+            else:
+                if self.publish_error:
+                    _log.info("the deadline threshold is published again", path=str(path))
+                self.publish_error = ""
         rows = []
         busy = _sharing(view)
         self.unpark(view)
@@ -366,6 +403,22 @@ class DeadlineKeeper:
             )
         self.write_status(rows, now)
         return rows
+
+    def publish_failed(self, why: str) -> None:
+        """Admission the operator turned on is off in fact: counted every time, logged as an
+        error when it starts (or the reason changes), never silently."""
+        if self.metrics is not None:
+            self.metrics.errors.labels(kind="deadline_threshold").inc()
+        if why != self.publish_error:
+            _log.error("cannot publish the deadline threshold", error=why)
+        self.publish_error = why
+
+    def check_publishable(self) -> str:
+        """At startup: publish_problem, reported like a failed publication."""
+        why = publish_problem(self.cfg, self.rms)
+        if why:
+            self.publish_failed(why)
+        return why
 
     def unpark(self, view: ClusterView) -> None:
         """Forget the parked jobs that left the view or run again (a run started after their

@@ -23,11 +23,14 @@ for anything that knows an interactive job just arrived, plus the files the adap
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pwd
 import socket
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,9 +46,10 @@ from vjob import log
 from vjob.config import Config
 from vjob.errors import CommandError, StoreError, VjobError
 from vjob.model import ClusterView
-from vjob.pilot_files import PilotDir, PilotState, pilot_root
+from vjob.pilot_files import PilotDir, PilotState, find_dir, pilot_root, vms_of
 from vjob.rms import RMSAdapter
 from vjob.sdnotify import Notifier
+from vjob.store import jobs as store_jobs
 from vjob.store import leases
 from vjob.store.db import Store, open_store
 
@@ -102,6 +106,9 @@ class Agent:
         self.metrics = metrics or AgentMetrics()
         self._store: Store | None = None
         self.root = pilot_root(cfg)
+        self.pilot_dirs: dict[str, PilotDir] = {}
+        """job id → the directory of it the last observation believed (owned by the job's user or
+        root, agent.observe.read_pilots): where requests go, never a squatter's same-named one."""
         self.checkpoint_timeout_s = cfg.agent.checkpoint_timeout_s
         self.log = log.get("agent").bind(rms=rms)
         self.sent_priorities: dict[str, int] = {}
@@ -113,7 +120,8 @@ class Agent:
         self.lease_name = f"agent:{rms}"
         self._lease_until = 0.0
         self.recorded_vms: dict[str, tuple[str, str]] = {}
-        """job id → (node, image) this agent last wrote to the store (agent.observe)."""
+        """job id → (node, image) this agent last wrote to the store (agent.observe); the nodes of
+        a vjob of several VMs comma-separated, its first VM's first."""
         self.anchors: dict[str, float] = {}
         """The vjob policy's guard: each protected job's first reserved start, carried between
         ticks so repeated preemptions cannot push it back by the slack each time."""
@@ -121,7 +129,7 @@ class Agent:
         """systemd's watchdog (Type=notify units): pinged after every tick and while waiting."""
         self.control = consolidate.ControlState()
         """The Entropy control loop's readings and last decision (`planner.interval_s`)."""
-        self.deadline = DeadlineKeeper(cfg, rms)
+        self.deadline = DeadlineKeeper(cfg, rms, metrics=self.metrics)
         """X for the submit hooks and the running vjobs' x-factors (agent.deadline)."""
         self.remap = remap_step.RemapState()
         """Live remapping's samples and last decisions (`[remap] farm_file`, agent.remap_step)."""
@@ -141,7 +149,25 @@ class Agent:
         self._store = None
 
     def pilot_dir(self, job_id: str) -> PilotDir:
-        return PilotDir(self.root, self.rms, job_id)
+        """The job's directory as last observed. Before (recovery runs ahead of the first
+        observation) or for a job not heard then: the one owned by the user the store recorded
+        for the job, or by root (vjob.pilot_files.find_dir); when there is none, its plain name,
+        with reads and requests refused if anybody else owns that (a squatter's)."""
+        known = self.pilot_dirs.get(job_id)
+        if known is not None:
+            return known
+        uids = [0]
+        try:
+            record = store_jobs.get(self.store(), self.rms, job_id)
+            if record is not None:
+                uids.insert(0, pwd.getpwnam(record.user).pw_uid)
+        except (StoreError, KeyError):
+            pass  # no store, or a user without an account here: root's directory only
+        found = find_dir(self.root, self.rms, job_id, uids)
+        if found is not None:
+            found.owners = tuple(uids)
+            return found
+        return PilotDir(self.root, self.rms, job_id, owners=uids)
 
     # -- the lease ------------------------------------------------------------------------
     def hold_lease(self) -> bool:
@@ -161,6 +187,77 @@ class Agent:
     def lease_valid(self) -> bool:
         """Whether the lease still covers the next action (with a margin for clock and I/O)."""
         return time.time() < self._lease_until - min(5.0, self.cfg.agent.lease_s / 3)
+
+    @contextlib.contextmanager
+    def keeping_lease(self, *, active: bool = True) -> Iterator[None]:
+        """Renew the lease from a thread for as long as the block acts.
+
+        Why: a switch waits for its victims' saves (minutes for a big VM, agent.act), far
+        longer than the lease; unrenewed, it ran out mid-switch and a standby took over, rolled
+        the switch back and withdrew the live checkpoint request. The keeper renews every third
+        of `lease_s` and feeds systemd's watchdog meanwhile (for at most
+        `checkpoint_timeout_max_s`: a tick hung longer is the watchdog's). When the lease is
+        lost (another agent holds it, or the store did not answer until it expired)
+        `lease_valid()` turns False and the acting code stops: the executor starts and journals
+        nothing more, a waiting checkpoint is left to the new holder, who finishes or undoes the
+        switch (agent.recover)."""
+        if not active or self._lease_until <= 0:
+            yield
+            return
+        stop = threading.Event()
+        keeper = threading.Thread(target=self._keep_lease, args=(self.store(), stop), name="vjob-lease-keeper",
+                                  daemon=True)  # fmt: skip
+        keeper.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            keeper.join(timeout=self.cfg.agent.command_timeout_s + 5)
+
+    def _keep_lease(self, store: Store, stop: threading.Event) -> None:
+        ttl = self.cfg.agent.lease_s
+        period = ttl / 3
+        wait = period
+        feed_until = time.monotonic() + self.cfg.agent.checkpoint_timeout_max_s  # then a hung tick shows
+        while not stop.wait(wait):
+            if self._lease_until <= 0:
+                return  # lost already (the main thread saw it)
+            t = time.time()
+            try:
+                held = leases.acquire(store, self.lease_name, self.owner, ttl, at=t)
+            except (StoreError, ValueError) as exc:
+                if not self.lease_valid():
+                    self._lose_lease(f"the store did not answer before it ran out: {exc}")
+                    return
+                self.log.warning("cannot renew the agent lease, retrying", lease=self.lease_name, error=str(exc))
+                wait = min(1.0, period)
+                continue
+            if not held:
+                self._lose_lease("another agent holds it")
+                return
+            self._lease_until = t + ttl
+            if time.monotonic() < feed_until:
+                self.notify.watchdog()  # the tick waits on saves, each bounded by its timeout
+            wait = period
+
+    def _lose_lease(self, why: str) -> None:
+        """The lease is gone while acting: everything acting checks lease_valid() and stops."""
+        self._lease_until = 0.0
+        self.metrics.active.set(0)
+        self.metrics.errors.labels(kind="lease").inc()
+        self.log.error("lost the agent lease while acting: stopping, the switch is left to its new holder",
+                       lease=self.lease_name, why=why)  # fmt: skip
+
+    def checkpoint_timeout_for(self, obs: Observation, job_id: str) -> float:
+        """How long a switch waits for this job's save: `[agent] checkpoint_timeout_s` plus
+        `checkpoint_timeout_per_gib_s` per GiB of its VM, at most `checkpoint_timeout_max_s`.
+        The VM's memory is its pilot's word (the user's), bounded by what the RMS allocated the
+        job when it says: a claim cannot stretch the wait past the job's own allocation."""
+        st = obs.pilots.get(job_id)
+        claimed = st.memory_mb if st is not None else 0
+        allocated = next((j.memory_mb for j in obs.view.jobs if j.id == job_id), 0)
+        memory = min(claimed, allocated) if claimed and allocated else claimed or allocated
+        return self.cfg.agent.checkpoint_timeout_for(memory)
 
     def give_up_lease(self) -> None:
         try:
@@ -197,6 +294,12 @@ class Agent:
         if active is False:
             report.active = False
             return report
+        with self.keeping_lease(active=bool(active)):
+            return self._act_tick(report, active)
+
+    def _act_tick(self, report: TickReport, active: bool | None) -> TickReport:
+        """The tick of an agent holding its lease (`active`) or unsure of it (None: the store
+        is down, nothing needing the journal is done)."""
         try:
             if active and not self._recovered:
                 self.recover()
@@ -247,6 +350,8 @@ class Agent:
                 if not self.lease_valid() and not self.hold_lease():
                     break
                 report.checkpointed += act.preempt(self, pre, obs)
+            if not self.lease_valid() and not self.hold_lease():
+                return report  # lost while acting (keeping_lease): the new holder acts from here
             releases = decision.releases
             if self.cfg.deadline.admission != "none":  # a job held for its deadline: only where x < X
                 releases = tuple(self.deadline.releases(obs.view, releases))
@@ -321,8 +426,9 @@ class Agent:
         return saved
 
     def checkpointable(self, obs: Observation) -> set[str]:
-        """Running vjobs whose VM runs on a node the RMS allocated them — and none at all when
-        the RMS cannot requeue a running job (the victim would have nowhere to go)."""
+        """Running vjobs whose VMs (one, or one per node) all run on nodes the RMS allocated
+        them — and none at all when the RMS cannot requeue a running job (the victim would have
+        nowhere to go)."""
         if not self.adapter.abilities.requeue_hold:
             return set()
         return {
@@ -330,7 +436,7 @@ class Agent:
             for j in obs.view.running
             if j.id in obs.pilots
             and obs.pilots[j.id].state is PilotState.RUNNING
-            and (not j.allocated_nodes or obs.pilots[j.id].node in j.allocated_nodes)
+            and (not j.allocated_nodes or all(n in j.allocated_nodes for _, n in vms_of(obs.pilots[j.id])))
         }
 
     def run(self, stop: threading.Event | None = None, *, once: bool = False) -> None:
@@ -342,6 +448,8 @@ class Agent:
         standby polls the lease every third of its time to live.
         """
         stop = stop or threading.Event()
+        if not self.dry_run:
+            self.deadline.check_publishable()  # an admission that cannot publish X is said at once
         wakes = wake_files(self.cfg, self.adapter)
         last_mtimes = _mtimes(wakes)
         try:

@@ -12,7 +12,9 @@ as a lost member and rolls the cut back.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
+import queue
 import socket
 import subprocess
 import threading
@@ -32,10 +34,16 @@ from vjob.model import VMState
 _log = log.get("pilot")
 JOIN_TIMEOUT_S = 180.0
 """How long the leader waits for every member to connect (srun's step start, Python's import)."""
+HANDSHAKE_TIMEOUT_S = 10.0
+"""How long one connection may take to prove the token (a member answers in milliseconds)."""
+MAX_HANDSHAKES = 32
+"""Connections handshaken at once; more are closed on arrival (the port is anyone's to reach)."""
 STEP_TIMEOUTS_S = {"pause": 30.0, "unpause": 30.0, "state": 30.0, "cpu": 30.0, "setup": 30.0, "boot": 300.0,
                    "delete": 120.0, "forget": 120.0, "remove_network": 60.0, "define": 1800.0,
                    "workdir": 30.0}  # fmt: skip
 """Per request; a save's and a restore's come from `operation_timeout_s` (copies included)."""
+MEMBER_JOB_FIELDS = ("uid", "gid", "user", "home", "cwd", "hostname", "network")
+"""The job description's fields a member pilot receives (member_job): never env, args, script."""
 
 
 class MemberVM:
@@ -124,7 +132,7 @@ class MemberVM:
         A member whose node lacks this pilot's working directory (no shared filesystem: it does
         not see the probe left there, agent.member_workdir) gets the job disk `place_disk` builds
         here and sends (Driver.place_job_disk, the leader mode's code), checked again on arrival."""
-        job = dict(description.get("job") or {})
+        job = member_job(description.get("job") or {})
         net = dict(job.get("network") or {})
         if net.get("ssh_private"):
             net["ssh_private"] = self.link.seal(str(net["ssh_private"]))
@@ -166,6 +174,16 @@ class MemberVM:
         return (float(reading[0]), int(reading[1])) if isinstance(reading, list) and len(reading) == 2 else None
 
 
+def member_job(job: dict[str, Any]) -> dict[str, Any]:
+    """What a member needs of the job to build its VM, and nothing more: who runs it (uid, gid,
+    user, home), where (cwd), the VM's host name and network. Why not the job's environment and
+    arguments: only rank 0's VM runs the script, the others never read them, and the link is
+    readable by whoever sniffs the nodes' network (docs/security.md) — a user's environment
+    often holds tokens. The member's parser still wants both keys: they go empty."""
+    out: dict[str, Any] = {k: job[k] for k in MEMBER_JOB_FIELDS if k in job}
+    return {**out, "args": [], "env": {}}
+
+
 class Members:
     """The member pilots of one job: the listener, their launcher processes, one link per node."""
 
@@ -179,7 +197,7 @@ class Members:
         ip = ipaddress.ip_address(host or leader_address(self.nodes[0]))
         family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
         try:
-            self.listener = socket.create_server((str(ip), 0), family=family, backlog=len(self.nodes) + 4)
+            self.listener = socket.create_server((str(ip), 0), family=family, backlog=128)
         except OSError as exc:
             raise VjobError(f"the leader cannot listen on {ip} ([agent] member_address, or the route toward "
                             f"{self.nodes[0]}): {exc.strerror}") from None  # fmt: skip
@@ -202,34 +220,78 @@ class Members:
                 return f"their launcher ({', '.join(s.nodes)}) ended with {code}"
         return ""
 
-    def join(self, timeout_s: float = JOIN_TIMEOUT_S) -> None:
-        """Wait until every node's member proved the token; a stranger is refused and waited past."""
+    def join(self, timeout_s: float = JOIN_TIMEOUT_S, *, handshake_s: float | None = None) -> None:
+        """Wait until every node's member proved the token; a stranger is refused and waited past.
+
+        Why each connection in a thread of its own, with a deadline for its whole handshake: the
+        port is reachable by anyone on the network, and a connection that says nothing (or one
+        byte at a time) must not hold up the members behind it. At most MAX_HANDSHAKES are
+        handshaken at once; a connection over that is closed at once (a member tries again,
+        member_link.connect), so strangers cost a bounded number of threads and descriptors."""
         deadline = time.monotonic() + timeout_s
-        while len(self.links) < len(self.nodes):
-            left = deadline - time.monotonic()
-            ended = self._ended()
-            if left <= 0 or ended:
-                missing = [n for n in self.nodes if n not in self.links]
-                why = ended or f"not within {timeout_s:g} s"
-                raise VjobError(f"member pilots on {', '.join(missing)} did not connect: {why}")
-            self.listener.settimeout(min(left, 1.0))
+        handshake_s = HANDSHAKE_TIMEOUT_S if handshake_s is None else handshake_s
+        results: queue.Queue[tuple[socket.socket, Link | None, str]] = queue.Queue()
+        pending = threading.BoundedSemaphore(MAX_HANDSHAKES)
+        inflight: set[socket.socket] = set()
+        over = 0
+
+        def handshake(sock: socket.socket) -> None:
             try:
-                sock, _ = self.listener.accept()
-            except TimeoutError:
-                continue
-            try:
-                link, node = member_link.accept(sock, self.token, timeout=min(30.0, max(left, 1.0)))
+                link, node = member_link.accept(sock, self.token, timeout=handshake_s)
+                results.put((sock, link, node))
             except LinkError as exc:
-                _log.warning("a connection to the leader refused", error=str(exc))
+                results.put((sock, None, str(exc)))
+            finally:
+                inflight.discard(sock)
+                pending.release()
+
+        self.listener.settimeout(0.2)
+        try:
+            while len(self.links) < len(self.nodes):
+                self._take(results)
+                if len(self.links) == len(self.nodes):
+                    break
+                left = deadline - time.monotonic()
+                ended = self._ended()
+                if left <= 0 or ended:
+                    missing = [n for n in self.nodes if n not in self.links]
+                    why = ended or f"not within {timeout_s:g} s"
+                    raise VjobError(f"member pilots on {', '.join(missing)} did not connect: {why}")
+                try:
+                    sock, _ = self.listener.accept()
+                except TimeoutError:
+                    continue
+                if not pending.acquire(blocking=False):
+                    if not over:  # said once: a flood must not flood the job's output too
+                        _log.warning("connections to the leader closed: too many handshakes at once",
+                                     limit=MAX_HANDSHAKES)  # fmt: skip
+                    over += 1
+                    sock.close()
+                    continue
+                inflight.add(sock)
+                threading.Thread(target=handshake, args=(sock,), name="vjob-member-handshake", daemon=True).start()
+        finally:
+            self.listener.close()  # the token is spent: nobody else can join
+            for sock in list(inflight):  # the strangers still talking end now, not at their deadline
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+        _log.info("member pilots joined", nodes=self.nodes)
+
+    def _take(self, results: queue.Queue[tuple[socket.socket, Link | None, str]]) -> None:
+        """Record the handshakes that ended: a member of a node of the job without one joins."""
+        while True:
+            try:
+                sock, link, node = results.get_nowait()
+            except queue.Empty:
+                return
+            if link is None:
+                _log.warning("a connection to the leader refused", error=node)
                 sock.close()
-                continue
-            if node not in self.nodes or node in self.links:
+            elif node not in self.nodes or node in self.links or len(self.links) == len(self.nodes):
                 _log.warning("a member refused: not a node of the job, or its node has one", node=node[:64])
                 link.close()
-                continue
-            self.links[node] = link
-        self.listener.close()  # the token is spent: nobody else can join
-        _log.info("member pilots joined", nodes=self.nodes)
+            else:
+                self.links[node] = link
 
     def vms(self, names: Sequence[str], subnet_id: int, driver: Any, operation_timeout_s: float) -> list[MemberVM]:
         """The MemberVM of each other node (rank 1…), each member told its VM and network."""

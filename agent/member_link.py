@@ -22,6 +22,7 @@ import re
 import secrets
 import socket
 import struct
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,9 @@ LEADER_ENV = "VJOB_MEMBER_LEADER"
 """host:port of the leader's listener, in a member pilot's environment."""
 MAX_FRAME = 1 << 20
 """A message's largest size: a job description without its script is a few KiB."""
+HANDSHAKE_FRAME = 4096
+"""A handshake message's largest size (a nonce, a proof, a node name): before the token is
+proven, a stranger gets no megabyte buffers."""
 _MAC = 32
 _TOKEN_RE = re.compile(r"[0-9a-f]{64}")
 _LEN = struct.Struct("!I")
@@ -40,6 +44,11 @@ _LEN = struct.Struct("!I")
 
 class LinkError(VjobError):
     """The other pilot is gone, silent past a time-out, or not who it claims to be."""
+
+
+class LinkClosed(LinkError):
+    """The other end closed or reset the connection (a leader over its limit of strangers being
+    handshaken closes a new one at once: the member tries again)."""
 
 
 def new_token() -> str:
@@ -119,27 +128,36 @@ def _stream(session: bytes, size: int) -> bytes:
     return hashlib.shake_256(b"vjob-member-secret|" + session).digest(size)
 
 
-def _read_exact(sock: socket.socket, size: int, peer: str) -> bytes:
+def _read_exact(sock: socket.socket, size: int, peer: str, deadline: float | None = None) -> bytes:
+    """`size` bytes; with `deadline` (time.monotonic()) the whole read must end by then, so a
+    peer dripping one byte at a time cannot stretch one time-out into many."""
     buf = bytearray()
     while len(buf) < size:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise LinkError(f"{peer or 'peer'}: no answer within the time-out")
+            sock.settimeout(left)
         try:
             chunk = sock.recv(size - len(buf))
         except TimeoutError:
             raise LinkError(f"{peer or 'peer'}: no answer within the time-out") from None
         except OSError as exc:
-            raise LinkError(f"{peer or 'peer'}: connection lost: {exc}") from None
+            raise LinkClosed(f"{peer or 'peer'}: connection lost: {exc}") from None
         if not chunk:
-            raise LinkError(f"{peer or 'peer'}: connection closed")
+            raise LinkClosed(f"{peer or 'peer'}: connection closed")
         buf += chunk
     return bytes(buf)
 
 
-def _read_frame(sock: socket.socket, timeout: float | None, peer: str) -> bytes:
+def _read_frame(
+    sock: socket.socket, timeout: float | None, peer: str, *, deadline: float | None = None, limit: int = MAX_FRAME
+) -> bytes:
     sock.settimeout(timeout)
-    (size,) = _LEN.unpack(_read_exact(sock, _LEN.size, peer))
-    if not _MAC < size <= MAX_FRAME:
-        raise LinkError(f"{peer or 'peer'}: a frame of {size} bytes (at most {MAX_FRAME})")
-    return _read_exact(sock, size, peer)
+    (size,) = _LEN.unpack(_read_exact(sock, _LEN.size, peer, deadline))
+    if not _MAC < size <= limit:
+        raise LinkError(f"{peer or 'peer'}: a frame of {size} bytes (at most {limit})")
+    return _read_exact(sock, size, peer, deadline)
 
 
 def _plain(sock: socket.socket, msg: dict[str, Any]) -> None:
@@ -147,9 +165,12 @@ def _plain(sock: socket.socket, msg: dict[str, Any]) -> None:
     sock.sendall(_LEN.pack(len(body) + _MAC) + bytes(_MAC) + body)
 
 
-def _plain_recv(sock: socket.socket, timeout: float, peer: str) -> dict[str, Any]:
+def _plain_recv(sock: socket.socket, deadline: float, peer: str) -> dict[str, Any]:
+    """A handshake message: small (HANDSHAKE_FRAME), and whole by `deadline` — before the token
+    is proven the peer is anyone who can reach the port."""
     try:
-        msg = json.loads(_read_frame(sock, timeout, peer)[_MAC:])
+        frame = _read_frame(sock, None, peer, deadline=deadline, limit=HANDSHAKE_FRAME)
+        msg = json.loads(frame[_MAC:])
     except ValueError:
         raise LinkError(f"{peer or 'peer'}: the handshake is not JSON") from None
     if not isinstance(msg, dict):
@@ -171,15 +192,18 @@ def _hex(msg: dict[str, Any], key: str, size: int, peer: str) -> bytes:
 def accept(sock: socket.socket, token: str, timeout: float = 30.0) -> tuple[Link, str]:
     """The leader's side of the handshake on an accepted connection: (link, the member's node).
 
-    A member that does not know the token is refused (LinkError) before it learns anything.
+    A member that does not know the token is refused (LinkError) before it learns anything;
+    the whole handshake ends within `timeout` seconds, however slowly the peer writes.
     """
-    peer = "member at {}:{}".format(*sock.getpeername()[:2])
-    ours = secrets.token_bytes(16)
+    deadline = time.monotonic() + timeout
     try:
+        peer = "member at {}:{}".format(*sock.getpeername()[:2])
+        sock.settimeout(timeout)
+        ours = secrets.token_bytes(16)
         _plain(sock, {"v": 1, "nonce": ours.hex()})
     except OSError as exc:
-        raise LinkError(f"{peer}: {exc}") from None
-    hello = _plain_recv(sock, timeout, peer)
+        raise LinkError(f"a connection to the leader: {exc}") from None
+    hello = _plain_recv(sock, deadline, peer)
     theirs = _hex(hello, "nonce", 16, peer)
     node = hello.get("node")
     if not isinstance(node, str) or not 0 < len(node) <= 64:
@@ -187,6 +211,7 @@ def accept(sock: socket.socket, token: str, timeout: float = 30.0) -> tuple[Link
     if not hmac.compare_digest(_hex(hello, "proof", 32, peer), _key(token, b"member", ours, theirs, node.encode())):
         raise LinkError(f"{peer}: refused: it does not know the job's token")
     try:
+        sock.settimeout(max(deadline - time.monotonic(), 0.001))
         _plain(sock, {"proof": _key(token, b"leader", ours, theirs).hex()})
     except OSError as exc:
         raise LinkError(f"{peer}: {exc}") from None
@@ -202,16 +227,31 @@ def connect(address: str, token: str, node: str, timeout: float = 30.0) -> Link:
     if not host or not port.isdigit():
         raise LinkError(f"${LEADER_ENV} = {address[:80]!r}: must be host:port")
     peer = f"leader at {address}"
+    deadline = time.monotonic() + timeout
+    pause = 0.1
+    while True:  # a leader busy with strangers may close a connection before its nonce: try again
+        try:
+            left = max(deadline - time.monotonic(), 0.1)
+            sock = socket.create_connection((host.strip("[]"), int(port)), timeout=left)
+        except OSError as exc:
+            raise LinkError(f"{peer}: cannot connect: {exc}") from None
+        try:
+            theirs = _hex(_plain_recv(sock, deadline, peer), "nonce", 16, peer)
+            break
+        except LinkClosed:
+            sock.close()
+            if time.monotonic() + pause >= deadline:
+                raise
+        except LinkError:
+            sock.close()
+            raise
+        time.sleep(pause)
+        pause = min(2 * pause, 2.0)
     try:
-        sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
-    except OSError as exc:
-        raise LinkError(f"{peer}: cannot connect: {exc}") from None
-    try:
-        theirs = _hex(_plain_recv(sock, timeout, peer), "nonce", 16, peer)
         ours = secrets.token_bytes(16)
         proof = _key(token, b"member", theirs, ours, node.encode())
         _plain(sock, {"node": node, "nonce": ours.hex(), "proof": proof.hex()})
-        answer = _plain_recv(sock, timeout, peer)
+        answer = _plain_recv(sock, deadline, peer)
         if not hmac.compare_digest(_hex(answer, "proof", 32, peer), _key(token, b"leader", theirs, ours)):
             raise LinkError(f"{peer}: refused: it does not know the job's token")
     except (LinkError, OSError) as exc:

@@ -10,7 +10,7 @@ one user's bad file never stops a tick for everybody.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +21,7 @@ from provisioning.images import record_node_image
 from ubis_priority import usage as ubis_usage
 from vjob.errors import InputError, StoreError, VjobError
 from vjob.model import ClusterView, Job, JobState, VJobState
-from vjob.pilot_files import PilotDir, PilotState, PilotStatus, all_dirs
+from vjob.pilot_files import PilotDir, PilotState, PilotStatus, all_dirs, claimed_vms, vms_of
 from vjob.store import jobs as store_jobs
 from vjob.store import journal
 from vjob.store import vms as store_vms
@@ -49,7 +49,8 @@ def observe(agent: Agent, *, track: bool = True) -> Observation:
     rms_jobs = agent.adapter.jobs()
     nodes = agent.adapter.nodes()
     users = {j.id: j.user for j in rms_jobs}
-    pilots = read_pilots(agent, all_dirs(agent.root, agent.rms), users)
+    dirs = all_dirs(agent.root, agent.rms)
+    pilots = read_pilots(agent, dirs, pilot_users(agent, dirs, users), max_vms=len(nodes) or None)
     jobs: list[Job] = []
     sleeping: dict[str, tuple[str, ...]] = {}
     store_ok = True
@@ -97,32 +98,82 @@ def observe(agent: Agent, *, track: bool = True) -> Observation:
     return Observation(view=view, pilots=pilots, sleeping=sleeping, store_ok=store_ok)
 
 
-def read_pilots(agent: Agent, dirs: Sequence[PilotDir], users: dict[str, str]) -> dict[str, PilotStatus]:
+def read_pilots(
+    agent: Agent, dirs: Sequence[PilotDir], users: dict[str, str], *, max_vms: int | None = None
+) -> dict[str, PilotStatus]:
     """The state files of the pilots the agent may listen to.
 
-    A directory is read only when the RMS knows its job and the directory belongs to that
-    job's user (or root): another user cannot speak for a job by creating its directory first.
-    A job the RMS no longer knows is read too (its VM must be cleaned up), but what the agent
-    then does rests on the store's record of the job's VMs, not on the file.
+    A state speaks only of its own job's VMs, named from the job id — `vjob-<rms>-<id>`, or
+    `vjob-<rms>-<id>-<rank>` for each of a multi-node pilot's `member_nodes`, at most as many as
+    `max_vms` (the cluster's nodes) allows, each on its own node (vjob.pilot_files.claimed_vms);
+    any other state is logged and ignored. Where a VM's node matters, the RMS's allocation is
+    checked too (_remember_vms, Agent.checkpointable).
+
+    A directory is read only when it belongs to its job's user (or root): `users` holds the
+    RMS's user of each job it knows and the store's of the jobs it forgot (pilot_users); a job
+    neither names is heard only from a directory root made. Another user cannot speak for a job
+    by making its directory first, and a job's pilot that found its plain name squatted made a
+    keyed one (PilotDir.ensure): of a job's directories, the first its user (or root) owns is
+    the one heard, and `agent.pilot_dirs` remembers it for the agent's requests.
     """
-    out: dict[str, PilotStatus] = {}
+    heard, refused = hear(dirs, users, max_vms=max_vms)
+    for job_id, vm, error in refused:
+        if vm is None:
+            agent.metrics.errors.labels(kind="pilot").inc()
+            agent.log.warning("pilot state ignored", jobs=[job_id], error=error)
+        else:
+            agent.log.warning("pilot state names another job or VM: ignored", jobs=[job_id], vm=vm, error=error)
+    agent.pilot_dirs = {job_id: pdir for job_id, (pdir, _) in heard.items()}
+    return {job_id: st for job_id, (_, st) in heard.items()}
+
+
+def hear(
+    dirs: Sequence[PilotDir], users: Mapping[str, str], *, max_vms: int | None = None
+) -> tuple[dict[str, tuple[PilotDir, PilotStatus]], list[tuple[str, str | None, str]]]:
+    """The owner rule, in one place for the agent (read_pilots) and `vjob status`
+    (agent.status_cmd): job id → (its directory, its state) of each job heard, and (job id, VM
+    the state named or None, why) of each directory refused.
+
+    Of a job's directories (vjob.pilot_files.all_dirs: its plain name first), the first that is
+    owned by `users[job]` or root, holds a state file that passes the checks, and speaks only
+    of that job's VMs is heard; every other one is nobody's word. Why one function: a squatter's
+    forged row must be as invisible to the operator's view as to the agent's decisions."""
+    heard: dict[str, tuple[PilotDir, PilotStatus]] = {}
+    refused: list[tuple[str, str | None, str]] = []
     for pdir in dirs:
+        if pdir.job_id in heard:
+            continue  # its own directory was read already; the others are nobody's word
         try:
-            user = users.get(pdir.job_id)
-            if user is not None:
-                pdir.check_owner(user)
+            owner = pdir.check_owner(users.get(pdir.job_id))
+            pdir.owners = (0,) if not owner else (owner, 0)  # its later requests and withdrawals: the same rule
             st = pdir.read_state()
         except VjobError as exc:
-            agent.metrics.errors.labels(kind="pilot").inc()
-            agent.log.warning("pilot state ignored", jobs=[pdir.job_id], error=str(exc))
+            refused.append((pdir.job_id, None, str(exc)))
             continue
         if st is None:
             continue
-        if st.job_id != pdir.job_id or st.vm != pdir.vm:
-            agent.log.warning("pilot state names another job or VM: ignored", jobs=[pdir.job_id], vm=st.vm)
+        try:
+            claimed_vms(pdir.rms, pdir.job_id, st, max_vms=max_vms)
+        except InputError as exc:
+            refused.append((pdir.job_id, st.vm, str(exc)))
             continue
-        out[pdir.job_id] = st
-    return out
+        heard[pdir.job_id] = (pdir, st)
+    return heard, refused
+
+
+def pilot_users(agent: Agent, dirs: Sequence[PilotDir], rms_users: dict[str, str]) -> dict[str, str]:
+    """Whose directory to believe for each job with one: the RMS's user, else (a job the RMS no
+    longer knows, kept for its clean-up) the user the store recorded; with the store down, such
+    a job is heard only from a directory root made, until it is back."""
+    users = dict(rms_users)
+    unknown = sorted({d.job_id for d in dirs} - set(users))
+    if unknown:
+        try:
+            users.update({job_id: rec.user for job_id, rec in _records(agent.store(), agent.rms, unknown).items()})
+        except StoreError as exc:
+            agent.log.warning("no store: pilots of jobs the RMS forgot are heard from root's directories only",
+                              error=str(exc))  # fmt: skip
+    return users
 
 
 def _track(agent: Agent, store: Store, job: Job) -> None:
@@ -138,15 +189,17 @@ def _track(agent: Agent, store: Store, job: Job) -> None:
 def _remember_vms(agent: Agent, store: Store, rms_jobs: Sequence[Job], pilots: dict[str, PilotStatus]) -> None:
     """Record in the store which VM runs where for each running vjob, as the RMS confirms it.
 
-    The pilot's word for its node is kept only when the RMS allocated that node to the job; the
-    VM's name is derived from the job id. Later clean-ups delete only what is recorded here.
-    Written once per placement (the agent remembers what it recorded), not every tick: this runs
-    for every running vjob of the cluster."""
+    The pilot's word for its nodes is kept only when the RMS allocated them all to the job; the
+    VMs' names are derived from the job id (one, or one per node of a multi-node pilot,
+    vjob.pilot_files.vms_of). Later clean-ups delete only what is recorded here. Written once
+    per placement (the agent remembers what it recorded), not every tick: this runs for every
+    running vjob of the cluster."""
     recorded = agent.recorded_vms
     for gone in set(recorded) - {j.id for j in rms_jobs}:
         del recorded[gone]
+    placed = {j.id: vms_of(pilots[j.id]) for j in rms_jobs if j.id in pilots}
     off = [
-        j.id for j in rms_jobs if j.allocated_nodes and j.id in pilots and pilots[j.id].node not in j.allocated_nodes
+        j.id for j in rms_jobs if j.allocated_nodes and any(n not in j.allocated_nodes for _, n in placed.get(j.id, ()))
     ]
     # A VM off its allocation is believed only where root's journal migrated it (agent.remap_step).
     moved_to = {m.vm_name: m.destination for m in journal.migrations(store, agent.rms, off)} if off else {}
@@ -154,16 +207,20 @@ def _remember_vms(agent: Agent, store: Store, rms_jobs: Sequence[Job], pilots: d
         st = pilots.get(job.id)
         if job.state is not JobState.RUNNING or st is None or st.state is not PilotState.RUNNING:
             continue
-        if job.allocated_nodes and st.node not in job.allocated_nodes and moved_to.get(st.vm) != st.node:
-            agent.log.warning("pilot claims a node the RMS did not allocate", jobs=[job.id], node=st.node)
+        vms = placed[job.id]
+        astray = [n for vm, n in vms if job.allocated_nodes and n not in job.allocated_nodes and moved_to.get(vm) != n]
+        if astray:
+            agent.log.warning("pilot claims a node the RMS did not allocate", jobs=[job.id], node=astray[0])
             continue
-        if recorded.get(job.id) == (st.node, st.image):
+        where = ",".join(node for _vm, node in vms)
+        if recorded.get(job.id) == (where, st.image):
             continue
         try:
-            store_vms.remember(store, agent.rms, job, vm=st.vm, node=st.node, image=st.image, memory_mb=st.memory_mb)
-            if st.image:  # the node now carries this OS (UBIS's N_availableOS), docs/realjobs.md
-                record_node_image(store, st.node, st.image)
-            recorded[job.id] = (st.node, st.image)
+            for vm, node in vms:
+                store_vms.remember(store, agent.rms, job, vm=vm, node=node, image=st.image, memory_mb=st.memory_mb)
+                if st.image:  # the node now carries this OS (UBIS's N_availableOS), docs/realjobs.md
+                    record_node_image(store, node, st.image)
+            recorded[job.id] = (where, st.image)
         except InputError as exc:
             agent.log.warning("VM not recorded", jobs=[job.id[:64]], error=str(exc))
 
@@ -201,4 +258,4 @@ def _vjob_state(job: Job, pilot: PilotStatus, sleeping: bool) -> VJobState:
     return VJobState.WAITING
 
 
-__all__ = ["Observation", "observe", "read_pilots"]
+__all__ = ["Observation", "hear", "observe", "pilot_users", "read_pilots"]

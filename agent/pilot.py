@@ -246,11 +246,11 @@ class Pilot:
 
     # -- main ---------------------------------------------------------------------------
     def run(self) -> int:
-        self.pdir.ensure()
         self.signals.install()
         # the RMS truncated the output at a requeue: copy it all again
         replay = self._replay if self._replay is not None else empty_file(self.out)
         try:
+            self.pdir.ensure()  # finds or makes the job's own directory (a squatted name is passed by)
             self._start()
             if self.real:
                 out_log, err_log = self.vm.output_logs()

@@ -7,7 +7,8 @@ all back paused before any runs. One process that holds every VM does that witho
 distributed protocol between pilots; the Pilot's life cycle (boot, adopt, save on SIGTERM or
 on a request, restore, finish) is unchanged, `JobVMs` stands in for its one VM.
 
-The VMs are `<vjob name>-<rank>`; rank 0 runs the user's script, the others wait reachable as
+The VMs are `<vjob name>-<rank>` (vjob.pilot_files.vm_names: the agent derives the same names
+from the job id and believes no other); rank 0 runs the user's script, the others wait reachable as
 `vm1`, `vm2`… (provisioning.network gives the MACs, addresses and host file); every VM has a
 copy of the working directory on its job disk, only rank 0's is copied back at the end.
 
@@ -28,14 +29,10 @@ from provisioning import network
 from vjob import log
 from vjob.errors import VjobError
 from vjob.model import VMState
+from vjob.pilot_files import member_names
 from vjob.store.identities import Address
 
 _log = log.get("pilot")
-
-
-def member_names(vm: str, count: int) -> list[str]:
-    """The VM names of a job of `count` nodes: `<vm>-0` runs the script."""
-    return [f"{vm}-{rank}" for rank in range(count)]
 
 
 def network_of(addresses: Sequence[Address], rank: int, ssh: tuple[str, str] | None) -> dict[str, object]:

@@ -37,6 +37,9 @@ def recover(agent: Agent) -> list[int]:
                                       reason="recovery")  # fmt: skip
     handled = [r.switch_id for r in finish_live_switches(store, agent.rms, lambda _sw: performer, agent.log)]
     states = {j.id: j.state for j in agent.adapter.jobs()}
+    finished: set[str] = set()
+    """Jobs whose checkpoint this recovery finished: a vjob of several VMs has one action per VM
+    and one save of them all, requeue-held and counted (Pn) once."""
     for sw in journal.open_switches(store, rms=agent.rms):
         if sw.plan.get("executor") == EXECUTOR_TAG:
             continue  # a live switch left open by finish_live_switches (failed to journal its end)
@@ -56,12 +59,17 @@ def recover(agent: Agent) -> list[int]:
             saved = saved and st is not None and bool(st.request_id) and st.memory_saved
             state = states.get(job_id)
             try:
+                if saved and job_id in finished:
+                    journal.set_action(store, action.id, "done")
+                    continue
                 if saved and state is JobState.RUNNING:
                     finish_checkpoint(agent, job_id)
+                    finished.add(job_id)
                     journal.set_action(store, action.id, "done")
                     continue
                 if saved and state in (JobState.PENDING, JobState.HELD):
                     store_jobs.record_preemption(store, agent.rms, job_id)
+                    finished.add(job_id)
                     journal.set_action(store, action.id, "done")
                     continue
             except CommandError as exc:

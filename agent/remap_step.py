@@ -58,7 +58,7 @@ from preemption.remap.models import Profile, SubCluster
 from preemption.remap.policy import Decision, RemapParams
 from vjob.errors import VjobError
 from vjob.model import Action, JobState
-from vjob.pilot_files import PilotState, RequestKind
+from vjob.pilot_files import PilotState, RequestKind, vms_of
 from vjob.store import journal
 from vjob.store import vms as store_vms
 
@@ -141,8 +141,8 @@ def placements(obs: Observation, moved_to: Mapping[str, str], counts: Mapping[st
         st = obs.pilots.get(job.id)
         if job.state is not JobState.RUNNING or st is None or st.state is not PilotState.RUNNING:
             continue
-        if job.nodes != 1 or len(job.allocated_nodes) > 1:
-            continue  # several VMs: not migrated VM by VM (module docstring)
+        if job.nodes != 1 or len(job.allocated_nodes) > 1 or len(vms_of(st)) > 1:
+            continue  # several nodes, or VMs: not migrated VM by VM (module docstring)
         if job.allocated_nodes and st.node not in job.allocated_nodes and moved_to.get(st.vm) != st.node:
             continue  # a node the pilot claims but neither the RMS nor root put it on
         remaining = None
@@ -174,7 +174,13 @@ def step(agent: Agent, obs: Observation, state: RemapState, claims: PassClaims |
         skipped[m.job] = why
     for job in obs.view.running:
         if job.nodes != 1 or len(job.allocated_nodes) > 1:
-            skipped[job.id] = "several VMs: a pilot migrates no job VM by VM (not remapped yet)"
+            st = obs.pilots.get(job.id)
+            vms = [vm for vm, _node in vms_of(st)] if st is not None else []
+            skipped[job.id] = (
+                f"several VMs ({', '.join(vms)}): a pilot migrates no job VM by VM (not remapped yet)"
+                if len(vms) > 1
+                else f"{max(job.nodes, len(job.allocated_nodes))} nodes: a multi-node vjob is not remapped yet"
+            )
     if skipped != state.skipped:  # logged when it changes, not every tick
         agent.log.info("remap: left alone", vjobs=skipped)
     state.skipped = skipped

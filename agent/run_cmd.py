@@ -35,7 +35,7 @@ from agent import member_launch, member_link, member_workdir
 from agent.member_leader import Members
 from agent.pilot import DriverVM, Pilot, PilotSettings, empty_file
 from agent.pilot_member import Member
-from agent.pilot_multinode import JobVMs, member_names, network_of
+from agent.pilot_multinode import JobVMs, network_of
 from plugins import RMS_PACKAGES, job_environment
 from plugins.slurm import hostlist
 from plugins.slurm.images import requested_image
@@ -47,7 +47,7 @@ from vjob import log
 from vjob.cli import load_config
 from vjob.config import Config, ProvisioningConfig
 from vjob.errors import CommandError, InputError, UsageError, VjobError
-from vjob.pilot_files import PilotDir, pilot_root, vm_name
+from vjob.pilot_files import PilotDir, pilot_root, vm_name, vm_names
 from vjob.rms import JobEnvironment
 
 TINY_IMAGE = "debian-tiny"
@@ -241,7 +241,8 @@ def _run_multinode(
 ) -> int:
     """One VM per node on the job's network (agent.pilot_multinode); the first runs the script."""
     name = vm_name(args.rms, settings.job_id)
-    addresses = network.pilot_addresses(args.rms, settings.job_id, member_names(name, len(nodes)))
+    names = vm_names(args.rms, settings.job_id, len(nodes))
+    addresses = network.pilot_addresses(args.rms, settings.job_id, names)
     keys: list[tuple[str, str]] = []
 
     def spec(rank: int, vm: str, node: str) -> Any:
@@ -275,7 +276,7 @@ def _run_multinode(
         members.launch(args.rms, config=getattr(args, "config", None) or os.environ.get("VJOB_CONFIG"),
                        node_file=_node_file(args.rms) if args.rms == "pbs" else ())  # fmt: skip
         members.join()
-        remotes = members.vms(member_names(name, len(nodes))[1:], addresses[0].subnet_id, driver,
+        remotes = members.vms(names[1:], addresses[0].subnet_id, driver,
                               prov.operation_timeout_s)  # fmt: skip
         vms = JobVMs(driver, name, nodes, addresses[0].subnet_id, spec, remotes, describe)
         return Pilot(settings, pdir, vms, replay=replay).run()  # type: ignore[arg-type]

@@ -14,10 +14,11 @@ from typing import Any
 
 from agent.consolidate import STATUS_NAME as CONTROL_STATUS_NAME
 from agent.deadline import STATUS_NAME
+from agent.observe import hear
 from agent.remap_step import STATUS_NAME as REMAP_STATUS_NAME
 from vjob.cli import load_config
-from vjob.errors import StoreError, VjobError
-from vjob.pilot_files import all_dirs, pilot_root
+from vjob.errors import StoreError
+from vjob.pilot_files import all_dirs, pilot_root, vms_of
 from vjob.store import jobs as store_jobs
 from vjob.store import journal
 from vjob.store import snapshots as store_snapshots
@@ -68,21 +69,23 @@ def collect(cfg: Any, rms: str, switches: int = 10, snapshots: int = 20) -> dict
         store = open_store(cfg)
     except StoreError as exc:
         out["errors"].append(f"state store: {exc}")
-    pilots = []
-    for pdir in all_dirs(pilot_root(cfg), rms):
-        try:
-            st = pdir.read_state()
-        except VjobError as exc:
-            out["errors"].append(str(exc))
-            continue
-        if st is not None:
-            pilots.append(st)
+    dirs = all_dirs(pilot_root(cfg), rms)
+    if store is not None:
+        try:  # whose directory to believe: the user the store recorded for the job (the RMS's)
+            for job_id in sorted({d.job_id for d in dirs}):
+                rec = store_jobs.get(store, rms, job_id)
+                if rec is not None:
+                    records[job_id] = rec
+        except StoreError as exc:
+            out["errors"].append(f"state store: {exc}")
+    # The agent's owner rule (agent.observe.hear): a job's directory is heard only when its
+    # user or root owns it; with the store down, only root's. A squatter's row is never shown.
+    heard, refused = hear(dirs, {job_id: rec.user for job_id, rec in records.items()})
+    out["errors"] += [f"{error}: the agent ignores this state" for _job, _vm, error in refused]
+    pilots = [st for _pdir, st in heard.values()]
     if store is not None:
         try:
             for st in pilots:
-                rec = store_jobs.get(store, rms, st.job_id)
-                if rec is not None:
-                    records[st.job_id] = rec
                 hosts[st.job_id] = sorted({vm.node for vm in store_vms.of_job(store, rms, st.job_id)})
             for m in journal.migrations(store, rms, [st.job_id for st in pilots]):
                 moves.setdefault(m.rms_job_id, []).append(f"{m.source}->{m.destination}")
@@ -115,10 +118,13 @@ def collect(cfg: Any, rms: str, switches: int = 10, snapshots: int = 20) -> dict
             store.close()
     for st in pilots:
         rec = records.get(st.job_id)
+        # the VMs as the agent believes them: named from the job id, one per node of a multi-node pilot
+        vms = [{"vm": vm, "node": node} for vm, node in vms_of(st)]
         out["vjobs"].append(
             {
                 "job": st.job_id,
                 "vm": st.vm,
+                "vms": vms,
                 "node": st.node,
                 "pilot": st.state.value,
                 "since": st.since,
@@ -203,7 +209,7 @@ def _status(args: argparse.Namespace) -> int:
     for v in data["vjobs"]:
         save = f"{v['save_seconds']:.2f} s / {v['save_bytes'] / 2**20:.0f} MiB" if v["save_bytes"] else "-"
         vt.add_row(
-            v["job"], v["vm"], v["node"], ",".join(v["hosts"] or []) or "-", ", ".join(v["migrations"]) or "-",
+            v["job"], _vm_cell(v), v["node"], ",".join(v["hosts"] or []) or "-", ", ".join(v["migrations"]) or "-",
             v["pilot"], v["image"], str(v["boots"]),
             f"{v['restores']} ({v['local_restores']})", save,
             "-" if v["preempt_count"] is None else str(v["preempt_count"]),
@@ -251,6 +257,13 @@ def _status(args: argparse.Namespace) -> int:
     for err in data["errors"]:
         console.print(f"[yellow]warning:[/] {err}")
     return 0
+
+
+def _vm_cell(v: dict[str, Any]) -> str:
+    """The table's VM column: the pilot's VM, or each VM of a multi-node vjob with its node."""
+    if len(v["vms"]) > 1:
+        return "\n".join(f"{m['vm']} ({m['node']})" for m in v["vms"])
+    return str(v["vm"])
 
 
 def _print_control(console: Any, ctl: dict[str, Any]) -> None:

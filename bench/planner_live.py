@@ -62,7 +62,6 @@ from typing import Any, NamedTuple
 from agent import consolidate
 from agent.observe import Observation
 from agent.pilot_coalesce import coalesce
-from agent.pilot_multinode import member_names
 from agent.pilot_performer import EXECUTOR_TAG, PilotRequestPerformer
 from devkit import guest_probe, libvirtd
 from preemption.executor import ExecutionReport, Executor
@@ -75,7 +74,7 @@ from provisioning.profiling import DomainSample, node_sampler
 from vjob import config as vconfig
 from vjob.errors import VjobError
 from vjob.model import Action, ClusterView, VJobState
-from vjob.pilot_files import PilotDir, PilotState, PilotStatus, RequestKind, vm_name
+from vjob.pilot_files import PilotDir, PilotState, PilotStatus, RequestKind, member_names, vm_name
 from vjob.progress import Progress
 from vjob.store import journal
 from vjob.store.db import Store

@@ -16,6 +16,11 @@ frees; starting them after a failure could overload a node. What was done is rep
 Why `finish`: a switch cut short by a crash is carried on from the journal by the next agent
 (agent.recover), skipping what was done; a KeyedPerformer gets each action's stable journal
 key, so an action that was under way when the agent died is recognised, not done twice.
+
+Why `still_ours`: the switch is the lease holder's (agent.loop keeps the lease while it
+acts). An executor whose holder lost the lease starts nothing more and writes nothing more to
+the journal — the switch is now the new holder's to finish or undo (agent.recover), and two
+writers would fight over its rows. It ends `abandoned`.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from typing import Protocol, runtime_checkable
 
 from preemption.planner.plan import Plan, PlanAction
 from vjob import log
+from vjob.errors import VjobError
 from vjob.model import Action
 from vjob.store import journal
 from vjob.store.db import Store
@@ -66,6 +72,11 @@ class JobPerformer(Protocol):
     def resume_job(self, actions: Sequence[PlanAction]) -> None: ...
 
 
+class Abandoned(VjobError):
+    """The executor's holder lost the right to act (its lease) mid-switch: nothing more is done
+    or journalled by it; a performer waiting for an answer raises it to stop waiting."""
+
+
 def action_key(switch_id: int, action_id: int) -> str:
     """The stable name of one journalled action (switch id, action row id)."""
     return f"sw{switch_id}-a{action_id}"
@@ -73,7 +84,8 @@ def action_key(switch_id: int, action_id: int) -> str:
 
 @dataclass
 class ExecutionReport:
-    """What a switch did: `state` is done or failed; `failed` pairs each action with its error."""
+    """What a switch did: `state` is done, failed or abandoned (the lease lost: the journal is
+    left to its new holder); `failed` pairs each action with its error."""
 
     switch_id: int
     state: str
@@ -128,8 +140,12 @@ class Executor:
         max_parallel: int = 16,
         job_key: Callable[[PlanAction], str] | None = None,
         tag: str = "",
+        still_ours: Callable[[], bool] | None = None,
     ) -> None:
+        """`still_ours`: whether this executor may still act and journal (the agent's lease is
+        held); asked before every pool and action and after every failure."""
         self.performer = performer
+        self.still_ours = still_ours or (lambda: True)
         self.store = store
         self.pipeline_interval_s = pipeline_interval_s
         self.max_parallel = max(1, max_parallel)
@@ -174,14 +190,23 @@ class Executor:
         self._switch_id = switch_id
         report = ExecutionReport(switch_id=switch_id, state="done", pools_done=0)
         for index, pool in enumerate(plan.pools):
+            if not self.still_ours():
+                report.state = "abandoned"
+                report.not_started = [a for later in plan.pools[index:] for a in later]
+                break
             todo = [(a, ids[(index, k)]) for k, a in enumerate(pool) if ids[(index, k)] not in done]
             report.done.extend(a for k, a in enumerate(pool) if ids[(index, k)] in done)
             failed = self._run_pool(tuple(a for a, _ in todo), [rid for _, rid in todo], report)
             if failed:
-                report.state = "failed"
+                report.state = "failed" if self.still_ours() else "abandoned"
                 report.not_started = [a for later in plan.pools[index + 1 :] for a in later]
                 break
             report.pools_done += 1
+        if report.state == "abandoned":
+            logger.error("switch_abandoned", summary=report.summary(), jobs=_jobs(plan.actions),
+                         why="the lease was lost: the switch is left to its new holder")  # fmt: skip
+            report.seconds = round(time.monotonic() - started, 3)
+            return report
         self._set_switch(switch_id, report.state)
         report.seconds = round(time.monotonic() - started, 3)
         log_fn = logger.info if report.state == "done" else logger.error
@@ -215,6 +240,8 @@ class Executor:
         return any_failed
 
     def _perform(self, action: PlanAction, record_id: int) -> None:
+        if not self.still_ours():
+            raise Abandoned(f"{action.kind.value} {action.vm}: not started, the lease was lost")
         journal.set_action(self.store, record_id, "running")
         try:
             if isinstance(self.performer, KeyedPerformer):
@@ -222,15 +249,20 @@ class Executor:
             else:
                 _dispatch(self.performer, action)
         except Exception as exc:  # any driver failure: journal it, then let the pool report it
+            if isinstance(exc, Abandoned) or not self.still_ours():
+                raise Abandoned(f"{action.kind.value} {action.vm}: left to the lease's new holder ({exc})") from exc
             journal.set_action(self.store, record_id, "failed", str(exc) or type(exc).__name__)
             log.get("executor").error("action_failed", action=action.kind.value, vm=action.vm, error=str(exc))
             raise
-        journal.set_action(self.store, record_id, "done")
+        if self.still_ours():  # else the new holder's recovery finds it running, and its pilot's answer
+            journal.set_action(self.store, record_id, "done")
 
     def _perform_job(self, group: list[PlanAction], record_ids: list[int]) -> None:
         """The suspends or resumes of one multi-VM vjob, through the performer's coordinated
         path; each action is journalled as usual (all done, or all failed with the error)."""
         assert isinstance(self.performer, JobPerformer)
+        if not self.still_ours():
+            raise Abandoned(f"{group[0].kind.value} of {group[0].vjob}: not started, the lease was lost")
         for rid in record_ids:
             journal.set_action(self.store, rid, "running")
         try:
@@ -239,13 +271,16 @@ class Executor:
             else:
                 self.performer.resume_job(group)
         except Exception as exc:  # the cut failed (it rolled itself back): journal every action
+            if isinstance(exc, Abandoned) or not self.still_ours():
+                raise Abandoned(f"{group[0].vjob}: left to the lease's new holder ({exc})") from exc
             for rid in record_ids:
                 journal.set_action(self.store, rid, "failed", str(exc) or type(exc).__name__)
             log.get("executor").error("job_action_failed", action=group[0].kind.value, vjob=group[0].vjob,
                                       vms=[a.vm for a in group], error=str(exc))  # fmt: skip
             raise
-        for rid in record_ids:
-            journal.set_action(self.store, rid, "done")
+        if self.still_ours():
+            for rid in record_ids:
+                journal.set_action(self.store, rid, "done")
 
     # -- journal --------------------------------------------------------------------------
     def _journal_plan(self, plan: Plan, reason: str) -> tuple[int, dict[tuple[int, int], int]]:

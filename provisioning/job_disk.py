@@ -9,9 +9,10 @@ file it wrote before its checkpoint.
 Who does what: the pilot, running as the job's user, copies the working directory (its own
 files, read with its own rights) into a private staging directory and builds the disk from it
 with `mkfs.ext4 -d` — nothing is mounted, no privilege is needed, and files keep their owner.
-When the job ends, the files under `/work` are read back with `debugfs rdump` (again without
-mounting) and moved over the working directory, and the exit status is read from
-`/.vjob/exit`.
+When the job ends, the files under `/work` are read back (again without mounting, by
+provisioning.ext4_tree: the guest wrote that file system, so it is checked whole before anything
+is written, never dumped by `debugfs rdump`) and moved over the working directory, and the exit
+status is read from `/.vjob/exit`.
 
 Limits (docs/realjobs.md): the working directory may hold at most `stage_limit_mb`
 (provisioning.stage_limit_mb); only regular files, directories and symbolic links are staged
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import shutil
 import stat
@@ -31,9 +33,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from provisioning import ext4_tree
 from provisioning.guest_agent import agent
 from vjob import log, proc
-from vjob.errors import CommandError, InputError, VjobError
+from vjob.errors import InputError
 
 CONTROL = ".vjob"
 """Directory of the job description on the disk (job.json, script, exit)."""
@@ -47,7 +50,7 @@ _log = log.get("provisioning")
 
 
 def _tool(name: str) -> str:
-    """mkfs.ext4 and debugfs live in /usr/sbin, often not on a user's PATH (a job's)."""
+    """mkfs.ext4 lives in /usr/sbin, often not on a user's PATH (a job's)."""
     return shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin") or name
 
 
@@ -222,23 +225,34 @@ class Results:
     files: int
 
 
-def collect(disk: Path, workdir: Path) -> Results:
+def collect(disk: Path, workdir: Path, *, limit_bytes: int | None = None) -> Results:
     """Read the exit status and copy `/work` back over `workdir` (no mount; as the job's user).
 
-    The scratch copy is made beside the disk (the VM directory, the pilot's own).
+    The disk is the guest's, so its tree is data (provisioning.ext4_tree): checked whole before
+    anything is written — names, duplicates, loops, and apparent sizes (sparse files and every
+    hard link counted whole) against `limit_bytes`, by default the disk's own capacity (what a
+    job can write without holes or links). A refused tree raises InputError and changes nothing
+    in `workdir`. The scratch copy is made beside the disk (the VM directory, the pilot's own).
     """
     tmp = Path(tempfile.mkdtemp(prefix=".vjob-results-", dir=disk.parent))
     try:
         raw = tmp / "disk.raw"
         proc.run(["qemu-img", "convert", "-q", "-U", "-O", "raw", str(disk), str(raw)], timeout_s=600)
-        exit_text = _debugfs(raw, f"cat /{CONTROL}/exit")
-        exit_code = int(exit_text.strip()) if exit_text.strip().isdigit() else None
-        staged = _staged(_debugfs(raw, f"cat /{CONTROL}/staged.json"))
         dumped = tmp / "out"
         dumped.mkdir(mode=0o700)
-        _debugfs(raw, f"rdump /{WORK} {dumped}")
+        fd = os.open(raw, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            image = ext4_tree.Image(fd)
+            exit_code = _exit_status(image.small_file((CONTROL.encode(), b"exit"), MAX_EXIT_BYTES))
+            staged = _staged(image.small_file((CONTROL.encode(), b"staged.json"), MAX_STAGED_BYTES) or b"")
+            limit = image.fs_bytes if limit_bytes is None else limit_bytes
+            ext4_tree.extract(image, ext4_tree.scan(image, (WORK.encode(),), limit), dumped, limit)
+        except InputError as exc:
+            raise InputError(f"{exc} (results of {disk.name} not copied back; the disk is kept)") from None
+        finally:
+            os.close(fd)
         raw.unlink()
-        files = _merge(dumped / WORK, workdir, staged, Path())
+        files = _merge(dumped, workdir, staged, Path())
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return Results(exit_code, files)
@@ -246,43 +260,70 @@ def collect(disk: Path, workdir: Path) -> Results:
 
 MAX_EXIT_BYTES = 16
 """`/.vjob/exit` holds one number and a newline; anything longer is not read."""
+MAX_STAGED_BYTES = 256 << 20
+"""`/.vjob/staged.json` (one short entry per staged file); a bigger one counts as none."""
 
 
-def read_exit(disk: Path, scratch_parent: Path) -> int | None:
-    """The exit status the guest agent left on a job disk, read by root without trusting it
-    (the user could have written that file too): debugfs (no mount) on a root-owned raw copy
-    first says the file's type and size, and only a regular file of at most MAX_EXIT_BYTES is
-    read (a sparse file of terabytes would otherwise be dumped). None unless it holds a number
-    in 0..255 (the job never ended, or the file is not the agent's)."""
+def _exit_status(text: bytes | None) -> int | None:
+    """A number in 0..255 from the exit file, else None (the job never ended, or it is not the agent's)."""
+    value = (text or b"")[: MAX_EXIT_BYTES + 1].strip()
+    return int(value) if re.fullmatch(rb"[0-9]{1,3}", value) and int(value) <= 255 else None
+
+
+EXIT_READ_TIMEOUT_S = 120
+"""The life of the child that reads the exit file for root (SIGALRM ends it)."""
+
+
+def read_exit(disk: Path, scratch_parent: Path, *, uid: int | None = None, gid: int | None = None) -> int | None:
+    """The exit status the guest agent left on a job disk, read for root without root parsing
+    the file system (the user could have written all of it, that file too): root makes a raw
+    copy (qemu-img, no mount) and a forked child that became `uid`/`gid` (the job's user:
+    ext4_tree.as_user) reads it with provisioning.ext4_tree and sends back only a regular file
+    of at most MAX_EXIT_BYTES (a sparse file of terabytes is not read), which root checks again.
+    `uid`/`gid` not given: the caller's own, or `nobody`'s when the caller is root.
+
+    None unless it holds a number in 0..255 (the job never ended, or the file is not the
+    agent's); InputError naming the disk when its file system is refused or the reader fails."""
+    if uid is None or gid is None:
+        uid, gid = _reader_ids()
     tmp = Path(tempfile.mkdtemp(prefix=".vjob-exit-", dir=scratch_parent))
     try:
         raw = tmp / "disk.raw"
         proc.run(["qemu-img", "convert", "-q", "-U", "-f", "qcow2", "-O", "raw", str(disk), str(raw)], timeout_s=600)
-        shown = _debugfs(raw, f"stat /{CONTROL}/exit")  # debugfs says "not found" on stderr, exits 0
-        size = re.search(r"\bSize: (\d+)", shown)
-        if not re.search(r"\bType: regular\b", shown) or size is None or int(size.group(1)) > MAX_EXIT_BYTES:
-            return None
-        value = _debugfs(raw, f"cat /{CONTROL}/exit")[: MAX_EXIT_BYTES + 1].strip()
+        fd = os.open(raw, os.O_RDONLY | os.O_CLOEXEC)
+        path = (CONTROL.encode(), b"exit")
+        try:
+            text = ext4_tree.as_user(
+                uid,
+                gid,
+                fd,
+                lambda image_fd, out: ext4_tree.send_small_file(image_fd, path, MAX_EXIT_BYTES, out),
+                lambda read: ext4_tree.receive_small_file(read, MAX_EXIT_BYTES),
+                timeout_s=EXIT_READ_TIMEOUT_S,
+            )
+        except InputError as exc:
+            raise InputError(f"{exc} (the exit status of {disk.name} is unknown)") from None
+        finally:
+            os.close(fd)
+        return _exit_status(text)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return int(value) if re.fullmatch(r"[0-9]{1,3}", value) and int(value) <= 255 else None
 
 
-def _debugfs(raw: Path, request: str) -> str:
-    # A request is one debugfs command line: our own constant words and our own temporary
-    # path (mkdtemp beside the disk; refused below if it holds a space or a quote).
-    if any(c.isspace() for c in str(raw)) or any(c in str(raw) for c in "\"'"):
-        raise VjobError(f"job disk: path {str(raw)[:120]!r} holds a space or quote: debugfs cannot take it")
-    try:
-        return proc.run([_tool("debugfs"), "-R", request, str(raw)], timeout_s=600)
-    except CommandError as exc:
-        raise VjobError(f"job disk {raw}: debugfs {request.split()[0]}: {exc}") from None
+def _reader_ids() -> tuple[int, int]:
+    """Whom the exit file is read as when the caller names no one: itself, never root."""
+    if os.geteuid() != 0:
+        return os.getuid(), os.getgid()
+    nobody = pwd.getpwnam("nobody")
+    return nobody.pw_uid, nobody.pw_gid
 
 
-def _staged(text: str) -> dict[str, list[object]]:
+def _staged(text: bytes) -> dict[str, list[object]]:
+    """What build staged, as the guest left it (it could rewrite it): garbled means nothing
+    counts as unchanged, so everything comes back."""
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
 

@@ -263,7 +263,9 @@ def _manager(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, _stop)
     cfg = manager.config.saline
     path = server.socket_path(args.socket, configured=cfg.socket)
-    with server.Server(manager, path, group=args.socket_group or cfg.socket_group or None):
+    with server.Server(manager, path, group=args.socket_group or cfg.socket_group or None,
+                       per_user=cfg.socket_connections_per_user, total=cfg.socket_connections,
+                       read_timeout_s=cfg.socket_read_timeout_s):  # fmt: skip
         if manager.cfg.metrics_port:
             manager.metrics.serve(manager.cfg.metrics_port, manager.cfg.metrics_address)
         Notifier().ready("listening on the Saline socket")

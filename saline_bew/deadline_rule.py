@@ -26,6 +26,9 @@ from vjob.errors import InputError
 
 MARK = "# vjob deadline rule:"
 """The rule's first line starts with this (distinct from the Saline rule's admission.MARK)."""
+READ_TIMEOUT_S = 2
+"""The rule's alarm around reading the threshold file: oarsub waits for its admission rules, and
+a FIFO or a hung mount at that path must cost a submission 2 s at most, then no check."""
 _PATH = re.compile(r"/[A-Za-z0-9_./-]{1,1023}")
 """An absolute path of characters safe inside Perl single quotes."""
 
@@ -46,6 +49,7 @@ def render(*, threshold_file: str) -> str:
         text.replace("@THRESHOLD@", threshold_file)
         .replace("@DEFAULT_STALE@", str(DEFAULT_STALE_S))
         .replace("@MAX_STALE@", str(MAX_STALE_S))
+        .replace("@READ_TIMEOUT@", str(READ_TIMEOUT_S))
     )
 
 

@@ -1005,7 +1005,7 @@ class Manager:
         detail["exit_code"] = None
         if job.hosts and self._real(job, job.hosts[0]):
             try:
-                detail["exit_code"] = self.vms.exit_status(job.vm_names[0], job.hosts[0])
+                detail["exit_code"] = self.vms.exit_status(job.vm_names[0], job.hosts[0], user=job.user)
             except (VjobError, OSError) as exc:  # the vjob is over all the same; say why it is unknown
                 detail["exit_error"] = str(exc)[:300]
         self._record(job.key, FINISHED, detail, phase="done")

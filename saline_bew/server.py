@@ -28,6 +28,7 @@ import socketserver
 import stat
 import struct
 import threading
+import time
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -44,7 +45,13 @@ ENV_VAR = "VJOB_SALINE_SOCKET"
 MAX_LINE = 256 * 1024
 """Longest request or answer line, in bytes (a COMMAND is at most 64 KiB)."""
 TIMEOUT_S = 10.0
-"""How long the manager waits for a request line once a client connected."""
+"""How long the manager waits for a whole request line once a client connected (and for its
+answer to be taken): a deadline for the line, not per read, so a byte now and then cannot
+stretch it."""
+PER_USER_CONNECTIONS = 16
+"""Connections one uid may hold open at once (root: no limit); more are refused on arrival."""
+MAX_CONNECTIONS = 128
+"""Connections of all users at once (each is a thread and a descriptor of the root manager)."""
 CLIENT_TIMEOUT_S = 300.0
 """How long a client waits for an answer (a submission waits for OAR)."""
 
@@ -316,14 +323,17 @@ def answer(handler: Handler, line: bytes, uid: int, fds: list[int] | None = None
 
 
 class _Connection(socketserver.StreamRequestHandler):
-    timeout = TIMEOUT_S
     server: _UnixServer
+
+    def setup(self) -> None:
+        self.timeout = self.server.read_timeout_s  # every write of the answer, too
+        super().setup()
 
     def handle(self) -> None:
         uid = peer_uid(self.request)
         fds: list[int] = []
         try:
-            line = _read_line(self.request, fds)
+            line = _read_line(self.request, fds, deadline=time.monotonic() + self.server.read_timeout_s)
         except OSError:
             _close(fds)
             return  # the client went away or was too slow
@@ -334,6 +344,7 @@ class _Connection(socketserver.StreamRequestHandler):
         _close(fds)
         out_fd = reply.pop("_fd", None)
         data = json.dumps(reply, default=str).encode() + b"\n"
+        self.request.settimeout(self.server.read_timeout_s)
         try:
             with contextlib.suppress(OSError):
                 if out_fd is None:
@@ -346,12 +357,18 @@ class _Connection(socketserver.StreamRequestHandler):
                 os.close(out_fd)
 
 
-def _read_line(conn: socket.socket, fds: list[int]) -> bytes:
+def _read_line(conn: socket.socket, fds: list[int], *, deadline: float | None = None) -> bytes:
     """One request line, and the descriptors passed with it (SCM_RIGHTS; a submission's
     working-directory disk, saline_bew.workdir): read with recvmsg, as a buffered reader
-    would drop them."""
+    would drop them. With `deadline` (time.monotonic()) the whole line must arrive by then
+    (TimeoutError otherwise)."""
     line = b""
     while not line.endswith(b"\n") and len(line) <= MAX_LINE:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("no whole request line before the deadline")
+            conn.settimeout(left)
         data, got, _flags, _addr = socket.recv_fds(conn, MAX_LINE + 1 - len(line), 2)
         fds.extend(got)
         if not data:
@@ -367,24 +384,117 @@ def _close(fds: list[int]) -> None:
 
 
 class _UnixServer(socketserver.ThreadingUnixStreamServer):
+    """A thread per connection, within limits: the socket is open to every user (0666), and
+    each connection costs the root manager a thread and a descriptor. A uid over its share, or
+    everyone over the total, is answered with a refusal at once (no thread) and closed; root
+    is never refused (the operator's own commands). A connection's request line must arrive
+    whole within `read_timeout_s`."""
+
     daemon_threads = True
     handler: Handler
+
+    def __init__(self, path: str, *, per_user: int, total: int, read_timeout_s: float) -> None:
+        super().__init__(path, _Connection, bind_and_activate=False)
+        self.per_user = per_user
+        self.total = total
+        self.read_timeout_s = read_timeout_s
+        self._lock = threading.Lock()
+        self._open: dict[int, int] = {}
+        self._refused_logged: dict[int, float] = {}
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        try:
+            uid = peer_uid(request)
+        except OSError:
+            self.shutdown_request(request)
+            return
+        why = self._enter(uid)
+        if why:
+            self._refuse(request, uid, why)
+            return
+        try:
+            threading.Thread(target=self._serve_one, args=(request, client_address, uid), daemon=True).start()
+        except BaseException:
+            self._leave(uid)
+            self.shutdown_request(request)
+            raise
+
+    def _serve_one(self, request: Any, client_address: Any, uid: int) -> None:
+        try:
+            self.finish_request(request, client_address)
+        except Exception:  # noqa: BLE001 - socketserver's own stance: log, close, serve on
+            self.handle_error(request, client_address)
+        finally:
+            self.shutdown_request(request)
+            self._leave(uid)
+
+    def _enter(self, uid: int) -> str:
+        """Count a new connection of `uid`, or say why it is refused."""
+        with self._lock:
+            mine, everyone = self._open.get(uid, 0), sum(self._open.values())
+            if uid != 0 and mine >= self.per_user:
+                return f"uid {uid} already has {mine} connections open (at most {self.per_user})"
+            if uid != 0 and everyone >= self.total:
+                return f"the manager already serves {everyone} connections (at most {self.total})"
+            self._open[uid] = mine + 1
+            return ""
+
+    def _leave(self, uid: int) -> None:
+        with self._lock:
+            left = self._open.get(uid, 0) - 1
+            if left > 0:
+                self._open[uid] = left
+            else:
+                self._open.pop(uid, None)
+
+    def open_connections(self) -> dict[int, int]:
+        """Connections open now, per uid (for tests and logs)."""
+        with self._lock:
+            return dict(self._open)
+
+    def _refuse(self, request: Any, uid: int, why: str) -> None:
+        """One refusal line, never waiting on the client (it is not read: a full buffer drops
+        it), then closed. Logged once a minute per uid, not once per connection of a flood."""
+        now = time.monotonic()
+        if now - self._refused_logged.get(uid, -60.0) >= 60.0:
+            self._refused_logged[uid] = now
+            _log.warning("connection refused", uid=uid, reason=why)
+        line = json.dumps({"ok": False, "error": f"Saline manager busy: {why}; try again later", "exit": 1})
+        with contextlib.suppress(OSError):
+            request.send(line.encode() + b"\n", socket.MSG_DONTWAIT)
+        self.shutdown_request(request)
 
 
 class Server:
     """The socket server of one manager, in threads beside its loop."""
 
-    def __init__(self, manager: Any, path: Path = DEFAULT_SOCKET, *, group: str | None = None) -> None:
+    def __init__(
+        self,
+        manager: Any,
+        path: Path = DEFAULT_SOCKET,
+        *,
+        group: str | None = None,
+        per_user: int = PER_USER_CONNECTIONS,
+        total: int = MAX_CONNECTIONS,
+        read_timeout_s: float = TIMEOUT_S,
+    ) -> None:
+        """`per_user`, `total`, `read_timeout_s`: [saline] socket_connections_per_user,
+        socket_connections, socket_read_timeout_s (the connection limits, _UnixServer)."""
+        if per_user < 1 or total < 1 or not 0 < read_timeout_s <= 3600:
+            raise UsageError(f"Saline socket limits: per_user = {per_user}, total = {total} must be >= 1, "
+                             f"read_timeout_s = {read_timeout_s} in (0, 3600]")  # fmt: skip
         self.path = Path(path)
         self.group = group
         self.manager = manager
+        self.per_user, self.total, self.read_timeout_s = per_user, total, read_timeout_s
         self._server: _UnixServer | None = None
         self._thread: threading.Thread | None = None
 
     def start(self) -> Server:
         gid = _group_id(self.group) if self.group else None
         _prepare(self.path)
-        server = _UnixServer(str(self.path), _Connection, bind_and_activate=False)
+        server = _UnixServer(str(self.path), per_user=self.per_user, total=self.total,
+                             read_timeout_s=self.read_timeout_s)  # fmt: skip
         server.handler = Handler(self.manager)
         old = os.umask(0o177)  # no window in which the socket is more open than configured
         try:
@@ -401,7 +511,8 @@ class Server:
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
         self._thread.start()
-        _log.info("listening", socket=str(self.path), group=self.group or "everyone")
+        _log.info("listening", socket=str(self.path), group=self.group or "everyone", per_user=self.per_user,
+                  total=self.total, read_timeout_s=self.read_timeout_s)  # fmt: skip
         return self
 
     def close(self) -> None:
@@ -486,9 +597,16 @@ def call_fd(
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.settimeout(timeout_s)
             conn.connect(str(path))
-            sent = socket.send_fds(conn, [line], [fd]) if fd is not None else 0
-            conn.sendall(line[sent:])
+            try:
+                sent = socket.send_fds(conn, [line], [fd]) if fd is not None else 0
+                conn.sendall(line[sent:])
+            except (BrokenPipeError, ConnectionResetError) as exc:
+                cut: OSError | None = exc  # refused on arrival (too many connections): its line says why
+            else:
+                cut = None
             reply_line = _read_line(conn, got)
+            if cut is not None and not reply_line:
+                raise cut
     except OSError as exc:
         _close(got)
         raise _client_error(path, exc, timeout_s) from None

@@ -133,10 +133,7 @@ class SalineVMs:
         the first VM as the user, reaches the others with `ssh vm1`. The others wait. `work`:
         the submitter's working directory as received (saline_bew.workdir), when it exists,
         is the first VM's /work; the others start empty."""
-        try:
-            pw = pwd.getpwnam(user)
-        except KeyError:
-            raise InputError(f"user = {user!r}: unknown on this machine (its uid owns the job in the VMs)") from None
+        pw = _account(user)
         private, public = network.job_ssh_key(f"vjob-saline-{identities[0].vm_name}")
         peers = [[ident.ip, f"vm{rank}"] for rank, ident in enumerate(identities)]
         prov = self.driver.config
@@ -154,7 +151,8 @@ class SalineVMs:
             safe_dirs.ensure_dir(disk.parent, 0o711)
             with contextlib.ExitStack() as stack:
                 if rank == 0 and work is not None and work.is_file():
-                    source = stack.enter_context(workdir.unpacked(work, disk.parent))
+                    source = stack.enter_context(workdir.unpacked(work, disk.parent, uid=pw.pw_uid, gid=pw.pw_gid,
+                                                                  limit_bytes=prov.stage_limit_mb * 2**20))  # fmt: skip
                 else:
                     source = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="vjob-saline-")))
                 job_disk.build(source, job, disk, limit_bytes=prov.stage_limit_mb * 2**20,
@@ -350,10 +348,20 @@ class SalineVMs:
         the VM; saline_bew.output keeps what a safe snapshot covers)."""
         return self.driver.output_logs(vm, node)
 
-    def exit_status(self, vm: str, node: str) -> int | None:
-        """The exit status the guest agent left on `vm`'s job disk (None: none readable)."""
+    def exit_status(self, vm: str, node: str, *, user: str) -> int | None:
+        """The exit status the guest agent left on `vm`'s job disk (None: none readable), read
+        as the vjob's `user` (job_disk.read_exit: root never parses a user's file system)."""
+        pw = _account(user)
         scratch = safe_dirs.ensure_dir(self.driver.data_dir / "saline-work", 0o700)
-        return job_disk.read_exit(self.driver.job_disk_path(vm, node), scratch)
+        return job_disk.read_exit(self.driver.job_disk_path(vm, node), scratch, uid=pw.pw_uid, gid=pw.pw_gid)
+
+
+def _account(user: str) -> pwd.struct_passwd:
+    """The vjob user's account: its uid owns the job in the VMs and reads its disks."""
+    try:
+        return pwd.getpwnam(user)
+    except KeyError:
+        raise InputError(f"user = {user!r}: unknown on this machine (its uid owns the job in the VMs)") from None
 
 
 def _stage(driver: Driver, snap: Snapshot, vm: str, node: str, label: str, *, keep_state: bool) -> None:

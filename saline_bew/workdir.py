@@ -7,9 +7,11 @@ from it with provisioning.job_disk (the user's own rights, the stage limit, syml
 links) and hands the manager an open file descriptor over the socket (SCM_RIGHTS). The manager
 never sees a path of the user's: it copies at most `limit` bytes from the descriptor (a regular
 file only) into its own root-owned directory, checks the copy with `qemu-img info` (qcow2, no
-backing file, no external data file, a bounded virtual size), and at the deployment reads the
-copy's `/work` with debugfs (no mount) into a root-owned scratch directory from which it builds
-the first VM's real job disk (job_disk.build, for the user), as for every vjob.
+backing file, no external data file, a bounded virtual size), and at the deployment has the
+copy's `/work` read by a child running as the job's user (`unpacked`: root never parses the
+user's file system, and writes only what the checked stream holds) into a root-owned scratch
+directory from which it builds the first VM's real job disk (job_disk.build, for the user), as
+for every vjob.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from provisioning import job_disk
+from provisioning import ext4_tree, job_disk
 from vjob import proc
 from vjob.errors import CommandError, InputError
 
@@ -89,22 +91,51 @@ def _check(copy: Path, cap: int) -> None:
 
 
 @contextlib.contextmanager
-def unpacked(copy: Path, scratch_parent: Path) -> Iterator[Path]:
-    """The `/work` of a received disk, dumped (debugfs rdump, no mount) into a root-owned
-    scratch directory under `scratch_parent`; removed on exit."""
+def unpacked(copy: Path, scratch_parent: Path, *, uid: int, gid: int, limit_bytes: int) -> Iterator[Path]:
+    """The `/work` of a received disk in a root-owned scratch directory under `scratch_parent`
+    (removed on exit), without root parsing the user's file system.
+
+    Root converts its checked qcow2 copy to raw (qemu-img, as `_check` already reads it), then a
+    child that dropped to the job's `uid`/`gid` (ext4_tree.as_user: no groups, no other
+    descriptor, not dumpable: a fork, no exec, and PR_SET_DUMPABLE 0 after setuid, so the user's
+    own processes cannot trace it or open its /proc files) reads the ext4 with
+    provisioning.ext4_tree and streams what it found; root writes only what that stream holds
+    and checks every frame again (ext4_tree.receive: names without `/` or `..`, no duplicates,
+    directories, files and links only, created `O_EXCL|O_NOFOLLOW` under directories it made,
+    at most `limit_bytes` counting every sparse file and hard link whole). A refused disk
+    raises InputError and leaves nothing."""
     tmp = Path(tempfile.mkdtemp(prefix=".vjob-work-", dir=scratch_parent))
     try:
         raw = tmp / "disk.raw"
         proc.run(["qemu-img", "convert", "-q", "-f", "qcow2", "-O", "raw", str(copy), str(raw)], timeout_s=600)
-        out = tmp / "out"
-        out.mkdir(mode=0o700)
-        job_disk._debugfs(raw, f"rdump /{job_disk.WORK} {out}")  # our own mkdtemp path, checked there
+        work = tmp / job_disk.WORK
+        work.mkdir(mode=0o700)
+        fd = os.open(raw, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            _unpack_as(uid, gid, fd, work, limit_bytes)
+        finally:
+            os.close(fd)
         raw.unlink()
-        work = out / job_disk.WORK
-        if work.is_symlink() or not work.is_dir():  # a crafted disk: nothing of it is staged
-            if os.path.lexists(work):
-                work.unlink()
-            work.mkdir(mode=0o700)
         yield work
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+UNPACK_TIMEOUT_S = 600
+"""The unprivileged reader's whole life (SIGALRM ends it): a crafted disk cannot hold root."""
+
+
+def _unpack_as(uid: int, gid: int, image_fd: int, dest: Path, limit_bytes: int) -> None:
+    """Read the raw image at `image_fd` as `uid`/`gid` in a child (ext4_tree.as_user) and write
+    its /work under `dest` here, from the stream checked again (see `unpacked`)."""
+    try:
+        ext4_tree.as_user(
+            uid,
+            gid,
+            image_fd,
+            lambda fd, out: ext4_tree.send(fd, (job_disk.WORK.encode(),), limit_bytes, out),
+            lambda read: ext4_tree.receive(read, dest, limit_bytes),
+            timeout_s=UNPACK_TIMEOUT_S,
+        )
+    except InputError as exc:
+        raise InputError(f"working directory: {exc} (provisioning.stage_limit_mb = {limit_bytes >> 20})") from None

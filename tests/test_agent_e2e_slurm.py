@@ -1,8 +1,9 @@
 """End to end on the real development cluster with real QEMU guests (devkit.demo).
 
-Batch vjobs running the counter guest fill the cluster; an interactive `srun` arrives. The
-agent must checkpoint the lowest-priority victims, requeue-hold them, let the interactive job
-start, then release the victims, whose guests continue counting (one boot, no counter going
+Batch vjobs running the counter guest fill the cluster, each `-N2` job two VMs (one per node,
+as a real image gets); an interactive `srun` arrives. The agent must checkpoint the
+lowest-priority victims — both VMs of each in one cut — requeue-hold them, let the interactive
+job start, then release the victims, whose guests continue counting (one boot, no counter going
 back), with Pn = 1 in the store. The second test kills the agent with SIGKILL in the middle of
 the switch and restarts it: no VM may be lost and no job may stay running with its VM saved.
 """
@@ -14,6 +15,7 @@ import shutil
 import signal
 import sqlite3
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,8 +23,12 @@ from pathlib import Path
 import pytest
 
 from devkit.demo import Scenario, split_counters
+from devkit.guest_probe import boots
+from provisioning.driver import Driver
 from tests.services import wait_for
-from vjob.pilot_files import PilotState
+from vjob.config import load
+from vjob.model import VMState
+from vjob.pilot_files import PilotState, vms_of
 
 pytestmark = [pytest.mark.slurm, pytest.mark.realvm]
 
@@ -46,8 +52,32 @@ def scenario(slurm_cluster, libvirt_system):
 
     yield make
     for sc in made:
+        _tell(sc)
         sc.cleanup()
     shutil.rmtree(base, ignore_errors=True)
+
+
+def _tell(sc: Scenario) -> None:
+    """What a failed run leaves to look at (pytest shows a teardown's stderr only on failure):
+    the agent's warnings, errors and switches, and each pilot's last state and history."""
+    try:
+        lines = (sc.work / "agent.log").read_text(errors="replace").splitlines()
+    except OSError:
+        lines = []
+    keep = ("warning", "error", "switch", "checkpoint", "released", "resumed", "plan")
+    for line in [ln for ln in lines if any(k in ln for k in keep)][-80:]:
+        print(f"agent: {line[:600]}", file=sys.stderr)
+    for job in sc.jobs:
+        st = sc.pilot(job)
+        what = "no state" if st is None else f"{st.state.value} {st.vm} {st.member_nodes} {st.message[:200]!r}"
+        print(f"pilot {job}: {what}; history {[(h['state'], round(h['at'], 1)) for h in (st.history if st else [])]}",
+              file=sys.stderr)  # fmt: skip
+        try:
+            output = (sc.work / "out" / f"{job}.out").read_text(errors="replace").splitlines()
+        except OSError:
+            output = []
+        for line in [ln for ln in output if "COUNTER" not in ln][-15:]:
+            print(f"job {job} output: {line[:300]}", file=sys.stderr)
 
 
 def _rms_states(sc: Scenario) -> dict[str, str]:
@@ -61,7 +91,7 @@ def test_interactive_job_preempts_batch_vjobs_which_resume_and_continue(scenario
     sc.start_agent()
     sc.submit_batch()
     sc.wait_guests_counting()
-    started_s = sc.run_interactive()
+    started_s = sc.run_interactive(timeout_s=2 * INTERACTIVE_BOUND_S)  # no victim: a clear error, not 600 s
     assert started_s < INTERACTIVE_BOUND_S
 
     victims = sc.victims()
@@ -82,6 +112,33 @@ def test_interactive_job_preempts_batch_vjobs_which_resume_and_continue(scenario
         assert st.boots == 1 and st.restores == 1 and st.state is PilotState.RUNNING
     untouched = [j for j in sc.jobs if j not in victims]
     assert all(sc.pilot(j).restores == 0 for j in untouched)
+    _each_victim_is_two_vms_cut_once_and_running_again(sc, victims)
+
+
+def _each_victim_is_two_vms_cut_once_and_running_again(sc: Scenario, victims: list[str]) -> None:
+    """Each victim is a vjob of two VMs (one per node, `vjob-slurm-<id>-0` and `-1`): the agent
+    recorded both, journalled a suspend of each (done) and had its pilot save them in one cut
+    (one save, Pn = 1); resumed, both run again without a second boot."""
+    with sqlite3.connect(sc.data / "vjob.sqlite") as conn:
+        suspends = conn.execute("SELECT job_key, vm_name, state FROM actions WHERE action = 'suspend'").fetchall()
+        recorded = {row[0] for row in conn.execute("SELECT name FROM vms")}
+    cfg = load(sc.config)
+    driver = Driver(cfg.provisioning, data_dir=cfg.data_path)
+    try:
+        for v in victims:
+            st = sc.pilot(v)
+            placed = vms_of(st)
+            names = [vm for vm, _node in placed]
+            assert names == [f"vjob-slurm-{v}-0", f"vjob-slurm-{v}-1"], f"job {v}: VMs {placed}"
+            assert set(names) <= recorded, f"job {v}: the store records {sorted(recorded)}"
+            mine = sorted((vm, state) for key, vm, state in suspends if key == f"slurm:{v}")
+            assert mine == [(vm, "done") for vm in names], f"job {v}: journalled suspends {mine}"
+            assert [h["state"] for h in st.history].count("saved") == 1, f"job {v}: saved more than once"
+            for vm, node in placed:
+                assert driver.state(vm, node) is VMState.RUNNING, f"{vm} on {node} not running after the resume"
+                assert boots(driver.console_log(vm, node)) == 1, f"{vm} booted again instead of being restored"
+    finally:
+        driver.close()
 
 
 def _switch_running(db: Path) -> bool:

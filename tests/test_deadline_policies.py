@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 
 import pytest
 from hypothesis import given, settings
@@ -93,10 +95,24 @@ def test_x_factor_values():
         x_factor(float("nan"), 10)
 
 
+def test_admit_examples():
+    """The paper's rule on numbers: a job just in time (x = 0) passes X = 0.1; one projected
+    to end 20 % of its remaining time late (x = 0.2) does not; x = X is refused (accept while
+    x < X); no threshold (admission off) accepts even a hopeless job."""
+    assert admit(0.0, 0.1) and admit(-3.0, -2.5)
+    assert not admit(0.2, 0.1) and not admit(0.1, 0.1) and not admit(-2.5, -2.5)
+    assert admit(1e9, None) and admit(x_factor(100, -1e6), None)
+
+
 @SETTINGS
-@given(xs, st.one_of(st.none(), xs))
-def test_admit_is_x_below_threshold(x, threshold):
-    assert admit(x, threshold) == (threshold is None or x < threshold)
+@given(xs, xs, xs)
+def test_admit_is_monotone_in_lateness_and_in_the_threshold(x, y, threshold):
+    """A job later than an admitted one may be refused, never the reverse; a higher threshold
+    admits everything a lower one does."""
+    lo, hi = sorted((x, y))
+    assert admit(hi, threshold) <= admit(lo, threshold)
+    assert admit(x, min(threshold, y)) <= admit(x, max(threshold, y))
+    assert not admit(threshold, threshold)
 
 
 @SETTINGS
@@ -143,11 +159,27 @@ def test_cdf_threshold_is_lower_for_a_higher_probability(headrooms, p, q):
     )
 
 
+def test_failure_rate_examples():
+    """True = the job met its deadline. No history is no failure (X is not moved on nothing)."""
+    assert failure_rate([]) == 0.0
+    assert failure_rate([True, True, True, False]) == 0.25
+    assert failure_rate([False]) == 1.0 and failure_rate(iter([True, False])) == 0.5
+
+
 @SETTINGS
-@given(st.lists(st.booleans(), max_size=100))
-def test_failure_rate_counts_failures(outcomes):
+@given(st.lists(st.booleans(), max_size=100), st.randoms(use_true_random=False))
+def test_failure_rate_is_a_share_that_moves_with_each_outcome(outcomes, rnd):
+    """A share in [0, 1], blind to the order, raised by one more failure and lowered by one more
+    success (both strictly, unless already at the end of the scale)."""
     f = failure_rate(outcomes)
-    assert f == (outcomes.count(False) / len(outcomes) if outcomes else 0.0)
+    assert 0.0 <= f <= 1.0
+    shuffled = list(outcomes)
+    rnd.shuffle(shuffled)
+    assert math.isclose(failure_rate(shuffled), f)
+    worse, better = failure_rate([*outcomes, False]), failure_rate([*outcomes, True])
+    assert worse > f or f == 1.0
+    assert better < f or f == 0.0
+    assert better <= f <= worse
 
 
 @SETTINGS
@@ -241,3 +273,21 @@ def test_the_threshold_file_carries_its_staleness_limit(tmp_path) -> None:
         assert read_threshold(path, now=10_001) is None, bad
     with pytest.raises(InputError, match="stale_after_s = 0"):
         write_threshold(path, 0.25, 1.1, 10_000, stale_after_s=0)
+
+
+def test_a_file_planted_under_the_old_temporary_name_is_not_published(tmp_path) -> None:
+    """Issue 39 item 13: the temporary name was `.NAME.<pid>.tmp`, opened without O_EXCL, so a
+    file planted there (by a user who can write the directory) was written and renamed into
+    place, still owned by its planter, who could then rewrite X. Now the name is random and
+    created exclusively: the planted file is left alone, the published one is root's own."""
+    path = tmp_path / "vjob-deadline.threshold"
+    planted = tmp_path / f".{path.name}.{os.getpid()}.tmp"
+    planted.write_text("x=9.000000 slowdown=1.000000 at=10000\n")
+    os.chown(planted, 65534, 65534)
+    planted.chmod(0o666)
+    write_threshold(path, 0.25, 1.1, 10_000)
+    published, kept = path.stat(), planted.stat()
+    assert published.st_ino != kept.st_ino and published.st_uid == os.getuid()
+    assert stat.S_IMODE(published.st_mode) == 0o644
+    assert planted.read_text().startswith("x=9.")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([path.name, planted.name])  # no temporary left

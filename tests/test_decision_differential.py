@@ -21,6 +21,12 @@ into a ClusterView, runs one pass of each, and asks for:
 
 The Simulation is set up by writing its state directly (the same fields its event loop
 keeps), then `_schedule(now)` runs exactly one pass.
+
+Both sides here call the same `victims.choose_victims` and `guard.keeps_reservation`, and
+`decide` is called in the simulator's mode (`bill_victims`, costs, every batch job
+checkpointable): a bug in the shared code passes. tests/test_decision_oracle.py holds the
+victim choice and the guard against an oracle written from the spec alone, with `decide`
+called as the agent calls it.
 """
 
 from __future__ import annotations
@@ -352,7 +358,6 @@ def assert_same(s: State) -> None:
 
 @settings(
     max_examples=300,
-    derandomize=True,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -363,7 +368,6 @@ def test_the_simulators_pass_is_the_shared_decision(s: State) -> None:
 
 @settings(
     max_examples=150,
-    derandomize=True,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )

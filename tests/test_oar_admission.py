@@ -129,17 +129,16 @@ def test_oarsub_besteffort_vjob_is_wrapped_and_fails_open_without_vjob(
         seen = oarstat(plain)
         assert seen["command"] == "sleep 300" and seen["name"] in (None, "") and seen["types"] == ["besteffort"]
 
-        # The manager up, its store down: accepted untouched too, within the rule's timeout.
+        # The manager up, its store down: accepted untouched too, on the manager's answer (not
+        # the rule's timeout: the message says which). oarsub's own timeout bounds a hang.
         dead = Store(f"postgresql+psycopg://vjob:x@127.0.0.1:{free_port()}/vjob", connect_timeout_s=2)
         manager.store = manager.vms.store = dead
         with server.Server(manager, rule_and_socket):
-            start = time.monotonic()
             proc = oarsub(user, *submit)
-            took = time.monotonic() - start
         untouched = job_id(proc)
         submitted.append(untouched)
         assert "Saline did not take the job (Saline refused it" in proc.stdout, proc.stdout
-        assert oarstat(untouched)["command"] == "sleep 300" and took < 15
+        assert oarstat(untouched)["command"] == "sleep 300"
 
         # -t vjob=IMAGE without -t besteffort: refused by OAR with the reason, whatever vjob's state
         alone = oarsub(user, *[w for w in submit if w != "besteffort"][1:])

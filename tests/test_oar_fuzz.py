@@ -2,7 +2,8 @@
 never another exception; words handed to OAR are checked with re.fullmatch; credentials in
 an OAR API URL never reach an error message.
 
-Hypothesis runs a fixed, derandomized set of cases (a few hundred per test, about a second).
+Hypothesis runs a fixed, derandomized set of cases (the "ci" profile of tests/conftest.py), a
+few hundred per test, about a second.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from tests.services import free_port
 from vjob.errors import CommandError, InputError
 
 FIXTURE = Path(__file__).resolve().parent / "data" / "fixtures" / "oar" / "oartui_oarstat_array_u_J_f.json"
-FUZZ = settings(max_examples=400, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ODD: list[Any] = [
     None,
     "",

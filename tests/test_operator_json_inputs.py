@@ -77,7 +77,7 @@ _json = st.recursive(
 )  # fmt: skip
 
 
-@settings(max_examples=1500, derandomize=True, deadline=None)
+@settings(max_examples=1500, deadline=None)
 @given(_json)
 def test_random_json_is_a_view_or_an_input_error(data: object) -> None:
     try:
@@ -86,7 +86,7 @@ def test_random_json_is_a_view_or_an_input_error(data: object) -> None:
         pass
 
 
-@settings(max_examples=1000, derandomize=True, deadline=None)
+@settings(max_examples=1000, deadline=None)
 @given(_json)
 def test_random_json_is_an_instance_or_an_input_error(data: object) -> None:
     try:

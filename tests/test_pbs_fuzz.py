@@ -34,9 +34,7 @@ from vjob.errors import InputError
 
 FIXTURES = Path(__file__).resolve().parent / "data" / "fixtures"
 SOURCE = "fuzzed.out"
-FUZZ = settings(
-    max_examples=300, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None
-)
+FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
 
 
 def _first_records(text: str, start: str, count: int) -> str:

@@ -189,3 +189,14 @@ def test_passes_the_script_unchanged_once_its_time_budget_is_spent(tmp_path: Pat
     assert proc.stdout is not None
     out = proc.stdout.read()
     assert proc.wait(timeout=30) == 0 and out == SCRIPT
+
+
+def test_a_configuration_that_blocks_costs_the_budget_then_the_script_passes(tmp_path: Path) -> None:
+    """Issue 39 item 13: the configuration was read before the alarm was set, so a FIFO (or a
+    hung mount) at $VJOB_CONFIG held qsub forever. The default budget now covers that read.
+    run_filter's 60 s timeout bounds the hang this test would otherwise be."""
+    fifo = tmp_path / "vjob.toml"
+    os.mkfifo(fifo)
+    done = run_filter(SCRIPT, config=fifo)
+    assert done.returncode == 0 and done.stdout == SCRIPT
+    assert b"configuration not read within 2 s; job passed unchanged" in done.stderr

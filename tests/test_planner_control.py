@@ -15,7 +15,7 @@ from preemption.planner.control import ObservedVM, cpu_demand, decide, plan_for
 from preemption.planner.experiment import VJobWork, simulate
 from provisioning.profiling import DomainSample, Profiler
 from vjob.errors import InputError
-from vjob.model import Action, ClusterView, Node, VJobState
+from vjob.model import Action, ClusterView, Job, Node, VJobState
 from vjob.pilot_files import PilotState, PilotStatus
 
 R, W = VJobState.RUNNING, VJobState.WAITING
@@ -95,8 +95,8 @@ def _status(job: str, node: str, cpu_s: float = 0.0, *, memory_mb: int = 64, vcp
                        memory_mb=memory_mb, vcpus=vcpus, cpu_seconds=cpu_s, cpu_at=10.0 if cpu_s else 0.0)  # fmt: skip
 
 
-def _obs(*pilots: PilotStatus) -> Observation:
-    view = ClusterView(now=0.0, nodes=(Node("n1", 2, 4096), Node("n2", 2, 4096)), jobs=())
+def _obs(*pilots: PilotStatus, jobs: tuple[Job, ...] = ()) -> Observation:
+    view = ClusterView(now=0.0, nodes=(Node("n1", 2, 4096), Node("n2", 2, 4096)), jobs=jobs)
     return Observation(view=view, pilots={p.job_id: p for p in pilots}, sleeping={}, store_ok=True)
 
 
@@ -142,11 +142,13 @@ def test_the_agent_measures_demand_through_libvirt_not_from_the_pilots_files():
     assert hv.calls == ["n1", "n1"]  # one sample per node and step
 
 
-def test_a_vm_root_cannot_find_on_its_node_weighs_its_requested_size_and_is_named():
+def test_a_vm_root_cannot_find_on_its_node_weighs_what_the_rms_allocated_and_is_named():
     hv = _Hypervisor()
     hv.run("n1", "vjob-slurm-1")
     state = ControlState(sampler=hv)
-    pilots = _obs(_status("1", "n1"), _status("2", "n2", memory_mb=512, vcpus=2))
+    jobs = (Job("1", "alice", rms="slurm", memory_mb=256), Job("2", "bob", rms="slurm", memory_mb=512, cores=2))
+    # 2's pilot claims a tiny VM: the RMS's allocation is what root knows (issue 39, item 9)
+    pilots = _obs(_status("1", "n1"), _status("2", "n2", memory_mb=16, vcpus=1), jobs=jobs)
     observed_vms(pilots, state, busy=0.5)
     hv.advance(5, {})
     got = {o.vjob: (o.host, o.demand, o.mem) for o in observed_vms(pilots, state, busy=0.5)}

@@ -35,7 +35,7 @@ from tests.services import wait_for
 from tests.services.libvirt import make_test_node
 from vjob import log
 from vjob.config import parse
-from vjob.model import Action, ClusterView, Node, VJobState
+from vjob.model import Action, ClusterView, Job, Node, VJobState
 from vjob.pilot_files import PilotDir, PilotState, PilotStatus, RequestKind
 from vjob.store import journal
 from vjob.store.db import Store
@@ -336,14 +336,17 @@ def test_the_control_loop_relieves_an_overloaded_node_from_measured_demand(site,
 def test_the_agent_samples_each_node_through_the_provisioning_drivers_connection(site, store: Store):
     # No sampler given: the step opens the node's libvirt through the provisioning driver. Here
     # node1's test driver holds no domain of that name (the pilot's file says one runs there):
-    # root cannot find it, so it weighs its requested size and is named, never its own claims.
+    # root cannot find it, so it weighs what the RMS allocated (300 MiB, 2 CPUs) and is named,
+    # never its pilot's claims (16 MiB, 1 vCPU: issue 39, item 9).
     cfg = parse({"data_dir": str(site[0] / "data"), "planner": {"interval_s": 30},
                  "provisioning": {"nodes": {"node1": make_test_node(site[0] / "own", "node1")}}})  # fmt: skip
     agent = Agent(cfg, _NoRMS(), rms="slurm", metrics=AgentMetrics())  # type: ignore[arg-type]
     agent._store = store
     claim = PilotStatus(job_id="95", vm="vjob-slurm-95", node="node1", uri="test:///default",
-                        state=PilotState.RUNNING, since=1.0, memory_mb=300, vcpus=2, cpu_at=1.0)  # fmt: skip
-    obs = Observation(ClusterView(now=time.time(), nodes=(Node("node1", 2, 4096),), jobs=()), {"95": claim}, {}, True)
+                        state=PilotState.RUNNING, since=1.0, memory_mb=16, vcpus=1, cpu_at=1.0)  # fmt: skip
+    job = Job(id="95", user="root", rms="slurm", memory_mb=300, cores=2)
+    obs = Observation(ClusterView(now=time.time(), nodes=(Node("node1", 2, 4096),), jobs=(job,)), {"95": claim}, {},
+                      True)  # fmt: skip
     state = ControlState()
     assert consolidate.step(agent, obs, state) is None  # 2 CPUs wanted on 2: nothing to do
     assert state.sampler is not None and state.unmeasured == ("vjob-slurm-95",)

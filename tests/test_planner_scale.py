@@ -26,10 +26,11 @@ R, S, W = VJobState.RUNNING, VJobState.SLEEPING, VJobState.WAITING
 VJOB = str(Path(sys.executable).parent / "vjob")
 
 
-# A budget is a target the planner steers by, not a real-time guarantee: a loaded 2-core
-# machine can wake it a few milliseconds late (CI saw 2.003 s for 2 s). The failure these
-# tests guard against took minutes.
-BUDGET_GRACE = 1.1
+# No test here bounds the wall clock: how long a plan takes for its budget is measured by
+# bench/planner.py (large instances planned as `vjob plan` does). A test checks what the budget
+# decides (a budget already spent leaves CP-SAT out) and bounds a hang with a generous timeout.
+HANG_S = 600
+"""The subprocess timeout of `vjob plan`: the failures these tests guard against took minutes."""
 
 
 def crowded(n_nodes: int, n_vms: int, seed: int) -> Instance:
@@ -68,16 +69,14 @@ def crowded(n_nodes: int, n_vms: int, seed: int) -> Instance:
     return raw.with_target(fcfs_selection(raw, queue).target)
 
 
-def plan_from_cli(tmp_path: Path, inst: Instance, *extra: str) -> tuple[Plan, float]:
+def plan_from_cli(tmp_path: Path, inst: Instance, *extra: str) -> Plan:
     path = tmp_path / "instance.json"
     path.write_text(json.dumps(inst.to_dict()))
-    t0 = time.perf_counter()
-    proc = subprocess.run([VJOB, "plan", str(path), *extra], capture_output=True, text=True, timeout=600)
-    seconds = time.perf_counter() - t0
+    proc = subprocess.run([VJOB, "plan", str(path), *extra], capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 0, proc.stderr[-2000:]
     plan = Plan.from_dict(json.loads(proc.stdout))
     validate(inst, plan)  # the independent validator, on the plan as printed
-    return plan, seconds
+    return plan
 
 
 def test_pack_finds_a_placement_where_the_papers_ffd_strands_cpus() -> None:
@@ -108,19 +107,18 @@ def test_plan_command_answers_a_1000_node_5000_vm_instance_within_its_budget(tmp
     # Python for minutes, then "no viable placement ... found in time".
     inst = crowded(1000, 5000, seed=2024)
     assert first_fit_decreasing(inst.nodes, inst.to_run())[1], "the instance should defeat the paper's FFD"
-    plan, seconds = plan_from_cli(tmp_path, inst, "--time-limit", "20")
-    # The planner's own clock (model building included) keeps the budget. The wall clock only
-    # guards against the old failure (minutes), with room for a loaded 2-core machine.
-    assert seconds < 20 + 30, f"{seconds:.1f} s for a 20 s budget"
-    assert plan.stats["seconds"] <= 20 * BUDGET_GRACE
+    plan = plan_from_cli(tmp_path, inst, "--time-limit", "20")  # a hang: HANG_S; its time: bench/planner.py
     assert not plan.warnings
 
 
 def test_plan_command_budget_includes_the_model_on_a_crowded_instance(tmp_path: Path) -> None:
+    """The budget counts from the command's start (parsing, heuristics, model building): one
+    spent by then leaves CP-SAT out, and the heuristics' plan comes back, valid. A budget that
+    started after the model would have let CP-SAT run."""
     inst = crowded(200, 1000, seed=5)
-    plan, seconds = plan_from_cli(tmp_path, inst, "--time-limit", "2")
-    assert plan.stats["seconds"] <= 2.0 * BUDGET_GRACE
-    assert seconds < 2 + 30  # the old failure took minutes; interpreter start-up under load is not the budget
+    plan = plan_from_cli(tmp_path, inst, "--time-limit", "0.05")
+    assert str(plan.stats["cpsat_status"]).startswith("NOT_RUN"), plan.stats
+    assert plan.optimizer != "cpsat"
 
 
 def test_plan_command_start_placement(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -128,14 +126,14 @@ def test_plan_command_start_placement(tmp_path: Path, capsys: pytest.CaptureFixt
     start, left = sticky_pack(inst)
     assert not left
     (tmp_path / "start.json").write_text(json.dumps({"placement": start, "pools": []}))
-    plan, _ = plan_from_cli(tmp_path, inst, "--time-limit", "5", "--start", str(tmp_path / "start.json"))
+    plan = plan_from_cli(tmp_path, inst, "--time-limit", "5", "--start", str(tmp_path / "start.json"))
     assert "cost_hint" in plan.stats
     assert plan.cost <= plan.stats["cost_hint"]
     # A start that overloads a node is ignored with a warning, not obeyed.
     node = inst.nodes[0].id
     bad = dict.fromkeys(start, node)
     (tmp_path / "bad.json").write_text(json.dumps(bad))
-    plan, _ = plan_from_cli(tmp_path, inst, "--time-limit", "5", "--start", str(tmp_path / "bad.json"))
+    plan = plan_from_cli(tmp_path, inst, "--time-limit", "5", "--start", str(tmp_path / "bad.json"))
     assert any(f"hint ignored: it overloads node {node}" in w for w in plan.warnings)
     # A start that is not a placement is refused with the field named, exit 2.
     (tmp_path / "junk.json").write_text(json.dumps({"v": 3}))
@@ -151,8 +149,12 @@ def test_plan_command_start_placement(tmp_path: Path, capsys: pytest.CaptureFixt
 
 
 def test_make_plan_budget_counts_from_the_callers_start() -> None:
+    """The caller already spent the whole budget before the call: no CP-SAT, the heuristics'
+    plan, valid, and the planner's own count starts at the caller's start (a budget counted from
+    the call would have run CP-SAT for 1.5 s)."""
     inst = crowded(100, 500, seed=8)
-    began = time.perf_counter() - 1.0  # the caller already spent a second of a 1.5 s budget
+    began = time.perf_counter() - 1.5
     plan = make_plan(inst, time_limit_s=1.5, started=began)
     validate(inst, plan)
-    assert time.perf_counter() - began < 1.5 + 0.5
+    assert str(plan.stats["cpsat_status"]).startswith("NOT_RUN"), plan.stats
+    assert plan.stats["seconds"] >= 1.5

@@ -157,7 +157,7 @@ def test_apt_records_are_parsed_strictly() -> None:
         apt_fetch.check_package("busybox\n")
 
 
-@settings(max_examples=500, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.text(max_size=300))
 def test_apt_record_parser_fuzz(text: str) -> None:
     try:

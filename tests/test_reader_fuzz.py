@@ -22,7 +22,7 @@ from vjob import config as vconfig
 from vjob.errors import ConfigError, InputError
 
 TRACES = Path(__file__).parent / "data" / "traces"
-FUZZ = settings(max_examples=1500, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+FUZZ = settings(max_examples=1500, deadline=None, suppress_health_check=list(HealthCheck))
 GOOD = "1 0 -1 100 4 -1 -1 4 200 -1 1 3 1 -1 2 -1 -1 -1\n"
 
 

@@ -137,7 +137,7 @@ def test_the_job_description_is_checked_on_both_sides(tmp_path: Path) -> None:
         job_disk.check_description(_job(tmp_path, script=b"x" * (job_disk.MAX_SCRIPT_BYTES + 1)))
 
 
-@settings(max_examples=400, derandomize=True, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(st.dictionaries(st.sampled_from(["argv", "env", "uid", "gid", "user", "home", "cwd", "hostname", "x"]),
                        st.one_of(st.none(), st.integers(), st.text(max_size=20), st.lists(st.text(max_size=5)),
                                  st.dictionaries(st.text(max_size=5), st.text(max_size=5)))))  # fmt: skip

@@ -8,7 +8,6 @@ OS and a job naming an image lost on both node terms to the same job naming none
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -135,14 +134,14 @@ def test_pbs_nodes_carry_the_stores_os(store: Store, tmp_path: Path) -> None:
     assert by_name == {"cn01": "rocky9", "cn02": "debian12", "cn03": ""}  # current_aoe is PBS's own word
 
 
+@pytest.mark.timeout(120)  # a store that retried forever would hang the adapter: fail instead
 def test_a_store_that_fails_gives_no_os_but_the_nodes_still_come(tmp_path: Path) -> None:
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("")  # a database under a regular file can never be created, even by root
     url = f"sqlite:///{blocker / 'x.db'}"
     source = StoreNodeOS(parse({"data_dir": str(tmp_path), "database": {"url": url}}))
-    t0 = time.monotonic()
-    assert source() == {} and source() == {}
-    assert time.monotonic() - t0 < 10
+    assert source() == {} and source._store is None  # closed, reopened next time
+    assert source() == {}
 
 
 @pytest.mark.slurm

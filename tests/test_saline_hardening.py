@@ -12,14 +12,11 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import pwd
 import socket
 import stat
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -32,6 +29,7 @@ from sqlalchemy import update
 from saline_bew import journal, lease, server
 from saline_bew.manager import Manager
 from saline_bew.repository import Repository, RepositoryError
+from tests.as_user import as_nobody
 from tests.saline_env import FakeOar, make_image, manager_on, new_job, stand_in_manager
 from vjob.store.db import Store
 from vjob.store.schema import SalineJobRecord
@@ -110,39 +108,16 @@ def sock(manager: Manager) -> Iterator[Path]:
 
 
 def _as_nobody(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """The real CLI (`vjob.cli.main`) in a child process that dropped to the user `nobody`
-    (setgroups, setgid, setuid) before connecting: the kernel, not the client, tells the
-    manager who calls. (A fork, not an exec: this venv's interpreter lives under /root.)"""
-    nobody = pwd.getpwnam("nobody")
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        code = 70
-        try:
-            os.close(out_r)
-            os.close(err_r)
-            os.chdir(path.parent)  # a directory nobody may read: a submission stages it (only the socket, skipped)
-            os.setgroups([])
-            os.setgid(nobody.pw_gid)
-            os.setuid(nobody.pw_uid)
-            sys.stdout = io.TextIOWrapper(io.FileIO(out_w, "w"), write_through=True)
-            sys.stderr = io.TextIOWrapper(io.FileIO(err_w, "w"), write_through=True)
-            from vjob.cli import main
+    """The real CLI (`vjob.cli.main`) as `nobody` (tests.as_user), in the socket's directory
+    (`nobody` may read it: a submission stages it; only the socket is there, skipped): the
+    kernel, not the client, tells the manager who calls."""
 
-            code = main(["besteffort", "--socket", str(path), *args])
-            sys.stdout.flush()
-            sys.stderr.flush()
-        except BaseException as exc:  # noqa: BLE001 - report, then leave the child
-            os.write(err_w, f"child: {type(exc).__name__}: {exc}".encode())
-        finally:
-            os._exit(code)
-    os.close(out_w)
-    os.close(err_w)
-    with os.fdopen(out_r) as out, os.fdopen(err_r) as err:
-        stdout, stderr = out.read(), err.read()
-    _, status = os.waitpid(pid, 0)
-    return subprocess.CompletedProcess(list(args), os.waitstatus_to_exitcode(status), stdout, stderr)
+    def cli() -> int:
+        from vjob.cli import main
+
+        return main(["besteffort", "--socket", str(path), *args])
+
+    return as_nobody(cli, cwd=path.parent)
 
 
 def test_users_act_only_on_their_own_vjobs_through_the_socket(manager: Manager, sock: Path) -> None:

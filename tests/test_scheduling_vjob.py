@@ -25,7 +25,7 @@ from vjob.config import Config, PriorityConfig, SchedulingConfig
 from vjob.model import ClusterView, Job, JobClass, JobState, Node
 
 NOW = 1_000_000.0
-SETTINGS = settings(max_examples=300, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _cfg(cap: float = 1.0, bound: int = 2, slack: float = 600.0, victims: str = "cost") -> Config:

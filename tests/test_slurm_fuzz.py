@@ -48,9 +48,7 @@ JSON_VALUES = st.recursive(
 
 def fast(examples: int) -> settings:
     """Fixed seed, no deadline (CI machines are shared), `examples` cases."""
-    return settings(
-        derandomize=True, deadline=None, max_examples=examples, suppress_health_check=[HealthCheck.too_slow]
-    )
+    return settings(deadline=None, max_examples=examples, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _parse(kind: str, text: str) -> None:

@@ -180,7 +180,15 @@ class AgentConfig(Section):
     command_timeout_s: float = Field(30.0, gt=0, le=600)
     """Timeout of one RMS command (squeue, qstat, oarstat...)."""
     checkpoint_timeout_s: float = Field(120.0, gt=0, le=3600)
-    """How long a switch waits for the victims' pilots to save their VMs before withdrawing."""
+    """How long a switch waits for a victim's pilot to save its VM before withdrawing: the
+    floor, to which checkpoint_timeout_per_gib_s adds per GiB of the VM's memory."""
+    checkpoint_timeout_per_gib_s: float = Field(10.0, ge=0, le=600)
+    """Seconds added to checkpoint_timeout_s per GiB of the victim VM's memory (a save writes
+    about 5 s/GiB on a local disk: 2x that by default), so a big VM is not withdrawn mid-save."""
+    checkpoint_timeout_max_s: float = Field(7200.0, gt=0, le=86400)
+    """The longest a switch waits for one save, whatever the VM's memory; at least
+    checkpoint_timeout_s. While a switch waits, the agent's lease keeper feeds systemd's
+    watchdog, so the unit's WatchdogSec need not exceed it."""
     cleanup_after_s: float = Field(3600.0, ge=0)
     """A vjob the RMS no longer knows (cancelled, timed out) keeps its saved VM this long, then
     the agent deletes it (its memory state and disk overlay hold user data)."""
@@ -211,7 +219,22 @@ class AgentConfig(Section):
     lease_s: float = Field(30.0, ge=5, le=3600)
     """The agent's lease on its cluster in the store: one agent per RMS acts at a time; a
     standby (e.g. on the second controller of an HA pair) takes over this long after the active
-    agent dies. Renewed every third of it; keep it well above the hosts' clock skew."""
+    agent dies. Renewed every third of it, also by a thread while a switch waits for saves (an
+    agent that loses it stops acting); keep it well above the hosts' clock skew."""
+
+    @model_validator(mode="after")
+    def _timeouts(self) -> AgentConfig:
+        if self.checkpoint_timeout_max_s < self.checkpoint_timeout_s:
+            raise ValueError(f"checkpoint_timeout_max_s = {self.checkpoint_timeout_max_s:g} is below "
+                             f"checkpoint_timeout_s = {self.checkpoint_timeout_s:g}: the cap must be at least "
+                             "the floor")  # fmt: skip
+        return self
+
+    def checkpoint_timeout_for(self, memory_mb: float) -> float:
+        """How long to wait for the save of a VM of `memory_mb` MiB: the floor plus
+        checkpoint_timeout_per_gib_s per GiB, at most checkpoint_timeout_max_s."""
+        gib = max(0.0, float(memory_mb)) / 1024
+        return min(self.checkpoint_timeout_max_s, self.checkpoint_timeout_s + self.checkpoint_timeout_per_gib_s * gib)
 
 
 class ProvisioningConfig(Section):
@@ -363,6 +386,15 @@ class SalineConfig(Section):
     socket_group: str = ""
     """Only this group (and root) may use the socket (mode 0660; with the OAR admission rule,
     put OAR's `oar` account in it too); empty: everyone (0666). `--socket-group` overrides it."""
+    socket_connections_per_user: int = Field(16, ge=1, le=10_000)
+    """Connections one user (uid) may hold open on the socket at once; more are refused at once
+    (root never is). Each is a thread and a descriptor of the root manager."""
+    socket_connections: int = Field(128, ge=1, le=100_000)
+    """Connections of all users at once on the socket (root's excepted); keep it above
+    socket_connections_per_user and below the manager's descriptor limit."""
+    socket_read_timeout_s: float = Field(10.0, gt=0, le=3600)
+    """A client's whole request line must arrive within this many seconds of connecting (and
+    its answer be taken within as long), or the connection is closed."""
     lease_s: float = Field(0.0, ge=0)
     """Seconds a vjob's lease outlives its manager's last renewal (a dead master's vjobs wait
     this long); 0: max(120, 30 × poll_interval_s). Keep it far above the masters' clock skew."""

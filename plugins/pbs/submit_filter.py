@@ -325,13 +325,25 @@ def main(
     its budget, its refusals, and the fail-open paths are the same for both."""
     received = bytearray()
     try:
+        # The default budget runs from the start: reading the configuration is inside it (a
+        # FIFO or a hung mount at $VJOB_CONFIG must not hold qsub); the configured budget then
+        # counts from the same start.
+        started = time.monotonic()
+        signal.signal(signal.SIGALRM, _on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, Settings.budget_s)
         try:
             settings = load_settings(environ)
+        except BudgetExceeded:
+            stderr.write(f"vjob submit filter: configuration not read within {Settings.budget_s:g} s; job passed "
+                         "unchanged\n".encode())  # fmt: skip
+            raise
         except Exception as exc:  # noqa: BLE001 - fail open: a bad configuration must not stop qsub
             stderr.write(f"vjob submit filter: configuration unreadable ({exc}); job passed unchanged\n".encode())
             settings = None
-        signal.signal(signal.SIGALRM, _on_alarm)
-        signal.setitimer(signal.ITIMER_REAL, settings.budget_s if settings else Settings.budget_s)
+        left = (settings.budget_s if settings else Settings.budget_s) - (time.monotonic() - started)
+        if left <= 0:
+            raise BudgetExceeded
+        signal.setitimer(signal.ITIMER_REAL, left)
         while chunk := _read_some(stdin):
             received += chunk
         if settings is None:

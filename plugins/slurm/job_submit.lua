@@ -16,7 +16,9 @@ What it does, in slurmctld, under the job lock -- so it only reads one small fil
     `vjob run --os NAME --script - --base64 -- "$@"` with the original script, base64, as a
     here-document. The user's script is kept byte for byte and runs unchanged in the guest,
     as the user, in the job's working directory; the pilot exits with the script's status.
-    Why here and not SPANK or a TaskProlog: docs/slurm-agent.md, "Transparent submission";
+    Why here and not SPANK or a TaskProlog: docs/slurm-agent.md, "Transparent submission".
+    A script over MAX_WRAP_BYTES (1 MiB) is refused with the limit named: base64 in Lua
+    under the job lock costs ~0.35 s a MiB, and the wrapped script must fit max_script_size;
   * wakes the vjob agent when it accepts an interactive job: rewrites the small file
     vjob-agent.wake next to this script, whose change the agent watches (vjob.agent), so that
     the agent checkpoints victims at once instead of at its next tick. The file must exist and
@@ -40,6 +42,11 @@ local WAKE_NAME = "vjob-agent.wake" -- vjob.agent.SLURM_WAKE_NAME
 local WAKE_WARN_SECONDS = 600 -- a wake file that cannot be written is logged this seldom
 local CACHE_SECONDS = 2
 local MAX_SCRIPT_LINES = 200
+-- The largest script wrapped: base64 in pure Lua costs slurmctld about 0.35 s per MiB, inside
+-- its job lock (every RPC waits), and the wrapped script is 4/3 of it plus a header, which
+-- must stay under SchedulerParameters=max_script_size (4 MiB by default). A bigger script is
+-- refused with this limit named: its bulk belongs in a file the script reads.
+local MAX_WRAP_BYTES = 1048576
 local NO_VAL = 4294967294 -- Slurm's "not set" for 32-bit fields
 local COUNTER_IMAGE = "debian-tiny" -- the counter guest runs no script: never wrapped
 local WRAP_MARK = "# vjob wrapper (job_submit.lua)"
@@ -242,6 +249,10 @@ local function tag(job_desc, part_list)
       end
    end
    if batch and os_name ~= "" and os_name ~= COUNTER_IMAGE and not job_desc.script:find(WRAP_MARK, 1, true) then
+      if #job_desc.script > MAX_WRAP_BYTES then
+         return string.format("vjob: the job script is %d bytes; vjob runs scripts of at most %d bytes (1 MiB) "
+                              .. "in a VM: keep the data in a file the script reads", #job_desc.script, MAX_WRAP_BYTES)
+      end
       job_desc.script = wrap(job_desc.script, os_name)
    end
    local ok_d, refusal = pcall(check_deadline, job_desc)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,17 +57,25 @@ def format_line(x: float, slowdown: float, at: float, stale_after_s: float = DEF
 def write_threshold(
     path: str | os.PathLike[str], x: float, slowdown: float, at: float, *, stale_after_s: float = DEFAULT_STALE_S
 ) -> Path:
-    """Replace the file atomically (rename), world-readable: slurmctld's user reads it."""
+    """Replace the file atomically (rename), world-readable: slurmctld's user reads it.
+
+    The temporary file has a random name and is created with O_EXCL | O_NOFOLLOW: a file or
+    link planted under a predictable name (the pid's) would otherwise be opened, written and
+    renamed into place, leaving whoever planted it able to rewrite the threshold."""
     p = Path(path)
     line = format_line(x, slowdown, at, stale_after_s)
-    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    tmp = p.with_name(f".{p.name}.{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:
-        os.write(fd, line.encode())
-        os.fchmod(fd, 0o644)
-    finally:
-        os.close(fd)
-    os.replace(tmp, p)
+        try:
+            os.write(fd, line.encode())
+            os.fchmod(fd, 0o644)
+        finally:
+            os.close(fd)
+        os.replace(tmp, p)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return p
 
 

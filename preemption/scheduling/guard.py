@@ -28,9 +28,12 @@ from preemption.scheduling.easy import reservation
 def returning(now: float, victims: Sequence[tuple[float, int, float]], preemptor_end: float) -> list[tuple[float, int]]:
     """The pessimistic return of `victims` ((their hold's end, nodes, checkpoint seconds)):
     each holds its nodes again until its estimated end, delayed by the preemptor's estimate
-    and a remote resume (2 × its checkpoint)."""
+    and a remote resume (2 × its checkpoint). A victim already past its estimated end has
+    nothing left by its estimate, but it is not back before the preemptor ends: its end
+    counts as `now` (as EASY counts it), not earlier (the oracle in
+    tests/test_decision_oracle.py found a victim 'returning' before its preemptor ended)."""
     delay = preemptor_end - now
-    return [(end + delay + 2.0 * ckpt_s, nodes) for end, nodes, ckpt_s in victims]
+    return [(max(end, now) + delay + 2.0 * ckpt_s, nodes) for end, nodes, ckpt_s in victims]
 
 
 HARMFUL = 1e6

@@ -3,12 +3,16 @@
 # at or over the X the vjob agent publishes in @THRESHOLD@ (docs/deadline.md).
 # Installed by `vjob oar install-deadline-rule`, removed by `vjob oar uninstall-deadline-rule`;
 # do not edit in place. It fails open: a missing, unreadable, malformed, stale (older than the
-# file's own stale=) or future-dated file, or any error here, means no check: the job is accepted.
+# file's own stale=) or future-dated file, a read taking over @READ_TIMEOUT@ s, or any error here, means
+# no check: the job is accepted.
 # The deadline is OAR's own job type (deadline=YYYY-MM-DD[ HH:MM[:SS]], local time, read as OAR's
 # scheduler reads it); the walltime is the smallest of the moldable alternatives (the default
 # walltime rule has run before this one). Core Perl only: it runs inside oarsub, as uid oar.
 {
     my $vjob_refusal = eval {
+        # Bounded: oarsub waits for its rules, and the file could be a FIFO or on a hung mount.
+        local $SIG{ALRM} = sub { die("the threshold file was not read within @READ_TIMEOUT@ s\n"); };
+        alarm(@READ_TIMEOUT@);
         my $vjob_deadline;
         foreach my $t (@{$type_list}) {
             if ($t =~ /^deadline=(\d\d\d\d-\d\d-\d\d(?:\s+\d\d:\d\d(?::\d\d)?)?)$/) { $vjob_deadline = $1; }
@@ -43,8 +47,10 @@
                 }
             }
         }
+        alarm(0);
         $result;
     };
+    alarm(0);
     if ($@) {
         my $why = $@;
         chomp($why);

@@ -1,0 +1,76 @@
+"""job_submit.lua wraps scripts of at most 1 MiB (issue 39 item 10), on the real dev cluster.
+
+Why a bound: the hook base64-encodes the script in pure Lua inside slurmctld's job lock (about
+0.35 s of the controller per MiB, every RPC waiting meanwhile), and the wrapped script, 4/3 of
+the original plus a header, must fit Slurm's max_script_size (4 MiB by default): a 3.5 MiB
+script used to be wrapped past it. Over the bound the job is refused with the limit named.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from devkit.devcluster import DevCluster
+from tests.test_realjob_slurm import wrapped_cluster  # noqa: F401 - the fixture, shared
+
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("wrapped_cluster")]
+LIMIT = 1 << 20
+"""MAX_WRAP_BYTES in plugins/slurm/job_submit.lua."""
+
+
+@pytest.fixture
+def wrapping(slurm_cluster: DevCluster) -> dict[str, str]:
+    """The dev cluster's environment; `wrapped_cluster` (test_realjob_slurm.py) installs this
+    checkout's job_submit.lua and lists debian12 around each test."""
+    return {**os.environ, **slurm_cluster.env}
+
+
+def _script(size: int) -> str:
+    head = "#!/bin/sh\n#VJOB os=debian12\n"
+    return head + "#" + "x" * (size - len(head) - 2) + "\n"
+
+
+def _sbatch(env: dict[str, str], script: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["sbatch", "--parsable", "--hold", "-o", "/dev/null"], input=script, capture_output=True,
+                          text=True, timeout=120, env=env, check=False)  # fmt: skip
+
+
+def test_a_script_of_the_limit_is_wrapped_byte_for_byte_within_max_script_size(wrapping: dict[str, str]) -> None:
+    script = _script(LIMIT)
+    assert len(script) == LIMIT
+    res = _sbatch(wrapping, script)
+    assert res.returncode == 0, res.stderr
+    job = res.stdout.strip().split(";")[0]
+    try:
+        out = Path(tempfile.mkdtemp()) / "w.sh"
+        subprocess.run(["scontrol", "write", "batch_script", job, str(out)], env=wrapping, check=True,
+                       capture_output=True, timeout=60)  # fmt: skip
+        wrapper = out.read_text()
+        assert len(wrapper) < 4 << 20  # Slurm's default max_script_size
+        body = wrapper.split("<<'VJOB_SCRIPT_END'\n", 1)[1].rsplit("VJOB_SCRIPT_END\n", 1)[0]
+        assert base64.b64decode(body) == script.encode()
+    finally:
+        subprocess.run(["scancel", job], env=wrapping, timeout=30, check=False, capture_output=True)
+
+
+@pytest.mark.parametrize("size", [LIMIT + 1, 3 * LIMIT + LIMIT // 2])
+def test_a_larger_script_is_refused_with_the_limit_named(wrapping: dict[str, str], size: int) -> None:
+    """One byte over, and 3.5 MiB (which, wrapped, was over max_script_size)."""
+    res = _sbatch(wrapping, _script(size))
+    assert res.returncode != 0, res.stdout
+    said = res.stderr
+    assert f"the job script is {size} bytes" in said and f"at most {LIMIT} bytes (1 MiB)" in said, said
+
+
+def test_an_unwrapped_script_is_not_bounded_by_vjob(wrapping: dict[str, str]) -> None:
+    """No `#VJOB os=`: not wrapped, not vjob's to bound (Slurm's own max_script_size applies)."""
+    res = _sbatch(wrapping, "#!/bin/sh\n#" + "x" * (LIMIT + 10) + "\n")
+    assert res.returncode == 0, res.stderr
+    subprocess.run(["scancel", res.stdout.strip().split(";")[0]], env=wrapping, timeout=30, check=False,
+                   capture_output=True)  # fmt: skip
