@@ -42,9 +42,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from agent import pilot_performer
 from agent.observe import Observation
 from agent.pilot_coalesce import MembersMoved, coalesce, journal_refusal
-from agent.pilot_performer import EXECUTOR_TAG, PilotRequestPerformer
+from agent.pilot_performer import EXECUTOR_TAG
 from agent.status_file import write_status_file
 from preemption.executor import ExecutionReport, Executor
 from preemption.planner import NodeSpec, Plan, PlanAction
@@ -287,9 +288,8 @@ def step(agent: Agent, obs: Observation, state: ControlState) -> ExecutionReport
     state.refused = ""
     doing = f"carrying out {len(plan.actions)} action(s) in {len(plan.pools)} pool(s)"
     publish(agent, state, record(state, queue, "switching", doing))
-    performer = PilotRequestPerformer(lambda a: agent.pilot_dir(a.vjob), timeout_s=agent.checkpoint_timeout_s,
-                                      reason="consolidation")  # fmt: skip
-    executor = Executor(performer, agent.store(), tag=EXECUTOR_TAG, job_key=job_key)
+    performer = pilot_performer.for_agent(agent, obs, "consolidation")  # memory-scaled waits, lease-bound
+    executor = Executor(performer, agent.store(), tag=EXECUTOR_TAG, job_key=job_key, still_ours=agent.lease_valid)
     report = executor.execute(requests, reason="consolidation: measured demand")
     agent.log.info("consolidation done", switch=report.switch_id, summary=report.summary())
     publish(agent, state, record(state, queue, report.state, report.summary(), report))

@@ -13,17 +13,30 @@ the pilot's first VM stands for all; a suspend then names every node the job hol
 
 The request id is the action's journal key (preemption.executor.action_key): a restarted agent
 that repeats an action finds it answered and waits for nothing twice (agent.recover).
+
+Why a timeout per action and a lease check (issue 39, item 6): a save writes the VM's memory
+(about 5 s per GiB), so a fixed wait withdrew a big VM's suspend mid-save; and an agent that
+lost its lease kept waiting, then withdrew a request that was the new holder's to finish or
+undo. `for_agent` gives every agent step (control loop, remap, recovery) the preemption
+switch's rules: Agent.checkpoint_timeout_for per vjob, and Abandoned as soon as
+Agent.lease_valid turns False.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
+from preemption.executor import Abandoned
 from preemption.planner.plan import PlanAction
 from vjob.errors import VjobError
 from vjob.model import Action
 from vjob.pilot_files import PilotDir, PilotState, PilotStatus, RequestKind
+
+if TYPE_CHECKING:
+    from agent.loop import Agent
+    from agent.observe import Observation
 
 EXECUTOR_TAG = "pilot-requests"
 """The executor tag of live switches in the journal: agent.recover finishes them with this performer."""
@@ -47,12 +60,20 @@ class PilotRequestPerformer:
         poll_s: float = 0.05,
         start_job: Callable[[PlanAction], None] | None = None,
         reason: str = "",
+        timeout_for: Callable[[PlanAction], float] | None = None,
+        still_ours: Callable[[], bool] | None = None,
     ) -> None:
+        """`timeout_for`: how long to wait for the answer to one action (its VM's save time),
+        `timeout_s` for every action without it. `still_ours`: whether the caller may still act
+        (the agent's lease); when it turns False a wait stops with Abandoned and leaves the
+        request in place, for the lease's new holder."""
         self.pilot_dir = pilot_dir
         self.timeout_s = timeout_s
         self.poll_s = poll_s
         self.start_job = start_job
         self.reason = reason
+        self.timeout_for = timeout_for or (lambda _a: timeout_s)
+        self.still_ours = still_ours or (lambda: True)
 
     def perform(self, action: PlanAction, key: str) -> None:
         pdir = self.pilot_dir(action)
@@ -77,17 +98,26 @@ class PilotRequestPerformer:
                             f"{answer.node}, not {expected.value}{where}")  # fmt: skip
 
     def _wait(self, pdir: PilotDir, key: str, action: PlanAction) -> PilotStatus:
-        deadline = time.monotonic() + self.timeout_s
+        timeout = self.timeout_for(action)
+        deadline = time.monotonic() + timeout
         while True:
             answer = pdir.answer_to(key)
             if answer is not None:
                 return answer
+            self._check_ours(action)
             if time.monotonic() > deadline:
                 if action.kind is Action.SUSPEND:
                     pdir.withdraw_request()  # a pilot that saves anyway wakes its VM where it was
                 raise VjobError(f"{action.kind.value} {action.vm}: no answer from its pilot ({pdir.path}) within "
-                                f"{self.timeout_s:.0f} s")  # fmt: skip
+                                f"{timeout:.0f} s")  # fmt: skip
             time.sleep(self.poll_s)
+
+    def _check_ours(self, action: PlanAction) -> None:
+        """Stop waiting once the lease is lost: the request stays, the new holder's recovery
+        finishes or undoes the action (agent.recover); withdrawing it here would undo a save
+        under the new holder's feet."""
+        if not self.still_ours():
+            raise Abandoned(f"{action.kind.value} {action.vm}: the agent lease was lost waiting for its pilot")
 
     def _run(self, pdir: PilotDir, action: PlanAction) -> None:
         st = _state(pdir)
@@ -97,16 +127,28 @@ class PilotRequestPerformer:
             raise VjobError(f"run {action.vm}: starting a vjob is the RMS's job, and no RMS start was given")
         t0 = time.time()
         self.start_job(action)
-        deadline = time.monotonic() + self.timeout_s
+        timeout = self.timeout_for(action)
+        deadline = time.monotonic() + timeout
         while True:
             st = _state(pdir)
             if st is not None and st.state is PilotState.RUNNING and st.node == action.dst and st.since >= t0:
                 return
             if st is not None and st.state is PilotState.FAILED and st.since >= t0:
                 raise VjobError(f"run {action.vm}: its pilot failed: {st.message}")
+            self._check_ours(action)
             if time.monotonic() > deadline:
-                raise VjobError(f"run {action.vm}: not running on {action.dst} within {self.timeout_s:.0f} s")
+                raise VjobError(f"run {action.vm}: not running on {action.dst} within {timeout:.0f} s")
             time.sleep(self.poll_s)
+
+
+def for_agent(agent: Agent, obs: Observation, reason: str) -> PilotRequestPerformer:
+    """The performer of an agent's live switch (control loop, remap, recovery): requests in the
+    pilot directories the agent believes, each action waiting as long as its vjob's save may
+    take (Agent.checkpoint_timeout_for: the floor plus so much per GiB of the VM, capped; the
+    same helper as the preemption switch's), and stopping once the agent's lease is lost."""
+    return PilotRequestPerformer(lambda a: agent.pilot_dir(a.vjob), timeout_s=agent.checkpoint_timeout_s,
+                                 timeout_for=lambda a: agent.checkpoint_timeout_for(obs, a.vjob),
+                                 still_ours=agent.lease_valid, reason=reason)  # fmt: skip
 
 
 def _expected(action: PlanAction) -> PilotState:

@@ -7,14 +7,18 @@ live agent's checkpoint requests or roll its switch back under it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from agent import pilot_performer
 from agent.act import finish_checkpoint
-from agent.pilot_performer import EXECUTOR_TAG, PilotRequestPerformer
+from agent.observe import Observation
+from agent.pilot_performer import EXECUTOR_TAG
 from preemption.executor import ExecutionReport, Executor, KeyedPerformer
+from preemption.planner.plan import Plan
 from vjob.errors import CommandError, VjobError
-from vjob.model import JobState
+from vjob.model import ClusterView, Job, JobState
 from vjob.pilot_files import PilotState
 from vjob.store import jobs as store_jobs
 from vjob.store import journal
@@ -33,10 +37,17 @@ def recover(agent: Agent) -> list[int]:
     disk behind a held job.
     """
     store = agent.store()
-    performer = PilotRequestPerformer(lambda a: agent.pilot_dir(a.vjob), timeout_s=agent.checkpoint_timeout_s,
-                                      reason="recovery")  # fmt: skip
-    handled = [r.switch_id for r in finish_live_switches(store, agent.rms, lambda _sw: performer, agent.log)]
-    states = {j.id: j.state for j in agent.adapter.jobs()}
+    try:
+        rms_jobs: tuple[Job, ...] | None = tuple(agent.adapter.jobs())
+    except CommandError:
+        rms_jobs = None  # the live switches wait on the pilots' claims alone; asked again below
+
+    def performer_for(sw: journal.JournalSwitch) -> KeyedPerformer:
+        return pilot_performer.for_agent(agent, _observation(agent, sw, rms_jobs or ()), "recovery")
+
+    reports = finish_live_switches(store, agent.rms, performer_for, agent.log, still_ours=agent.lease_valid)
+    handled = [r.switch_id for r in reports]
+    states = {j.id: j.state for j in (rms_jobs if rms_jobs is not None else agent.adapter.jobs())}
     finished: set[str] = set()
     """Jobs whose checkpoint this recovery finished: a vjob of several VMs has one action per VM
     and one save of them all, requeue-held and counted (Pn) once."""
@@ -85,8 +96,28 @@ def recover(agent: Agent) -> list[int]:
     return handled
 
 
+def _observation(agent: Agent, sw: journal.JournalSwitch, rms_jobs: tuple[Job, ...]) -> Observation:
+    """What the save timeout of a recovered switch's actions is computed from, before the
+    agent's first observation: the RMS's jobs (their allocations bound a pilot's memory claim)
+    and the state of the pilot of each vjob the switch's plan names (Agent.checkpoint_timeout_for,
+    the preemption switch's own rule)."""
+    pilots = {}
+    for vjob in sorted({a.vjob for a in Plan.from_dict(sw.plan, source=f"switch {sw.id}").actions}):
+        try:
+            pilots[vjob] = agent.pilot_dir(vjob).read_state()
+        except VjobError:
+            continue  # unreadable: the RMS's allocation alone, else the floor
+    view = ClusterView(now=time.time(), jobs=rms_jobs)
+    return Observation(view=view, pilots=pilots, sleeping={}, store_ok=True)
+
+
 def finish_live_switches(
-    store: Store, rms: str, performer_for: Callable[[journal.JournalSwitch], KeyedPerformer], logger: Any
+    store: Store,
+    rms: str,
+    performer_for: Callable[[journal.JournalSwitch], KeyedPerformer],
+    logger: Any,
+    *,
+    still_ours: Callable[[], bool] | None = None,
 ) -> list[ExecutionReport]:
     """Finish the live switches (every action through the pilots) a killed agent left open.
 
@@ -95,12 +126,15 @@ def finish_live_switches(
     so carrying on is what keeps every node viable. An action that cannot be done now stops
     the switch as the executor would (`failed`, the rest `planned`): each VM is then running
     or asleep on disk where its pilot says, never lost, and the next decision starts from there.
+    `still_ours` (the agent's lease): once it turns False the switch is left, abandoned, to the
+    lease's new holder, as a live switch would be.
     """
     reports = []
     for sw in journal.open_switches(store, rms=rms):
         if sw.plan.get("executor") != EXECUTOR_TAG:
             continue
-        executor = Executor(performer_for(sw), store, pipeline_interval_s=0.0, tag=EXECUTOR_TAG)
+        executor = Executor(performer_for(sw), store, pipeline_interval_s=0.0, tag=EXECUTOR_TAG,
+                            still_ours=still_ours)  # fmt: skip
         report = executor.finish(sw)
         logger.info("recovered live switch", switch=sw.id, outcome=report.state, summary=report.summary())
         reports.append(report)

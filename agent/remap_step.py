@@ -34,8 +34,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
+from agent import pilot_performer
 from agent.observe import Observation
-from agent.pilot_performer import EXECUTOR_TAG, PilotRequestPerformer
+from agent.pilot_performer import EXECUTOR_TAG
 from agent.status_file import write_status_file
 from preemption.executor import ExecutionReport, Executor
 from preemption.planner.plan import Plan, PlanAction
@@ -338,9 +339,9 @@ def _carry_out(agent: Agent, obs: Observation, moves: Sequence[Move]) -> Executi
     plan = Plan(pools=(actions,), placement={m.vm: m.dst for m in moves}, cost=len(moves), optimizer="remap")
     why = "; ".join(sorted({f"{m.job} {m.why}" for m in moves}))
     agent.log.info("remap: migrating", moves=[f"{m.vm} {m.src}->{m.dst} ({m.why})" for m in moves])
-    performer = PilotRequestPerformer(lambda a: agent.pilot_dir(a.vjob), timeout_s=agent.checkpoint_timeout_s,
-                                      reason="remap")  # fmt: skip
-    executor = Executor(performer, agent.store(), tag=EXECUTOR_TAG, job_key=lambda a: f"{agent.rms}:{a.vjob}")
+    performer = pilot_performer.for_agent(agent, obs, "remap")  # memory-scaled waits, lease-bound
+    executor = Executor(performer, agent.store(), tag=EXECUTOR_TAG, job_key=lambda a: f"{agent.rms}:{a.vjob}",
+                        still_ours=agent.lease_valid)  # fmt: skip
     report = executor.execute(plan, reason=f"remap: {why}")
     jobs = {j.id: j for j in obs.view.jobs}
     for a in report.done:

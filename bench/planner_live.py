@@ -73,7 +73,7 @@ from provisioning.images import Catalogue
 from provisioning.profiling import DomainSample, node_sampler
 from vjob import config as vconfig
 from vjob.errors import VjobError
-from vjob.model import Action, ClusterView, VJobState
+from vjob.model import Action, ClusterView, Job, VJobState
 from vjob.pilot_files import PilotDir, PilotState, PilotStatus, RequestKind, member_names, vm_name
 from vjob.progress import Progress
 from vjob.store import journal
@@ -500,8 +500,10 @@ def mpi_experiment(site: LiveSite, tag: str, *, measured: bool, args: argparse.N
         if time.monotonic() - t0 > args.horizon:
             raise VjobError(f"experiment {tag}: not finished within {args.horizon} s")
         before = dict(state.samples)
-        observed = consolidate.observed_vms(Observation(ClusterView(now=time.time()), pilots, {}, True), state,
-                                            busy=0.5)  # fmt: skip
+        # what the RMS allocated each job (per VM): what root weighs a VM it has not measured by
+        allotted = tuple(Job(id=j, user="root", rms=RMS, memory_mb=site.memory_mib) for j in pilots)
+        observed = consolidate.observed_vms(Observation(ClusterView(now=time.time(), jobs=allotted), pilots, {}, True),
+                                            state, busy=0.5)  # fmt: skip
         for vm, now in state.samples.items():
             prev = before.get(vm)
             if prev is not None and now.t > prev.t:

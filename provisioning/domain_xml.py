@@ -12,6 +12,10 @@ from pathlib import Path
 from provisioning.vm_types import VMSpec
 
 EMULATOR = "/usr/bin/qemu-system-x86_64"
+NAT_FILTER = "clean-traffic"
+"""libvirt's stock nwfilter (shipped with libvirt's nwfilter driver) put on a NIC that has an
+`ip`: no MAC, IP or ARP spoofing and no other layer-2 traffic, so a guest's root cannot take
+another vjob's address on a network they share."""
 BALLOON_STATS_PERIOD_S = 5
 """How often the guest's balloon driver refreshes its memory statistics (swap in/out, major
 faults): the remapping's memory model reads them to see a guest thrash (docs/remap.md)."""
@@ -84,6 +88,9 @@ def domain_xml(
         ET.SubElement(nic, "model", type="virtio")
         if want.isolated:
             ET.SubElement(nic, "port", isolated="yes")
+        if want.ip:  # only this MAC and address leave the NIC, and ARP only for them
+            ref = ET.SubElement(nic, "filterref", filter=NAT_FILTER)
+            ET.SubElement(ref, "parameter", name="IP", value=want.ip)
     for port, path in enumerate([console_log, *(output_logs or ())]):
         serial = ET.SubElement(devices, "serial", type="pty")
         ET.SubElement(serial, "log", file=str(path), append="on")

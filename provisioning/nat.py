@@ -68,8 +68,12 @@ class NatNetwork:
 
     def nic(self, subnet_id: int, vm_id: int) -> Nic:
         """The VM's second NIC: on the libvirt network by name (found on whichever node the VM
-        is restored or migrated to), isolated from the other VMs on it."""
-        return Nic(self.mac(subnet_id, vm_id), self.name, kind="network", isolated=True)
+        is restored or migrated to), isolated from the other VMs on it, and held to its own
+        MAC and address by libvirt's `clean-traffic` nwfilter: port isolation stops traffic
+        between the VMs, not a guest's root claiming another vjob's address towards the
+        gateway (ARP or IP spoofing), which would take that vjob's connections."""
+        return Nic(self.mac(subnet_id, vm_id), self.name, kind="network", isolated=True,
+                   ip=str(self.address(subnet_id, vm_id)))  # fmt: skip
 
     def guest(self, subnet_id: int, vm_id: int) -> dict[str, object]:
         """What the guest agent sets on that NIC (job.json `network.nat`): address, prefix,

@@ -50,6 +50,9 @@ def check_name(kind: str, value: str) -> str:
 
 MAC_RE = re.compile(r"[0-9a-f]{2}(?::[0-9a-f]{2}){5}")
 NIC_KINDS = ("bridge", "network")
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+IPV4_RE = re.compile(rf"{_OCTET}(?:\.{_OCTET}){{3}}")
+"""A dotted IPv4 address, each number without a leading zero (matched whole)."""
 
 
 @dataclass(frozen=True)
@@ -59,16 +62,24 @@ class Nic:
 
     `isolated`: libvirt's `<port isolated='yes'/>`: the NIC reaches the host's side of the
     network (the NAT gateway) but no other isolated port on it, so VMs of different vjobs that
-    share the NAT network cannot talk over it."""
+    share the NAT network cannot talk over it.
+
+    `ip`: the one IPv4 address the guest may use on this NIC. When set, the NIC gets libvirt's
+    `clean-traffic` nwfilter with that address (no MAC, IP or ARP spoofing, no other layer-2
+    traffic): on a network several vjobs share (Saline's NAT network), a guest's root could
+    otherwise answer ARP for, or send from, another vjob's address (issue 39, item 13)."""
 
     mac: str
     source: str
     kind: str = "bridge"
     isolated: bool = False
+    ip: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.mac, str) or not MAC_RE.fullmatch(self.mac):
             raise InputError(f"nic mac = {str(self.mac)[:40]!r}: must match {MAC_RE.pattern}")
+        if self.ip and (not isinstance(self.ip, str) or not IPV4_RE.fullmatch(self.ip)):
+            raise InputError(f"nic ip = {str(self.ip)[:40]!r}: must be a dotted IPv4 address")
         if self.kind not in NIC_KINDS:
             raise InputError(f"nic kind = {str(self.kind)[:40]!r}: must be one of {', '.join(NIC_KINDS)}")
         check_name(f"nic {self.kind}", self.source)

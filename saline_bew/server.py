@@ -147,8 +147,17 @@ def parse_request(line: bytes) -> AnyRequest:
         return _REQUEST.validate_python(data)
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "request"
-        raise InputError(f"request: {where}: {first['msg']} (got {grammar.short(first.get('input'))})") from None
+        # pydantic quotes a bad `op` (and an unknown key, in the location) raw: a newline in
+        # it split the answer and the log line in two (fuzzed). Escaped and bounded.
+        where = _escaped(".".join(str(p) for p in first["loc"])) or "request"
+        msg = _escaped(first["msg"])
+        raise InputError(f"request: {where}: {msg} (got {grammar.short(first.get('input'))})") from None
+
+
+def _escaped(text: str, limit: int = 300) -> str:
+    """`text` on one line (control characters escaped, as repr() does), at most `limit` long."""
+    out = repr(text)[1:-1]
+    return out if len(out) <= limit else out[: limit - 3] + "..."
 
 
 def row(job: SalineJob) -> dict[str, Any]:
@@ -211,6 +220,8 @@ class Handler:
         user = request.user or caller
         if user != caller and uid != 0:
             raise Refused(f"--user {grammar.short(user)}: only root may submit for another user (you are {caller})")
+        # The grammar before pwd: a NUL in the name made getpwnam raise ValueError (fuzzed).
+        grammar.word("user", user, grammar.USER)
         try:
             pwd.getpwnam(user)
         except KeyError:

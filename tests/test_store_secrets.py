@@ -65,6 +65,12 @@ LEAKY_URLS = [
 def test_cli_never_prints_the_password(tmp_path: Path, url: str) -> None:
     cfg = tmp_path / "vjob.toml"
     cfg.write_text(f'[database]\nurl = "{url}"\nconnect_timeout_s = 1\n')
+    if "pre@" in url:  # a raw '@': refused at load since issue 39, item 13, still masked
+        for args in (["config", "show"], ["db", "check"]):
+            r = vjob(*args, cfg=cfg)
+            assert r.returncode == 2 and "database.url" in r.stderr and "***" in r.stderr
+            assert SECRET not in r.stdout + r.stderr
+        return
     for fmt in ("toml", "json"):
         r = vjob("config", "show", "--format", fmt, cfg=cfg)
         assert r.returncode == 0 and "***" in r.stdout

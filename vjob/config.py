@@ -24,7 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from vjob.errors import ConfigError
-from vjob.secrets import MASK, is_secret_name, mask_text
+from vjob.secrets import MASK, is_secret_name, mask_text, mask_url, raw_at_in_userinfo
 
 DEFAULT_PATH = Path("/etc/vjob/vjob.toml")
 ENV_VAR = "VJOB_CONFIG"
@@ -56,7 +56,21 @@ class Section(BaseModel):
 
 class DatabaseConfig(Section):
     url: str = ""
-    """Any SQLAlchemy URL; empty means SQLite at <data_dir>/vjob.sqlite."""
+    """Any SQLAlchemy URL; empty means SQLite at <data_dir>/vjob.sqlite. A `@`, `:` or `/` in
+    the password is percent-encoded (`%40`, `%3A`, `%2F`)."""
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        # Issue 39, item 13: a raw '@' made the password's tail the host name, quoted in the
+        # driver's error on every tick. Refused here, once, without the value (see _describe).
+        if raw_at_in_userinfo(value):
+            raise ValueError(
+                "the user name or password holds a raw '@', so the URL would be cut at it and the "
+                "rest taken for the host name; write each '@' in it as %40"
+            )
+        return value
+
     connect_timeout_s: float = Field(5.0, gt=0, le=300)
     """How long to wait for a database server before reporting it unreachable."""
     busy_timeout_s: float = Field(30.0, gt=0, le=600)
@@ -635,6 +649,14 @@ def parse(data: dict[str, Any], *, source: str = "<config>") -> Config:
         raise ConfigError(_describe(exc, source)) from None
 
 
+def _masked(value: Any) -> Any:
+    """`value` as an error may echo it: a URL whole through mask_url (its password may hold
+    spaces or quotes that would end a URL found in free text), other text through mask_text."""
+    if not isinstance(value, str):
+        return value
+    return mask_text(mask_url(value))
+
+
 def _describe(exc: ValidationError, source: str) -> str:
     lines = []
     for err in exc.errors():
@@ -643,8 +665,10 @@ def _describe(exc: ValidationError, source: str) -> str:
             lines.append(f"{source}: unknown key '{key}'")
             continue
         value = err.get("input")
-        shown = "(missing)" if err["type"] == "missing" else repr(value)
-        msg = err["msg"]
+        # The value is echoed so the operator sees what was read, but a URL's secrets never
+        # are (vjob.secrets): a refused database.url is shown masked, its password never.
+        shown = "(missing)" if err["type"] == "missing" else repr(_masked(value))
+        msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "literal_error":
             msg = "must be " + msg.removeprefix("Input should be ")
         lines.append(f"{source}: {key} = {shown}: {msg}")

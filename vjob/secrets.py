@@ -56,6 +56,22 @@ def _split_userinfo(rest: str) -> tuple[str, str, str] | None:
         # an '@' after a path or query separator in the user part: look at an earlier '@'
 
 
+def raw_at_in_userinfo(url: str) -> bool:
+    """True when the user name or password of `url` holds a raw (not percent-encoded) `@`.
+
+    Why refuse rather than guess: SQLAlchemy (like most URL parsers) ends the password at the
+    *first* `@`, so `postgresql://vjob:p@ss@db/vjob` is user `vjob`, password `p` and host
+    `ss@db` — the tail of the password becomes a host name that every connection attempt,
+    every tick, quotes in its error. The operator's intent (`%40`) is clear, but a silently
+    repaired secret is a habit we do not want; the error says what to write instead.
+    """
+    m = _SCHEME.match(url)
+    if m is None:
+        return False
+    split = _split_userinfo(url[m.end() :])
+    return split is not None and "@" in split[0] + split[1]
+
+
 def mask_url(url: str) -> str:
     """`url` with its userinfo password and its secret query parameters replaced by ***."""
     m = _SCHEME.match(url)

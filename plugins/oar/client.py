@@ -44,8 +44,10 @@ _RESOURCE = re.compile(r"[A-Za-z0-9_/=,:{}' .-]{1,512}")
 _PROPERTIES = re.compile(r"[A-Za-z0-9_=<>!' ().,-]{0,1024}")
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _WORD = re.compile(r"[A-Za-z0-9_/.=:,+@%-]{1,1024}")
-WALLTIME = re.compile(r"\d{1,4}(:\d{1,2}){0,2}")
-_JOB_ID_LINE = re.compile(r"OAR_JOB_ID=(\d+)")
+WALLTIME = re.compile(r"[0-9]{1,4}(:[0-9]{1,2}){0,2}")  # [0-9]: \d takes any script's digits
+_JOB_ID_LINE = re.compile(r"OAR_JOB_ID=(\S*)")
+"""oarsub's answer line; what follows `=` is then checked against JOB_ID (\\d took other
+scripts' digits and any length for a job id: fuzzed)."""
 PAGE = 500
 """Items asked per page of an API collection (OAR's own default page size)."""
 MAX_PAGES = 250
@@ -212,6 +214,8 @@ class OarCommands:
         found = _JOB_ID_LINE.search(out)
         if not found:
             raise CommandError(["oarsub"], f"no OAR_JOB_ID in its output: {out.strip()[:200]!r}")
+        if not JOB_ID.fullmatch(found.group(1)):
+            raise CommandError(["oarsub"], f"OAR_JOB_ID = {_short(found.group(1))}: not a job number")
         return found.group(1)
 
     def job(self, job_id: str, *, user: str = "") -> OarJob | None:

@@ -18,6 +18,7 @@ cross-checked against the job ids squeue prints, one digits-only id per line.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -42,6 +43,8 @@ DATA_PARSER_FOR = (((24, 11), "v0.0.42"), ((24, 5), "v0.0.41"), ((23, 11), "v0.0
 """The newest data_parser vjob reads that each Slurm release prints (each release keeps the two
 before its own, so 25.05 and 25.11 still print v0.0.42)."""
 _JOB_ID_LINE = re.compile(r"[0-9]{1,10}")
+_SPRIO_NUMBER = re.compile(r"-?[0-9]{1,20}(\.[0-9]{0,20})?([eE][-+]?[0-9]{1,3})?")
+"""A factor as sprio prints it (ASCII only: float() also takes other scripts' digits)."""
 
 
 class SlurmAdapter:
@@ -203,10 +206,19 @@ class SlurmAdapter:
             parts = [p.strip() for p in line.split("|")]
             if len(parts) != len(names) + 1:
                 raise CommandError(["sprio"], f"line {number}: expected {len(names) + 1} fields, got {line!r}")
-            try:
-                factors[parts[0]] = {n: int(float(v)) for n, v in zip(names, parts[1:], strict=True)}
-            except ValueError:
-                raise CommandError(["sprio"], f"line {number}: not numbers: {line!r}") from None
+            row: dict[str, int] = {}
+            for name, value in zip(names, parts[1:], strict=True):
+                # float() then int(): sprio prints factors as decimals. `inf` and `1e400` made
+                # int() raise OverflowError, which ended the caller (fuzzed): only finite
+                # ASCII numbers pass, and the error names the factor.
+                try:
+                    number_value = float(value) if _SPRIO_NUMBER.fullmatch(value) else math.nan
+                except ValueError:
+                    number_value = math.nan
+                if not math.isfinite(number_value):
+                    raise CommandError(["sprio"], f"line {number}: {name} = {value[:40]!r}: not a number")
+                row[name] = int(number_value)
+            factors[parts[0]] = row
         return factors
 
     # -- act -------------------------------------------------------------------------------------
