@@ -286,6 +286,9 @@ def step(agent: Agent, obs: Observation, state: ControlState) -> ExecutionReport
         publish(agent, state, record(state, queue, "refused", str(refused), report))
         return report
     state.refused = ""
+    if not pilot_performer.lease_held(agent):
+        publish(agent, state, record(state, queue, "no plan", "the agent lease is held by another agent"))
+        return None
     doing = f"carrying out {len(plan.actions)} action(s) in {len(plan.pools)} pool(s)"
     publish(agent, state, record(state, queue, "switching", doing))
     performer = pilot_performer.for_agent(agent, obs, "consolidation")  # memory-scaled waits, lease-bound

@@ -151,6 +151,13 @@ def for_agent(agent: Agent, obs: Observation, reason: str) -> PilotRequestPerfor
                                  still_ours=agent.lease_valid, reason=reason)  # fmt: skip
 
 
+def lease_held(agent: Agent) -> bool:
+    """Whether the agent may start a live switch: its lease still covers it, or it takes it
+    now (a step run outside the tick's acting phase, as act.checkpoint_vjob does). False when
+    another agent holds it: the switch is not started, its executor would abandon it at once."""
+    return agent.lease_valid() or agent.hold_lease()
+
+
 def _expected(action: PlanAction) -> PilotState:
     if action.kind is Action.SUSPEND:
         return PilotState.SAVED

@@ -45,7 +45,9 @@ def recover(agent: Agent) -> list[int]:
     def performer_for(sw: journal.JournalSwitch) -> KeyedPerformer:
         return pilot_performer.for_agent(agent, _observation(agent, sw, rms_jobs or ()), "recovery")
 
-    reports = finish_live_switches(store, agent.rms, performer_for, agent.log, still_ours=agent.lease_valid)
+    reports: list[ExecutionReport] = []
+    if pilot_performer.lease_held(agent):  # else they are the lease holder's to finish
+        reports = finish_live_switches(store, agent.rms, performer_for, agent.log, still_ours=agent.lease_valid)
     handled = [r.switch_id for r in reports]
     states = {j.id: j.state for j in (rms_jobs if rms_jobs is not None else agent.adapter.jobs())}
     finished: set[str] = set()
@@ -129,7 +131,7 @@ def finish_live_switches(
     `still_ours` (the agent's lease): once it turns False the switch is left, abandoned, to the
     lease's new holder, as a live switch would be.
     """
-    reports = []
+    reports: list[ExecutionReport] = []
     for sw in journal.open_switches(store, rms=rms):
         if sw.plan.get("executor") != EXECUTOR_TAG:
             continue

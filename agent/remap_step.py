@@ -338,6 +338,8 @@ def _carry_out(agent: Agent, obs: Observation, moves: Sequence[Move]) -> Executi
     actions = tuple(PlanAction(Action.MIGRATE, m.vm, m.job, m.src, m.dst) for m in moves)
     plan = Plan(pools=(actions,), placement={m.vm: m.dst for m in moves}, cost=len(moves), optimizer="remap")
     why = "; ".join(sorted({f"{m.job} {m.why}" for m in moves}))
+    if not pilot_performer.lease_held(agent):
+        raise VjobError("remap: the agent lease is held by another agent; no migration")
     agent.log.info("remap: migrating", moves=[f"{m.vm} {m.src}->{m.dst} ({m.why})" for m in moves])
     performer = pilot_performer.for_agent(agent, obs, "remap")  # memory-scaled waits, lease-bound
     executor = Executor(performer, agent.store(), tag=EXECUTOR_TAG, job_key=lambda a: f"{agent.rms}:{a.vjob}",

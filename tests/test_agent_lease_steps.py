@@ -27,6 +27,7 @@ from preemption.planner.plan import Plan, PlanAction
 from preemption.remap.live import Move
 from tests.services import wait_for
 from vjob.config import parse
+from vjob.errors import VjobError
 from vjob.model import Action, ClusterView, Job, JobClass, JobState, Node
 from vjob.pilot_files import PilotDir, PilotState, PilotStatus, RequestKind
 from vjob.store import jobs as store_jobs
@@ -145,7 +146,7 @@ def _lose_lease_while(store: Store, pdir: PilotDir, acting: Callable[[], Any]) -
     def run() -> None:
         try:
             result["out"] = acting()
-        except Exception as exc:  # the test reports what A did
+        except VjobError as exc:  # the test reports what A did
             result["error"] = exc
 
     with _pilot(pdir, lambda: False) as seen:
