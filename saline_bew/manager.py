@@ -168,7 +168,7 @@ class Manager:
         if site is not None and site not in self.sites:
             raise InputError(f"site = {grammar.short(site)}: not a configured site ({', '.join(self.sites)})")
         grammar.word("image", image, grammar.IMAGE)
-        received = self.vms.receive_work(work_fd) if work_fd is not None else None
+        received = self.vms.receive_work(work_fd, user) if work_fd is not None else None
         try:
             with self._lock:
                 chosen = site or self._choose_site(vm_count * vcpus, prefer=None)
@@ -1091,7 +1091,7 @@ class Manager:
             raise InputError(f"best-effort vjob {key}: too late, its VMs started without the directory")
         if WORKDIR_STAGED in kinds or self.vms.work_path(key).exists():
             raise InputError(f"best-effort vjob {key}: its directory was sent already")
-        received = self.vms.receive_work(fd) if fd is not None else None  # outside the lock: a copy
+        received = self.vms.receive_work(fd, job.user) if fd is not None else None  # outside the lock: a copy
         try:
             with self._lock:
                 if not self._lease(key):

@@ -180,12 +180,13 @@ class SalineVMs:
         (root's; kept until the vjob is cleaned: a restart from scratch needs it again)."""
         return self.driver.data_dir / "saline-work" / f"{key}{workdir.SUFFIX}"
 
-    def receive_work(self, fd: int) -> Path:
+    def receive_work(self, fd: int, user: str) -> Path:
         """Copy and check the submitter's disk from `fd` (saline_bew.workdir.receive) into
         root's directory under a temporary name; the caller renames it to `work_path`."""
         where = safe_dirs.ensure_dir(self.driver.data_dir / "saline-work", 0o700)
         dest = where / f".incoming-{os.getpid()}-{uuid.uuid4().hex[:8]}{workdir.SUFFIX}"
-        workdir.receive(fd, dest, limit_bytes=self.driver.config.stage_limit_mb * 2**20)
+        pw = _account(user)
+        workdir.receive(fd, dest, limit_bytes=self.driver.config.stage_limit_mb * 2**20, uid=pw.pw_uid, gid=pw.pw_gid)
         return dest
 
     def spec(

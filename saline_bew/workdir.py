@@ -6,8 +6,9 @@ followed). `vjob besteffort submit` runs as the user, in their directory: it bui
 from it with provisioning.job_disk (the user's own rights, the stage limit, symlinks copied as
 links) and hands the manager an open file descriptor over the socket (SCM_RIGHTS). The manager
 never sees a path of the user's: it copies at most `limit` bytes from the descriptor (a regular
-file only) into its own root-owned directory, checks the copy with `qemu-img info` (qcow2, no
-backing file, no external data file, a bounded virtual size), and at the deployment has the
+file only) into its own root-owned directory (the copy 0600, owned by the submitter: only a
+descriptor reaches it), checks it with `qemu-img info` run as the submitter (qcow2, no backing
+file, no external data file, a bounded virtual size), and at the deployment has the
 copy's `/work` read by a child running as the job's user (`unpacked`: root never parses the
 user's file system, and writes only what the checked stream holds) into a root-owned scratch
 directory from which it builds the first VM's real job disk (job_disk.build, for the user), as
@@ -44,8 +45,9 @@ def build_for_user(workdir: Path, command: list[str], out: Path, *, limit_bytes:
     job_disk.build(workdir, job, out, limit_bytes=limit_bytes, free_bytes=0)
 
 
-def receive(fd: int, dest: Path, *, limit_bytes: int) -> None:
-    """Copy the user's disk from `fd` to `dest` (root's, created here) and check the copy.
+def receive(fd: int, dest: Path, *, limit_bytes: int, uid: int, gid: int) -> None:
+    """Copy the disk of the user `uid`/`gid` from `fd` to `dest` (in root's directory, created
+    here) and check the copy as that user.
 
     `fd` stays open (the socket server closes it). Over the limit, not a regular file, or not
     a plain qcow2: InputError, and nothing is left at `dest`."""
@@ -54,8 +56,9 @@ def receive(fd: int, dest: Path, *, limit_bytes: int) -> None:
         if not stat.S_ISREG(st.st_mode):
             raise InputError("working directory disk: the descriptor passed is not a regular file")
         cap = limit_bytes + EXT4_MARGIN
-        out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        out = os.open(dest, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
+            ids = _tool_ids(out, uid, gid)
             copied = 0
             while chunk := os.pread(fd, 1 << 20, copied):
                 copied += len(chunk)
@@ -65,9 +68,9 @@ def receive(fd: int, dest: Path, *, limit_bytes: int) -> None:
                         f"= {limit_bytes >> 20}): run from a smaller directory"
                     )
                 os.write(out, chunk)
+            _check(out, cap, ids)
         finally:
             os.close(out)
-        _check(dest, cap)
     except OSError as exc:  # a descriptor opened for writing only, or O_PATH
         dest.unlink(missing_ok=True)
         raise InputError(f"working directory disk: cannot read the descriptor passed: {exc.strerror}") from None
@@ -76,11 +79,25 @@ def receive(fd: int, dest: Path, *, limit_bytes: int) -> None:
         raise
 
 
-def _check(copy: Path, cap: int) -> None:
-    """`qemu-img info` on root's copy, never on the user's path: a backing file or an external
-    data file would make QEMU read a host file of root's choosing, so neither is allowed."""
+def _tool_ids(fd: int, uid: int, gid: int) -> tuple[int, int] | None:
+    """Hand root's file at `fd` to the user `uid`/`gid` (owner-only: its directory is root's,
+    so only a descriptor reaches it) and say as whom qemu-img runs on it: as that user, so a
+    flaw in qemu-img's parsing of the user's image runs with the user's rights, never root's. A
+    manager that is not root runs it as itself."""
+    if os.geteuid() != 0:
+        return None
+    os.fchown(fd, uid, gid)
+    os.fchmod(fd, 0o600)
+    return uid, gid
+
+
+def _check(fd: int, cap: int, ids: tuple[int, int] | None) -> None:
+    """`qemu-img info` (as the user `ids`) on the copy at `fd`, never on the user's path: a
+    backing file or an external data file would point QEMU at another file, so neither is
+    allowed."""
     try:
-        info = json.loads(proc.run(["qemu-img", "info", "-f", "qcow2", "--output=json", str(copy)], timeout_s=60))
+        info = json.loads(proc.run(["qemu-img", "info", "-f", "qcow2", "--output=json", f"/proc/self/fd/{fd}"],
+                                   timeout_s=60, as_ids=ids, pass_fds=(fd,)))  # fmt: skip
     except (CommandError, ValueError) as exc:
         raise InputError(f"working directory disk: not a qcow2 image ({str(exc)[:200]})") from None
     data = (info.get("format-specific") or {}).get("data") or {}
@@ -95,7 +112,8 @@ def unpacked(copy: Path, scratch_parent: Path, *, uid: int, gid: int, limit_byte
     """The `/work` of a received disk in a root-owned scratch directory under `scratch_parent`
     (removed on exit), without root parsing the user's file system.
 
-    Root converts its checked qcow2 copy to raw (qemu-img, as `_check` already reads it), then a
+    The job's user converts the checked qcow2 copy to raw (qemu-img as `uid`/`gid`, on
+    descriptors of root's files, as `_check` reads it), then a
     child that dropped to the job's `uid`/`gid` (ext4_tree.as_user: no groups, no other
     descriptor, not dumpable: a fork, no exec, and PR_SET_DUMPABLE 0 after setuid, so the user's
     own processes cannot trace it or open its /proc files) reads the ext4 with
@@ -107,7 +125,7 @@ def unpacked(copy: Path, scratch_parent: Path, *, uid: int, gid: int, limit_byte
     tmp = Path(tempfile.mkdtemp(prefix=".vjob-work-", dir=scratch_parent))
     try:
         raw = tmp / "disk.raw"
-        proc.run(["qemu-img", "convert", "-q", "-f", "qcow2", "-O", "raw", str(copy), str(raw)], timeout_s=600)
+        _convert_as(copy, raw, uid, gid)
         work = tmp / job_disk.WORK
         work.mkdir(mode=0o700)
         fd = os.open(raw, os.O_RDONLY | os.O_CLOEXEC)
@@ -119,6 +137,23 @@ def unpacked(copy: Path, scratch_parent: Path, *, uid: int, gid: int, limit_byte
         yield work
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _convert_as(copy: Path, raw: Path, uid: int, gid: int) -> None:
+    """qemu-img convert of root's copy to root's new `raw`, run as `uid`/`gid` on descriptors
+    (the user cannot reach either path; both files become the user's, owner-only)."""
+    src = os.open(copy, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        dst = os.open(raw, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            ids = _tool_ids(src, uid, gid)
+            _tool_ids(dst, uid, gid)
+            proc.run(["qemu-img", "convert", "-q", "-f", "qcow2", "-O", "raw", f"/proc/self/fd/{src}",
+                      f"/proc/self/fd/{dst}"], timeout_s=600, as_ids=ids, pass_fds=(src, dst))  # fmt: skip
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
 
 
 UNPACK_TIMEOUT_S = 600

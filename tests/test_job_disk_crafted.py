@@ -37,7 +37,7 @@ import pytest
 
 from plugins.oar.parse import OarJob
 from provisioning import ext4_tree, job_disk
-from saline_bew import journal, server
+from saline_bew import journal, server, workdir
 from saline_bew.manager import Manager
 from tests.as_user import as_nobody
 from tests.saline_env import FakeOar, make_real_image, stand_in_manager
@@ -178,6 +178,42 @@ def test_a_crafted_disk_cannot_make_the_manager_write_through_a_link_or_outside(
     assert not _escapes(tmp_path), "root created a file outside its scratch directory"
     assert re.search(r"the name b'vjobdup' twice|'\.\./\.\./", refusal), refusal
     assert not list((tmp_path / "vms").rglob(".vjob-work-*")), "scratch left behind"
+
+
+def test_qemu_img_reads_the_users_disk_as_the_user(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Root never runs an image tool on the image a user made: `qemu-img info` at the receipt
+    and `convert` at the deployment run as the submitter (`nobody`, no groups), on descriptors
+    of root's files, and the tree still comes back whole."""
+    nobody = pwd.getpwnam("nobody")
+    bindir = Path(tempfile.mkdtemp(prefix="vjob-qemu-img-", dir="/var/tmp"))
+    try:
+        bindir.chmod(0o755)
+        log = bindir / "who"
+        log.touch(mode=0o600)
+        os.chown(log, nobody.pw_uid, nobody.pw_gid)
+        real = shutil.which("qemu-img")
+        assert real is not None
+        spy = bindir / "qemu-img"
+        spy.write_text(f'#!/bin/sh\necho "$(id -u) $(id -G) $1" >> {log}\nexec {real} "$@"\n')
+        spy.chmod(0o755)
+        stage = tmp_path / "stage"
+        (stage / "work").mkdir(parents=True)
+        (stage / "work" / "data.txt").write_text("the user's data\n")
+        disk = _craft(tmp_path, stage, [], {})  # the user's disk, made before the spy is on PATH
+        monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+        dest = tmp_path / "received.work.qcow2"
+        fd = os.open(disk, os.O_RDONLY)
+        try:
+            workdir.receive(fd, dest, limit_bytes=8 << 20, uid=nobody.pw_uid, gid=nobody.pw_gid)
+        finally:
+            os.close(fd)
+        assert dest.stat().st_uid == nobody.pw_uid and stat.S_IMODE(dest.stat().st_mode) == 0o600
+        with workdir.unpacked(dest, tmp_path, uid=nobody.pw_uid, gid=nobody.pw_gid, limit_bytes=8 << 20) as work:
+            assert (work / "data.txt").read_text() == "the user's data\n"
+        who = f"{nobody.pw_uid} {nobody.pw_gid}"
+        assert log.read_text().splitlines() == [f"{who} info", f"{who} convert"]
+    finally:
+        shutil.rmtree(bindir, ignore_errors=True)
 
 
 def test_a_small_disk_claiming_gibibytes_is_refused_before_root_writes(manager: Manager, tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import json
 import os
+import pwd
 import re
 import shutil
 import stat
@@ -40,6 +41,9 @@ from vjob.errors import CommandError, InputError
 from vjob.model import VMState
 from vjob.store import jobs as store_jobs
 from vjob.store.db import Store, now
+
+NOBODY = pwd.getpwnam("nobody")
+"""The submitter of the disks `workdir.receive` checks: qemu-img runs as this account."""
 
 pytestmark = pytest.mark.libvirt
 
@@ -558,7 +562,9 @@ def test_the_submitters_directory_reaches_the_first_vms_job_disk_through_the_soc
         cli._submit_with_workdir(args, request)
     (job,) = journal.all_jobs(manager.store)
     kept = manager.vms.work_path(job.key)
-    assert kept.is_file() and kept.stat().st_uid == 0 and stat.S_IMODE(kept.stat().st_mode) == 0o600
+    # the submitter's, owner-only (qemu-img runs on it as them), where only root's descriptors reach it
+    assert kept.is_file() and kept.stat().st_uid == NOBODY.pw_uid and stat.S_IMODE(kept.stat().st_mode) == 0o600
+    assert kept.parent.stat().st_uid == 0 and stat.S_IMODE(kept.parent.stat().st_mode) == 0o700
     journal.record(manager.store, job.key, "test", oar_job_id="1")
     manager._deploy(journal.get(manager.store, job.key), _running_again(job, "n1"))
     driver = manager.vms.driver
@@ -595,7 +601,7 @@ def test_an_oversized_directory_or_a_crafted_disk_is_refused(tmp_path: Path, mon
     read_end, write_end = os.pipe()
     try:
         with pytest.raises(InputError, match="not a regular file"):
-            workdir.receive(read_end, dest, limit_bytes=1 << 20)
+            workdir.receive(read_end, dest, limit_bytes=1 << 20, uid=NOBODY.pw_uid, gid=NOBODY.pw_gid)
     finally:
         os.close(read_end)
         os.close(write_end)
@@ -608,7 +614,7 @@ def test_an_oversized_directory_or_a_crafted_disk_is_refused(tmp_path: Path, mon
         fd = os.open(path, os.O_RDONLY)
         try:
             with pytest.raises(InputError, match=why):
-                workdir.receive(fd, dest, limit_bytes=1 << 20)
+                workdir.receive(fd, dest, limit_bytes=1 << 20, uid=NOBODY.pw_uid, gid=NOBODY.pw_gid)
         finally:
             os.close(fd)
         assert not dest.exists()

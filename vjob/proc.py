@@ -29,12 +29,17 @@ def run(
     shown: Sequence[str] | None = None,
     hint: str = "",
     missing_hint: str = "",
+    as_ids: tuple[int, int] | None = None,
+    pass_fds: Sequence[int] = (),
 ) -> str:
     """Run `cmd` and return its standard output, or raise CommandError.
 
     `shown` is how the command is named in errors (e.g. without an absolute path); `job` names
     the job or VM it concerns; `hint` is added to a time-out message (e.g. "is slurmctld up?"),
     `missing_hint` to a command-not-found one (e.g. "set [pbs] bin_dir or PATH").
+    `as_ids` (uid, gid): run it as that account, without supplementary groups (root running a
+    tool on a file a user made, e.g. qemu-img on a job disk); `pass_fds`: descriptors it
+    inherits (the file it works on, as `/proc/self/fd/N`, when the account cannot reach its path).
     """
     argv = [str(c) for c in cmd]
     name = list(shown) if shown is not None else argv
@@ -50,6 +55,8 @@ def run(
             env=dict(env) if env is not None else None,
             stdin=None if stdin is not None else subprocess.DEVNULL,
             check=False,
+            pass_fds=tuple(pass_fds),
+            **({"user": as_ids[0], "group": as_ids[1], "extra_groups": []} if as_ids is not None else {}),
         )
     except subprocess.TimeoutExpired:
         extra = f" ({hint})" if hint else ""
