@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +26,11 @@ from agent.pilot_performer import EXECUTOR_TAG
 from preemption.planner.plan import Plan, PlanAction
 from preemption.remap.live import Move
 from tests.services import wait_for
+from tests.stand_ins import answering_pilot
 from vjob.config import parse
 from vjob.errors import VjobError
 from vjob.model import Action, ClusterView, Job, JobClass, JobState, Node
-from vjob.pilot_files import PilotDir, PilotState, PilotStatus, RequestKind
+from vjob.pilot_files import PilotDir, PilotState, PilotStatus
 from vjob.store import jobs as store_jobs
 from vjob.store import journal, leases
 from vjob.store.db import Store
@@ -67,39 +68,9 @@ def _setup(store: Store, tmp_path: Path, memory_mb: int, **agent_cfg: Any) -> tu
     return agent, Observation(view=view, pilots={JOB: st}, sleeping={}, store_ok=True), pdir
 
 
-@contextlib.contextmanager
-def _pilot(pdir: PilotDir, answer_when: Callable[[], bool]) -> Iterator[list[str]]:
-    """A stand-in pilot: it carries out the agent's request (a migration: running on the
-    requested node; a suspend: saved) once `answer_when()` holds; yields the request ids seen."""
-    seen: list[str] = []
-    stop = threading.Event()
-    memory = pdir.path.parent / "memory.state"
-
-    def run() -> None:
-        while not stop.wait(0.05):
-            req = pdir.read_request()
-            if req is None:
-                continue
-            if req.request_id not in seen:
-                seen.append(req.request_id)
-            if not answer_when():
-                continue
-            st = pdir.read_state()
-            assert st is not None
-            if req.kind is RequestKind.SUSPEND:
-                memory.write_bytes(b"saved")
-                pdir.write_state(st.moved(PilotState.SAVED, request_id=req.request_id, memory_path=str(memory)))
-            else:
-                pdir.write_state(st.moved(PilotState.RUNNING, request_id=req.request_id, node=req.node))
-            return
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    try:
-        yield seen
-    finally:
-        stop.set()
-        t.join(timeout=10)
+def _pilot(pdir: PilotDir, answer_when: Callable[[], bool]) -> contextlib.AbstractContextManager[list[str]]:
+    """The stand-in pilot (tests.stand_ins), its saved state beside the pilot directories."""
+    return answering_pilot(pdir, answer_when, pdir.path.parent / "memory.state")
 
 
 def _migrate(agent: Agent, obs: Observation) -> Any:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from agent.metrics import AgentMetrics
 from agent.observe import Observation
 from preemption.scheduling.tick import Preemption
 from tests.services import wait_for
+from tests.stand_ins import HoldingAdapter, answering_pilot
 from vjob.config import parse
 from vjob.errors import ConfigError, VjobError
 from vjob.model import ClusterView, Job, JobClass, JobState, Node
@@ -35,21 +36,9 @@ from vjob.store.db import Store
 JOB = "77"
 
 
-class _Adapter:
-    """Only what a checkpoint asks of the RMS: the requeue-hold, recorded."""
-
-    name = "slurm"
-
-    def __init__(self) -> None:
-        self.held: list[str] = []
-
-    def requeue_hold(self, job_id: str) -> None:
-        self.held.append(job_id)
-
-
-def _agent(store: Store, tmp_path: Path, **agent_cfg: Any) -> tuple[Agent, _Adapter]:
+def _agent(store: Store, tmp_path: Path, **agent_cfg: Any) -> tuple[Agent, HoldingAdapter]:
     cfg = parse({"data_dir": str(tmp_path / "data"), "agent": {"pilot_dir": str(tmp_path / "pilots"), **agent_cfg}})
-    adapter = _Adapter()
+    adapter = HoldingAdapter()
     agent = Agent(cfg, adapter, rms="slurm", metrics=AgentMetrics(), owner="A")  # type: ignore[arg-type]
     agent._store = store
     return agent, adapter
@@ -64,34 +53,13 @@ def _observation(memory_mb: int) -> tuple[Observation, PilotStatus]:
     return Observation(view=view, pilots={JOB: st}, sleeping={}, store_ok=True), st
 
 
-@contextlib.contextmanager
-def _pilot(pdir: PilotDir, st: PilotStatus, tmp_path: Path, save_when: Callable[[], bool]) -> Iterator[list[str]]:
-    """A stand-in pilot: it answers the agent's checkpoint request with a save once
-    `save_when()` holds; yields the request ids it saw."""
+def _pilot(
+    pdir: PilotDir, st: PilotStatus, tmp_path: Path, save_when: Callable[[], bool]
+) -> contextlib.AbstractContextManager[list[str]]:
+    """The stand-in pilot (tests.stand_ins) in state `st`: it answers the agent's checkpoint
+    request with a save once `save_when()` holds; yields the request ids it saw."""
     pdir.write_state(st)
-    memory = tmp_path / "memory.state"
-    memory.write_bytes(b"saved")
-    seen: list[str] = []
-    stop = threading.Event()
-
-    def run() -> None:
-        while not stop.wait(0.05):
-            req = pdir.read_request()
-            if req is None:
-                continue
-            if req.request_id not in seen:
-                seen.append(req.request_id)
-            if save_when():
-                pdir.write_state(st.moved(PilotState.SAVED, request_id=req.request_id, memory_path=str(memory)))
-                return
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    try:
-        yield seen
-    finally:
-        stop.set()
-        t.join(timeout=10)
+    return answering_pilot(pdir, save_when, tmp_path / "memory.state")
 
 
 def _ready(store: Store, agent: Agent, obs: Observation, st: PilotStatus, tmp_path: Path) -> PilotDir:

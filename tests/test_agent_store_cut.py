@@ -26,6 +26,7 @@ import pytest
 from agent.loop import Agent
 from agent.metrics import AgentMetrics
 from tests.services import free_port, wait_for
+from tests.stand_ins import HoldingAdapter
 from tests.test_agent_lease_switch import JOB, _observation, _pilot, _preempt, _ready
 from vjob.config import parse
 from vjob.errors import StoreError
@@ -101,16 +102,8 @@ class Relay:
                     s.close()
 
 
-class _Adapter:
+class _Adapter(HoldingAdapter):
     """The RMS as recovery asks it: the job runs until requeue-held, then it is pending."""
-
-    name = "slurm"
-
-    def __init__(self) -> None:
-        self.held: list[str] = []
-
-    def requeue_hold(self, job_id: str) -> None:
-        self.held.append(job_id)
 
     def jobs(self) -> list[Job]:
         state = JobState.PENDING if JOB in self.held else JobState.RUNNING
