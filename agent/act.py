@@ -219,7 +219,7 @@ def checkpoint_vjob(agent: Agent, job_id: str, obs: Observation, reason: str) ->
         return False
     if job_id not in agent.checkpointable(obs):
         raise VjobError(f"job {job_id}: its VM is not running on its allocated nodes; no checkpoint now")
-    if not agent.lease_valid() and not agent.hold_lease():
+    if not agent.lease_held():
         raise VjobError(f"job {job_id}: the agent lease is lost; no checkpoint")
     job = obs.view.job(job_id)
     pre = Preemption(job_id=job_id, victims=(job_id,), nodes=tuple(job.allocated_nodes), checkpoint_bytes=0.0)

@@ -109,7 +109,6 @@ class Agent:
         self.pilot_dirs: dict[str, PilotDir] = {}
         """job id → the directory of it the last observation believed (owned by the job's user or
         root, agent.observe.read_pilots): where requests go, never a squatter's same-named one."""
-        self.checkpoint_timeout_s = cfg.agent.checkpoint_timeout_s
         self.log = log.get("agent").bind(rms=rms)
         self.sent_priorities: dict[str, int] = {}
         self.gone_since: dict[str, float] = {}
@@ -188,6 +187,11 @@ class Agent:
         """Whether the lease still covers the next action (with a margin for clock and I/O)."""
         return time.time() < self._lease_until - min(5.0, self.cfg.agent.lease_s / 3)
 
+    def lease_held(self) -> bool:
+        """Whether the agent may start acting: its lease still covers it, or it takes it now (a
+        step run outside the tick's acting phase). False when another agent holds it."""
+        return self.lease_valid() or self.hold_lease()
+
     @contextlib.contextmanager
     def keeping_lease(self, *, active: bool = True) -> Iterator[None]:
         """Renew the lease from a thread for as long as the block acts.
@@ -255,7 +259,10 @@ class Agent:
         job when it says: a claim cannot stretch the wait past the job's own allocation."""
         st = obs.pilots.get(job_id)
         claimed = st.memory_mb if st is not None else 0
-        allocated = next((j.memory_mb for j in obs.view.jobs if j.id == job_id), 0)
+        try:
+            allocated = obs.view.job(job_id).memory_mb
+        except KeyError:
+            allocated = 0
         memory = min(claimed, allocated) if claimed and allocated else claimed or allocated
         return self.cfg.agent.checkpoint_timeout_for(memory)
 
@@ -347,10 +354,10 @@ class Agent:
             return report
         try:
             for pre in decision.preemptions:
-                if not self.lease_valid() and not self.hold_lease():
+                if not self.lease_held():
                     break
                 report.checkpointed += act.preempt(self, pre, obs)
-            if not self.lease_valid() and not self.hold_lease():
+            if not self.lease_held():
                 return report  # lost while acting (keeping_lease): the new holder acts from here
             releases = decision.releases
             if self.cfg.deadline.admission != "none":  # a job held for its deadline: only where x < X

@@ -57,7 +57,7 @@ def observe(agent: Agent, *, track: bool = True) -> Observation:
     records: dict[str, JobRecord] = {}
     try:
         store = agent.store()
-        records = _records(store, agent.rms, [j.id for j in rms_jobs])
+        records = store_records(store, agent.rms, [j.id for j in rms_jobs])
         if track:
             for job in rms_jobs:
                 if job.id not in records:
@@ -169,7 +169,7 @@ def pilot_users(agent: Agent, dirs: Sequence[PilotDir], rms_users: dict[str, str
     unknown = sorted({d.job_id for d in dirs} - set(users))
     if unknown:
         try:
-            users.update({job_id: rec.user for job_id, rec in _records(agent.store(), agent.rms, unknown).items()})
+            users.update({job_id: rec.user for job_id, rec in store_records(agent.store(), agent.rms, unknown).items()})
         except StoreError as exc:
             agent.log.warning("no store: pilots of jobs the RMS forgot are heard from root's directories only",
                               error=str(exc))  # fmt: skip
@@ -237,7 +237,7 @@ def _shares(agent: Agent, store_ok: bool) -> tuple[dict[str, float], dict[str, f
         return {}, dict(agent.cfg.priority.targets)
 
 
-def _records(store: Store, rms: str, job_ids: list[str], chunk: int = 2000) -> dict[str, JobRecord]:
+def store_records(store: Store, rms: str, job_ids: list[str], chunk: int = 2000) -> dict[str, JobRecord]:
     """The store's rows of these jobs, in a few queries instead of one per job."""
     out: dict[str, JobRecord] = {}
     with store.session() as s:

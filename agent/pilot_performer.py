@@ -146,7 +146,7 @@ def for_agent(agent: Agent, obs: Observation, reason: str) -> PilotRequestPerfor
     pilot directories the agent believes, each action waiting as long as its vjob's save may
     take (Agent.checkpoint_timeout_for: the floor plus so much per GiB of the VM, capped; the
     same helper as the preemption switch's), and stopping once the agent's lease is lost."""
-    return PilotRequestPerformer(lambda a: agent.pilot_dir(a.vjob), timeout_s=agent.checkpoint_timeout_s,
+    return PilotRequestPerformer(lambda a: agent.pilot_dir(a.vjob),
                                  timeout_for=lambda a: agent.checkpoint_timeout_for(obs, a.vjob),
                                  still_ours=agent.lease_valid, reason=reason)  # fmt: skip
 
@@ -155,7 +155,7 @@ def lease_held(agent: Agent) -> bool:
     """Whether the agent may start a live switch: its lease still covers it, or it takes it
     now (a step run outside the tick's acting phase, as act.checkpoint_vjob does). False when
     another agent holds it: the switch is not started, its executor would abandon it at once."""
-    return agent.lease_valid() or agent.hold_lease()
+    return agent.lease_held()
 
 
 def _expected(action: PlanAction) -> PilotState:

@@ -14,12 +14,11 @@ from typing import Any
 
 from agent.consolidate import STATUS_NAME as CONTROL_STATUS_NAME
 from agent.deadline import STATUS_NAME
-from agent.observe import hear
+from agent.observe import hear, store_records
 from agent.remap_step import STATUS_NAME as REMAP_STATUS_NAME
 from vjob.cli import load_config
 from vjob.errors import StoreError
 from vjob.pilot_files import all_dirs, pilot_root, vms_of
-from vjob.store import jobs as store_jobs
 from vjob.store import journal
 from vjob.store import snapshots as store_snapshots
 from vjob.store import vms as store_vms
@@ -72,10 +71,7 @@ def collect(cfg: Any, rms: str, switches: int = 10, snapshots: int = 20) -> dict
     dirs = all_dirs(pilot_root(cfg), rms)
     if store is not None:
         try:  # whose directory to believe: the user the store recorded for the job (the RMS's)
-            for job_id in sorted({d.job_id for d in dirs}):
-                rec = store_jobs.get(store, rms, job_id)
-                if rec is not None:
-                    records[job_id] = rec
+            records.update(store_records(store, rms, sorted({d.job_id for d in dirs})))
         except StoreError as exc:
             out["errors"].append(f"state store: {exc}")
     # The agent's owner rule (agent.observe.hear): a job's directory is heard only when its

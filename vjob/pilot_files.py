@@ -453,18 +453,26 @@ class PilotDir:
         """Refuse a directory that is a symlink or is owned by neither `user` nor root (None: a
         job nobody vouches for, whose directory only root may have made); the owner's uid (None:
         no directory)."""
+        owner = self._owner()
+        if owner is None:
+            return None
+        try:
+            uid = pwd.getpwnam(user).pw_uid if user else None
+        except KeyError:
+            uid = None
+        if owner not in (0, uid):
+            raise InputError(f"{self.path}: owned by uid {owner}, not by the job's user {user!r}")
+        return owner
+
+    def _owner(self) -> int | None:
+        """The uid owning the directory itself (None: no directory); InputError for a link or
+        anything but a directory."""
         try:
             info = os.lstat(self.path)
         except FileNotFoundError:
             return None
         if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
             raise InputError(f"{self.path}: not a plain directory")
-        try:
-            uid = pwd.getpwnam(user).pw_uid if user else None
-        except KeyError:
-            uid = None
-        if info.st_uid not in (0, uid):
-            raise InputError(f"{self.path}: owned by uid {info.st_uid}, not by the job's user {user!r}")
         return info.st_uid
 
     @property
@@ -522,14 +530,9 @@ class PilotDir:
         """With `owners` set: refuse a directory that is a link or anybody else's."""
         if self.owners is None:
             return
-        try:
-            info = os.lstat(self.path)
-        except FileNotFoundError:
-            return
-        if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
-            raise InputError(f"{self.path}: not a plain directory")
-        if info.st_uid not in self.owners:
-            raise InputError(f"{self.path}: owned by uid {info.st_uid}, not by the job's user or root")
+        owner = self._owner()
+        if owner is not None and owner not in self.owners:
+            raise InputError(f"{self.path}: owned by uid {owner}, not by the job's user or root")
 
     def read_state(self) -> PilotStatus | None:
         self._vouched()
