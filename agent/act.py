@@ -12,13 +12,14 @@ import itertools
 import shutil
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field, replace
 
 from agent.observe import Observation
-from preemption.executor import Abandoned, Executor
+from agent.pilot_performer import checkpoint_timeout_for
+from agent.ports import Ports
+from preemption.executor import Abandoned
 from preemption.planner import PlanAction, instance_from_view, make_plan
-from preemption.scheduling.tick import Decision, Preemption, Release
+from preemption.scheduling.tick import Preemption, Release
 from ubis_priority import usage as ubis_usage
 from vjob.errors import CommandError, StoreError, VjobError
 from vjob.model import VM, ClusterView, VJobState, VMState
@@ -26,9 +27,6 @@ from vjob.pilot_files import PilotState, vms_of
 from vjob.rms import PriorityKnob
 from vjob.store import jobs as store_jobs
 from vjob.store import vms as store_vms
-
-if TYPE_CHECKING:
-    from agent.loop import Agent, TickReport
 
 PLAN_TIME_LIMIT_S = 2.0
 """The planner's time limit in the agent: an interactive job is waiting meanwhile."""
@@ -45,8 +43,8 @@ class PilotPerformer:
     executor hands it the suspends of all its VMs together (a JobPerformer), and they are one
     request, one save, one requeue-hold."""
 
-    def __init__(self, agent: Agent, obs: Observation, reason: str) -> None:
-        self.agent = agent
+    def __init__(self, ports: Ports, obs: Observation, reason: str) -> None:
+        self.ports = ports
         self.obs = obs
         self.reason = reason
         self.job_of = {vm: job_id for job_id, st in obs.pilots.items() for vm, _node in vms_of(st)}
@@ -70,25 +68,26 @@ class PilotPerformer:
         """Ask the pilot of `job_id` to save (all its VMs), wait for the save, requeue-hold the job."""
         if job_id in self.done:
             return  # its pilot already saved every VM of it, in one cut
-        pdir = self.agent.pilot_dir(job_id)
+        pdir = self.ports.pilot_dir(job_id)
         request_id = f"{vm}@{time.time():.6f}"
         pdir.request_checkpoint(request_id, reason=self.reason, nodes=self.obs.view.job(job_id).allocated_nodes)
-        timeout = self.agent.checkpoint_timeout_for(self.obs, job_id)  # scales with the VM's memory
+        timeout = checkpoint_timeout_for(self.ports.cfg, self.obs, job_id)  # scales with the VM's memory
         deadline = time.monotonic() + timeout
         while not pdir.saved_for(request_id):
-            if not self.agent.lease_valid():  # the lease's new holder finishes or undoes it (agent.recover)
+            if not self.ports.lease.valid():  # the lease's new holder finishes or undoes it (agent.recover)
                 raise Abandoned(f"job {job_id}: the agent lease was lost waiting for VM {vm}'s checkpoint")
             if time.monotonic() > deadline:
                 # Too slow: withdraw the request; a pilot that saves anyway restores at once.
                 pdir.withdraw_request()
-                raise VjobError(f"job {job_id}: no checkpoint of VM {vm} on {node} within "
-                                f"{timeout:.0f} s; request withdrawn")  # fmt: skip
+                raise VjobError(
+                    f"job {job_id}: no checkpoint of VM {vm} on {node} within {timeout:.0f} s; request withdrawn"
+                )
             time.sleep(0.1)
-        finish_checkpoint(self.agent, job_id)
+        finish_checkpoint(self.ports, job_id)
         self.done.append(job_id)
 
     def _refuse(self, what: str, vm: str) -> None:
-        raise VjobError(f"{what} {vm}: the {self.agent.rms} agent only checkpoints; the RMS starts and moves jobs")
+        raise VjobError(f"{what} {vm}: the {self.ports.rms} agent only checkpoints; the RMS starts and moves jobs")
 
     def run(self, vm: str, node: str) -> None:
         self._refuse("run", vm)
@@ -173,22 +172,24 @@ def _in_order(ranked: Sequence[str], sent: Mapping[str, int]) -> list[int]:
     return run[::-1]
 
 
-def apply_priorities(agent: Agent, decision: Decision) -> None:
-    """Send the changed integer priorities (none when the RMS has no knob)."""
-    knob = agent.adapter.abilities.priority
+def apply_priorities(ports: Ports, wanted: Mapping[str, int], sent: dict[str, int]) -> None:
+    """Send the changed integer priorities (none when the RMS has no knob); `sent`, what the
+    RMS holds from this agent, is kept up to date (the jobs no longer wanted forgotten)."""
+    knob = ports.adapter.abilities.priority
     if knob is None:
         return
-    agent.sent_priorities = {k: v for k, v in agent.sent_priorities.items() if k in decision.rms_priorities}
-    for job_id, value in priorities_to_send(agent.sent_priorities, decision.rms_priorities, knob).items():
+    for gone in [k for k in sent if k not in wanted]:
+        del sent[gone]
+    for job_id, value in priorities_to_send(sent, wanted, knob).items():
         try:
-            agent.adapter.set_priority(job_id, value)
-            agent.sent_priorities[job_id] = value
+            ports.adapter.set_priority(job_id, value)
+            sent[job_id] = value
         except CommandError as exc:
-            agent.metrics.errors.labels(kind="rms").inc()
-            agent.log.warning("could not set the priority", jobs=[job_id], error=str(exc))
+            ports.metrics.errors.labels(kind="rms").inc()
+            ports.log.warning("could not set the priority", jobs=[job_id], error=str(exc))
 
 
-def preempt(agent: Agent, pre: Preemption, obs: Observation, *, reason: str = "") -> list[str]:
+def preempt(ports: Ports, pre: Preemption, obs: Observation, *, reason: str = "") -> list[str]:
     """One context switch: the planner plans the victims' suspends, the executor carries the
     plan out (journalling each action first), each suspend done by the VM's pilot. `reason`
     defaults to the interactive job's need; the deadline duty gives its own (checkpoint_vjob)."""
@@ -196,20 +197,19 @@ def preempt(agent: Agent, pre: Preemption, obs: Observation, *, reason: str = ""
     view, target = _vm_view(obs, set(pre.victims))
     plan = make_plan(
         instance_from_view(view, target),
-        optimizer=agent.cfg.planner.optimizer,
-        time_limit_s=min(agent.cfg.planner.time_limit_s, PLAN_TIME_LIMIT_S),
+        optimizer=ports.cfg.planner.optimizer,
+        time_limit_s=min(ports.cfg.planner.time_limit_s, PLAN_TIME_LIMIT_S),
     )
     reason = reason or f"interactive job {pre.job_id} needs nodes {','.join(pre.nodes)}"
-    agent.log.info("switch planned", jobs=[pre.job_id, *pre.victims], nodes=list(pre.nodes), cost=plan.cost)
-    performer = PilotPerformer(agent, obs, reason)
-    report = Executor(performer, agent.store(), job_key=lambda a: f"{agent.rms}:{a.vjob}",
-                      still_ours=agent.lease_valid).execute(plan, reason=reason)  # fmt: skip
-    agent.metrics.switch_seconds.observe(time.monotonic() - t0)
-    agent.log.info("switch finished", switch=report.switch_id, summary=report.summary(), jobs=performer.done)
+    ports.log.info("switch planned", jobs=[pre.job_id, *pre.victims], nodes=list(pre.nodes), cost=plan.cost)
+    performer = PilotPerformer(ports, obs, reason)
+    report = ports.executor(performer).execute(plan, reason=reason)
+    ports.metrics.switch_seconds.observe(time.monotonic() - t0)
+    ports.log.info("switch finished", switch=report.switch_id, summary=report.summary(), jobs=performer.done)
     return performer.done
 
 
-def checkpoint_vjob(agent: Agent, job_id: str, obs: Observation, reason: str) -> bool:
+def checkpoint_vjob(ports: Ports, job_id: str, obs: Observation, reason: str) -> bool:
     """Checkpoint one running vjob through the preemption path (journal, pilot save,
     requeue-hold; released later by the tick's releases) — for a reason other than an
     interactive job, e.g. a deadline it is predicted to miss (agent.deadline). False when the
@@ -217,15 +217,30 @@ def checkpoint_vjob(agent: Agent, job_id: str, obs: Observation, reason: str) ->
     node the RMS gave it, or the save failed (the caller retries next tick)."""
     if job_id not in obs.pilots:
         return False
-    if job_id not in agent.checkpointable(obs):
+    if job_id not in checkpointable(ports, obs):
         raise VjobError(f"job {job_id}: its VM is not running on its allocated nodes; no checkpoint now")
-    if not agent.lease_held():
+    if not ports.lease.held():
         raise VjobError(f"job {job_id}: the agent lease is lost; no checkpoint")
     job = obs.view.job(job_id)
     pre = Preemption(job_id=job_id, victims=(job_id,), nodes=tuple(job.allocated_nodes), checkpoint_bytes=0.0)
-    if job_id not in preempt(agent, pre, obs, reason=reason):
+    if job_id not in preempt(ports, pre, obs, reason=reason):
         raise VjobError(f"job {job_id}: checkpoint failed (see the switch in the journal)")
     return True
+
+
+def checkpointable(ports: Ports, obs: Observation) -> set[str]:
+    """Running vjobs whose VMs (one, or one per node) all run on nodes the RMS allocated
+    them — and none at all when the RMS cannot requeue a running job (the victim would have
+    nowhere to go)."""
+    if not ports.adapter.abilities.requeue_hold:
+        return set()
+    return {
+        j.id
+        for j in obs.view.running
+        if j.id in obs.pilots
+        and obs.pilots[j.id].state is PilotState.RUNNING
+        and (not j.allocated_nodes or all(n in j.allocated_nodes for _, n in vms_of(obs.pilots[j.id])))
+    }
 
 
 def _vm_view(obs: Observation, victims: set[str]) -> tuple[ClusterView, dict[str, VJobState]]:
@@ -246,59 +261,70 @@ def _vm_view(obs: Observation, victims: set[str]) -> tuple[ClusterView, dict[str
     return replace(obs.view, vms=tuple(vms)), target
 
 
-def finish_checkpoint(agent: Agent, job_id: str) -> None:
+def finish_checkpoint(ports: Ports, job_id: str) -> None:
     """The job's VM is saved: requeue-hold it and count the preemption (Pn), once."""
     try:
-        agent.adapter.requeue_hold(job_id)
+        ports.adapter.requeue_hold(job_id)
     except CommandError:
-        # The pilot resumes its VM by itself when no requeue follows (agent.pilot).
-        agent.metrics.errors.labels(kind="rms").inc()
-        agent.log.error("requeue-hold failed; the pilot will resume its VM", jobs=[job_id])
+        # The pilot resumes its VM by itself when no requeue follows (pilot.pilot).
+        ports.metrics.errors.labels(kind="rms").inc()
+        ports.log.error("requeue-hold failed; the pilot will resume its VM", jobs=[job_id])
         raise
-    store_jobs.record_preemption(agent.store(), agent.rms, job_id)
+    store_jobs.record_preemption(ports.store(), ports.rms, job_id)
     try:
-        st = agent.pilot_dir(job_id).read_state()
+        st = ports.pilot_dir(job_id).read_state()
     except VjobError:
         st = None  # the figures below are the pilot's word: nice to have, never needed
-    agent.metrics.preemptions.inc()
+    ports.metrics.preemptions.inc()
     if st is not None:
-        agent.metrics.checkpoint_seconds.observe(st.save_seconds)
-        agent.metrics.checkpoint_bytes.observe(st.save_bytes)
-    agent.log.info("checkpointed and requeue-held", jobs=[job_id])
+        ports.metrics.checkpoint_seconds.observe(st.save_seconds)
+        ports.metrics.checkpoint_bytes.observe(st.save_bytes)
+    ports.log.info("checkpointed and requeue-held", jobs=[job_id])
 
 
-def requeued_long_enough_ago(agent: Agent, job_id: str) -> bool:
+def requeued_long_enough_ago(ports: Ports, job_id: str) -> bool:
     """Whether forcing the start of a requeued job is safe. Slurm revokes the old run's
     credential with a one-second timestamp: a restart within the same second (on the same
     node, exactly what a local resume does) is killed as "non-startable: Job credential
     revoked" and the job ends. Slurm's own cred_expire delay avoids that; the agent only
     shortens it once a safe margin has passed since the checkpoint."""
-    record = store_jobs.get(agent.store(), agent.rms, job_id)
+    record = store_jobs.get(ports.store(), ports.rms, job_id)
     since = record.preempted_since if record is not None else None
     return since is None or time.time() - since >= REQUEUE_RESTART_MARGIN_S
 
 
-def release(agent: Agent, rel: Release) -> bool:
-    abilities = agent.adapter.abilities
+def release(ports: Ports, rel: Release) -> bool:
+    abilities = ports.adapter.abilities
     if not abilities.hold_release:
-        agent.log.warning("this RMS adapter cannot release held jobs", jobs=[rel.job_id])
+        ports.log.warning("this RMS adapter cannot release held jobs", jobs=[rel.job_id])
         return False
     try:
         if abilities.pin_nodes and rel.preferred_nodes:
-            agent.adapter.require_nodes(rel.job_id, rel.preferred_nodes)  # a local resume: no state to copy
-        agent.adapter.release(rel.job_id)
-        if abilities.start_now and requeued_long_enough_ago(agent, rel.job_id):
-            agent.adapter.start_now(rel.job_id)  # Slurm: skip the cred_expire delay after a requeue
+            ports.adapter.require_nodes(rel.job_id, rel.preferred_nodes)  # a local resume: no state to copy
+        ports.adapter.release(rel.job_id)
+        if abilities.start_now and requeued_long_enough_ago(ports, rel.job_id):
+            ports.adapter.start_now(rel.job_id)  # Slurm: skip the cred_expire delay after a requeue
     except CommandError as exc:
-        agent.metrics.errors.labels(kind="rms").inc()
-        agent.log.warning("release failed, retrying next tick", jobs=[rel.job_id], error=str(exc))
+        ports.metrics.errors.labels(kind="rms").inc()
+        ports.log.warning("release failed, retrying next tick", jobs=[rel.job_id], error=str(exc))
         return False
-    agent.metrics.releases.inc()
-    agent.log.info("released", jobs=[rel.job_id], nodes=list(rel.preferred_nodes))
+    ports.metrics.releases.inc()
+    ports.log.info("released", jobs=[rel.job_id], nodes=list(rel.preferred_nodes))
     return True
 
 
-def clean_up(agent: Agent, obs: Observation) -> list[str]:
+@dataclass
+class Forgotten:
+    """The vjobs with a pilot directory that the RMS no longer lists, carried between ticks
+    for their clean-up (clean_up)."""
+
+    since: dict[str, float] = field(default_factory=dict)
+    """job id → when the agent first saw it gone, by its own clock."""
+    last_tick: set[str] = field(default_factory=set)
+    """The jobs gone at the previous tick."""
+
+
+def clean_up(ports: Ports, obs: Observation, gone: Forgotten) -> list[str]:
     """Delete the VMs and pilot directories of vjobs the RMS has forgotten.
 
     Only after two ticks in a row without the job (one odd answer from the RMS must not destroy
@@ -315,50 +341,51 @@ def clean_up(agent: Agent, obs: Observation) -> list[str]:
         for job_id, st in obs.pilots.items()
         if job_id not in known and st.state in (PilotState.SAVED, PilotState.FINISHED, PilotState.FAILED)
     }
-    agent.gone_since = {j: agent.gone_since.get(j, now) for j in gone_now}
-    ripe = sorted(j for j, t in agent.gone_since.items() if now - t >= agent.cfg.agent.cleanup_after_s)
-    ripe = [j for j in ripe if j in agent.gone_last_tick]
-    agent.gone_last_tick = gone_now
+    gone.since = {j: gone.since.get(j, now) for j in gone_now}
+    ripe = sorted(j for j, t in gone.since.items() if now - t >= ports.cfg.agent.cleanup_after_s)
+    ripe = [j for j in ripe if j in gone.last_tick]
+    gone.last_tick = gone_now
     if not ripe:
         return []
-    from provisioning.driver import Driver  # heavy: libvirt-python, only when a VM must go
-
     cleaned = []
-    driver = Driver(agent.cfg.provisioning, data_dir=agent.cfg.data_path)
+    driver = ports.driver()  # libvirt: only when a VM must go
     try:
         for job_id in ripe:
             try:
-                owned = store_vms.of_job(agent.store(), agent.rms, job_id)
+                owned = store_vms.of_job(ports.store(), ports.rms, job_id)
             except StoreError as exc:
-                agent.store_failed(exc)
+                ports.store.failed(exc)
                 return cleaned
             try:
                 for vm in owned:
                     driver.delete(vm.name, vm.node)
             except VjobError as exc:
-                agent.log.warning("could not delete a forgotten vjob's VM", jobs=[job_id], error=str(exc))
+                ports.log.warning("could not delete a forgotten vjob's VM", jobs=[job_id], error=str(exc))
                 continue
-            store_vms.forget(agent.store(), agent.rms, job_id)
-            shutil.rmtree(agent.pilot_dir(job_id).path, ignore_errors=True)
-            agent.gone_since.pop(job_id, None)
+            store_vms.forget(ports.store(), ports.rms, job_id)
+            shutil.rmtree(ports.pilot_dir(job_id).path, ignore_errors=True)
+            gone.since.pop(job_id, None)
             cleaned.append(job_id)
-            agent.log.info("deleted the VMs of a job the RMS no longer knows", jobs=[job_id],
-                           vms=[v.name for v in owned])  # fmt: skip
+            ports.log.info(
+                "deleted the VMs of a job the RMS no longer knows", jobs=[job_id], vms=[v.name for v in owned]
+            )
     finally:
         driver.close()
     return cleaned
 
 
-def charge_usage(agent: Agent, view: ClusterView) -> None:
+def charge_usage(ports: Ports, view: ClusterView) -> None:
     """Add this tick's node-seconds to each user's decayed usage (UBIS Target−Usage)."""
     try:
-        ubis_usage.charge(agent.store(), view, agent.cfg.priority)
+        ubis_usage.charge(ports.store(), view, ports.cfg.priority)
     except StoreError as exc:
-        agent.store_failed(exc)
+        ports.store.failed(exc)
 
 
-def record_resumes(agent: Agent, obs: Observation, report: TickReport) -> None:
-    """A checkpointed job running again with its VM restored: stop its Pt clock."""
+def record_resumes(ports: Ports, obs: Observation) -> list[str]:
+    """A checkpointed job running again with its VM restored: stop its Pt clock. Returns the
+    jobs recorded (up to a store failure, when the rest waits for the next tick)."""
+    resumed: list[str] = []
     for job in obs.view.running:
         pilot = obs.pilots.get(job.id)
         if job.preempted_since is None or pilot is None or pilot.state is not PilotState.RUNNING:
@@ -367,21 +394,24 @@ def record_resumes(agent: Agent, obs: Observation, report: TickReport) -> None:
             continue  # the state file predates the checkpoint: not resumed yet
         at = min(max(pilot.since, job.preempted_since), time.time())  # the pilot's clock, bounded
         try:
-            store_jobs.record_resume(agent.store(), agent.rms, job.id, at=at)
-            report.resumed.append(job.id)
-            agent.log.info("resumed", jobs=[job.id], node=pilot.node, local=pilot.node == pilot.saved_node)
+            store_jobs.record_resume(ports.store(), ports.rms, job.id, at=at)
+            resumed.append(job.id)
+            ports.log.info("resumed", jobs=[job.id], node=pilot.node, local=pilot.node == pilot.saved_node)
         except StoreError as exc:
-            agent.store_failed(exc)
-            return
+            ports.store.failed(exc)
+            return resumed
+    return resumed
 
 
 __all__ = [
     "PLAN_TIME_LIMIT_S",
     "REQUEUE_RESTART_MARGIN_S",
+    "Forgotten",
     "PilotPerformer",
     "apply_priorities",
     "charge_usage",
     "checkpoint_vjob",
+    "checkpointable",
     "clean_up",
     "finish_checkpoint",
     "preempt",

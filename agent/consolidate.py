@@ -16,7 +16,7 @@ job the RMS forgot), or more if root measured more — and is logged: the pilot'
 `vcpus` are advisory and weigh nothing (issue 39, item 9). A vjob the RMS does not list comes
 after every vjob it does in the FCFS queue, so it cannot push another user's VM out.
 
-A multi-node vjob (one pilot holding `<vm>-0`, `<vm>-1`…, agent.pilot_multinode) is each of its
+A multi-node vjob (one pilot holding `<vm>-0`, `<vm>-1`…, pilot.multinode) is each of its
 VMs, measured on the node its pilot's `member_nodes` names, so the planner weighs its real size;
 its VMs are pinned to their nodes in the planner's instance (they may sleep and wake in place,
 together, never move), so the planner relieves an overload by moving another vjob or by
@@ -42,13 +42,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from agent import pilot_performer
 from agent.observe import Observation
 from agent.pilot_coalesce import MembersMoved, coalesce, journal_refusal
-from agent.pilot_performer import EXECUTOR_TAG
+from agent.pilot_performer import EXECUTOR_TAG, live_executor
+from agent.ports import Ports
 from agent.status_file import write_status_file
-from preemption.executor import ExecutionReport, Executor
-from preemption.planner import NodeSpec, Plan, PlanAction
+from preemption.executor import ExecutionReport
+from preemption.planner import NodeSpec, Plan
 from preemption.planner.control import ControlDecision, ObservedVM, cpu_demand, decide, plan_for
 from vjob import log
 from vjob.errors import StoreError, VjobError
@@ -57,7 +57,6 @@ from vjob.pilot_files import PilotState, PilotStatus, vms_of
 from vjob.store import jobs as store_jobs
 
 if TYPE_CHECKING:
-    from agent.loop import Agent
     from provisioning.profiling import DomainSample
 
 _log = log.get(__name__)
@@ -113,8 +112,16 @@ def vm_demand(now: DomainSample, prev: DomainSample | None, *, busy: float) -> i
         return vcpus
     delay = None if now.vcpu_delay_ns is None else now.vcpu_delay_ns / 1e9
     prev_delay = None if prev.vcpu_delay_ns is None else prev.vcpu_delay_ns / 1e9
-    return cpu_demand(now.cpu_time_ns / 1e9, now.t, prev.cpu_time_ns / 1e9, prev.t, vcpus, busy=busy,
-                      delay_s=delay, prev_delay_s=prev_delay)  # fmt: skip
+    return cpu_demand(
+        now.cpu_time_ns / 1e9,
+        now.t,
+        prev.cpu_time_ns / 1e9,
+        prev.t,
+        vcpus,
+        busy=busy,
+        delay_s=delay,
+        prev_delay_s=prev_delay,
+    )
 
 
 def members_of(st: PilotStatus) -> list[tuple[str, str]]:
@@ -182,8 +189,11 @@ def observed_vms(
             root_mem, cpus = root_size(sizes.get(job_id), node_of.get(node))
             if st.state is PilotState.SAVED:
                 mem = state.memory.get(vm) or root_mem  # never measured (a restarted agent): root's figure
-                out.append(ObservedVM(vm, job_id, VJobState.SLEEPING, node, mem, cpus,
-                                      state.demand.get(vm, cpus), pinned=len(vms) > 1))  # fmt: skip
+                out.append(
+                    ObservedVM(
+                        vm, job_id, VJobState.SLEEPING, node, mem, cpus, state.demand.get(vm, cpus), pinned=len(vms) > 1
+                    )
+                )
             else:
                 running.setdefault(node, []).append((job_id, vm, cpus, len(vms) > 1))
     fresh: dict[str, DomainSample] = {}
@@ -213,18 +223,18 @@ def observed_vms(
     return out
 
 
-def forgotten_sizes(agent: Agent, obs: Observation) -> dict[str, tuple[int, int]]:
+def forgotten_sizes(ports: Ports, obs: Observation) -> dict[str, tuple[int, int]]:
     """(MiB, CPUs) per VM the store recorded from the RMS for each vjob with a pilot that the
     RMS no longer lists; {} with the store down (those vjobs then weigh whole nodes, last)."""
     known = {j.id for j in obs.view.jobs}
     out: dict[str, tuple[int, int]] = {}
     try:
         for job_id in sorted(set(obs.pilots) - known):
-            rec = store_jobs.get(agent.store(), agent.rms, job_id)
+            rec = store_jobs.get(ports.store(), ports.rms, job_id)
             if rec is not None:
                 out[job_id] = (rec.memory_mb, rec.cores)
     except StoreError as exc:
-        agent.log.warning("control loop: no store: vjobs the RMS forgot weigh whole nodes", error=str(exc))
+        ports.log.warning("control loop: no store: vjobs the RMS forgot weigh whole nodes", error=str(exc))
     return out
 
 
@@ -236,66 +246,77 @@ def fcfs_queue(obs: Observation, vjobs: Iterable[str]) -> list[str]:
     return sorted(set(vjobs), key=lambda j: (j not in submitted, submitted.get(j, 0.0), j))
 
 
-def step(agent: Agent, obs: Observation, state: ControlState) -> ExecutionReport | None:
+def step(ports: Ports, obs: Observation, state: ControlState) -> ExecutionReport | None:
     """One control step: decide from the measured state, plan, and carry the switch out live."""
     state.last_step = time.time()
     if state.sampler is None:
-        from provisioning.driver import Driver  # heavy: libvirt-python, only when the loop is on
-        from provisioning.profiling import node_sampler  # heavy: libvirt-python
+        from provisioning.profiling import node_sampler  # heavy: libvirt-python, only when the loop is on
 
-        state.sampler = node_sampler(Driver(agent.cfg.provisioning, data_dir=agent.cfg.data_path).connection)
+        state.sampler = node_sampler(ports.driver().connection)
     usable = [n for n in obs.view.nodes if n.state.usable]
     nodes = [NodeSpec(n.name, n.cpus, n.memory_mb) for n in usable]
     names = {n.name for n in usable}
-    forgotten = forgotten_sizes(agent, obs)
-    vms = [o for o in observed_vms(obs, state, busy=agent.cfg.planner.busy, forgotten=forgotten) if o.host in names]
+    forgotten = forgotten_sizes(ports, obs)
+    vms = [o for o in observed_vms(obs, state, busy=ports.cfg.planner.busy, forgotten=forgotten) if o.host in names]
     state.decision = state.plan = None
     if not vms:
-        publish(agent, state, record(state, [], "nothing to decide", "no vjob with a pilot on a usable node"))
+        publish(ports, state, record(state, [], "nothing to decide", "no vjob with a pilot on a usable node"))
         return None
     queue = fcfs_queue(obs, (o.vjob for o in vms))
     state.decision = decide(nodes, vms, queue)
     try:
-        state.plan = plan = plan_for(state.decision, optimizer=agent.cfg.planner.optimizer,
-                                     time_limit_s=min(agent.cfg.planner.time_limit_s, 5.0))  # fmt: skip
+        state.plan = plan = plan_for(
+            state.decision, optimizer=ports.cfg.planner.optimizer, time_limit_s=min(ports.cfg.planner.time_limit_s, 5.0)
+        )
     except VjobError as exc:  # the tick reports it; the status says why there is no plan
-        publish(agent, state, record(state, queue, "no plan", str(exc)))
+        publish(ports, state, record(state, queue, "no plan", str(exc)))
         raise
     if plan is None:
-        why = ("every vjob stays as it is and no node is overloaded" if not state.decision.changes
-               else "the planner found nothing to do")  # fmt: skip
-        publish(agent, state, record(state, queue, "no change", why))
+        why = (
+            "every vjob stays as it is and no node is overloaded"
+            if not state.decision.changes
+            else "the planner found nothing to do"
+        )
+        publish(ports, state, record(state, queue, "no change", why))
         return None
     overloaded = dict(zip(state.decision.overloaded, state.decision.why, strict=True))
-    agent.log.info("consolidation planned", overloaded=overloaded, cost=plan.cost, actions=plan.count(),
-                   jobs=sorted({a.vjob for a in plan.actions}), unmeasured=list(state.unmeasured))  # fmt: skip
-
-    def job_key(a: PlanAction) -> str:
-        return f"{agent.rms}:{a.vjob}"
+    ports.log.info(
+        "consolidation planned",
+        overloaded=overloaded,
+        cost=plan.cost,
+        actions=plan.count(),
+        jobs=sorted({a.vjob for a in plan.actions}),
+        unmeasured=list(state.unmeasured),
+    )
 
     try:
         requests = coalesce(plan, state.members)
     except MembersMoved as refused:
-        agent.log.error("consolidation refused: a multi-node vjob would move VM by VM", error=str(refused))
+        ports.log.error("consolidation refused: a multi-node vjob would move VM by VM", error=str(refused))
         if str(refused) == state.refused:
-            publish(agent, state, record(state, queue, "refused", str(refused)))
+            publish(ports, state, record(state, queue, "refused", str(refused)))
             return None  # journalled at the step that first planned it
         state.refused = str(refused)
-        report = journal_refusal(agent.store(), plan, refused, reason=f"consolidation refused: {refused}",
-                                 tag=EXECUTOR_TAG, job_key=job_key)  # fmt: skip
-        publish(agent, state, record(state, queue, "refused", str(refused), report))
+        report = journal_refusal(
+            ports.store(),
+            plan,
+            refused,
+            reason=f"consolidation refused: {refused}",
+            tag=EXECUTOR_TAG,
+            job_key=ports.job_key,
+        )
+        publish(ports, state, record(state, queue, "refused", str(refused), report))
         return report
     state.refused = ""
-    if not pilot_performer.lease_held(agent):
-        publish(agent, state, record(state, queue, "no plan", "the agent lease is held by another agent"))
+    if not ports.lease.held():
+        publish(ports, state, record(state, queue, "no plan", "the agent lease is held by another agent"))
         return None
     doing = f"carrying out {len(plan.actions)} action(s) in {len(plan.pools)} pool(s)"
-    publish(agent, state, record(state, queue, "switching", doing))
-    performer = pilot_performer.for_agent(agent, obs, "consolidation")  # memory-scaled waits, lease-bound
-    executor = Executor(performer, agent.store(), tag=EXECUTOR_TAG, job_key=job_key, still_ours=agent.lease_valid)
+    publish(ports, state, record(state, queue, "switching", doing))
+    executor = live_executor(ports, obs, "consolidation")  # memory-scaled waits, lease-bound
     report = executor.execute(requests, reason="consolidation: measured demand")
-    agent.log.info("consolidation done", switch=report.switch_id, summary=report.summary())
-    publish(agent, state, record(state, queue, report.state, report.summary(), report))
+    ports.log.info("consolidation done", switch=report.switch_id, summary=report.summary())
+    publish(ports, state, record(state, queue, report.state, report.summary(), report))
     return report
 
 
@@ -315,8 +336,16 @@ def vjob_reasons(decision: ControlDecision, queue: list[str]) -> dict[str, dict[
             why = f"{'runs' if now is VJobState.RUNNING else 'wakes'}: {size}: fits{where}{ahead}"
         else:
             why = f"{'sleeps' if now is VJobState.RUNNING else 'stays asleep'}: {size}: no room{where}{ahead}"
-        out[vjob] = {"state": now.value, "target": then.value, "position": rank + 1, "cpu": cpu, "mem_mib": mem,
-                     "nodes": nodes, "pinned": vms[0].pinned, "why": why}  # fmt: skip
+        out[vjob] = {
+            "state": now.value,
+            "target": then.value,
+            "position": rank + 1,
+            "cpu": cpu,
+            "mem_mib": mem,
+            "nodes": nodes,
+            "pinned": vms[0].pinned,
+            "why": why,
+        }
     return out
 
 
@@ -343,19 +372,32 @@ def record(
     return doc
 
 
-def publish(agent: Agent, state: ControlState, doc: dict[str, Any]) -> None:
+def publish(ports: Ports, state: ControlState, doc: dict[str, Any]) -> None:
     """The step's record where `vjob status` reads it (agent.status_file); a write failure is
     only logged: the loop goes on."""
     try:
-        write_status_file(agent.cfg.data_path / STATUS_NAME, doc)
+        write_status_file(ports.cfg.data_path / STATUS_NAME, doc)
     except OSError as exc:
-        agent.log.warning("control loop: cannot write the status", error=str(exc))
+        ports.log.warning("control loop: cannot write the status", error=str(exc))
         return
     state.published = doc
 
 
 __all__ = [
-    "STATUS_NAME", "Allotment", "ControlState", "Sampler", "allotments", "fcfs_queue", "forgotten_sizes",
-    "measured_mib", "members_of", "observed_vms", "publish", "record", "root_size", "step", "vjob_reasons",
+    "STATUS_NAME",
+    "Allotment",
+    "ControlState",
+    "Sampler",
+    "allotments",
+    "fcfs_queue",
+    "forgotten_sizes",
+    "measured_mib",
+    "members_of",
+    "observed_vms",
+    "publish",
+    "record",
+    "root_size",
+    "step",
+    "vjob_reasons",
     "vm_demand",
-]  # fmt: skip
+]

@@ -7,15 +7,13 @@ Pure decisions come from preemption.deadline; this module only holds the state b
 
 from __future__ import annotations
 
-import os
-import secrets
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from agent.deadline_threshold import publish_problem, threshold_path, unwritable
 from agent.metrics import AgentMetrics
 from agent.status_file import write_status_file
 from preemption.deadline import (
@@ -34,7 +32,7 @@ from preemption.deadline import (
     refit_vo_model,
     resume_x,
 )
-from preemption.deadline.threshold_file import THRESHOLD_NAME, write_threshold
+from preemption.deadline.threshold_file import write_threshold
 from preemption.scheduling.tick import Release
 from vjob import log
 from vjob.config import Config
@@ -48,41 +46,6 @@ STATUS_NAME = "deadline.json"
 """Per-vjob deadline, x and prediction, rewritten each tick for `vjob status`."""
 
 _log = log.get("agent.deadline")
-
-
-def threshold_path(cfg: Config, rms: str) -> Path | None:
-    """Where the hook reads X: [deadline] threshold_file, else beside slurm.conf on Slurm."""
-    if cfg.deadline.threshold_file:
-        return Path(cfg.deadline.threshold_file)
-    if rms == "slurm":
-        return Path(cfg.slurm.conf or "/etc/slurm/slurm.conf").parent / THRESHOLD_NAME
-    return None
-
-
-def publish_problem(cfg: Config, rms: str) -> str:
-    """Why the agent cannot publish X where the hooks read it ("" when it can, or when nothing
-    is published): a file made and removed there, as the agent itself would (O_EXCL, no link
-    followed). Why a real write and not a look at modes: the shipped unit's
-    ProtectSystem=strict makes /etc read-only to the agent whatever the modes say, and admission
-    then silently never refused a job. Said at startup and on every failed publication."""
-    path = threshold_path(cfg, rms)
-    if cfg.deadline.admission == "none" or path is None:
-        return ""
-    probe = path.with_name(f".{path.name}.probe.{os.getpid()}.{secrets.token_hex(4)}")
-    try:
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        return _unwritable(path, exc)
-    return ""
-
-
-def _unwritable(path: Path, exc: OSError) -> str:
-    return (f"[deadline] admission is on but the threshold file {path} cannot be written "
-            f"({exc.strerror or exc}): the submit hooks accept every job. Make its directory writable "
-            f"to the agent (the shipped unit: ReadWritePaths=) or set [deadline] threshold_file to a "
-            f"path the hooks read")  # fmt: skip
 
 
 @dataclass
@@ -333,8 +296,14 @@ class DeadlineKeeper:
             neighbours = max(busy.get(n, 0) for n in nodes)
             here = resume_x(job.walltime, done, self.vo.worst(neighbours, kind), left, pause_s=pause)
             verdict = held_verdict(alone, here, self.x)
-            _log.info("deadline: checkpointed job offered a release", job=job.id, nodes=list(nodes),
-                      x=round(here, 3), X=self.x, verdict=verdict.value)  # fmt: skip
+            _log.info(
+                "deadline: checkpointed job offered a release",
+                job=job.id,
+                nodes=list(nodes),
+                x=round(here, 3),
+                X=self.x,
+                verdict=verdict.value,
+            )
             if verdict is Held.RELEASE:
                 out.append(Release(job.id, nodes))
                 for n in nodes:  # a second job released this tick counts the first as a neighbour
@@ -365,7 +334,7 @@ class DeadlineKeeper:
             try:
                 write_threshold(path, self.x, self.slowdown, now, stale_after_s=self.cfg.deadline.stale_after_s)
             except OSError as exc:
-                self.publish_failed(_unwritable(path, exc))
+                self.publish_failed(unwritable(path, exc))
             else:
                 if self.publish_error:
                     _log.info("the deadline threshold is published again", path=str(path))
@@ -440,8 +409,12 @@ class DeadlineKeeper:
             return
         del self.parked[job_id]
         self.given_up.add(job_id)
-        _log.info("deadline: checkpointed job can no longer make it anywhere: cancelled", job=job_id,
-                  x=round(row.x or 0, 3), X=self.x)  # fmt: skip
+        _log.info(
+            "deadline: checkpointed job can no longer make it anywhere: cancelled",
+            job=job_id,
+            x=round(row.x or 0, 3),
+            X=self.x,
+        )
 
     def write_status(self, rows: list[JobDeadline], now: float) -> None:
         doc: dict[str, Any] = {

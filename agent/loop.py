@@ -1,11 +1,14 @@
-"""The vjob agent (`vjob agent --rms slurm`): observe → decide → act → record, in a loop.
+"""The vjob agent (`vjob agent --rms slurm`): observe → decide → arbitrate → act, in a loop.
 
 Why this shape: the RMS stays in charge of running jobs; the agent only steers it. Each tick it
 observes the RMS (jobs, nodes), the pilots (their state files) and the store (Pn, Pt, usage)
 (agent.observe), asks the pure tick decision what to do (preemption.scheduling.tick.decide,
-the same decision the simulator's differential test holds its engine to), and acts through the
-RMS adapter and the pilots (agent.act) — after journalling every action (vjob.store.journal),
-so that a restarted agent finishes or undoes a half-done switch (agent.recover).
+the same decision the simulator's differential test holds its engine to), lets the pure
+arbiter (agent.arbiter) merge it with the deadline duty, the control loop and the remap step
+into one plan, and carries the plan out through the RMS adapter and the pilots (agent.act) —
+after journalling every action (vjob.store.journal), so that a restarted agent finishes or
+undoes a half-done switch (agent.recover). The loop is the top of the agent: the steps get
+its ports (agent.ports: store, lease, pilot directories, adapter, driver), never the Agent.
 
 Failure stance — the agent must never stop the RMS from working:
 * the agent is outside the RMS: if it dies, the RMS keeps scheduling with its own priorities;
@@ -14,7 +17,7 @@ Failure stance — the agent must never stop the RMS from working:
 * with the state store down it takes no decisions that would need journalling (no
   checkpoints, no releases), logs, counts the error and tries again next tick;
 * a failing RMS command is logged with the job it concerns and retried next tick;
-* a pilot that saved its VM but was never requeued restores it by itself (agent.pilot).
+* a pilot that saved its VM but was never requeued restores it by itself (pilot.pilot).
 
 A tick starts every `interval_s`, or at once when a wake file changes: `<data_dir>/agent.wake`
 for anything that knows an interactive job just arrived, plus the files the adapter declares
@@ -23,35 +26,32 @@ for anything that knows an interactive job just arrived, plus the files the adap
 
 from __future__ import annotations
 
-import contextlib
 import os
-import pwd
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent import act, consolidate, remap_step
+from agent.arbiter import Proposals, TickPlan, arbitrate, remap_follows
 from agent.deadline import DeadlineKeeper
+from agent.lease import Lease
 from agent.metrics import AgentMetrics
 from agent.observe import Observation, observe
+from agent.ports import Ports, StoreLink
 from agent.recover import recover
 from plugins import make_adapter
-from preemption.remap.claims import PassClaims, claims
+from preemption.remap.claims import PassClaims
 from preemption.scheduling.tick import Decision, decide
 from vjob import log
 from vjob.config import Config
 from vjob.errors import CommandError, StoreError, VjobError
 from vjob.model import ClusterView
-from vjob.pilot_files import PilotDir, PilotState, find_dir, pilot_root, vms_of
+from vjob.pilot_files import pilot_root
 from vjob.rms import RMSAdapter
 from vjob.sdnotify import Notifier
-from vjob.store import jobs as store_jobs
-from vjob.store import leases
-from vjob.store.db import Store, open_store
 
 
 def wake_file(cfg: Config) -> Path:
@@ -86,7 +86,11 @@ def live_view(rms: str, cfg: Config) -> ClusterView:
 
 
 class Agent:
-    """One agent for one RMS. `store` is opened lazily and re-opened after failures."""
+    """One agent for one RMS: the loop (observe → decide → arbitrate → act) over its ports.
+
+    The steps reach the store, the lease and the pilot directories through `ports` (agent.ports);
+    the deciders' state lives in their own records (`control`, `deadline`, `remap`, `forgotten`),
+    the pass's in `sent_priorities` and `anchors`."""
 
     def __init__(
         self,
@@ -103,187 +107,45 @@ class Agent:
         """Observe and decide each tick, log what would be done, change nothing (`--dry-run`)."""
         self.adapter = adapter
         self.rms = rms
-        self.metrics = metrics or AgentMetrics()
-        self._store: Store | None = None
-        self.root = pilot_root(cfg)
-        self.pilot_dirs: dict[str, PilotDir] = {}
-        """job id → the directory of it the last observation believed (owned by the job's user or
-        root, agent.observe.read_pilots): where requests go, never a squatter's same-named one."""
+        self.metrics = metrics = metrics or AgentMetrics()
         self.log = log.get("agent").bind(rms=rms)
+        self.notify = Notifier()
+        """systemd's watchdog (Type=notify units): pinged after every tick and while waiting."""
+        store = StoreLink(cfg, metrics, self.log)
+        owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        lease = Lease(
+            cfg, rms, owner, store, metrics=metrics, log=self.log, notify=self.notify, on_gain=self._look_again
+        )
+        self.ports = Ports(cfg, rms, adapter, metrics, self.log, store, lease, pilot_root(cfg))
         self.sent_priorities: dict[str, int] = {}
-        self.gone_since: dict[str, float] = {}
-        self.gone_last_tick: set[str] = set()
+        """job id → the priority this agent last sent the RMS (act.apply_priorities)."""
+        self.forgotten = act.Forgotten()
+        """The vjobs the RMS no longer lists, until their clean-up (act.clean_up)."""
         self._seen_running_interactive: set[str] = set()
         self._recovered = False
-        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.lease_name = f"agent:{rms}"
-        self._lease_until = 0.0
-        self.recorded_vms: dict[str, tuple[str, str]] = {}
-        """job id → (node, image) this agent last wrote to the store (agent.observe); the nodes of
-        a vjob of several VMs comma-separated, its first VM's first."""
         self.anchors: dict[str, float] = {}
         """The vjob policy's guard: each protected job's first reserved start, carried between
         ticks so repeated preemptions cannot push it back by the slack each time."""
-        self.notify = Notifier()
-        """systemd's watchdog (Type=notify units): pinged after every tick and while waiting."""
         self.control = consolidate.ControlState()
         """The Entropy control loop's readings and last decision (`planner.interval_s`)."""
-        self.deadline = DeadlineKeeper(cfg, rms, metrics=self.metrics)
+        self.deadline = DeadlineKeeper(cfg, rms, metrics=metrics)
         """X for the submit hooks and the running vjobs' x-factors (agent.deadline)."""
         self.remap = remap_step.RemapState()
         """Live remapping's samples and last decisions (`[remap] farm_file`, agent.remap_step)."""
 
-    # -- store ----------------------------------------------------------------------------
-    def store(self) -> Store:
-        if self._store is None:
-            self._store = open_store(self.cfg)
-        return self._store
-
-    def store_failed(self, exc: Exception) -> None:
-        self.metrics.store_up.set(0)
-        self.metrics.errors.labels(kind="store").inc()
-        self.log.error("state store unavailable: no checkpoint or release this tick, retrying", error=str(exc))
-        if self._store is not None:
-            self._store.close()
-        self._store = None
-
-    def pilot_dir(self, job_id: str) -> PilotDir:
-        """The job's directory as last observed. Before (recovery runs ahead of the first
-        observation) or for a job not heard then: the one owned by the user the store recorded
-        for the job, or by root (vjob.pilot_files.find_dir); when there is none, its plain name,
-        with reads and requests refused if anybody else owns that (a squatter's)."""
-        known = self.pilot_dirs.get(job_id)
-        if known is not None:
-            return known
-        uids = [0]
-        try:
-            record = store_jobs.get(self.store(), self.rms, job_id)
-            if record is not None:
-                uids.insert(0, pwd.getpwnam(record.user).pw_uid)
-        except (StoreError, KeyError):
-            pass  # no store, or a user without an account here: root's directory only
-        found = find_dir(self.root, self.rms, job_id, uids)
-        if found is not None:
-            found.owners = tuple(uids)
-            return found
-        return PilotDir(self.root, self.rms, job_id, owners=uids)
-
-    # -- the lease ------------------------------------------------------------------------
-    def hold_lease(self) -> bool:
-        """Take or renew this cluster's lease; False when another agent holds it."""
-        ttl = self.cfg.agent.lease_s
-        held = leases.acquire(self.store(), self.lease_name, self.owner, ttl)
-        was = self._lease_until > time.time()
-        self._lease_until = time.time() + ttl if held else 0.0
-        self.metrics.active.set(1 if held else 0)
-        if held and not was:
-            self.log.info("active: holding the agent lease", lease=self.lease_name, owner=self.owner)
-            self._recovered = False  # the previous holder may have left a switch open
-        elif not held and was:
-            self.log.error("lost the agent lease to another agent: standing by", lease=self.lease_name)
-        return held
-
-    def lease_valid(self) -> bool:
-        """Whether the lease still covers the next action (with a margin for clock and I/O)."""
-        return time.time() < self._lease_until - min(5.0, self.cfg.agent.lease_s / 3)
-
-    def lease_held(self) -> bool:
-        """Whether the agent may start acting: its lease still covers it, or it takes it now (a
-        step run outside the tick's acting phase). False when another agent holds it."""
-        return self.lease_valid() or self.hold_lease()
-
-    @contextlib.contextmanager
-    def keeping_lease(self, *, active: bool = True) -> Iterator[None]:
-        """Renew the lease from a thread for as long as the block acts.
-
-        Why: a switch waits for its victims' saves (minutes for a big VM, agent.act), far
-        longer than the lease; unrenewed, it ran out mid-switch and a standby took over, rolled
-        the switch back and withdrew the live checkpoint request. The keeper renews every third
-        of `lease_s` and feeds systemd's watchdog meanwhile (for at most
-        `checkpoint_timeout_max_s`: a tick hung longer is the watchdog's). When the lease is
-        lost (another agent holds it, or the store did not answer until it expired)
-        `lease_valid()` turns False and the acting code stops: the executor starts and journals
-        nothing more, a waiting checkpoint is left to the new holder, who finishes or undoes the
-        switch (agent.recover)."""
-        if not active or self._lease_until <= 0:
-            yield
-            return
-        stop = threading.Event()
-        keeper = threading.Thread(target=self._keep_lease, args=(self.store(), stop), name="vjob-lease-keeper",
-                                  daemon=True)  # fmt: skip
-        keeper.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            keeper.join(timeout=self.cfg.agent.command_timeout_s + 5)
-
-    def _keep_lease(self, store: Store, stop: threading.Event) -> None:
-        ttl = self.cfg.agent.lease_s
-        period = ttl / 3
-        wait = period
-        feed_until = time.monotonic() + self.cfg.agent.checkpoint_timeout_max_s  # then a hung tick shows
-        while not stop.wait(wait):
-            if self._lease_until <= 0:
-                return  # lost already (the main thread saw it)
-            t = time.time()
-            try:
-                held = leases.acquire(store, self.lease_name, self.owner, ttl, at=t)
-            except (StoreError, ValueError) as exc:
-                if not self.lease_valid():
-                    self._lose_lease(f"the store did not answer before it ran out: {exc}")
-                    return
-                self.log.warning("cannot renew the agent lease, retrying", lease=self.lease_name, error=str(exc))
-                wait = min(1.0, period)
-                continue
-            if not held:
-                self._lose_lease("another agent holds it")
-                return
-            self._lease_until = t + ttl
-            if time.monotonic() < feed_until:
-                self.notify.watchdog()  # the tick waits on saves, each bounded by its timeout
-            wait = period
-
-    def _lose_lease(self, why: str) -> None:
-        """The lease is gone while acting: everything acting checks lease_valid() and stops."""
-        self._lease_until = 0.0
-        self.metrics.active.set(0)
-        self.metrics.errors.labels(kind="lease").inc()
-        self.log.error("lost the agent lease while acting: stopping, the switch is left to its new holder",
-                       lease=self.lease_name, why=why)  # fmt: skip
-
-    def checkpoint_timeout_for(self, obs: Observation, job_id: str) -> float:
-        """How long a switch waits for this job's save: `[agent] checkpoint_timeout_s` plus
-        `checkpoint_timeout_per_gib_s` per GiB of its VM, at most `checkpoint_timeout_max_s`.
-        The VM's memory is its pilot's word (the user's), bounded by what the RMS allocated the
-        job when it says: a claim cannot stretch the wait past the job's own allocation."""
-        st = obs.pilots.get(job_id)
-        claimed = st.memory_mb if st is not None else 0
-        try:
-            allocated = obs.view.job(job_id).memory_mb
-        except KeyError:
-            allocated = 0
-        memory = min(claimed, allocated) if claimed and allocated else claimed or allocated
-        return self.cfg.agent.checkpoint_timeout_for(memory)
-
-    def give_up_lease(self) -> None:
-        try:
-            leases.release(self.store(), self.lease_name, self.owner)
-        except StoreError:
-            pass  # it runs out by itself
-        self._lease_until = 0.0
+    def _look_again(self) -> None:
+        """The journal may hold a switch left open (by a previous lease holder, or cut short by
+        a failure): the next acting tick recovers it first (agent.recover)."""
+        self._recovered = False
 
     # -- observe, recover -----------------------------------------------------------------
     def observe(self, *, track: bool = True) -> Observation:
-        return observe(self, track=track)
+        return observe(self.ports, track=track)
 
     def recover(self) -> list[int]:
-        handled = recover(self)
+        handled = recover(self.ports)
         self._recovered = True
         return handled
-
-    def finish_checkpoint(self, job_id: str) -> None:
-        act.finish_checkpoint(self, job_id)
 
     # -- the loop ------------------------------------------------------------------------
     def tick(self) -> TickReport:
@@ -292,28 +154,29 @@ class Agent:
         if self.dry_run:
             return self._dry_tick(report)
         try:
-            active: bool | None = self.hold_lease()
+            active: bool | None = self.ports.lease.hold()
         except StoreError as exc:
             # Lease unknown: observe and set priorities (harmless twice), but act on nothing
             # that needs the journal — observe() finds the store down and says so.
-            self.store_failed(exc)
+            self.ports.store.failed(exc)
             active = None
         if active is False:
             report.active = False
             return report
-        with self.keeping_lease(active=bool(active)):
+        with self.ports.lease.keeping(active=bool(active)):
             return self._act_tick(report, active)
 
     def _act_tick(self, report: TickReport, active: bool | None) -> TickReport:
         """The tick of an agent holding its lease (`active`) or unsure of it (None: the store
-        is down, nothing needing the journal is done)."""
+        is down, nothing needing the journal is done): observe, let the deciders propose, take
+        the arbiter's one plan (agent.arbiter) and carry it out."""
         try:
             if active and not self._recovered:
                 self.recover()
             obs = self.observe()
         except (CommandError, VjobError) as exc:
             if isinstance(exc, StoreError):
-                self.store_failed(exc)
+                self.ports.store.failed(exc)
                 report.store_ok = False
             else:
                 self.metrics.errors.labels(kind="rms").inc()
@@ -321,70 +184,105 @@ class Agent:
             report.errors.append(str(exc))
             return report
         report.store_ok = obs.store_ok
-        report.cleaned = act.clean_up(self, obs) if obs.store_ok else []
+        report.cleaned = act.clean_up(self.ports, obs, self.forgotten) if obs.store_ok else []
         if obs.store_ok:
-            act.charge_usage(self, obs.view)
-        act.record_resumes(self, obs, report)
+            act.charge_usage(self.ports, obs.view)
+        report.resumed += act.record_resumes(self.ports, obs)
         self._observe_interactive_starts(obs.view)
-        decision = decide(
-            obs.view,
-            self.cfg,
-            knob=self.adapter.abilities.priority,
-            checkpointable=self.checkpointable(obs),
-            sleeping=obs.sleeping,
-            anchors=self.anchors,
-        )
+        decision = self._decide(obs, self.anchors)
         self.anchors = dict(decision.anchors)  # the guard's slack counts from the first reservation
         report.decision = decision
-        act.apply_priorities(self, decision)
+        plan = arbitrate(
+            Proposals(
+                decision,
+                obs.store_ok,
+                deadline=self.cfg.deadline.admission != "none",
+                control=self.cfg.planner.interval_s > 0,
+                remap=bool(self.cfg.remap.farm_file),
+            )
+        )
+        return self._carry_out(plan, decision, obs, report)
+
+    def _carry_out(self, plan: TickPlan, decision: Decision, obs: Observation, report: TickReport) -> TickReport:
+        """The tick's plan, in its order; a lease lost while acting stops it (Lease.keeping:
+        the new holder acts from there), a store failure ends it (the journal may hold a switch
+        cut short: the next tick looks again)."""
+        act.apply_priorities(self.ports, plan.priorities, self.sent_priorities)
         if decision.waiting_interactive:
             self.log.info("interactive jobs wait (cap or no victims)", jobs=list(decision.waiting_interactive))
-        if self.cfg.deadline.admission != "none":
-            try:
-                self.deadline.tick(
-                    obs.view,
-                    self.adapter,
-                    act=obs.store_ok,
-                    checkpoint=lambda j, why: self._deadline_checkpoint(obs, j, why, report, decision),
-                    store=self.store() if obs.store_ok else None,
-                )
-            except VjobError as exc:  # never let the deadline duty stop the tick
-                self.log.error("deadline evaluation failed", error=str(exc))
-        if not obs.store_ok:
+        if plan.deadline:
+            self._deadline(obs, plan, report)
+        if not plan.journals:
             return report
         try:
-            for pre in decision.preemptions:
-                if not self.lease_held():
+            for pre in plan.preemptions:
+                if not self.ports.lease.held():
                     break
-                report.checkpointed += act.preempt(self, pre, obs)
-            if not self.lease_held():
-                return report  # lost while acting (keeping_lease): the new holder acts from here
-            releases = decision.releases
-            if self.cfg.deadline.admission != "none":  # a job held for its deadline: only where x < X
+                report.checkpointed += act.preempt(self.ports, pre, obs)
+            if not self.ports.lease.held():
+                return report  # lost while acting (Lease.keeping): the new holder acts from here
+            releases = plan.releases
+            if plan.gate_releases:  # a job held for its deadline: only where x < X
                 releases = tuple(self.deadline.releases(obs.view, releases))
             for rel in releases:
-                if act.release(self, rel):
+                if act.release(self.ports, rel):
                     report.released.append(rel.job_id)
-            every = self.cfg.planner.interval_s
             switched = None
-            if every > 0 and not decision.preemptions and time.time() - self.control.last_step >= every:
-                switched = consolidate.step(self, obs, self.control)  # re-plan from the measured demand
-            if self.cfg.remap.farm_file and switched is None:
-                # on this tick's observation, leaving alone what the pass acts on (remap.claims)
-                self._remap(obs, claims(decision.preemptions, decision.placements))
+            if plan.consolidate and time.time() - self.control.last_step >= self.cfg.planner.interval_s:
+                switched = consolidate.step(self.ports, obs, self.control)  # re-plan from the measured demand
+            if remap_follows(plan, switched is not None):
+                self._remap(obs, plan.remap_claims)  # on this tick's observation
         except StoreError as exc:
-            self.store_failed(exc)
+            self.ports.store.failed(exc)
             self._recovered = False  # the journal may hold a switch cut short: look again
             report.store_ok = False
             report.errors.append(str(exc))
         self.metrics.last_tick.set(time.time())
         return report
 
+    def _decide(self, obs: Observation, anchors: dict[str, float] | None) -> Decision:
+        """The scheduling pass on this observation (preemption.scheduling.tick.decide), the
+        guard's `anchors` carried from the last tick (a dry run keeps none)."""
+        return decide(
+            obs.view,
+            self.cfg,
+            knob=self.adapter.abilities.priority,
+            checkpointable=act.checkpointable(self.ports, obs),
+            sleeping=obs.sleeping,
+            anchors=anchors,
+        )
+
+    def _deadline(self, obs: Observation, plan: TickPlan, report: TickReport) -> None:
+        """The deadline duty (agent.deadline); its failure never stops the tick."""
+        try:
+            self.deadline.tick(
+                obs.view,
+                self.adapter,
+                act=plan.journals,
+                checkpoint=lambda j, why: self._deadline_checkpoint(obs, j, why, report, plan),
+                store=self.ports.store() if plan.journals else None,
+            )
+        except VjobError as exc:  # never let the deadline duty stop the tick
+            self.log.error("deadline evaluation failed", error=str(exc))
+
+    def _deadline_checkpoint(
+        self, obs: Observation, job_id: str, reason: str, report: TickReport, plan: TickPlan
+    ) -> bool:
+        """The deadline duty's checkpoint: the preemption path (agent.act.checkpoint_vjob), for
+        a job the arbiter leaves it (a victim of this tick's preemptions is theirs)."""
+        refused = plan.deadline_refused.get(job_id)
+        if refused:
+            raise VjobError(refused)
+        saved = act.checkpoint_vjob(self.ports, job_id, obs, reason)
+        if saved:
+            report.checkpointed.append(job_id)
+        return saved
+
     def _remap(self, obs: Observation, pass_claims: PassClaims) -> None:
         """The remapping step (agent.remap_step); its failure never stops the tick (a store
         failure excepted: the tick's own handling applies)."""
         try:
-            remap_step.step(self, obs, self.remap, pass_claims)
+            remap_step.step(self.ports, obs, self.remap, pass_claims)
         except StoreError:
             raise
         except VjobError as exc:
@@ -401,50 +299,18 @@ class Agent:
             report.errors.append(str(exc))
             return report
         report.store_ok = obs.store_ok
-        report.decision = decision = decide(
-            obs.view,
-            self.cfg,
-            knob=self.adapter.abilities.priority,
-            checkpointable=self.checkpointable(obs),
-            sleeping=obs.sleeping,
-        )
+        report.decision = decision = self._decide(obs, None)
         self.log.info(
             "dry run: would do",
             priorities=dict(decision.rms_priorities),
-            preemptions=[{"job": p.job_id, "victims": list(p.victims), "nodes": list(p.nodes)}
-                         for p in decision.preemptions],
+            preemptions=[
+                {"job": p.job_id, "victims": list(p.victims), "nodes": list(p.nodes)} for p in decision.preemptions
+            ],
             releases=[r.job_id for r in decision.releases],
             waiting_interactive=list(decision.waiting_interactive),
-        )  # fmt: skip
+        )
         self.metrics.last_tick.set(time.time())
         return report
-
-    def _deadline_checkpoint(
-        self, obs: Observation, job_id: str, reason: str, report: TickReport, decision: Decision
-    ) -> bool:
-        """The deadline duty's checkpoint: the preemption path (agent.act.checkpoint_vjob). A
-        victim of this tick's preemptions is left to them (one save per VM; looked at again
-        next tick)."""
-        if any(job_id in pre.victims for pre in decision.preemptions):
-            raise VjobError(f"job {job_id}: checkpointed by this tick's preemption instead")
-        saved = act.checkpoint_vjob(self, job_id, obs, reason)
-        if saved:
-            report.checkpointed.append(job_id)
-        return saved
-
-    def checkpointable(self, obs: Observation) -> set[str]:
-        """Running vjobs whose VMs (one, or one per node) all run on nodes the RMS allocated
-        them — and none at all when the RMS cannot requeue a running job (the victim would have
-        nowhere to go)."""
-        if not self.adapter.abilities.requeue_hold:
-            return set()
-        return {
-            j.id
-            for j in obs.view.running
-            if j.id in obs.pilots
-            and obs.pilots[j.id].state is PilotState.RUNNING
-            and (not j.allocated_nodes or all(n in j.allocated_nodes for _, n in vms_of(obs.pilots[j.id])))
-        }
 
     def run(self, stop: threading.Event | None = None, *, once: bool = False) -> None:
         """Tick until `stop` is set; between ticks wake early when a wake file changes.
@@ -492,7 +358,7 @@ class Agent:
                     return
         finally:
             if not once and not self.dry_run:
-                self.give_up_lease()
+                self.ports.lease.give_up()
 
     def _observe_interactive_starts(self, view: ClusterView) -> None:
         self._seen_running_interactive &= {j.id for j in view.running}

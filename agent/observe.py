@@ -12,11 +12,12 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import select
 
 from agent.pilot_snapshots import record_pilot_snapshots
+from agent.ports import Ports
 from provisioning.images import record_node_image
 from ubis_priority import usage as ubis_usage
 from vjob.errors import InputError, StoreError, VjobError
@@ -27,9 +28,6 @@ from vjob.store import journal
 from vjob.store import vms as store_vms
 from vjob.store.db import Store
 from vjob.store.schema import JobRecord
-
-if TYPE_CHECKING:
-    from agent.loop import Agent
 
 
 @dataclass
@@ -43,30 +41,30 @@ class Observation:
     store_ok: bool
 
 
-def observe(agent: Agent, *, track: bool = True) -> Observation:
+def observe(ports: Ports, *, track: bool = True) -> Observation:
     """One consistent look at the RMS, the pilots and the store; `track` records new jobs."""
     now = time.time()
-    rms_jobs = agent.adapter.jobs()
-    nodes = agent.adapter.nodes()
+    rms_jobs = ports.adapter.jobs()
+    nodes = ports.adapter.nodes()
     users = {j.id: j.user for j in rms_jobs}
-    dirs = all_dirs(agent.root, agent.rms)
-    pilots = read_pilots(agent, dirs, pilot_users(agent, dirs, users), max_vms=len(nodes) or None)
+    dirs = all_dirs(ports.root, ports.rms)
+    pilots = read_pilots(ports, dirs, pilot_users(ports, dirs, users), max_vms=len(nodes) or None)
     jobs: list[Job] = []
     sleeping: dict[str, tuple[str, ...]] = {}
     store_ok = True
     records: dict[str, JobRecord] = {}
     try:
-        store = agent.store()
-        records = store_records(store, agent.rms, [j.id for j in rms_jobs])
+        store = ports.store()
+        records = store_records(store, ports.rms, [j.id for j in rms_jobs])
         if track:
             for job in rms_jobs:
                 if job.id not in records:
-                    _track(agent, store, job)
-            _remember_vms(agent, store, rms_jobs, pilots)
-            record_pilot_snapshots(agent, store, rms_jobs, pilots)  # pilots have no store credentials
-        agent.metrics.store_up.set(1)
+                    _track(ports, store, job)
+            _remember_vms(ports, store, rms_jobs, pilots)
+            record_pilot_snapshots(ports, store, rms_jobs, pilots)  # pilots have no store credentials
+        ports.metrics.store_up.set(1)
     except StoreError as exc:
-        agent.store_failed(exc)
+        ports.store.failed(exc)
         store_ok = False
     for job in rms_jobs:
         rec = records.get(job.id)
@@ -88,18 +86,18 @@ def observe(agent: Agent, *, track: bool = True) -> Observation:
         if pilot is not None:
             changes["vjob_state"] = _vjob_state(job, pilot, job.id in sleeping)
         jobs.append(replace(job, **changes) if changes else job)
-    usage, targets = _shares(agent, store_ok)
+    usage, targets = _shares(ports, store_ok)
     view = ClusterView(now=now, jobs=tuple(jobs), nodes=tuple(nodes), usage=usage, targets=targets)
     counts: dict[tuple[str, str], int] = {}
     for job in jobs:
         key = (job.job_class.value, job.state.value)
         counts[key] = counts.get(key, 0) + 1
-    agent.metrics.set_queue(counts)
+    ports.metrics.set_queue(counts)
     return Observation(view=view, pilots=pilots, sleeping=sleeping, store_ok=store_ok)
 
 
 def read_pilots(
-    agent: Agent, dirs: Sequence[PilotDir], users: dict[str, str], *, max_vms: int | None = None
+    ports: Ports, dirs: Sequence[PilotDir], users: dict[str, str], *, max_vms: int | None = None
 ) -> dict[str, PilotStatus]:
     """The state files of the pilots the agent may listen to.
 
@@ -107,23 +105,23 @@ def read_pilots(
     `vjob-<rms>-<id>-<rank>` for each of a multi-node pilot's `member_nodes`, at most as many as
     `max_vms` (the cluster's nodes) allows, each on its own node (vjob.pilot_files.claimed_vms);
     any other state is logged and ignored. Where a VM's node matters, the RMS's allocation is
-    checked too (_remember_vms, Agent.checkpointable).
+    checked too (_remember_vms, agent.act.checkpointable).
 
     A directory is read only when it belongs to its job's user (or root): `users` holds the
     RMS's user of each job it knows and the store's of the jobs it forgot (pilot_users); a job
     neither names is heard only from a directory root made. Another user cannot speak for a job
     by making its directory first, and a job's pilot that found its plain name squatted made a
     keyed one (PilotDir.ensure): of a job's directories, the first its user (or root) owns is
-    the one heard, and `agent.pilot_dirs` remembers it for the agent's requests.
+    the one heard, and `ports.pilot_dirs` remembers it for the agent's requests.
     """
     heard, refused = hear(dirs, users, max_vms=max_vms)
     for job_id, vm, error in refused:
         if vm is None:
-            agent.metrics.errors.labels(kind="pilot").inc()
-            agent.log.warning("pilot state ignored", jobs=[job_id], error=error)
+            ports.metrics.errors.labels(kind="pilot").inc()
+            ports.log.warning("pilot state ignored", jobs=[job_id], error=error)
         else:
-            agent.log.warning("pilot state names another job or VM: ignored", jobs=[job_id], vm=vm, error=error)
-    agent.pilot_dirs = {job_id: pdir for job_id, (pdir, _) in heard.items()}
+            ports.log.warning("pilot state names another job or VM: ignored", jobs=[job_id], vm=vm, error=error)
+    ports.pilot_dirs = {job_id: pdir for job_id, (pdir, _) in heard.items()}
     return {job_id: st for job_id, (_, st) in heard.items()}
 
 
@@ -161,7 +159,7 @@ def hear(
     return heard, refused
 
 
-def pilot_users(agent: Agent, dirs: Sequence[PilotDir], rms_users: dict[str, str]) -> dict[str, str]:
+def pilot_users(ports: Ports, dirs: Sequence[PilotDir], rms_users: dict[str, str]) -> dict[str, str]:
     """Whose directory to believe for each job with one: the RMS's user, else (a job the RMS no
     longer knows, kept for its clean-up) the user the store recorded; with the store down, such
     a job is heard only from a directory root made, until it is back."""
@@ -169,24 +167,25 @@ def pilot_users(agent: Agent, dirs: Sequence[PilotDir], rms_users: dict[str, str
     unknown = sorted({d.job_id for d in dirs} - set(users))
     if unknown:
         try:
-            users.update({job_id: rec.user for job_id, rec in store_records(agent.store(), agent.rms, unknown).items()})
+            users.update({job_id: rec.user for job_id, rec in store_records(ports.store(), ports.rms, unknown).items()})
         except StoreError as exc:
-            agent.log.warning("no store: pilots of jobs the RMS forgot are heard from root's directories only",
-                              error=str(exc))  # fmt: skip
+            ports.log.warning(
+                "no store: pilots of jobs the RMS forgot are heard from root's directories only", error=str(exc)
+            )
     return users
 
 
-def _track(agent: Agent, store: Store, job: Job) -> None:
+def _track(ports: Ports, store: Store, job: Job) -> None:
     """Record a new job; one the store refuses (an odd id or user name) is logged and left out
     of the store, never allowed to stop the tick for everybody."""
     try:
         store_jobs.track(store, job)
     except InputError as exc:
-        agent.metrics.errors.labels(kind="job").inc()
-        agent.log.warning("job not recorded", jobs=[job.id[:64]], error=str(exc))
+        ports.metrics.errors.labels(kind="job").inc()
+        ports.log.warning("job not recorded", jobs=[job.id[:64]], error=str(exc))
 
 
-def _remember_vms(agent: Agent, store: Store, rms_jobs: Sequence[Job], pilots: dict[str, PilotStatus]) -> None:
+def _remember_vms(ports: Ports, store: Store, rms_jobs: Sequence[Job], pilots: dict[str, PilotStatus]) -> None:
     """Record in the store which VM runs where for each running vjob, as the RMS confirms it.
 
     The pilot's word for its nodes is kept only when the RMS allocated them all to the job; the
@@ -194,7 +193,7 @@ def _remember_vms(agent: Agent, store: Store, rms_jobs: Sequence[Job], pilots: d
     vjob.pilot_files.vms_of). Later clean-ups delete only what is recorded here. Written once
     per placement (the agent remembers what it recorded), not every tick: this runs for every
     running vjob of the cluster."""
-    recorded = agent.recorded_vms
+    recorded = ports.recorded_vms
     for gone in set(recorded) - {j.id for j in rms_jobs}:
         del recorded[gone]
     placed = {j.id: vms_of(pilots[j.id]) for j in rms_jobs if j.id in pilots}
@@ -202,7 +201,7 @@ def _remember_vms(agent: Agent, store: Store, rms_jobs: Sequence[Job], pilots: d
         j.id for j in rms_jobs if j.allocated_nodes and any(n not in j.allocated_nodes for _, n in placed.get(j.id, ()))
     ]
     # A VM off its allocation is believed only where root's journal migrated it (agent.remap_step).
-    moved_to = {m.vm_name: m.destination for m in journal.migrations(store, agent.rms, off)} if off else {}
+    moved_to = {m.vm_name: m.destination for m in journal.migrations(store, ports.rms, off)} if off else {}
     for job in rms_jobs:
         st = pilots.get(job.id)
         if job.state is not JobState.RUNNING or st is None or st.state is not PilotState.RUNNING:
@@ -210,31 +209,31 @@ def _remember_vms(agent: Agent, store: Store, rms_jobs: Sequence[Job], pilots: d
         vms = placed[job.id]
         astray = [n for vm, n in vms if job.allocated_nodes and n not in job.allocated_nodes and moved_to.get(vm) != n]
         if astray:
-            agent.log.warning("pilot claims a node the RMS did not allocate", jobs=[job.id], node=astray[0])
+            ports.log.warning("pilot claims a node the RMS did not allocate", jobs=[job.id], node=astray[0])
             continue
         where = ",".join(node for _vm, node in vms)
         if recorded.get(job.id) == (where, st.image):
             continue
         try:
             for vm, node in vms:
-                store_vms.remember(store, agent.rms, job, vm=vm, node=node, image=st.image, memory_mb=st.memory_mb)
+                store_vms.remember(store, ports.rms, job, vm=vm, node=node, image=st.image, memory_mb=st.memory_mb)
                 if st.image:  # the node now carries this OS (UBIS's N_availableOS), docs/realjobs.md
                     record_node_image(store, node, st.image)
             recorded[job.id] = (where, st.image)
         except InputError as exc:
-            agent.log.warning("VM not recorded", jobs=[job.id[:64]], error=str(exc))
+            ports.log.warning("VM not recorded", jobs=[job.id[:64]], error=str(exc))
 
 
-def _shares(agent: Agent, store_ok: bool) -> tuple[dict[str, float], dict[str, float]]:
+def _shares(ports: Ports, store_ok: bool) -> tuple[dict[str, float], dict[str, float]]:
     """Decayed usage and targets from the store (empty when it is down: the term is 0)."""
     if not store_ok:
-        return {}, dict(agent.cfg.priority.targets)
+        return {}, dict(ports.cfg.priority.targets)
     try:
-        store = agent.store()
-        return ubis_usage.load_usage(store, time.time(), agent.cfg.priority), ubis_usage.load_targets(store)
+        store = ports.store()
+        return ubis_usage.load_usage(store, time.time(), ports.cfg.priority), ubis_usage.load_targets(store)
     except StoreError as exc:
-        agent.log.warning("usage and targets unavailable this tick", error=str(exc))
-        return {}, dict(agent.cfg.priority.targets)
+        ports.log.warning("usage and targets unavailable this tick", error=str(exc))
+        return {}, dict(ports.cfg.priority.targets)
 
 
 def store_records(store: Store, rms: str, job_ids: list[str], chunk: int = 2000) -> dict[str, JobRecord]:

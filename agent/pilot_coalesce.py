@@ -1,9 +1,9 @@
 """A plan over the VMs of multi-node vjobs turned into the requests their pilots can carry out.
 
-Why: the planner sees each VM of a multi-node vjob (`<vm>-0`, `<vm>-1`…, agent.pilot_multinode)
+Why: the planner sees each VM of a multi-node vjob (`<vm>-0`, `<vm>-1`…, pilot.multinode)
 on the node it runs on, so it weighs the vjob's real size, and its plan holds one action per
 VM. But one pilot holds all those VMs and takes one request at a time, and it suspends and
-resumes them only as one consistent cut where they are (agent.pilot_requests refuses to move
+resumes them only as one consistent cut where they are (pilot.switch_requests refuses to move
 them one by one). So the member actions of one pilot in one pool become one action on the
 pilot's first VM: all suspended → one suspend, all resumed on the nodes they slept on → one
 resume in place, all stopped → one stop. The executor journals and keys that one action like
@@ -53,8 +53,11 @@ def coalesce(plan: Plan, members: Members) -> Plan:
     for vjob, by_pool in pools_of.items():
         if len(by_pool) > 1:
             split = [a for acts in by_pool.values() for a in acts]
-            raise MembersMoved(f"vjob {vjob}: the plan acts on its VMs in pools {', '.join(map(str, by_pool))}; "
-                               "its pilot switches them all at once", split)  # fmt: skip
+            raise MembersMoved(
+                f"vjob {vjob}: the plan acts on its VMs in pools {', '.join(map(str, by_pool))}; "
+                "its pilot switches them all at once",
+                split,
+            )
     pools: list[tuple[PlanAction, ...]] = []
     for index, pool in enumerate(plan.pools):
         out = [a for a in pool if a.vm not in where]
@@ -70,18 +73,26 @@ def _one_request(vjob: str, acts: Sequence[PlanAction], vms: Sequence[tuple[str,
     node_of = dict(vms)
     moved = [a for a in acts if a.kind is Action.MIGRATE]
     if moved:
-        raise MembersMoved(f"vjob {vjob}: the plan migrates its VMs ({_moves(moved)}); a multi-node vjob is not "
-                           "moved VM by VM (its pilot suspends and resumes it as one cut where its VMs are)",
-                           moved)  # fmt: skip
+        raise MembersMoved(
+            f"vjob {vjob}: the plan migrates its VMs ({_moves(moved)}); a multi-node vjob is not "
+            "moved VM by VM (its pilot suspends and resumes it as one cut where its VMs are)",
+            moved,
+        )
     away = [a for a in acts if a.kind is Action.RESUME and (a.dst != node_of[a.vm] or a.src != node_of[a.vm])]
     if away:
-        raise MembersMoved(f"vjob {vjob}: the plan resumes its VMs away from the nodes they slept on "
-                           f"({_moves(away)}); a multi-node vjob resumes only in place", away)  # fmt: skip
+        raise MembersMoved(
+            f"vjob {vjob}: the plan resumes its VMs away from the nodes they slept on "
+            f"({_moves(away)}); a multi-node vjob resumes only in place",
+            away,
+        )
     kinds = {a.kind for a in acts}
     if len(kinds) > 1 or sorted(vm for vm, _ in vms) != sorted(a.vm for a in acts):
         what = ", ".join(f"{a.kind.value} {a.vm}" for a in acts)
-        raise MembersMoved(f"vjob {vjob}: the plan asks {what}, not one action for all its {len(vms)} VMs; its "
-                           "pilot switches them all at once", acts)  # fmt: skip
+        raise MembersMoved(
+            f"vjob {vjob}: the plan asks {what}, not one action for all its {len(vms)} VMs; its "
+            "pilot switches them all at once",
+            acts,
+        )
     (kind,) = kinds
     leader, home = vms[0]
     if kind is Action.RESUME:
@@ -100,8 +111,11 @@ def journal_refusal(
 ) -> ExecutionReport:
     """Record the refused plan as a failed switch (`vjob status` lists it): the offending
     actions failed with the reason, the others failed as never started."""
-    planned = [journal.PlannedAction(i, a.kind.value, a.vm, job_key(a), a.src, a.dst)
-               for i, pool in enumerate(plan.pools) for a in pool]  # fmt: skip
+    planned = [
+        journal.PlannedAction(i, a.kind.value, a.vm, job_key(a), a.src, a.dst)
+        for i, pool in enumerate(plan.pools)
+        for a in pool
+    ]
     switch_id, ids = journal.open_switch(store, reason, plan.to_dict() | {"executor": tag}, planned)
     bad = set(refused.actions)
     report = ExecutionReport(switch_id=switch_id, state="failed", pools_done=0)

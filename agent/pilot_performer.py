@@ -1,6 +1,6 @@
 """The executor's performer for live context switches: every plan action as a pilot request.
 
-Why through the pilots: each vjob's pilot owns its VM for the life of the job (agent.pilot); the
+Why through the pilots: each vjob's pilot owns its VM for the life of the job (pilot.pilot); the
 agent never touches a VM behind its back. A suspend, a resume on a given node (local, or from
 the state on another node), a live migration and a stop are requests in the vjob's pilot
 directory (vjob.pilot_files.RequestKind), answered in its state file. A run is the RMS's to
@@ -17,26 +17,24 @@ that repeats an action finds it answered and waits for nothing twice (agent.reco
 Why a timeout per action and a lease check (issue 39, item 6): a save writes the VM's memory
 (about 5 s per GiB), so a fixed wait withdrew a big VM's suspend mid-save; and an agent that
 lost its lease kept waiting, then withdrew a request that was the new holder's to finish or
-undo. `for_agent` gives every agent step (control loop, remap, recovery) the preemption
-switch's rules: Agent.checkpoint_timeout_for per vjob, and Abandoned as soon as
-Agent.lease_valid turns False.
+undo. `live_performer` gives every agent step (control loop, remap, recovery) the preemption
+switch's rules: `checkpoint_timeout_for` per vjob, and Abandoned as soon as the lease
+(agent.lease) no longer covers the switch.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-from preemption.executor import Abandoned
+from agent.observe import Observation
+from agent.ports import Ports
+from preemption.executor import Abandoned, Executor
 from preemption.planner.plan import PlanAction
+from vjob.config import Config
 from vjob.errors import VjobError
 from vjob.model import Action
 from vjob.pilot_files import PilotDir, PilotState, PilotStatus, RequestKind
-
-if TYPE_CHECKING:
-    from agent.loop import Agent
-    from agent.observe import Observation
 
 EXECUTOR_TAG = "pilot-requests"
 """The executor tag of live switches in the journal: agent.recover finishes them with this performer."""
@@ -86,16 +84,24 @@ class PilotRequestPerformer:
         st = _state(pdir)
         held = tuple(st.member_nodes) if st is not None and st.member_nodes else ()
         if st is None or st.request_id != key:  # a repeated action already answered is not asked again
-            pdir.request(kind, key, node=node, from_node=from_node, reason=self.reason,
-                         nodes=held or ((action.src,) if action.src else ()))  # fmt: skip
+            pdir.request(
+                kind,
+                key,
+                node=node,
+                from_node=from_node,
+                reason=self.reason,
+                nodes=held or ((action.src,) if action.src else ()),
+            )
         answer = self._wait(pdir, key, action)
         if answer.request_error:
             raise VjobError(f"{action.kind.value} {action.vm}: the pilot refused: {answer.request_error}")
         expected = _expected(action)
         if answer.state is not expected or (expected is PilotState.RUNNING and answer.node != action.dst):
             where = f" on {action.dst}" if action.dst else ""
-            raise VjobError(f"{action.kind.value} {action.vm}: the pilot answered {answer.state.value} on "
-                            f"{answer.node}, not {expected.value}{where}")  # fmt: skip
+            raise VjobError(
+                f"{action.kind.value} {action.vm}: the pilot answered {answer.state.value} on "
+                f"{answer.node}, not {expected.value}{where}"
+            )
 
     def _wait(self, pdir: PilotDir, key: str, action: PlanAction) -> PilotStatus:
         timeout = self.timeout_for(action)
@@ -108,8 +114,9 @@ class PilotRequestPerformer:
             if time.monotonic() > deadline:
                 if action.kind is Action.SUSPEND:
                     pdir.withdraw_request()  # a pilot that saves anyway wakes its VM where it was
-                raise VjobError(f"{action.kind.value} {action.vm}: no answer from its pilot ({pdir.path}) within "
-                                f"{timeout:.0f} s")  # fmt: skip
+                raise VjobError(
+                    f"{action.kind.value} {action.vm}: no answer from its pilot ({pdir.path}) within {timeout:.0f} s"
+                )
             time.sleep(self.poll_s)
 
     def _check_ours(self, action: PlanAction) -> None:
@@ -141,21 +148,39 @@ class PilotRequestPerformer:
             time.sleep(self.poll_s)
 
 
-def for_agent(agent: Agent, obs: Observation, reason: str) -> PilotRequestPerformer:
+def checkpoint_timeout_for(cfg: Config, obs: Observation, job_id: str) -> float:
+    """How long a switch waits for this job's save: `[agent] checkpoint_timeout_s` plus
+    `checkpoint_timeout_per_gib_s` per GiB of its VM, at most `checkpoint_timeout_max_s`.
+    The VM's memory is its pilot's word (the user's), bounded by what the RMS allocated the
+    job when it says: a claim cannot stretch the wait past the job's own allocation."""
+    st = obs.pilots.get(job_id)
+    claimed = st.memory_mb if st is not None else 0
+    try:
+        allocated = obs.view.job(job_id).memory_mb
+    except KeyError:
+        allocated = 0
+    memory = min(claimed, allocated) if claimed and allocated else claimed or allocated
+    return cfg.agent.checkpoint_timeout_for(memory)
+
+
+def live_performer(ports: Ports, obs: Observation, reason: str) -> PilotRequestPerformer:
     """The performer of an agent's live switch (control loop, remap, recovery): requests in the
     pilot directories the agent believes, each action waiting as long as its vjob's save may
-    take (Agent.checkpoint_timeout_for: the floor plus so much per GiB of the VM, capped; the
-    same helper as the preemption switch's), and stopping once the agent's lease is lost."""
-    return PilotRequestPerformer(lambda a: agent.pilot_dir(a.vjob),
-                                 timeout_for=lambda a: agent.checkpoint_timeout_for(obs, a.vjob),
-                                 still_ours=agent.lease_valid, reason=reason)  # fmt: skip
+    take (checkpoint_timeout_for: the floor plus so much per GiB of the VM, capped; the same
+    rule as the preemption switch's), and stopping once the agent's lease is lost."""
+    return PilotRequestPerformer(
+        lambda a: ports.pilot_dir(a.vjob),
+        timeout_for=lambda a: checkpoint_timeout_for(ports.cfg, obs, a.vjob),
+        still_ours=ports.lease.valid,
+        reason=reason,
+    )
 
 
-def lease_held(agent: Agent) -> bool:
-    """Whether the agent may start a live switch: its lease still covers it, or it takes it
-    now (a step run outside the tick's acting phase, as act.checkpoint_vjob does). False when
-    another agent holds it: the switch is not started, its executor would abandon it at once."""
-    return agent.lease_held()
+def live_executor(ports: Ports, obs: Observation, reason: str) -> Executor:
+    """The executor of a live switch of the control loop or the remap step: its actions are
+    pilot requests (live_performer), journalled under EXECUTOR_TAG so that a restarted agent
+    finishes them with the same performer (agent.recover)."""
+    return ports.executor(live_performer(ports, obs, reason), tag=EXECUTOR_TAG)
 
 
 def _expected(action: PlanAction) -> PilotState:

@@ -30,38 +30,35 @@ import re
 import stat
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from agent.ports import Ports
 from provisioning import integrity
 from provisioning.vm_types import STATE_SUFFIX
 from vjob.errors import InputError, VjobError
 from vjob.model import Job
-from vjob.pilot_files import PilotState, PilotStatus, vm_name, vms_of
+from vjob.pilot_files import USER_DATA_DIR, PilotState, PilotStatus, vm_name, vms_of
 from vjob.store import jobs as store_jobs
 from vjob.store import snapshots as store_snapshots
 from vjob.store.db import Store
 
-if TYPE_CHECKING:
-    from agent.loop import Agent
-
-USER_SNAPSHOT_DIR = Path(".local/share/vjob/snapshots")
-"""Under the user's home: where agent.run_cmd.user_provisioning puts a user pilot's states."""
+USER_SNAPSHOT_DIR = USER_DATA_DIR / "snapshots"
+"""Under the user's home: where a user pilot puts its states (vjob.pilot_files.USER_DATA_DIR)."""
 MAX_MANIFEST_BYTES = 64 * 2**10
 """A save-time manifest is a few hundred bytes; a larger file is not one (sha256 "-")."""
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _SAVED = (PilotState.SAVED, PilotState.RESTORING)
 
 
-def expected_paths(agent: Agent, job: Job, node: str, vm: str = "") -> dict[Path, Path]:
+def expected_paths(ports: Ports, job: Job, node: str, vm: str = "") -> dict[Path, Path]:
     """Where the driver puts the saved state of `job`'s VM `vm` (default: the job's one VM, its
     name derived from the job id) on `node` — root's snapshot dir first, then the job's user's
     own (a pilot that is not root) — as a pilot writes it → its real path.
 
     Only root's parts are resolved (the snapshot dir, the home directory from the password
     database); below the home nothing may be a link, which file_facts checks."""
-    name = f"{vm or vm_name(agent.rms, job.id)}{STATE_SUFFIX}"
-    prov = agent.cfg.provisioning
-    root_dir = Path((prov.snapshot_dir or str(agent.cfg.data_path / "snapshots")).replace("{node}", node))
+    name = f"{vm or vm_name(ports.rms, job.id)}{STATE_SUFFIX}"
+    prov = ports.cfg.provisioning
+    root_dir = Path((prov.snapshot_dir or str(ports.cfg.data_path / "snapshots")).replace("{node}", node))
     out = {Path(os.path.normpath(root_dir / name)): Path(os.path.realpath(root_dir)) / name}
     try:
         home = Path(pwd.getpwnam(job.user).pw_dir)
@@ -127,7 +124,7 @@ def file_facts(path: Path, owners: set[int], known: tuple[int, float] | None) ->
         os.close(fd)
 
 
-def record_pilot_snapshots(agent: Agent, store: Store, rms_jobs: Sequence[Job], pilots: dict[str, PilotStatus]) -> int:
+def record_pilot_snapshots(ports: Ports, store: Store, rms_jobs: Sequence[Job], pilots: dict[str, PilotStatus]) -> int:
     """Record the saved states of the RMS's jobs' pilots; how many rows were written.
 
     A claim that fails a check is logged and skipped: one user's odd file never stops the tick.
@@ -144,7 +141,7 @@ def record_pilot_snapshots(agent: Agent, store: Store, rms_jobs: Sequence[Job], 
             # The pilot claims rank 0's file; it says whose directory (root's or the user's) the
             # states are in. The other VMs' states are where the driver puts them there, on their
             # nodes: derived, never claimed.
-            first = list(expected_paths(agent, job, vms[0][1], vms[0][0]))
+            first = list(expected_paths(ports, job, vms[0][1], vms[0][0]))
             written_at = Path(os.path.normpath(st.memory_path))
             if written_at not in first:
                 raise InputError(f"memory_path {st.memory_path[:200]!r} is not where the driver saves this job's VM")
@@ -155,16 +152,25 @@ def record_pilot_snapshots(agent: Agent, store: Store, rms_jobs: Sequence[Job], 
             except KeyError:
                 pass
             for vm, node in vms:
-                claimed = list(expected_paths(agent, job, node, vm).values())[kind]
+                claimed = list(expected_paths(ports, job, node, vm).values())[kind]
                 facts = file_facts(claimed, owners, store_snapshots.recorded(store, str(claimed)))
                 if facts is None:
                     continue
                 size, mtime, digest = facts
-                store_snapshots.record(store, store_jobs.track(store, job), vm=vm, node=node, kind="memory",
-                                       path=str(claimed), size_bytes=size, sha256=digest, created_at=mtime)  # fmt: skip
+                store_snapshots.record(
+                    store,
+                    store_jobs.track(store, job),
+                    vm=vm,
+                    node=node,
+                    kind="memory",
+                    path=str(claimed),
+                    size_bytes=size,
+                    sha256=digest,
+                    created_at=mtime,
+                )
                 written += 1
         except VjobError as exc:
-            agent.log.warning("pilot snapshot not recorded", jobs=[job.id[:64]], error=str(exc))
+            ports.log.warning("pilot snapshot not recorded", jobs=[job.id[:64]], error=str(exc))
     return written
 
 

@@ -181,8 +181,10 @@ def render_explanation(e: Explanation, fmt: str, *, os_image: str = "", nodes: i
     (node_images), and an operator checking why a job waits wants the count, not a difference."""
     avail = available_os(e, nodes)
     if fmt == "json":
-        return json.dumps({**e.to_dict(), "os_image": os_image, "n_available_os": avail, "n_req_os": nodes},
-                          indent=2) + "\n"  # fmt: skip
+        return (
+            json.dumps({**e.to_dict(), "os_image": os_image, "n_available_os": avail, "n_req_os": nodes}, indent=2)
+            + "\n"
+        )
     if fmt == "csv":
         buf = io.StringIO()
         writer = csv.writer(buf)

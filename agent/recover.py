@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from agent import pilot_performer
 from agent.act import finish_checkpoint
 from agent.observe import Observation
-from agent.pilot_performer import EXECUTOR_TAG
+from agent.pilot_performer import EXECUTOR_TAG, live_performer
+from agent.ports import Ports
 from preemption.executor import ExecutionReport, Executor, KeyedPerformer
 from preemption.planner.plan import Plan
 from vjob.errors import CommandError, VjobError
@@ -24,11 +24,8 @@ from vjob.store import jobs as store_jobs
 from vjob.store import journal
 from vjob.store.db import Store
 
-if TYPE_CHECKING:
-    from agent.loop import Agent
 
-
-def recover(agent: Agent) -> list[int]:
+def recover(ports: Ports) -> list[int]:
     """Finish or undo the switches a previous agent left open; returns their ids.
 
     An action whose pilot saved the VM is finished (requeue-hold if the job still runs, Pn
@@ -36,24 +33,24 @@ def recover(agent: Agent) -> list[int]:
     caught mid-save restores by itself). No VM is lost either way: it is running, or saved on
     disk behind a held job.
     """
-    store = agent.store()
+    store = ports.store()
     try:
-        rms_jobs: tuple[Job, ...] | None = tuple(agent.adapter.jobs())
+        rms_jobs: tuple[Job, ...] | None = tuple(ports.adapter.jobs())
     except CommandError:
         rms_jobs = None  # the live switches wait on the pilots' claims alone; asked again below
 
     def performer_for(sw: journal.JournalSwitch) -> KeyedPerformer:
-        return pilot_performer.for_agent(agent, _observation(agent, sw, rms_jobs or ()), "recovery")
+        return live_performer(ports, _observation(ports, sw, rms_jobs or ()), "recovery")
 
     reports: list[ExecutionReport] = []
-    if pilot_performer.lease_held(agent):  # else they are the lease holder's to finish
-        reports = finish_live_switches(store, agent.rms, performer_for, agent.log, still_ours=agent.lease_valid)
+    if ports.lease.held():  # else they are the lease holder's to finish
+        reports = finish_live_switches(store, ports.rms, performer_for, ports.log, still_ours=ports.lease.valid)
     handled = [r.switch_id for r in reports]
-    states = {j.id: j.state for j in (rms_jobs if rms_jobs is not None else agent.adapter.jobs())}
+    states = {j.id: j.state for j in (rms_jobs if rms_jobs is not None else ports.adapter.jobs())}
     finished: set[str] = set()
     """Jobs whose checkpoint this recovery finished: a vjob of several VMs has one action per VM
     and one save of them all, requeue-held and counted (Pn) once."""
-    for sw in journal.open_switches(store, rms=agent.rms):
+    for sw in journal.open_switches(store, rms=ports.rms):
         if sw.plan.get("executor") == EXECUTOR_TAG:
             continue  # a live switch left open by finish_live_switches (failed to journal its end)
         all_done = True
@@ -62,11 +59,11 @@ def recover(agent: Agent) -> list[int]:
                 all_done = all_done and action.state == "done"
                 continue
             job_id = action.rms_job_id
-            pdir = agent.pilot_dir(job_id)
+            pdir = ports.pilot_dir(job_id)
             try:
                 st = pdir.read_state()
             except VjobError as exc:
-                agent.log.warning("pilot state unreadable during recovery", jobs=[job_id], error=str(exc))
+                ports.log.warning("pilot state unreadable during recovery", jobs=[job_id], error=str(exc))
                 st = None
             saved = action.state == "running" and st is not None and st.state is PilotState.SAVED
             saved = saved and st is not None and bool(st.request_id) and st.memory_saved
@@ -76,12 +73,12 @@ def recover(agent: Agent) -> list[int]:
                     journal.set_action(store, action.id, "done")
                     continue
                 if saved and state is JobState.RUNNING:
-                    finish_checkpoint(agent, job_id)
+                    finish_checkpoint(ports, job_id)
                     finished.add(job_id)
                     journal.set_action(store, action.id, "done")
                     continue
                 if saved and state in (JobState.PENDING, JobState.HELD):
-                    store_jobs.record_preemption(store, agent.rms, job_id)
+                    store_jobs.record_preemption(store, ports.rms, job_id)
                     finished.add(job_id)
                     journal.set_action(store, action.id, "done")
                     continue
@@ -93,20 +90,20 @@ def recover(agent: Agent) -> list[int]:
             journal.set_action(store, action.id, "undone", "agent restarted before the checkpoint")
             all_done = False
         journal.set_switch(store, sw.id, "done" if all_done else "rolled_back")
-        agent.log.info("recovered switch", switch=sw.id, outcome="done" if all_done else "rolled_back")
+        ports.log.info("recovered switch", switch=sw.id, outcome="done" if all_done else "rolled_back")
         handled.append(sw.id)
     return handled
 
 
-def _observation(agent: Agent, sw: journal.JournalSwitch, rms_jobs: tuple[Job, ...]) -> Observation:
+def _observation(ports: Ports, sw: journal.JournalSwitch, rms_jobs: tuple[Job, ...]) -> Observation:
     """What the save timeout of a recovered switch's actions is computed from, before the
     agent's first observation: the RMS's jobs (their allocations bound a pilot's memory claim)
-    and the state of the pilot of each vjob the switch's plan names (Agent.checkpoint_timeout_for,
+    and the state of the pilot of each vjob the switch's plan names (agent.pilot_performer.checkpoint_timeout_for,
     the preemption switch's own rule)."""
     pilots = {}
     for vjob in sorted({a.vjob for a in Plan.from_dict(sw.plan, source=f"switch {sw.id}").actions}):
         try:
-            pilots[vjob] = agent.pilot_dir(vjob).read_state()
+            pilots[vjob] = ports.pilot_dir(vjob).read_state()
         except VjobError:
             continue  # unreadable: the RMS's allocation alone, else the floor
     view = ClusterView(now=time.time(), jobs=rms_jobs)
@@ -135,8 +132,7 @@ def finish_live_switches(
     for sw in journal.open_switches(store, rms=rms):
         if sw.plan.get("executor") != EXECUTOR_TAG:
             continue
-        executor = Executor(performer_for(sw), store, pipeline_interval_s=0.0, tag=EXECUTOR_TAG,
-                            still_ours=still_ours)  # fmt: skip
+        executor = Executor(performer_for(sw), store, pipeline_interval_s=0.0, tag=EXECUTOR_TAG, still_ours=still_ours)
         report = executor.finish(sw)
         logger.info("recovered live switch", switch=sw.id, outcome=report.state, summary=report.summary())
         reports.append(report)

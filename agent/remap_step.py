@@ -20,11 +20,11 @@ gets the memory there, and gives it back when it moves to a smaller one.
 
 A job's memory, for its migration cost and its fit on a kind, is the one libvirt holds for its
 VM (the sample's `memory_kib`), never the pilot's declared `memory_mb`: the state file is the
-job user's. A pilot whose job ends while a swap has its VM away holds its node (agent.pilot,
+job user's. A pilot whose job ends while a swap has its VM away holds its node (pilot.pilot,
 bounded) until this step has sent the partner's VM home and writes it a `release` (`release`).
 
 Scope: vjobs of one VM. A pilot refuses to migrate a job of several VMs VM by VM
-(agent.pilot_requests), so those are not remapped yet (the pure parts handle several VMs).
+(pilot.switch_requests), so those are not remapped yet (the pure parts handle several VMs).
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
-from agent import pilot_performer
 from agent.observe import Observation
-from agent.pilot_performer import EXECUTOR_TAG
+from agent.pilot_performer import live_executor
+from agent.ports import Ports
 from agent.status_file import write_status_file
-from preemption.executor import ExecutionReport, Executor
+from preemption.executor import ExecutionReport
 from preemption.planner.plan import Plan, PlanAction
 from preemption.remap.claims import PassClaims, allowed_moves, remappable
 from preemption.remap.farm import load_subclusters
@@ -66,7 +66,6 @@ from vjob.store import vms as store_vms
 if TYPE_CHECKING:
     from libvirt import virConnect
 
-    from agent.loop import Agent
     from provisioning.profiling import DomainSample
 
 STATUS_NAME = "remap.json"
@@ -149,21 +148,22 @@ def placements(obs: Observation, moved_to: Mapping[str, str], counts: Mapping[st
         remaining = None
         if job.walltime is not None and job.start_time is not None:
             remaining = max(0.0, job.start_time + job.walltime - now)
-        out.append(Placement(job.id, ((st.vm, st.node),), job.allocated_nodes, st.memory_mb, remaining,
-                             counts.get(job.id, 0)))  # fmt: skip
+        out.append(
+            Placement(job.id, ((st.vm, st.node),), job.allocated_nodes, st.memory_mb, remaining, counts.get(job.id, 0))
+        )
     return out
 
 
-def step(agent: Agent, obs: Observation, state: RemapState, claims: PassClaims | None = None) -> ExecutionReport | None:
+def step(ports: Ports, obs: Observation, state: RemapState, claims: PassClaims | None = None) -> ExecutionReport | None:
     """One remapping look: homeward moves every tick; profiles and swaps every τ. `claims`: what
     the vjob policy pass acts on in this tick — nothing of it is moved (preemption.remap.claims)."""
     claims = claims or PassClaims()
-    cfg = agent.cfg.remap
+    cfg = ports.cfg.remap
     if state.farm is None:
         state.farm = load_subclusters(cfg.farm_file)
     farm = state.farm
-    store = agent.store()
-    done = journal.migrations(store, agent.rms, [j.id for j in obs.view.running])
+    store = ports.store()
+    done = journal.migrations(store, ports.rms, [j.id for j in obs.view.running])
     moved_to = {m.vm_name: m.destination for m in done}
     counts: dict[str, int] = {}
     for m in done:
@@ -183,18 +183,18 @@ def step(agent: Agent, obs: Observation, state: RemapState, claims: PassClaims |
                 else f"{max(job.nodes, len(job.allocated_nodes))} nodes: a multi-node vjob is not remapped yet"
             )
     if skipped != state.skipped:  # logged when it changes, not every tick
-        agent.log.info("remap: left alone", vjobs=skipped)
+        ports.log.info("remap: left alone", vjobs=skipped)
     state.skipped = skipped
     now = time.monotonic()
     if not moves and now - state.last_profile >= cfg.tau_s:
         state.last_profile = now
         params = RemapParams(cfg.beta, cfg.tau_s, cfg.threshold_s, cfg.max_migrations, cfg.thrash_pages_s)
         node_sc = node_subclusters(obs.view.nodes, farm)
-        profiles = _profile(agent, state, places, node_sc, farm)
+        profiles = _profile(ports, state, places, node_sc, farm)
         priced, unseen = seen_memory(places, state.memory_mib)
         if unseen:
             state.skipped = skipped = {**skipped, **unseen}
-            agent.log.info("remap: memory not seen, left alone", vjobs=unseen)
+            ports.log.info("remap: memory not seen, left alone", vjobs=unseen)
         jobs = running_jobs(priced, profiles, node_sc, farm, params, cfg.migrate_bandwidth_mb_s)
         state.decisions = decide_swaps(jobs, farm, params)
         moves = moves_for(state.decisions, places)
@@ -202,24 +202,24 @@ def step(agent: Agent, obs: Observation, state: RemapState, claims: PassClaims |
     report = None
     moved: list[Move] = []
     if moves:
-        state.report = report = _carry_out(agent, obs, moves)
+        state.report = report = _carry_out(ports, obs, moves)
         for m in moves:
             state.samples.pop(m.vm, None)  # its next window starts on the new host
         done = {(a.vm, a.dst) for a in report.done}
         moved = [m for m in moves if (m.vm, m.dst) in done]
     if moved:
         node_sc = node_subclusters(obs.view.nodes, farm)
-        state.targets = set_memory(agent, state, targets_after(moved, every, node_sc, farm))
-    state.released = release(agent, obs, every, moved_to, moved)
-    publish(agent, state)
+        state.targets = set_memory(ports, state, targets_after(moved, every, node_sc, farm))
+    state.released = release(ports, obs, every, moved_to, moved)
+    publish(ports, state)
     return report
 
 
 def release(
-    agent: Agent, obs: Observation, every: Sequence[Placement], moved_to: Mapping[str, str], moved: Sequence[Move]
+    ports: Ports, obs: Observation, every: Sequence[Placement], moved_to: Mapping[str, str], moved: Sequence[Move]
 ) -> list[str]:
     """Release the pilots of ended vjobs whose VM the journal moved (a swap) once no foreign VM
-    runs on their nodes: such a pilot holds its node (agent.pilot, bounded) so that the RMS does
+    runs on their nodes: such a pilot holds its node (pilot.pilot, bounded) so that the RMS does
     not free it while the partner's VM is still there. "Ended": the RMS still runs the job but
     its pilot finished (the guest ended) or saved on SIGTERM (no checkpoint request: nothing
     waits for a requeue). Where the VMs are: root's placements after this step's moves."""
@@ -239,37 +239,37 @@ def release(
         st = obs.pilots[job_id]
         request_id = f"release-{st.vm}"
         try:
-            agent.pilot_dir(job_id).request(RequestKind.RELEASE, request_id, reason="no remapped VM on its node")
+            ports.pilot_dir(job_id).request(RequestKind.RELEASE, request_id, reason="no remapped VM on its node")
         except (OSError, VjobError) as exc:
-            agent.log.warning("remap: cannot release a pilot", job=job_id, error=str(exc))
+            ports.log.warning("remap: cannot release a pilot", job=job_id, error=str(exc))
             continue
-        agent.log.info("remap: pilot released", job=job_id, nodes=list(ended[job_id]))
+        ports.log.info("remap: pilot released", job=job_id, nodes=list(ended[job_id]))
         out.append(job_id)
     return out
 
 
-def publish(agent: Agent, state: RemapState) -> None:
+def publish(ports: Ports, state: RemapState) -> None:
     """The step's summary where `vjob status` reads it (the data directory, root's), when it
     changed: why each vjob was left alone, the last moves and balloon targets. The status reads
     the pilots and the store, never the agent's memory; a write failure is only logged."""
     doc = summary(state)
     if doc == state.published:
         return
-    path = agent.cfg.data_path / STATUS_NAME
+    path = ports.cfg.data_path / STATUS_NAME
     try:
         write_status_file(path, doc | {"at": time.time()})
     except OSError as exc:
-        agent.log.warning("remap: cannot write the status", path=str(path), error=str(exc))
+        ports.log.warning("remap: cannot write the status", path=str(path), error=str(exc))
         return
     state.published = doc
 
 
-def set_memory(agent: Agent, state: RemapState, targets: Sequence[MemoryTarget]) -> list[dict[str, Any]]:
+def set_memory(ports: Ports, state: RemapState, targets: Sequence[MemoryTarget]) -> list[dict[str, Any]]:
     """Each moved VM's balloon to its new kind's memory per slot, bounded by the domain's ceiling
     and never below what its job asked. A failure is logged with the job and the VM keeps the
     memory it had: the move itself is done and journalled."""
     if state.memory is None:
-        state.memory = _driver(agent)
+        state.memory = ports.driver()
     out = []
     for t in targets:
         rec: dict[str, Any] = {"job": t.job, "vm": t.vm, "node": t.node, "kind": t.kind, "want_mib": t.want_mib}
@@ -279,23 +279,16 @@ def set_memory(agent: Agent, state: RemapState, targets: Sequence[MemoryTarget])
             rec |= {"from_mib": current, "max_mib": most, "mib": target}
             if target != current:
                 state.memory.set_memory(t.vm, t.node, target)
-            agent.log.info("remap: vm memory", **rec)
+            ports.log.info("remap: vm memory", **rec)
         except VjobError as exc:
             rec["error"] = str(exc)
-            agent.log.warning("remap: cannot set the vm's memory", **rec)
+            ports.log.warning("remap: cannot set the vm's memory", **rec)
         out.append(rec)
     return out
 
 
-def _driver(agent: Agent) -> Any:
-    """The provisioning driver over the agent's configured nodes (libvirt: only when remapping)."""
-    from provisioning.driver import Driver  # heavy: libvirt-python
-
-    return Driver(agent.cfg.provisioning, data_dir=agent.cfg.data_path)
-
-
 def _profile(
-    agent: Agent,
+    ports: Ports,
     state: RemapState,
     places: Sequence[Placement],
     node_sc: Mapping[str, str],
@@ -307,7 +300,7 @@ def _profile(
 
     if state.sampler is None:
         if state.memory is None:
-            state.memory = _driver(agent)
+            state.memory = ports.driver()
         state.sampler = libvirt_sampler(state.memory.connection)  # type: ignore[attr-defined]
     by_node: dict[str, list[str]] = {}
     for p in places:
@@ -318,7 +311,7 @@ def _profile(
         try:
             fresh.update(state.sampler(node, sorted(vms)))
         except VjobError as exc:  # a VM that just ended, a node unreachable: no window there
-            agent.log.warning("remap: cannot sample a node's VMs", node=node, error=str(exc))
+            ports.log.warning("remap: cannot sample a node's VMs", node=node, error=str(exc))
     out: dict[str, Profile | None] = {}
     for p in places:
         sc = job_subcluster(p, node_sc)
@@ -332,40 +325,40 @@ def _profile(
     return out
 
 
-def _carry_out(agent: Agent, obs: Observation, moves: Sequence[Move]) -> ExecutionReport:
+def _carry_out(ports: Ports, obs: Observation, moves: Sequence[Move]) -> ExecutionReport:
     """The moves as one journalled switch of `migrate` actions through the pilots; each VM
     moved is then recorded on its new host in the store."""
     actions = tuple(PlanAction(Action.MIGRATE, m.vm, m.job, m.src, m.dst) for m in moves)
     plan = Plan(pools=(actions,), placement={m.vm: m.dst for m in moves}, cost=len(moves), optimizer="remap")
     why = "; ".join(sorted({f"{m.job} {m.why}" for m in moves}))
-    if not pilot_performer.lease_held(agent):
+    if not ports.lease.held():
         raise VjobError("remap: the agent lease is held by another agent; no migration")
-    agent.log.info("remap: migrating", moves=[f"{m.vm} {m.src}->{m.dst} ({m.why})" for m in moves])
-    performer = pilot_performer.for_agent(agent, obs, "remap")  # memory-scaled waits, lease-bound
-    executor = Executor(performer, agent.store(), tag=EXECUTOR_TAG, job_key=lambda a: f"{agent.rms}:{a.vjob}",
-                        still_ours=agent.lease_valid)  # fmt: skip
+    ports.log.info("remap: migrating", moves=[f"{m.vm} {m.src}->{m.dst} ({m.why})" for m in moves])
+    executor = live_executor(ports, obs, "remap")  # memory-scaled waits, lease-bound
     report = executor.execute(plan, reason=f"remap: {why}")
     jobs = {j.id: j for j in obs.view.jobs}
     for a in report.done:
         st = obs.pilots.get(a.vjob)
         job = jobs.get(a.vjob)
         if job is not None and st is not None and a.dst is not None:
-            store_vms.remember(agent.store(), agent.rms, job, vm=a.vm, node=a.dst, image=st.image,
-                               memory_mb=st.memory_mb)  # fmt: skip
-            agent.recorded_vms[job.id] = (a.dst, st.image)
-    agent.log.info("remap: done", switch=report.switch_id, summary=report.summary())
+            store_vms.remember(
+                ports.store(), ports.rms, job, vm=a.vm, node=a.dst, image=st.image, memory_mb=st.memory_mb
+            )
+            ports.recorded_vms[job.id] = (a.dst, st.image)
+    ports.log.info("remap: done", switch=report.switch_id, summary=report.summary())
     return report
 
 
 def summary(state: RemapState) -> dict[str, Any]:
     """The last decisions and moves, as plain data (logs, tests)."""
     return {
-        "decisions": [{"kind": d.kind, "reason": d.reason, "jobs": list(d.jobs), "gain_s": d.gain_s}
-                      for d in state.decisions],
+        "decisions": [
+            {"kind": d.kind, "reason": d.reason, "jobs": list(d.jobs), "gain_s": d.gain_s} for d in state.decisions
+        ],
         "moves": [{"job": m.job, "vm": m.vm, "src": m.src, "dst": m.dst, "why": m.why} for m in state.moves],
         "skipped": dict(state.skipped),
         "memory": list(state.targets),
-    }  # fmt: skip
+    }
 
 
 __all__ = [

@@ -182,8 +182,13 @@ def read_deadline_status(cfg: Any, errors: list[str]) -> dict[str, Any]:
     """The agent's last deadline evaluation (agent.deadline): X and each job's deadline, x and
     predicted end. Missing file: no deadline policy ran; a broken one is a warning."""
     empty: dict[str, Any] = {
-        "X": None, "admission": None, "failure_rate": None, "at": None, "vo_model": None, "jobs": {},
-    }  # fmt: skip
+        "X": None,
+        "admission": None,
+        "failure_rate": None,
+        "at": None,
+        "vo_model": None,
+        "jobs": {},
+    }
     return _read_status_file(cfg.data_path / STATUS_NAME, errors, "deadline status", empty, "jobs")
 
 
@@ -198,20 +203,40 @@ def _status(args: argparse.Namespace) -> int:
 
     console = Console()
     vt = Table(title=f"vjobs ({data['rms']})")
-    cols = ("job", "VM", "node", "hosts (store)", "moves", "pilot", "image", "boots", "restores (local)", "last save",
-            "Pn", "Pt (s)", "remap: left alone")  # fmt: skip
+    cols = (
+        "job",
+        "VM",
+        "node",
+        "hosts (store)",
+        "moves",
+        "pilot",
+        "image",
+        "boots",
+        "restores (local)",
+        "last save",
+        "Pn",
+        "Pt (s)",
+        "remap: left alone",
+    )
     for col in cols:
         vt.add_column(col)
     for v in data["vjobs"]:
         save = f"{v['save_seconds']:.2f} s / {v['save_bytes'] / 2**20:.0f} MiB" if v["save_bytes"] else "-"
         vt.add_row(
-            v["job"], _vm_cell(v), v["node"], ",".join(v["hosts"] or []) or "-", ", ".join(v["migrations"]) or "-",
-            v["pilot"], v["image"], str(v["boots"]),
-            f"{v['restores']} ({v['local_restores']})", save,
+            v["job"],
+            _vm_cell(v),
+            v["node"],
+            ",".join(v["hosts"] or []) or "-",
+            ", ".join(v["migrations"]) or "-",
+            v["pilot"],
+            v["image"],
+            str(v["boots"]),
+            f"{v['restores']} ({v['local_restores']})",
+            save,
             "-" if v["preempt_count"] is None else str(v["preempt_count"]),
             "-" if v["preempted_seconds"] is None else f"{v['preempted_seconds']:.0f}",
             v["remap_skipped"] or "-",
-        )  # fmt: skip
+        )
     console.print(vt)
     st = Table(title="recent context switches")
     for col in ("switch", "state", "why", "victims", "when"):
@@ -227,8 +252,16 @@ def _status(args: argparse.Namespace) -> int:
         snap.add_column(col)
     for r in data["snapshots"]:
         taken = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created_at"]))
-        snap.add_row(r["job"], r["vm"], r["kind"], r["node"], f"{r['size_bytes'] / 2**20:.1f} MiB", r["sha256"][:12],
-                     taken, r["path"])  # fmt: skip
+        snap.add_row(
+            r["job"],
+            r["vm"],
+            r["kind"],
+            r["node"],
+            f"{r['size_bytes'] / 2**20:.1f} MiB",
+            r["sha256"][:12],
+            taken,
+            r["path"],
+        )
     console.print(snap)
     dl = data["deadline"]
     if dl["jobs"]:
@@ -237,10 +270,13 @@ def _status(args: argparse.Namespace) -> int:
             dt.add_column(col)
         for job_id, j in sorted(dl["jobs"].items()):
             fmt = "%Y-%m-%d %H:%M:%S"
-            dt.add_row(job_id, time.strftime(fmt, time.localtime(j["deadline"])),
-                       "-" if j["x"] is None else f"{j['x']:.3f}",
-                       "-" if j["predicted_end"] is None else time.strftime(fmt, time.localtime(j["predicted_end"])),
-                       j["decision"])  # fmt: skip
+            dt.add_row(
+                job_id,
+                time.strftime(fmt, time.localtime(j["deadline"])),
+                "-" if j["x"] is None else f"{j['x']:.3f}",
+                "-" if j["predicted_end"] is None else time.strftime(fmt, time.localtime(j["predicted_end"])),
+                j["decision"],
+            )
         console.print(dt)
     _print_control(console, data["control"])
     vo = dl["vo_model"]

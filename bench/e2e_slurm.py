@@ -1,6 +1,6 @@
 """Interactive start latency on a full Slurm cluster: with vjob vs Slurm alone.
 
-The same scenario twice on the development cluster (devkit.demo): batch vjobs whose guests
+The same scenario twice on the development cluster (devkit.demo_scenario): batch vjobs whose guests
 count to BATCH_SECONDS and then end fill the 8 nodes, then an interactive `srun -N4` arrives.
 With the vjob agent, the lowest-priority vjobs are checkpointed and the interactive job starts;
 with Slurm alone (no agent, Slurm's own preemption off as in the dev cluster) it waits until
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from devkit.demo import Scenario
+from devkit.demo_scenario import Scenario
 from devkit.devcluster import DevCluster, Settings
 from vjob import log
 

@@ -43,8 +43,9 @@ import numpy as np
 from preemption.scheduling.easy import reservation
 from preemption.scheduling.guard import keeps_reservation, returning
 from simulator.cli import read_trace
-from simulator.engine import ClusterModel, Result, Simulation
+from simulator.engine import Simulation
 from simulator.metrics import admitted, summary
+from simulator.replay import ClusterModel, Result
 from simulator.setup import UbisSetup, apply
 from vjob.config import PriorityConfig, SchedulingConfig
 
@@ -81,7 +82,7 @@ class Watched(Simulation):
 
     # -- accounting -----------------------------------------------------------------------
     def _fit(self, j: int) -> bool:
-        return not math.isnan(self._fit_since[j])
+        return not math.isnan(self.queue.fit_since[j])
 
     def _flush(self, j: int, now: float) -> None:
         if j in self.since and self._fit(j):
@@ -94,11 +95,11 @@ class Watched(Simulation):
 
     def _enqueue(self, j: int, now: float) -> None:
         super()._enqueue(j, now)
-        if self.inter[j] and j not in self.reason:
+        if self.jobs.inter[j] and j not in self.reason:
             self.reason[j], self.since[j] = "unseen", now
 
     def _cap_moved(self, before: int, now: float) -> None:
-        for jobs in self._waiting.values():
+        for jobs in self.queue.waiting.values():
             for j in jobs:
                 self._flush(j, now)
         super()._cap_moved(before, now)
@@ -111,7 +112,7 @@ class Watched(Simulation):
         self.since.pop(j, None)
 
     def _waiting_fit(self) -> list[int]:
-        return [j for jobs in self._waiting.values() for j in jobs if self._fit(j)]
+        return [j for jobs in self.queue.waiting.values() for j in jobs if self._fit(j)]
 
     # -- the pass -------------------------------------------------------------------------
     def _may_start(self) -> bool:
@@ -127,21 +128,21 @@ class Watched(Simulation):
         waiting = self._waiting_fit()
         super()._schedule(now)
         for j in waiting:
-            if j in self._waiting.get(self.need[j], {}) and j not in self.tried:
+            if j in self.queue.waiting.get(self.jobs.need[j], {}) and j not in self.tried:
                 self._file(j, "behind")
 
     def _preempt_for(self, j: int, now: float) -> bool:
         self.tried.add(j)
-        want = self.need[j] - self.free
-        batch = [v for v in self.running if not self.inter[v]]
-        eligible = [v for v in batch if self.pc_a[v] < self.max_preemptions]
+        want = self.jobs.need[j] - self.cluster.free
+        batch = [v for v in self.cluster.running if not self.jobs.inter[v]]
+        eligible = [v for v in batch if self.jobs.pc_a[v] < self.rules.max_preemptions]
         self.guard_said = None
         ok = super()._preempt_for(j, now)
         if ok:
             return True
-        if sum(self.need[v] for v in batch) < want:
+        if sum(self.jobs.need[v] for v in batch) < want:
             why = "no_room"
-        elif sum(self.need[v] for v in eligible) < want:
+        elif sum(self.jobs.need[v] for v in eligible) < want:
             why = "bound"
         elif self.guard_said is not None:
             why = self.guard_said
@@ -152,65 +153,67 @@ class Watched(Simulation):
 
     def _keeps_guard(self, j: int, now: float, victims: list[int], taken_free: int) -> bool:
         held = self._guard_holds()
-        anchor = self._anchors.get(self._guard)
+        anchor = self.book.anchors.get(self.book.guard)
         ok = super()._keeps_guard(j, now, victims, taken_free)
         if ok or not victims:
             return ok
-        before, _ = reservation(now, self.free, self.need[self._guard], held)
-        past = anchor is not None and before > anchor + self.head_slack_s
+        before, _ = reservation(now, self.cluster.free, self.jobs.need[self.book.guard], held)
+        past = anchor is not None and before > anchor + self.rules.head_slack_s
         self.guard_said = "guard_past_slack" if past else "guard_moved"
         self.refusals[self.guard_said] += 1
-        if 4 * max(self.need[v] for v in victims) > self.model.nodes:
+        if 4 * max(self.jobs.need[v] for v in victims) > self.model.nodes:
             self.guard_said += "_large_victim"
-        self.overshoot.append(sum(self.need[v] for v in victims) - (self.need[j] - self.free))
+        self.overshoot.append(sum(self.jobs.need[v] for v in victims) - (self.jobs.need[j] - self.cluster.free))
         self.guard_ahead.append(before - now)
         self.moved.append(self._after(j, now, victims, taken_free, held) - max(before, anchor or before))
-        self.preemptor_est.append(self.est_left[j])
+        self.preemptor_est.append(self.jobs.est_left[j])
         if self._alternative(j, now, held, anchor if anchor is not None else before):
             self.refusals[self.guard_said + "_alt"] += 1
         return False
 
     def _after(self, j: int, now: float, victims: list[int], taken_free: int, held: list[tuple[float, int]]) -> float:
         """The guard's reserved start had the preemption happened (guard.keeps_reservation's model)."""
-        gone = [(*self.holds[(0, v)], self.ckpt_s[v]) for v in victims]
-        end = now + max(self.ckpt_s[v] for v in victims) + self.est_left[j]
+        gone = [(*self.cluster.holds[(0, v)], self.jobs.ckpt_s[v]) for v in victims]
+        end = now + max(self.jobs.ckpt_s[v] for v in victims) + self.jobs.est_left[j]
         after = list(held)
         for hold_end, nodes, _ in gone:
             after.remove((hold_end, nodes))
         after += returning(now, gone, end)
         if taken_free:
             after.append((end, taken_free))
-        return reservation(now, self.free - taken_free, self.need[self._guard], after)[0]
+        return reservation(now, self.cluster.free - taken_free, self.jobs.need[self.book.guard], after)[0]
 
     def _alternative(self, j: int, now: float, held: list[tuple[float, int]], anchor: float) -> bool:
         """Whether some other victim set passes the guard: greedy by least harm (the guard's
         reserved start after preempting that victim alone), smallest first on ties."""
-        want = self.need[j] - self.free
-        cands = [v for v in self.running if not self.inter[v] and self.pc_a[v] < self.max_preemptions]
-        need_g = self.need[self._guard]
+        want = self.jobs.need[j] - self.cluster.free
+        cands = [
+            v for v in self.cluster.running if not self.jobs.inter[v] and self.jobs.pc_a[v] < self.rules.max_preemptions
+        ]
+        need_g = self.jobs.need[self.book.guard]
 
         def after(vs: list[int]) -> tuple[bool, float]:
-            gone = [(*self.holds[(0, v)], self.ckpt_s[v]) for v in vs]
-            ready = now + max(self.ckpt_s[v] for v in vs)
-            taken = max(0, self.need[j] - sum(self.need[v] for v in vs))
+            gone = [(*self.cluster.holds[(0, v)], self.jobs.ckpt_s[v]) for v in vs]
+            ready = now + max(self.jobs.ckpt_s[v] for v in vs)
+            taken = max(0, self.jobs.need[j] - sum(self.jobs.need[v] for v in vs))
             return keeps_reservation(
                 now,
-                self.free,
+                self.cluster.free,
                 need_g,
                 held,
                 gone,
-                min(taken, self.free),
-                ready + self.est_left[j],
-                self.head_slack_s,
+                min(taken, self.cluster.free),
+                ready + self.jobs.est_left[j],
+                self.rules.head_slack_s,
                 anchor,
             )
 
-        scored = sorted(cands, key=lambda v: (not after([v])[0], self.need[v]))
+        scored = sorted(cands, key=lambda v: (not after([v])[0], self.jobs.need[v]))
         chosen: list[int] = []
         got = 0
         for v in scored:
             chosen.append(v)
-            got += self.need[v]
+            got += self.jobs.need[v]
             if got >= want:
                 return after(chosen)[0]
         return False

@@ -31,7 +31,8 @@ import numpy as np
 
 from preemption.remap.policy import RemapParams
 from simulator.remap_cli import interactive_flags
-from simulator.remap_engine import paper_stream, simulate
+from simulator.remap_engine import simulate
+from simulator.remap_jobs import paper_stream
 from simulator.subclusters import Farm, load_farm
 from vjob.progress import Progress
 

@@ -45,7 +45,7 @@ from devkit.saline_bench import (
 )
 from plugins.oar.parse import OarJob
 from provisioning.driver import Driver
-from saline_bew import identity, journal
+from saline_bew import deployment, identity, journal
 from saline_bew.manager import Manager
 from saline_bew.vms import SalineVMs, nat_network
 from vjob import progress
@@ -174,19 +174,19 @@ def main() -> None:
 
 
 def run(manager: Manager, driver: Driver, args: argparse.Namespace, bar: progress.Progress) -> dict[str, Any]:
-    store = manager.store
+    store = manager.ports.store
     job = leased_job(manager, "be5a11e0a7a1", COMMAND, vm_count=1, memory_mb=384)
     (ident,) = identity.assign(store, site="a", job_key=job.key, vm_names=job.vm_names, mac_prefix="52:54:00",
                                network="10.0.0.0/8")  # fmt: skip
-    assert manager.vms.nat is not None
-    nat_ip = str(manager.vms.nat.address(ident.subnet_id, ident.vm_id))
+    assert manager.ports.vms.nat is not None
+    nat_ip = str(manager.ports.vms.nat.address(ident.subnet_id, ident.vm_id))
     vm = job.vm_names[0]
     job = journal.record(store, job.key, "submitted", oar_job_id="1")
-    out: dict[str, Any] = {"nat_ip": nat_ip, "gateway": str(manager.vms.nat.gateway)}
+    out: dict[str, Any] = {"nat_ip": nat_ip, "gateway": str(manager.ports.vms.nat.gateway)}
     try:
         bar.relabel(f"deploy at node na, NAT address {nat_ip}")
         t0 = time.monotonic()
-        manager._deploy(job, OarJob(id="1", state="Running", user=USER, hosts=("na",)))
+        deployment.deploy(manager.ports, job, OarJob(id="1", state="Running", user=USER, hosts=("na",)))
         log_a = driver.output_logs(vm, "na")[0]
         wait_answers(log_a, lambda ex: pongs(ex, 0) >= 1, args.boot_timeout, "first answer from the outside at na")
         out["boot_to_first_answer_s"] = round(time.monotonic() - t0, 1)
@@ -207,7 +207,8 @@ def run(manager: Manager, driver: Driver, args: argparse.Namespace, bar: progres
         bar.relabel("resume at node nb (the other libvirtd), its own NAT network")
         journal.record(store, job.key, "test", oar_job_id="2", site="b")
         t1 = time.monotonic()
-        manager._deploy(journal.get(store, job.key), OarJob(id="2", state="Running", user=USER, hosts=("nb",)))
+        running_at_b = OarJob(id="2", state="Running", user=USER, hosts=("nb",))
+        deployment.deploy(manager.ports, journal.get(store, job.key), running_at_b)
         out["restore_to_running_s"] = journal.events(store, job.key)[-1].detail.get("restore_to_running_s")
         log_b = driver.output_logs(vm, "nb")[0]
         last = out["last_before"]
@@ -233,7 +234,7 @@ def run(manager: Manager, driver: Driver, args: argparse.Namespace, bar: progres
     finally:
         for node in ("na", "nb"):
             driver.delete(vm, node)
-            manager.vms.network_down(ident.subnet_id, [node])
+            manager.ports.vms.network_down(ident.subnet_id, [node])
     return out
 
 

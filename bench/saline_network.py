@@ -8,11 +8,11 @@ subnetID/vmID), the vjob's ssh key, and the first VM runs COMMAND as the user:
     every second: ssh vm1 (the second VM, by the IP the allocator gave it), print the answer
 
 That is TCP both ways (ssh's key exchange, a command, its output) between the two guests over
-their bridge. The manager's own code drives the life: deploy (`Manager._deploy`) at node a,
-OAR's checkpoint warning handled as it is when no other site has room (`Manager._evacuate`:
+their bridge. The manager's own code drives the life: deploy (`deployment.deploy`) at node a,
+OAR's checkpoint warning handled as it is when no other site has room (`evacuation.evacuate`:
 one coordinated cut of both VMs into site a's repository, job disks included, nodes freed),
 then the resume at node b, on the other libvirtd, from site a's repository
-(`Manager._deploy` → `SalineVMs.restore`: both restored paused, then let run together). OAR is
+(`deployment.deploy` → `SalineVMs.restore`: both restored paused, then let run together). OAR is
 not involved (its part is what test_saline_e2e runs); its client here points at nothing.
 
 Figures: boot → first exchange, the cut, restore → running, restore → first exchange after the
@@ -44,7 +44,7 @@ from devkit.saline_bench import (
 from plugins.oar.parse import OarJob
 from provisioning import network
 from provisioning.driver import Driver
-from saline_bew import identity, journal
+from saline_bew import deployment, identity, journal
 from saline_bew.manager import Manager
 from vjob import progress
 
@@ -96,7 +96,7 @@ def main() -> None:
 
 
 def run(manager: Manager, driver: Driver, args: argparse.Namespace, bar: progress.Progress) -> dict[str, Any]:
-    store = manager.store
+    store = manager.ports.store
     job = leased_job(manager, "be5a11e0e7a1", COMMAND, vm_count=2, memory_mb=384)
     ids = identity.assign(store, site="a", job_key=job.key, vm_names=job.vm_names, mac_prefix="52:54:00",
                           network="10.0.0.0/8")  # fmt: skip
@@ -106,7 +106,7 @@ def run(manager: Manager, driver: Driver, args: argparse.Namespace, bar: progres
     try:
         _step(bar, f"deploy both VMs at node na on {bridge} ({ids[0].ip}, {ids[1].ip})")
         t0 = time.monotonic()
-        manager._deploy(job, OarJob(id="1", state="Running", user=USER, hosts=("na",)))
+        deployment.deploy(manager.ports, job, OarJob(id="1", state="Running", user=USER, hosts=("na",)))
         log_a = driver.output_logs(job.vm_names[0], "na")[0]
         wait_exchanges(log_a, lambda ex: any(a == "vm1" for _, a in ex), args.boot_timeout, "first exchange at na")
         out["boot_to_first_exchange_s"] = round(time.monotonic() - t0, 1)
@@ -124,7 +124,8 @@ def run(manager: Manager, driver: Driver, args: argparse.Namespace, bar: progres
         _step(bar, "resume at node nb (the other libvirtd) from site a's repository")
         job = journal.record(store, job.key, "test", oar_job_id="2", site="b")
         t1 = time.monotonic()
-        manager._deploy(journal.get(store, job.key), OarJob(id="2", state="Running", user=USER, hosts=("nb",)))
+        running_at_b = OarJob(id="2", state="Running", user=USER, hosts=("nb",))
+        deployment.deploy(manager.ports, journal.get(store, job.key), running_at_b)
         resumed = journal.events(store, job.key)[-1]
         out["restore_to_running_s"] = resumed.detail.get("restore_to_running_s")
         out["deploy_b_s"] = round(time.monotonic() - t1, 1)
@@ -147,7 +148,7 @@ def run(manager: Manager, driver: Driver, args: argparse.Namespace, bar: progres
         for vm, node in zip(now_job.vm_names, now_job.hosts or ("na", "na"), strict=False):
             driver.delete(vm, node)
         for node in ("na", "nb"):
-            manager.vms.network_down(ids[0].subnet_id, [node])
+            manager.ports.vms.network_down(ids[0].subnet_id, [node])
     return out
 
 

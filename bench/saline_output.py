@@ -6,9 +6,9 @@ cached by content) on one VM; its first VM's guest agent runs COMMAND as the use
     print "before", wait until the host's snapshot is taken, print "after" on stdout and
     "to stderr" on stderr, exit 3
 
-The manager's own code drives it: `Manager._deploy`, a periodic `Manager.snapshot` once
+The manager's own code drives it: `deployment.deploy`, a periodic `snapshots.snapshot` once
 "before" is out (its output is committed up to the cut), then, when the guest powered off,
-`Manager._complete` (the rest of the output, the exit status read off the job disk). OAR is not
+`deployment.complete` (the rest of the output, the exit status read off the job disk). OAR is not
 involved (its client points at nothing). Checked: the kept stdout is exactly "before\\nafter\\n",
 stderr "to stderr\\n", exit_code 3. Figures: start → COMMAND ended, the snapshot with its
 output commit, the end's commit and exit read. Ends with one JSON line.
@@ -30,7 +30,7 @@ from devkit.saline_bench import (
     wait_for,
 )
 from plugins.oar.parse import OarJob
-from saline_bew import journal
+from saline_bew import deployment, journal, snapshots
 from saline_bew.manager import Manager
 from vjob import progress
 
@@ -49,37 +49,37 @@ def main() -> None:
 
 
 def run(manager: Manager, bar: progress.Progress, boot_timeout_s: float) -> dict[str, Any]:
-    store = manager.store
+    store = manager.ports.store
     job = leased_job(manager, "be0a7b0e7a1c", COMMAND, vm_count=1, memory_mb=512)
     journal.record(store, job.key, "bench", oar_job_id="1")
     vm = job.vm_names[0]
-    out_log, _err_log = manager.vms.output_logs(vm, "na")
+    out_log, _err_log = manager.ports.vms.output_logs(vm, "na")
     bar.relabel("deploy and boot (TCG here: about a minute)")
     started = time.monotonic()
     try:
         oar_job = OarJob(id="1", state="Running", user=USER, types=("besteffort",), hosts=("na",), resources=(1,))
-        manager._deploy(journal.get(store, job.key), oar_job)
+        deployment.deploy(manager.ports, journal.get(store, job.key), oar_job)
         printed = wait_for(lambda: out_log.exists() and b"before" in out_log.read_bytes(), boot_timeout_s, "'before'")
         bar.advance()
         bar.relabel("snapshot while COMMAND sleeps")
         t = time.monotonic()
-        assert manager.snapshot(journal.get(store, job.key), reason="periodic")
+        assert snapshots.snapshot(manager.ports, journal.get(store, job.key), reason="periodic")
         snapshot_s = time.monotonic() - t
         snap = [e for e in journal.events(store, job.key) if e.kind == "snapshot"][-1].detail
         bar.advance()
         bar.relabel("COMMAND ends")
-        wait_for(lambda: manager._finished(journal.get(store, job.key)), 300, "the guest to power off")
+        wait_for(lambda: deployment.finished(manager.ports, journal.get(store, job.key)), 300, "the guest to power off")
         ended_s = time.monotonic() - started
         t = time.monotonic()
-        manager._complete(journal.get(store, job.key))
+        deployment.complete(manager.ports, journal.get(store, job.key))
         complete_s = time.monotonic() - t
         bar.advance()
         finished = journal.events(store, job.key)[-1].detail
-        kept = (manager.output_dir / f"{job.key}.stdout").read_bytes()
-        kept_err = (manager.output_dir / f"{job.key}.stderr").read_bytes()
+        kept = (manager.ports.output_dir / f"{job.key}.stdout").read_bytes()
+        kept_err = (manager.ports.output_dir / f"{job.key}.stderr").read_bytes()
     finally:
-        manager.vms.stop(vm, "na")
-        manager.vms.network_down(manager._subnet(job), ["na"])
+        manager.ports.vms.stop(vm, "na")
+        manager.ports.vms.network_down(manager.ports.subnet(job), ["na"])
     ok = kept == b"before\nafter\n" and kept_err == b"to stderr\n" and finished.get("exit_code") == 3
     return {
         "ok": ok,

@@ -4,7 +4,7 @@ Prints the run's figures and, as a ratio measured in the same run, how much slow
 than fcfs-easy on the same workload (the price of priorities and preemption). The last line is
 one JSON object: {"bench": "simulate", "jobs", "nodes", "policy", "seconds", "events_per_s", ...}.
 `--policy vjob` also replays the same workload with the former vjob pass, which sorted the
-whole queue at every pass (`Simulation.full_sort_vjob`), and reports how many times faster the
+whole queue at every pass (`Rules.full_sort_vjob`), and reports how many times faster the
 compiled order is (`full_sort_over_compiled`) and whether both schedules are the same
 (`same_schedule`, SHA-256 of every start, end and segment). `--priority-refresh S` measures
 the approximate replay that reuses priorities for S simulated seconds (docs/simulator.md,
@@ -20,9 +20,10 @@ import json
 import os
 import time
 
-from simulator.engine import ClusterModel, Simulation, simulate
+from simulator.engine import Simulation, simulate
 from simulator.lublin import generate
 from simulator.metrics import schedule_digest, summary
+from simulator.replay import ClusterModel
 from simulator.setup import UbisSetup, apply
 from vjob.config import PriorityConfig
 
@@ -74,7 +75,7 @@ def main() -> None:
     }
     if args.policy == "vjob":
         sim = Simulation(workload, model, "vjob", prio)
-        sim.full_sort_vjob = True
+        sim.rules.full_sort_vjob = True
         t0 = time.perf_counter()
         cpu0 = time.process_time()
         before = sim.run()

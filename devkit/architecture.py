@@ -21,6 +21,7 @@ LAYERS: dict[str, int] = {
     "preemption": 3,
     "plugins": 3,
     "agent": 4,
+    "pilot": 4,
     "saline_bew": 4,
     "simulator": 4,
     "devkit": 5,
@@ -38,6 +39,14 @@ SAME_LAYER_FORBIDDEN: frozenset[tuple[str, str]] = frozenset(
         ("agent", "saline_bew"),
         ("saline_bew", "agent"),
         ("saline_bew", "simulator"),
+        # The in-job pilot is another program than the agent (pilot/__init__.py): the two share
+        # only the pilot-file contract, vjob/pilot_files/.
+        ("pilot", "agent"),
+        ("agent", "pilot"),
+        ("pilot", "simulator"),
+        ("simulator", "pilot"),
+        ("pilot", "saline_bew"),
+        ("saline_bew", "pilot"),
         # Policies know no VM driver, and the driver no policy.
         ("ubis_priority", "provisioning"),
         ("provisioning", "ubis_priority"),
@@ -124,11 +133,11 @@ def draw(out: Path) -> None:
     fig, ax = plt.subplots(figsize=(9, 6.5))
     for (a, b), n in graph().items():
         (x1, y1), (x2, y2) = pos[a], pos[b]
-        ax.annotate("", xy=(x2, y2 + 0.18), xytext=(x1, y1 - 0.18),
-                    arrowprops={"arrowstyle": "->", "color": "0.55", "lw": 0.6 + min(n, 40) / 20})  # fmt: skip
+        arrow = {"arrowstyle": "->", "color": "0.55", "lw": 0.6 + min(n, 40) / 20}
+        ax.annotate("", xy=(x2, y2 + 0.18), xytext=(x1, y1 - 0.18), arrowprops=arrow)
     for pkg, (x, y) in pos.items():
-        ax.text(x, y, f"{pkg}/", ha="center", va="center", fontsize=11,
-                bbox={"boxstyle": "round", "fc": "#dde8f5", "ec": "#3a5f8a"})  # fmt: skip
+        box = {"boxstyle": "round", "fc": "#dde8f5", "ec": "#3a5f8a"}
+        ax.text(x, y, f"{pkg}/", ha="center", va="center", fontsize=11, bbox=box)
     for layer, name in LAYER_NAMES.items():
         ax.text(-0.02, layer, f"{layer} {name}", ha="right", va="center", fontsize=9, color="0.3")
     ax.set_xlim(-0.35, 1.0)

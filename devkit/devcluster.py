@@ -1,10 +1,11 @@
 """The one-machine development cluster: munge, slurmctld, N slurmd, libvirtd and the vjob agent.
 
-Why one module behind `deploy/devcluster`: tests, benchmarks and the demo all need the same
+Why one cluster behind `deploy/devcluster`: tests, benchmarks and the demo all need the same
 cluster, brought up in about a second and torn down without touching anything this module did
 not start. Every daemon it starts leaves a pid file in the run directory; `down` stops exactly
 those pids (and munged only when `up` started it). Configuration files are generated from
-deploy/slurm/ into the run directory, so a checkout never writes under /etc.
+deploy/slurm/ into the run directory, so a checkout never writes under /etc. What each file
+holds is in devkit.devcluster_files; starting and stopping the daemons, in devkit.devcluster_daemons.
 
 Layout of the run directory (default /var/lib/vjob/devcluster, or $VJOB_DEVCLUSTER_DIR):
 etc/ (slurm.conf, job_submit.lua, vjob-images.list, vjob-agent.wake, vjob.toml, env), state/,
@@ -18,9 +19,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
-import string
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -28,19 +26,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
-
 from devkit import libvirtd
+from devkit.devcluster_daemons import (
+    munge_ok,
+    port_open,
+    read_pid,
+    start_agent,
+    start_daemon,
+    start_munge,
+    stop_pidfile,
+    wait_until,
+)
+from devkit.devcluster_files import catalogue_images, slurm_conf, vjob_toml, write_if_changed
 from plugins.slurm.commands import SlurmCommands
 from plugins.slurm.environment import wake_file as slurm_wake_file
 from plugins.slurm.images import SHIPPED_IMAGES, read_image_list, write_image_list
 from vjob import proc
 from vjob.errors import CommandError, InputError, UsageError, VjobError
-from vjob.store.db import Store
-from vjob.store.schema import ImageRecord
 
 REPO = Path(__file__).resolve().parents[1]
-TEMPLATE = REPO / "deploy" / "slurm" / "slurm.conf.in"
 JOB_SUBMIT_LUA = REPO / "plugins" / "slurm" / "job_submit.lua"
 ENV_DIR = "VJOB_DEVCLUSTER_DIR"
 DEFAULT_DIR = Path("/var/lib/vjob/devcluster")
@@ -55,6 +59,8 @@ FIRST_NODE_PORT = 17001
 
 @dataclass(frozen=True)
 class Settings:
+    """What `up` builds: the node count and size, the controller's port, libvirt and the agent (checked here)."""
+
     run_dir: Path
     nodes: int = 8
     cpus: int = 4
@@ -79,10 +85,12 @@ class Settings:
 
 
 def default_run_dir() -> Path:
+    """$VJOB_DEVCLUSTER_DIR, else /var/lib/vjob/devcluster."""
     return Path(os.environ.get(ENV_DIR) or DEFAULT_DIR)
 
 
 def default_port() -> int:
+    """$VJOB_DEVCLUSTER_PORT, else 6817: a second cluster on the machine sets another."""
     raw = os.environ.get(ENV_PORT, "")
     if raw and not raw.isdigit():
         raise UsageError(f"${ENV_PORT} = {raw!r}: must be a port number")
@@ -127,7 +135,7 @@ class DevCluster:
                 current = read_image_list(self.image_list)
             except InputError:
                 current = []
-        names = sorted({*current, *SHIPPED_IMAGES, *_catalogue_images(self.root / "vjob")})
+        names = sorted({*current, *SHIPPED_IMAGES, *catalogue_images(self.root / "vjob")})
         if names != current:
             write_image_list(self.image_list, names)
         return names
@@ -154,6 +162,7 @@ class DevCluster:
         return int(self._started().get("port", CTLD_PORT))
 
     def node_names(self) -> list[str]:
+        """node1..nodeN of the cluster `up` last recorded (none before the first `up`)."""
         started = self._started()
         count = int(started.get("nodes", 0))
         return [f"node{i}" for i in range(1, count + 1)]
@@ -178,7 +187,7 @@ class DevCluster:
         started["port"] = settings.port
         self._save_started(started)
         if not self._ctld_alive():
-            if _port_open(settings.port):
+            if port_open(settings.port):
                 raise UsageError(
                     f"port {settings.port} is taken by another Slurm controller (another development cluster? "
                     f"see `deploy/devcluster --dir DIR status`, or give this one --port); "
@@ -186,12 +195,12 @@ class DevCluster:
                 )
             clean = not any((self.root / "state").iterdir())
             args = ["-f", str(self.conf)] + (["-c"] if clean else [])
-            self._daemon(["/usr/sbin/slurmctld", *args], "slurmctld")
+            start_daemon(["/usr/sbin/slurmctld", *args], "slurmctld", self.log)
             progress("slurmctld started")
         for node in self._nodes(settings):
-            if not proc.alive(_read_pid(self.run / f"slurmd-{node}.pid")):
-                self._daemon(["/usr/sbin/slurmd", "-f", str(self.conf), "-N", node], f"slurmd {node}")
-        _wait(lambda: len(self._ready_nodes()) >= settings.nodes, 60, f"{settings.nodes} Slurm nodes")
+            if not proc.alive(read_pid(self.run / f"slurmd-{node}.pid")):
+                start_daemon(["/usr/sbin/slurmd", "-f", str(self.conf), "-N", node], f"slurmd {node}", self.log)
+        wait_until(lambda: len(self._ready_nodes()) >= settings.nodes, 60, f"{settings.nodes} Slurm nodes")
         if not self._ctld_alive():  # the nodes answered, but through someone else's controller
             raise VjobError(f"devcluster: slurmctld of {self.root} is not running; see {self.log}/slurmctld.log")
         timings["slurm_s"] = time.monotonic() - t0
@@ -201,12 +210,13 @@ class DevCluster:
             started["libvirt_pids"] = sorted(set(started.get("libvirt_pids", [])) | set(pids))
             timings["libvirt_s"] = time.monotonic() - t0
         if settings.agent != "no":
-            started["agent"] = self._start_agent(progress)
+            started["agent"] = start_agent(self.etc / "vjob.toml", self.env, self.run, self.log, progress)
         self._save_started(started)
         timings["total_s"] = time.monotonic() - t0
         return {"run_dir": str(self.root), "env": self.env, "timings": timings, "status": self.status()}
 
     def _make_dirs(self, settings: Settings) -> None:
+        """The run directory's tree, each part owned and moded for whoever writes there."""
         for sub in ("etc", "run", "log", "state", "spool"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         for node in self._nodes(settings):
@@ -222,72 +232,34 @@ class DevCluster:
             shutil.chown(self.root / sub, SLURM_USER, SLURM_USER)
 
     def _write_config(self, settings: Settings) -> None:
-        host = socket.gethostname().split(".")[0]
+        """slurm.conf (the controller reconfigured if it changed), job_submit.lua, the image list,
+        the wake file, vjob.toml and the shell `env` file."""
         first_node_port = FIRST_NODE_PORT + 100 * (settings.port - CTLD_PORT)
-        text = string.Template(TEMPLATE.read_text()).substitute(
-            root=str(self.root),
-            host=host,
+        text = slurm_conf(
+            self.root,
             nodes=settings.nodes,
             cpus=settings.cpus,
             memory_mb=settings.memory_mb,
-            mem_per_cpu=settings.memory_mb // settings.cpus,
-            ctld_port=settings.port,
-            slurmd_port=settings.port + 1,
+            port=settings.port,
             first_node_port=first_node_port,
-            last_node_port=first_node_port + settings.nodes - 1,
         )
-        if _write_if_changed(self.conf, text, 0o644) and self._ctld_alive():
+        if write_if_changed(self.conf, text, 0o644) and self._ctld_alive():
             self.slurm.run("scontrol", ["reconfigure"])
-        _write_if_changed(self.etc / "job_submit.lua", JOB_SUBMIT_LUA.read_text(), 0o644)
+        write_if_changed(self.etc / "job_submit.lua", JOB_SUBMIT_LUA.read_text(), 0o644)
         self.sync_image_list()
         self.ensure_wake_file()
-        toml = (
-            "# vjob configuration of the development cluster (generated by deploy/devcluster up)\n"
-            f'data_dir = "{self.root / "vjob"}"\n\n'
-            "[agent]\n"
-            'rms = "slurm"\n'
-            "interval_s = 5.0\n\n"
-            "[priority]\n"
-            "# 8 nodes: the default 15 % would let interactive jobs hold one node only\n"
-            "interactive_cap = 0.5\n\n"
-            "[slurm]\n"
-            f'conf = "{self.conf}"\n'
-            f'image_list = "{self.image_list}"\n'
-        )
-        _write_if_changed(self.etc / "vjob.toml", toml, 0o644)
+        write_if_changed(self.etc / "vjob.toml", vjob_toml(self.root, self.conf, self.image_list), 0o644)
         env = "".join(f"export {k}={v}\n" for k, v in self.env.items())
-        _write_if_changed(self.etc / "env", env, 0o644)
+        write_if_changed(self.etc / "env", env, 0o644)
 
     def _start_munge(self, started: dict[str, Any]) -> bool:
         """Start munged unless one answers already; remember that we did, so `down` stops it."""
-        if _munge_ok():
+        if munge_ok():
             return False
-        run_munge = Path("/run/munge")
-        run_munge.mkdir(parents=True, exist_ok=True)
-        shutil.chown(run_munge, "munge", "munge")
-        os.chmod(run_munge, 0o755)
-        key = Path("/etc/munge/munge.key")
-        if not key.exists() or key.stat().st_size == 0:
-            _run(["mungekey", "--create", f"--keyfile={key}"])
-            shutil.chown(key, "munge", "munge")
-            os.chmod(key, 0o400)
-        pidfile = run_munge / "munged.pid"  # munged runs as munge: it cannot write into our run dir
-        pidfile.unlink(missing_ok=True)  # no munged answers, so any pid in it is stale
-        _run(["runuser", "-u", "munge", "--", "/usr/sbin/munged", "--num-threads=10", f"--pid-file={pidfile}"])
-        _wait(_munge_ok, 10, "munged")
-        _wait(lambda: _read_pid(pidfile) is not None, 10, f"munged pid file {pidfile}")
-        (self.run / "munged.pid").write_text(f"{_read_pid(pidfile)}\n")
+        start_munge(self.run)
         started["munged"] = True
         self._save_started(started)
         return True
-
-    def _daemon(self, cmd: list[str], what: str) -> None:
-        """Start a daemon that forks itself into the background (it writes its own pid file)."""
-        log = self.log / "daemon-start.log"
-        with log.open("a") as out:
-            proc = subprocess.run(cmd, stdout=out, stderr=out, stdin=subprocess.DEVNULL, timeout=60, check=False)
-        if proc.returncode != 0:
-            raise VjobError(f"devcluster: {what} did not start (exit {proc.returncode}); see {log} and {self.log}")
 
     def _start_libvirt(self, progress: Callable[[str], None]) -> list[int]:
         """virtlogd + libvirtd through devkit.libvirtd; returns the pids it started."""
@@ -295,43 +267,20 @@ class DevCluster:
         progress(f"libvirtd ready ({'started' if daemons.owned else 'already running'})")
         return list(daemons.started_pids)
 
-    def _start_agent(self, progress: Callable[[str], None]) -> str:
-        pidfile = self.run / "agent.pid"
-        if proc.alive(_read_pid(pidfile)) and "agent" in _cmdline(_read_pid(pidfile) or 0):
-            return "running"
-        vjob = [sys.executable, "-m", "vjob.cli", "--config", str(self.etc / "vjob.toml")]
-        env = {**os.environ, **self.env}
-        proc_db = subprocess.run(
-            [*vjob, "db", "upgrade"], capture_output=True, text=True, timeout=120, env=env, check=False
-        )
-        if proc_db.returncode != 0:
-            raise VjobError(f"devcluster: vjob db upgrade failed: {proc_db.stderr.strip()[-400:]}")
-        cmd = [*vjob, "agent", "--rms", "slurm"]
-        with (self.log / "agent.log").open("a") as out:
-            agent = subprocess.Popen(
-                cmd, stdout=out, stderr=out, stdin=subprocess.DEVNULL, env=env, start_new_session=True
-            )
-        pidfile.write_text(f"{agent.pid}\n")
-        time.sleep(1.0)
-        if agent.poll() is not None:
-            raise VjobError(f"devcluster: the vjob agent exited at once ({agent.returncode}); see {self.log}/agent.log")
-        progress(f"agent started (pid {agent.pid})")
-        return "started"
-
     # -- status ---------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         """What runs now: each component and each node's Slurm state."""
         started = self._started()
         nodes = self.node_names()
-        slurmd = {n: proc.alive(_read_pid(self.run / f"slurmd-{n}.pid")) for n in nodes}
+        slurmd = {n: proc.alive(read_pid(self.run / f"slurmd-{n}.pid")) for n in nodes}
         node_states = self._node_states() if self._ctld_alive() else {}
         libvirt = "running" if libvirtd.reachable(libvirtd.SYSTEM_URI, timeout_s=5) else "not running"
         if started.get("libvirt_pids"):
             libvirt += f" (started by devcluster: pids {started['libvirt_pids']})"
-        agent_pid = _read_pid(self.run / "agent.pid")
+        agent_pid = read_pid(self.run / "agent.pid")
         return {
             "run_dir": str(self.root),
-            "munged": _munge_ok(),
+            "munged": munge_ok(),
             "slurmctld": self._ctld_alive(),
             "slurmd": slurmd,
             "nodes": node_states,
@@ -341,10 +290,12 @@ class DevCluster:
         }
 
     def is_up(self) -> bool:
+        """Every daemon runs and every node is ready for jobs."""
         return bool(self.status()["up"]) and len(self._ready_nodes()) >= len(self.node_names())
 
     def _ctld_alive(self) -> bool:
-        if not proc.alive(_read_pid(self.run / "slurmctld.pid")):
+        """Our slurmctld runs (by its pid file) and answers a ping."""
+        if not proc.alive(read_pid(self.run / "slurmctld.pid")):
             return False
         try:
             self.slurm.run("scontrol", ["ping"], timeout_s=5)
@@ -353,6 +304,7 @@ class DevCluster:
         return True
 
     def _node_states(self) -> dict[str, str]:
+        """Each node's Slurm state as sinfo says it ({} when the controller does not answer)."""
         try:
             out = self.slurm.run("sinfo", ["-h", "-N", "-o", "%N %T"], timeout_s=5)
         except CommandError:
@@ -365,6 +317,7 @@ class DevCluster:
         return states
 
     def _ready_nodes(self) -> list[str]:
+        """The nodes that can take jobs: responding (no `*`) and idle, allocated, mixed or completing."""
         usable = ("idle", "allocated", "mixed", "completing")
         return [n for n, s in self._node_states().items() if s.rstrip("*~#!%$@^-") in usable and not s.endswith("*")]
 
@@ -372,7 +325,7 @@ class DevCluster:
     def down(self, *, keep_state: bool = False, progress: Callable[[str], None] = lambda _m: None) -> None:
         """Stop what `up` started, by pid; forget the jobs unless `keep_state`."""
         started = self._started()
-        self._stop_pidfile(self.run / "agent.pid", "agent", progress, expect="agent")
+        stop_pidfile(self.run / "agent.pid", "agent", progress, expect="agent")
         if self._ctld_alive():
             if not keep_state:
                 self._cancel_all_jobs()
@@ -381,12 +334,12 @@ class DevCluster:
             except CommandError as exc:
                 progress(f"scontrol shutdown failed ({exc}); stopping the daemons by pid")
         for pidfile in [*sorted(self.run.glob("slurmd-*.pid")), self.run / "slurmctld.pid"]:
-            self._stop_pidfile(pidfile, pidfile.stem, progress, grace=10.0, expect="slurm")
+            stop_pidfile(pidfile, pidfile.stem, progress, grace=10.0, expect="slurm")
         if started.get("libvirt_pids"):
             libvirtd.stop(libvirtd.Daemons(uri=libvirtd.SYSTEM_URI, started_pids=list(started["libvirt_pids"])))
             progress(f"libvirtd stopped (pids {started['libvirt_pids']})")
         if started.get("munged"):
-            self._stop_pidfile(self.run / "munged.pid", "munged", progress, expect="munged")
+            stop_pidfile(self.run / "munged.pid", "munged", progress, expect="munged")
         if not keep_state:
             for sub in ("state", "spool"):
                 shutil.rmtree(self.root / sub, ignore_errors=True)
@@ -407,20 +360,9 @@ class DevCluster:
             return
         _wait_quiet(lambda: not self.slurm.run("squeue", ["-h", "-t", "R,CG,S", "-o", "%A"], timeout_s=10).split(), 20)
 
-    def _stop_pidfile(
-        self, pidfile: Path, what: str, progress: Callable[[str], None], grace: float = 20.0, expect: str = ""
-    ) -> None:
-        """Stop the pid in `pidfile` if it is still the program we started (`expect` in its command)."""
-        pid = _read_pid(pidfile)
-        if pid is None:
-            return
-        if proc.alive(pid) and expect in _cmdline(pid):
-            proc.stop_pid(pid, grace_s=grace)
-            progress(f"{what} stopped (pid {pid})")
-        pidfile.unlink(missing_ok=True)
-
     # -- bookkeeping --------------------------------------------------------------------------------
     def _started(self) -> dict[str, Any]:
+        """started.json: what `up` started and with which settings, so `down` stops only that."""
         path = self.run / "started.json"
         try:
             data = json.loads(path.read_text())
@@ -429,6 +371,7 @@ class DevCluster:
         return data if isinstance(data, dict) else {}
 
     def _save_started(self, data: dict[str, Any]) -> None:
+        """Write started.json atomically (a `down` racing an `up` never reads half of it)."""
         self.run.mkdir(parents=True, exist_ok=True)
         tmp = self.run / "started.json.tmp"
         tmp.write_text(json.dumps(data, indent=1) + "\n")
@@ -436,83 +379,12 @@ class DevCluster:
 
     @staticmethod
     def _nodes(settings: Settings) -> list[str]:
+        """The node names `settings` asks for."""
         return [f"node{i}" for i in range(1, settings.nodes + 1)]
 
 
-# -- helpers -----------------------------------------------------------------------------------------
-def _catalogue_images(data_dir: Path) -> list[str]:
-    """The image names in the cluster's catalogue (its SQLite store under `data_dir`); none
-    when the store does not exist yet or cannot be read (a fresh cluster: the shipped ones)."""
-    db = data_dir / "vjob.sqlite"
-    if not db.is_file():
-        return []
-    store = Store(f"sqlite:///{db}")
-    try:
-        store.check()
-        with store.session() as s:
-            return sorted(set(s.scalars(select(ImageRecord.name))))
-    except VjobError:
-        return []
-    finally:
-        store.close()
-
-
-def _write_if_changed(path: Path, text: str, mode: int) -> bool:
-    if path.exists() and path.read_text() == text:
-        return False
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.chmod(tmp, mode)
-    tmp.replace(path)
-    return True
-
-
-def _run(cmd: Sequence[str]) -> None:
-    proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=30, check=False)
-    if proc.returncode != 0:
-        raise CommandError(list(cmd), f"exited {proc.returncode}: {proc.stderr.strip() or proc.stdout.strip()}")
-
-
-def _munge_ok() -> bool:
-    try:
-        proc = subprocess.run(
-            ["/usr/bin/munge", "-n"], stdin=subprocess.DEVNULL, capture_output=True, timeout=5, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return proc.returncode == 0
-
-
-def _read_pid(path: Path) -> int | None:
-    try:
-        return int(path.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _port_open(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.5)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise VjobError(f"devcluster: {what} not ready after {timeout:.0f} s")
-
-
 def _wait_quiet(predicate: Callable[[], bool], timeout: float) -> None:
+    """Poll `predicate` every 0.2 s until it holds, `timeout` passes or Slurm stops answering."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -525,6 +397,7 @@ def _wait_quiet(predicate: Callable[[], bool], timeout: float) -> None:
 
 # -- command line ---------------------------------------------------------------------------------------
 def main(argv: Sequence[str] | None = None) -> int:
+    """`deploy/devcluster up|status|down|env`; a VjobError is one line on stderr and its exit code."""
     parser = argparse.ArgumentParser(prog="deploy/devcluster", description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", type=Path, default=None, help=f"run directory (default ${ENV_DIR} or {DEFAULT_DIR})")
     sub = parser.add_subparsers(dest="action", required=True)
@@ -546,6 +419,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cluster = DevCluster(args.dir)
 
     def say(message: str) -> None:
+        """Progress on stderr: stdout holds only the command's answer."""
         print(f"devcluster: {message}", file=sys.stderr, flush=True)
 
     try:
@@ -585,6 +459,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _print_status(status: dict[str, Any]) -> None:
+    """`status` without --json: one component a line."""
     print(f"run dir    {status['run_dir']}")
     print(f"munged     {'running' if status['munged'] else 'not running'}")
     print(f"slurmctld  {'running' if status['slurmctld'] else 'not running'}")

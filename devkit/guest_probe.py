@@ -1,10 +1,10 @@
-"""Reading the tiny counter guest's console log: did the job continue, or restart?
+"""Reading the guests' console logs: did the job continue, or restart? Did a guest panic?
 
 Why in the dev kit: the counter guest (`provisioning.guest`) exists to prove checkpoints in
 tests, benchmarks and the demo. Its init prints `COUNTER n` once per second and
 `GUEST: booted` once per boot; after a save/restore, a resume elsewhere or a migration the
 next line must be `COUNTER n+1` with a single boot. Nothing in the runtime packages reads
-these lines.
+these lines. The demo also reads any guest's console for a kernel panic (`guest_panic`).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from vjob.errors import VjobError
+from vjob.pilot_files import PilotStatus, vms_of
 
 _COUNTER_RE = re.compile(rb"^COUNTER (\d+)", re.MULTILINE)
 
@@ -54,3 +55,27 @@ def wait_for_counter(console_log: Path, at_least: int, timeout_s: float) -> int:
             return value
         time.sleep(0.1)
     raise VjobError(f"guest console {console_log}: counter {value} did not reach {at_least} within {timeout_s:.0f} s")
+
+
+def split_counters(console_log: Path, offset: int) -> tuple[list[int], list[int]]:
+    """The guest's counters printed before byte `offset` of its console log, and after."""
+    seq = counters(console_log)
+    printed_before = console_log.read_bytes()[:offset].count(b"COUNTER ") if seq else 0
+    return seq[:printed_before], seq[printed_before:]
+
+
+def guest_panic(st: PilotStatus) -> str:
+    """What a kernel panic on the console of one of the pilot's VMs (a multi-node job's members
+    too) said ("VM NAME: kernel panic while booting: LINE"), else "". Why: that VM is gone and
+    its job never starts (its first VM waits for it up to 600 s), so the demo says so at once."""
+    if not st.console_log:
+        return ""
+    for vm, _node in vms_of(st):
+        console = Path(st.console_log).with_name(f"{vm}.console.log")
+        try:
+            text = console.read_text(errors="replace")
+        except OSError:
+            continue
+        if (at := text.find("Kernel panic")) >= 0:
+            return f"VM {vm}: kernel panic while booting: {text[at:].splitlines()[0][:160]!r}"
+    return ""

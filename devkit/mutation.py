@@ -334,8 +334,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--module", help="a .py file of the repository (preemption/deadline/xfactor.py)")
     parser.add_argument("--tests", nargs="+", help="the pytest arguments naming its fast tests")
     parser.add_argument("--core", action="store_true", help="every module of CORE with its tests")
-    parser.add_argument("--pytest-args", default="-m not postgres and not slurm and not realvm and not oar",
-                        help="extra pytest arguments (one string, split at spaces after -m's expression)")  # fmt: skip
+    parser.add_argument(
+        "--pytest-args",
+        default="-m not postgres and not slurm and not realvm and not oar",
+        help="extra pytest arguments (one string, split at spaces after -m's expression)",
+    )
     parser.add_argument("--equivalent", type=Path, default=EQUIVALENT, help="equivalent mutant ids, one a line")
     parser.add_argument("--only", nargs="*", help="run only these mutant ids")
     parser.add_argument("--list", action="store_true", help="print the mutants, run nothing")

@@ -27,7 +27,7 @@ from plugins.oar.client import OarRest
 from provisioning import image_build
 from provisioning.driver import Driver
 from provisioning.images import Catalogue
-from saline_bew import journal
+from saline_bew import evacuation, journal
 from saline_bew.manager import Manager
 from saline_bew.repository import Repository
 from saline_bew.sites import Site
@@ -134,9 +134,19 @@ def saline_bench(
 def leased_job(manager: Manager, key: str, command: list[str], *, vm_count: int, memory_mb: int) -> journal.SalineJob:
     """A vjob of USER's at site a, recorded and leased by `manager`, as a submission leaves it
     before the manager deploys it (the benches then drive that deployment step by step)."""
-    job = journal.create(manager.store, key=key, user=USER, image="debian12", command=command, vm_count=vm_count,
-                         vcpus=1, memory_mb=memory_mb, walltime="1:00:00", site="a")  # fmt: skip
-    if not manager._lease(job.key):
+    job = journal.create(
+        manager.ports.store,
+        key=key,
+        user=USER,
+        image="debian12",
+        command=command,
+        vm_count=vm_count,
+        vcpus=1,
+        memory_mb=memory_mb,
+        walltime="1:00:00",
+        site="a",
+    )
+    if not manager.ports.lease(job.key):
         raise RuntimeError(f"bench: the manager could not lease vjob {key}")
     return job
 
@@ -163,26 +173,26 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> floa
 
 def evacuate_keeping_output(manager: Manager, key: str, log: Path) -> tuple[Path, float]:
     """OAR's checkpoint warning with no site that has room: one coordinated cut into the
-    repository, the nodes freed (`Manager._evacuate`). The first VM's output log goes with the
+    repository, the nodes freed (`evacuation.evacuate`). The first VM's output log goes with the
     VM, so a copy is kept just before it is deleted. Returns (the copy, warning → nodes freed
     in s). The resubmission to OAR afterwards fails (OAR is not part of the benches)."""
-    job = journal.get(manager.store, key)
+    job = journal.get(manager.ports.store, key)
     kept = Path(str(log) + ".kept")
-    real_stop = manager.vms.stop
+    real_stop = manager.ports.vms.stop
 
     def stop(vm: str, node: str) -> None:
         if vm == job.vm_names[0]:
             shutil.copyfile(log, kept)
         real_stop(vm, node)
 
-    manager.vms.stop = stop  # type: ignore[method-assign]
+    manager.ports.vms.stop = stop  # type: ignore[method-assign]
     warned = time.time()
     try:
-        manager._evacuate(job, 1, warned)
+        evacuation.evacuate(manager.ports, job, 1, warned)
     except CommandError:
         pass
     finally:
-        manager.vms.stop = real_stop  # type: ignore[method-assign]
+        manager.ports.vms.stop = real_stop  # type: ignore[method-assign]
     return kept, time.time() - warned
 
 

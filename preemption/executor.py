@@ -156,6 +156,7 @@ class Executor:
         self._switch_id = 0
 
     def execute(self, plan: Plan, *, reason: str = "") -> ExecutionReport:
+        """Journal `plan` as a new switch, then run it pool by pool (see `_run`)."""
         started = time.monotonic()
         switch_id, ids = self._journal_plan(plan, reason)
         logger = log.get("executor").bind(switch=switch_id)
@@ -169,8 +170,9 @@ class Executor:
         started = time.monotonic()
         plan = Plan.from_dict(switch.plan, source=f"switch {switch.id}")
         if len(switch.actions) != len(plan.actions):
-            raise ValueError(f"switch {switch.id}: the journal holds {len(switch.actions)} actions, "
-                             f"its plan {len(plan.actions)}")  # fmt: skip
+            raise ValueError(
+                f"switch {switch.id}: the journal holds {len(switch.actions)} actions, its plan {len(plan.actions)}"
+            )
         rows = iter(switch.actions)  # journalled in plan order (ids ascending)
         ids, done = {}, set()
         for i, pool in enumerate(plan.pools):
@@ -186,6 +188,8 @@ class Executor:
     def _run(
         self, plan: Plan, switch_id: int, ids: dict[tuple[int, int], int], done: set[int], started: float
     ) -> ExecutionReport:
+        """The pools in order, skipping the actions in `done`: a failed pool stops the switch, and
+        a lost lease abandons it to the new holder without journalling its end."""
         logger = log.get("executor").bind(switch=switch_id)
         self._switch_id = switch_id
         report = ExecutionReport(switch_id=switch_id, state="done", pools_done=0)
@@ -203,8 +207,12 @@ class Executor:
                 break
             report.pools_done += 1
         if report.state == "abandoned":
-            logger.error("switch_abandoned", summary=report.summary(), jobs=_jobs(plan.actions),
-                         why="the lease was lost: the switch is left to its new holder")  # fmt: skip
+            logger.error(
+                "switch_abandoned",
+                summary=report.summary(),
+                jobs=_jobs(plan.actions),
+                why="the lease was lost: the switch is left to its new holder",
+            )
             report.seconds = round(time.monotonic() - started, 3)
             return report
         self._set_switch(switch_id, report.state)
@@ -215,6 +223,8 @@ class Executor:
 
     # -- one pool -------------------------------------------------------------------------
     def _run_pool(self, pool: tuple[PlanAction, ...], record_ids: list[int], report: ExecutionReport) -> bool:
+        """One pool's actions in parallel (each multi-VM vjob's cut as one call, the others at their
+        pipelined start offsets); every outcome goes into `report`; whether any failed."""
         ids = {id(a): rid for a, rid in zip(pool, record_ids, strict=True)}
         jobs, pool = _job_groups(pool) if isinstance(self.performer, JobPerformer) else ([], pool)
         schedule = start_offsets(pool, self.pipeline_interval_s)
@@ -240,6 +250,7 @@ class Executor:
         return any_failed
 
     def _perform(self, action: PlanAction, record_id: int) -> None:
+        """One action through the performer, journalled running then done or failed, while the lease is ours."""
         if not self.still_ours():
             raise Abandoned(f"{action.kind.value} {action.vm}: not started, the lease was lost")
         journal.set_action(self.store, record_id, "running")
@@ -275,8 +286,13 @@ class Executor:
                 raise Abandoned(f"{group[0].vjob}: left to the lease's new holder ({exc})") from exc
             for rid in record_ids:
                 journal.set_action(self.store, rid, "failed", str(exc) or type(exc).__name__)
-            log.get("executor").error("job_action_failed", action=group[0].kind.value, vjob=group[0].vjob,
-                                      vms=[a.vm for a in group], error=str(exc))  # fmt: skip
+            log.get("executor").error(
+                "job_action_failed",
+                action=group[0].kind.value,
+                vjob=group[0].vjob,
+                vms=[a.vm for a in group],
+                error=str(exc),
+            )
             raise
         if self.still_ours():
             for rid in record_ids:
@@ -284,6 +300,7 @@ class Executor:
 
     # -- journal --------------------------------------------------------------------------
     def _journal_plan(self, plan: Plan, reason: str) -> tuple[int, dict[tuple[int, int], int]]:
+        """Open the switch in the journal before any action: its id, and each (pool, position)'s action id."""
         keys = [(i, k) for i, pool in enumerate(plan.pools) for k in range(len(pool))]
         planned = [
             journal.PlannedAction(i, a.kind.value, a.vm, self.job_key(a), a.src, a.dst)
@@ -295,10 +312,12 @@ class Executor:
         return switch_id, dict(zip(keys, ids, strict=True))
 
     def _set_switch(self, switch_id: int, state: str) -> None:
+        """Journal the switch's end state."""
         journal.set_switch(self.store, switch_id, state)
 
 
 def _dispatch(performer: ActionPerformer, a: PlanAction) -> None:
+    """The performer's method for the action's kind, with the nodes it needs."""
     if a.kind is Action.RUN:
         performer.run(a.vm, _node(a.dst, a))
     elif a.kind is Action.STOP:
@@ -323,10 +342,12 @@ def _job_groups(pool: tuple[PlanAction, ...]) -> tuple[list[list[PlanAction]], t
 
 
 def _node(value: str | None, a: PlanAction) -> str:
+    """A node the action needs; ValueError naming the action when the plan gives none."""
     if value is None:
         raise ValueError(f"{a.kind.value} {a.vm}: the plan gives no node")
     return value
 
 
 def _jobs(actions: list[PlanAction]) -> list[str]:
+    """The vjobs a switch touches, for its log lines."""
     return sorted({a.vjob for a in actions if a.vjob})

@@ -4,7 +4,9 @@ driver, copy-on-write overlays and snapshots.
 Modules:
 - `driver`: `Driver` (define/boot/stop/save/restore local or remote/migrate/snapshot/delete
   over libvirt, snapshots checked before every restore). `VMSpec`, `Snapshot`, `DriverError`
-  and `SnapshotError` stay importable from it.
+  and `SnapshotError` are importable from it. It is built of `vm_places`, `libvirt_link`,
+  `vm_lifecycle` (with `vm_records`, `disk_placement`, `kvm_choice`); its verbs are carried
+  out in `checkpoint`, `saved_move`, `labelled_snapshots` and `migration`.
 - `vm_types`: those types, `VMInfo` and `check_name` (the name rule for VMs, nodes, images).
 - `integrity`: the manifests (size, sha256) beside saved states and the check before a restore.
 - `domain_xml`: the libvirt domain XML of a VM, and a saved one's paths rewritten for a node.

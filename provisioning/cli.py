@@ -29,73 +29,132 @@ def _action(sub: Any, name: str, help_text: str, description: str, *examples: st
     """One ACTION of `vjob image`/`vjob vm`, with its description and examples (vjob --help's rules)."""
     epilog = "examples:\n" + "".join(f"  {e}\n" for e in examples)
     parser: argparse.ArgumentParser = sub.add_parser(
-        name, help=help_text, description=description, epilog=epilog,
+        name,
+        help=help_text,
+        description=description,
+        epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+    )
     return parser
 
 
 def register(sub: Any) -> None:
+    """`vjob image` and `vjob vm`, each ACTION registered by its own function below."""
     img = _action(
-        sub, "image", "OS image catalogue: build, add, list, remove, verify, distribute",
+        sub,
+        "image",
+        "OS image catalogue: build, add, list, remove, verify, distribute",
         "The OS images VMs boot from: the catalogue in the store (name, version, size, sha256, the nodes "
         "holding each) and the files in each node's image_dir.",
         "vjob image build                      # debian12 from Debian packages (~50 s)",
         "vjob image list",
         "vjob image distribute debian12 --nodes node1,node2,node3",
-    )  # fmt: skip
+    )
     isub = img.add_subparsers(dest="image_command", metavar="ACTION", required=True)
+    for image_action in (
+        _image_add_parser,
+        _image_build_parser,
+        _image_list_parser,
+        _image_remove_parser,
+        _image_verify_parser,
+        _image_distribute_parser,
+    ):
+        image_action(isub)
+    vm = _action(
+        sub,
+        "vm",
+        "VMs on the nodes: list, save, restore, migrate, destroy (debugging)",
+        "The VM driver by hand, for debugging: what the agent and the pilots do to a vjob's VM.",
+        "vjob vm list",
+        "vjob vm save vjob-slurm-42 --node node1",
+    )
+    vsub = vm.add_subparsers(dest="vm_command", metavar="ACTION", required=True)
+    for vm_action in (_vm_list_parser, _vm_save_parser, _vm_restore_parser, _vm_migrate_parser, _vm_destroy_parser):
+        vm_action(vsub)
+
+
+# -- image: the parsers -------------------------------------------------------------------------
+def _image_add_parser(isub: Any) -> None:
     add = _action(
-        isub, "add", "copy an image file into the catalogue",
+        isub,
+        "add",
+        "copy an image file into the catalogue",
         "Copy a qcow2 or raw disk into the head node's image directory and record it with its sha256.",
         "vjob image add centos7 --file centos7.qcow2 --version 2024.1",
-    )  # fmt: skip
+    )
     add.add_argument("name", help="image name: letters, digits, '.', '_', '-'")
     add.add_argument("--file", required=True, type=Path, help="qcow2 or raw disk image")
     add.add_argument("--version", default="1", help="version label (default 1): letters, digits, '.', '_', '-'")
     add.set_defaults(func=_image_add)
+
+
+def _image_build_parser(isub: Any) -> None:
     bld = _action(
-        isub, "build", "build a bootable Debian 12 guest for real jobs (or import one)",
+        isub,
+        "build",
+        "build a bootable Debian 12 guest for real jobs (or import one)",
         "Build a Debian 12 guest with the vjob guest agent from Debian packages (mmdebstrap; cached by "
         "content under /var/cache/vjob/images), or import a site's image, and add it to the catalogue.",
         "vjob image build",
         "vjob image build site --packages python3-numpy,build-essential",
         "vjob image build site2 --from site.qcow2",
-    )  # fmt: skip
+    )
     bld.add_argument("name", nargs="?", default="debian12", help="image name (default debian12)")
     bld.add_argument("--packages", help="comma-separated Debian packages the site's jobs need")
     bld.add_argument("--from", dest="from_file", type=Path, help="import this qcow2/raw image (ext4 on the whole disk)")
     bld.set_defaults(func=_image_build)
+
+
+def _image_list_parser(isub: Any) -> None:
     lst = _action(
-        isub, "list", "images, sizes, checksums and the nodes holding them",
+        isub,
+        "list",
+        "images, sizes, checksums and the nodes holding them",
         "Every image of the catalogue: version, format, size, sha256 and the nodes holding a copy.",
-        "vjob image list", "vjob image list --json | jq '.[].name'",
-    )  # fmt: skip
+        "vjob image list",
+        "vjob image list --json | jq '.[].name'",
+    )
     lst.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     lst.set_defaults(func=_image_list)
+
+
+def _image_remove_parser(isub: Any) -> None:
     rm = _action(
-        isub, "remove", "forget an image and delete the catalogue's file",
+        isub,
+        "remove",
+        "forget an image and delete the catalogue's file",
         "Forget an image (all versions unless --version) and delete the head node's files; refused while "
         "a VM recorded in the store is built on it.",
         "vjob image remove centos7 --version 2024.1",
-    )  # fmt: skip
+    )
     rm.add_argument("name", help="image name")
     rm.add_argument("--version", help="only this version (default: all versions)")
     rm.set_defaults(func=_image_remove)
+
+
+def _image_verify_parser(isub: Any) -> None:
     ver = _action(
-        isub, "verify", "recompute checksums; exit 1 on any mismatch",
+        isub,
+        "verify",
+        "recompute checksums; exit 1 on any mismatch",
         "Recompute the sha256 of every copy reachable from here and compare with the catalogue.",
-        "vjob image verify", "vjob image verify debian12",
-    )  # fmt: skip
+        "vjob image verify",
+        "vjob image verify debian12",
+    )
     ver.add_argument("name", nargs="?", help="only this image (default: every image)")
     ver.set_defaults(func=_image_verify)
+
+
+def _image_distribute_parser(isub: Any) -> None:
     dist = _action(
-        isub, "distribute", "send an image down the binary tree to nodes",
+        isub,
+        "distribute",
+        "send an image down the binary tree to nodes",
         "Copy an image to nodes along the binary tree of UBIS III.C (each copy starts as soon as its source "
         "holds the image); the nodes are recorded as holders.",
         "vjob image distribute debian12 --nodes node1,node2,node3,node4",
         "vjob image distribute debian12 --nodes node1,node2 --dry-run",
-    )  # fmt: skip
+    )
     dist.add_argument("name", help="image name")
     dist.add_argument("--version", help="this version (default: the newest)")
     dist.add_argument("--nodes", required=True, help="comma-separated target nodes")
@@ -103,53 +162,73 @@ def register(sub: Any) -> None:
     dist.add_argument("--json", action="store_true", help="print the plan as JSON")
     dist.set_defaults(func=_image_distribute)
 
-    vm = _action(
-        sub, "vm", "VMs on the nodes: list, save, restore, migrate, destroy (debugging)",
-        "The VM driver by hand, for debugging: what the agent and the pilots do to a vjob's VM.",
-        "vjob vm list", "vjob vm save vjob-slurm-42 --node node1",
-    )  # fmt: skip
-    vsub = vm.add_subparsers(dest="vm_command", metavar="ACTION", required=True)
+
+# -- vm: the parsers ----------------------------------------------------------------------------
+def _vm_list_parser(vsub: Any) -> None:
     vl = _action(
-        vsub, "list", "domains on each configured node",
+        vsub,
+        "list",
+        "domains on each configured node",
         "The libvirt domains of each configured node with their state.",
-        "vjob vm list --node node1", "vjob vm list --json",
-    )  # fmt: skip
+        "vjob vm list --node node1",
+        "vjob vm list --json",
+    )
     vl.add_argument("--node", action="append", help="only this node (repeatable)")
     vl.add_argument("--json", action="store_true", help="print JSON instead of a table")
     vl.set_defaults(func=_vm_list)
+
+
+def _vm_save_parser(vsub: Any) -> None:
     vs = _action(
-        vsub, "save", "suspend a VM to disk (memory state in the snapshot dir)",
+        vsub,
+        "save",
+        "suspend a VM to disk (memory state in the snapshot dir)",
         "Save the VM's memory state into the node's snapshot dir (its overlay stays in place); recorded "
         "in the store's snapshots when the store knows the VM.",
         "vjob vm save vjob-slurm-42 --node node1",
-    )  # fmt: skip
+    )
     vs.add_argument("vm", help="VM (libvirt domain) name")
     vs.add_argument("--node", required=True, help="node the VM runs on")
     vs.set_defaults(func=_vm_save)
+
+
+def _vm_restore_parser(vsub: Any) -> None:
     vr = _action(
-        vsub, "restore", "resume a saved VM, on its node or on another one",
+        vsub,
+        "restore",
+        "resume a saved VM, on its node or on another one",
         "Resume a saved VM; with --from, its state and overlay are copied from that node first.",
         "vjob vm restore vjob-slurm-42 --node node1",
         "vjob vm restore vjob-slurm-42 --node node3 --from node1",
-    )  # fmt: skip
+    )
     vr.add_argument("vm", help="VM (libvirt domain) name")
     vr.add_argument("--node", required=True, help="node to resume on")
     vr.add_argument("--from", dest="from_node", help="node holding the saved state (default: --node)")
     vr.set_defaults(func=_vm_restore)
+
+
+def _vm_migrate_parser(vsub: Any) -> None:
     vmg = _action(
-        vsub, "migrate", "live-migrate a running VM",
+        vsub,
+        "migrate",
+        "live-migrate a running VM",
         "Live-migrate a running VM between two nodes (libvirt's migration).",
         "vjob vm migrate vjob-slurm-42 --from node1 --to node2",
-    )  # fmt: skip
+    )
     vmg.add_argument("vm", help="VM (libvirt domain) name")
     vmg.add_argument("--from", dest="from_node", required=True, help="node the VM runs on")
     vmg.add_argument("--to", dest="to_node", required=True, help="node to move it to")
     vmg.set_defaults(func=_vm_migrate)
+
+
+def _vm_destroy_parser(vsub: Any) -> None:
     vd = _action(
-        vsub, "destroy", "power off and delete a VM, its overlay and saved state",
+        vsub,
+        "destroy",
+        "power off and delete a VM, its overlay and saved state",
         "Power the VM off and delete its definition, overlay, job disk and saved state (no way back).",
         "vjob vm destroy vjob-slurm-42 --node node1",
-    )  # fmt: skip
+    )
     vd.add_argument("vm", help="VM (libvirt domain) name")
     vd.add_argument("--node", required=True, help="node the VM is on")
     vd.set_defaults(func=_vm_destroy)

@@ -11,7 +11,7 @@ The agent, the PBS hook and Saline call this one module (`checkpoint`, `restore`
 timestamps it returns let a test, or an operator reading the log, check that every VM was
 paused before any save began. Each VM's steps (pause, save, restore, unpause) go through a
 `VMHandle`: the driver by default, or another process that holds the VM on its own node (a
-per-node pilot, agent.member_leader), so the one cut logic here serves both.
+per-node pilot, pilot.members.leader), so the one cut logic here serves both.
 """
 
 from __future__ import annotations

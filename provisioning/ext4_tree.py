@@ -5,11 +5,11 @@ symlink entry followed by a file of the same name writes through the link, a nam
 `../` lands outside the dump, and a sparse file or a file with many hard links is written in
 full (terabytes from a small disk) before anyone can count. A job disk comes back from a guest
 the user controls (and Saline receives one straight from the user), so its directories are
-data: this module reads them itself (superblock, group descriptors, inodes, extents or block
-maps, linear directory blocks: bounded, in Python, no C parser) and refuses the whole tree —
-nothing written — on a name holding `/` or NUL, a name twice in one directory, a directory
-reached twice (a loop), more than MAX_ENTRIES entries or MAX_DEPTH levels, or apparent sizes
-(every regular file at its `i_size`, once per link, plus link targets) summing over the limit.
+data: they are read with our own bounded reader (provisioning.ext4_image), and the whole tree
+is refused — nothing written — on a name holding `/` or NUL, a name twice in one directory, a
+directory reached twice (a loop), more than MAX_ENTRIES entries or MAX_DEPTH levels, or
+apparent sizes (every regular file at its `i_size`, once per link, plus link targets) summing
+over the limit.
 Only directories, regular files and symbolic links are ever created; sockets, FIFOs and device
 nodes are skipped and named. `Writer` creates entries relative to a directory descriptor with
 `O_CREAT|O_EXCL|O_NOFOLLOW` under parents it made itself, so even a tree that lies (Saline's
@@ -25,70 +25,27 @@ import os
 import signal
 import stat
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, TypeVar
 
+from provisioning import ext4_image
+from provisioning.ext4_image import CHUNK, Image, Inode, check_name, refuse, show
 from vjob.errors import InputError
 
-MAX_ENTRIES = 1 << 20
-"""Entries (files, directories, links) in one tree: a working directory, not a file system."""
 MAX_SKIPPED = 100
 """Skipped names (sockets, FIFOs, devices) kept to be named; the rest only count."""
 MAX_DEPTH = 128
 MAX_PATH_BYTES = 3072
 """A path under the tree's root, its names joined with `/`: within PATH_MAX (4096) with room for
 where it is written (a deeper one made every later path operation fail with ENAMETOOLONG)."""
-MAX_DIR_BYTES = 64 << 20
-"""One directory's blocks (a directory of ~1M names); all directories: MAX_ALL_DIR_BYTES."""
-MAX_ALL_DIR_BYTES = 128 << 20
 MAX_LINK_BYTES = 4095
-MAX_EXTENT_NODES = 1 << 16
-"""Extent-tree and indirect blocks read in one tree: a crafted tree cannot make us read forever."""
-CHUNK = 1 << 20
-ROOT_INODE = 2
-_EXTENTS_FL = 0x80000
-_INLINE_DATA_FL = 0x10000000
-_INCOMPAT_META_BG = 0x10
-_INCOMPAT_64BIT = 0x80
-_EXTENT_MAGIC = 0xF30A
-
-
-def _refuse(what: str) -> InputError:
-    return InputError(f"job disk: {what}; nothing of its /work was written")
-
-
-def check_name(name: bytes, where: str) -> None:
-    """A name we may create in a directory: not empty, at most 255 bytes, no `/`, no NUL, not
-    `.` or `..` (a directory's own entries are skipped before this is asked)."""
-    if not name or len(name) > 255 or b"/" in name or b"\0" in name or name in (b".", b".."):
-        raise _refuse(f"entry {name[:80]!r} in {where}: a name may not be empty, '.', '..' or hold '/' or NUL")
 
 
 def path_bytes(path: tuple[bytes, ...]) -> int:
     """The length of `path` written out (names and the `/` between them)."""
     return sum(map(len, path)) + len(path) - 1
-
-
-def show(path: tuple[bytes, ...]) -> str:
-    """A path of the tree as text for messages (bytes that are not UTF-8 escaped, bounded)."""
-    return ascii("/".join(os.fsdecode(p) for p in path) or ".")[1:-1][:200]  # no codec to import: see send
-
-
-@dataclass(frozen=True)
-class Inode:
-    number: int
-    mode: int
-    size: int
-    flags: int
-    block: bytes
-    mtime_ns: int
-
-    @property
-    def kind(self) -> str:
-        fmt = stat.S_IFMT(self.mode)
-        return {stat.S_IFDIR: "dir", stat.S_IFREG: "file", stat.S_IFLNK: "link"}.get(fmt, "special")
 
 
 @dataclass(frozen=True)
@@ -112,246 +69,6 @@ class Tree:
     total_bytes: int = 0
 
 
-class Image:
-    """An ext4 file system in a raw image open at `fd` (read with pread, never written)."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.image_bytes = os.fstat(fd).st_size
-        sb = self._read(1024, 1024, "superblock")
-        (magic,) = struct.unpack_from("<H", sb, 0x38)
-        if magic != 0xEF53:
-            raise _refuse("not an ext4 file system (bad superblock magic)")
-        log_bs = struct.unpack_from("<I", sb, 0x18)[0]
-        if log_bs > 6:
-            raise _refuse(f"block size 1024<<{log_bs}: at most 64 KiB")
-        self.bs = 1024 << log_bs
-        self.inodes_count, blocks_lo = struct.unpack_from("<II", sb, 0)
-        self.first_data_block = struct.unpack_from("<I", sb, 0x14)[0]
-        self.inodes_per_group = struct.unpack_from("<I", sb, 0x28)[0]
-        rev = struct.unpack_from("<I", sb, 0x4C)[0]
-        self.inode_size = struct.unpack_from("<H", sb, 0x58)[0] if rev >= 1 else 128
-        incompat = struct.unpack_from("<I", sb, 0x60)[0]
-        wide = bool(incompat & _INCOMPAT_64BIT)
-        self.blocks_count = blocks_lo | ((struct.unpack_from("<I", sb, 0x150)[0] << 32) if wide else 0)
-        self.desc_size = struct.unpack_from("<H", sb, 0xFE)[0] if wide else 32
-        if incompat & _INCOMPAT_META_BG:
-            raise _refuse("meta_bg file systems are not read (a job disk is made without it)")
-        if not 128 <= self.inode_size <= self.bs or self.inode_size & (self.inode_size - 1):
-            raise _refuse(f"inode size {self.inode_size}")
-        if self.desc_size < 32 or self.inodes_per_group == 0 or self.first_data_block > 1:
-            raise _refuse("a superblock no mkfs.ext4 writes")
-        if self.blocks_count * self.bs > self.image_bytes:  # fs_bytes is the copy-back's limit: at most the disk
-            raise _refuse(f"the superblock claims {self.blocks_count} blocks of {self.bs} bytes, more than the image")
-        self.wide = wide and self.desc_size >= 64
-        self.nodes_read = 0
-        self.dir_bytes = 0
-
-    @property
-    def fs_bytes(self) -> int:
-        """What the file system can hold at most (its blocks): without holes or hard links,
-        no tree on it is bigger."""
-        return self.blocks_count * self.bs
-
-    def _read(self, offset: int, length: int, what: str) -> bytes:
-        if offset < 0 or offset + length > self.image_bytes:
-            raise _refuse(f"{what} at byte {offset} lies outside the image")
-        data = os.pread(self.fd, length, offset)
-        if len(data) != length:
-            raise _refuse(f"{what}: short read at byte {offset}")
-        return data
-
-    def inode_offset(self, number: int) -> int:
-        """Where inode `number` lies in the image (its group's descriptor says)."""
-        if not 1 <= number <= self.inodes_count:
-            raise _refuse(f"inode {number} out of range")
-        group, index = divmod(number - 1, self.inodes_per_group)
-        desc = self._read((self.first_data_block + 1) * self.bs + group * self.desc_size, self.desc_size, "descriptor")
-        table = struct.unpack_from("<I", desc, 8)[0] | (
-            (struct.unpack_from("<I", desc, 0x28)[0] << 32) if self.wide else 0
-        )
-        return table * self.bs + index * self.inode_size
-
-    def inode(self, number: int) -> Inode:
-        raw = self._read(self.inode_offset(number), self.inode_size, f"inode {number}")
-        mode, size_lo, _atime, _ctime, mtime = struct.unpack_from("<HxxIIII", raw, 0)
-        flags = struct.unpack_from("<I", raw, 0x20)[0]
-        size = size_lo | (struct.unpack_from("<I", raw, 0x6C)[0] << 32)
-        seconds, nsec = struct.unpack("<i", struct.pack("<I", mtime))[0], 0
-        if self.inode_size > 128 and struct.unpack_from("<H", raw, 0x80)[0] >= 12:
-            extra = struct.unpack_from("<I", raw, 0x88)[0]
-            seconds += (extra & 3) << 32
-            nsec = extra >> 2 if extra >> 2 < 10**9 else 0
-        mtime_ns = min(max(seconds * 10**9 + nsec, -(2**62)), 2**62)  # epoch bits can pass what utime takes
-        return Inode(number, mode, size, flags, raw[0x28:0x28 + 60], mtime_ns)  # fmt: skip
-
-    def _runs(self, inode: Inode) -> Iterator[tuple[int, int, int, bool]]:
-        """(first logical block, first physical block, blocks, written) of the inode's data."""
-        if inode.flags & _INLINE_DATA_FL:
-            raise _refuse(f"inode {inode.number}: inline data is not read (a job disk is made without it)")
-        if inode.flags & _EXTENTS_FL:
-            yield from self._extent_runs(inode.block, inode.number, None, [0])
-        else:
-            last = -(-inode.size // self.bs)
-            yield from self._map_runs(struct.unpack("<15I", inode.block), inode.number, last)
-
-    def _extent_runs(
-        self, node: bytes, number: int, depth: int | None, next_free: list[int]
-    ) -> Iterator[tuple[int, int, int, bool]]:
-        """The leaves' extents in logical order, as ext4 keeps them: each level one below its
-        parent's (no cycle), every extent one block at least and after the one before
-        (`next_free[0]`, its first free logical block), so the caller may stop at the file's
-        size and an index that names one leaf many times is refused at its second visit (it
-        made the reader walk every extent of that leaf again, up to MAX_EXTENT_NODES times)."""
-        magic, entries, most, level = struct.unpack_from("<HHHH", node, 0)
-        if magic != _EXTENT_MAGIC or entries > most or 12 + 12 * entries > len(node) or level > 5:
-            raise _refuse(f"inode {number}: a damaged extent tree")
-        if depth is not None and level != depth:
-            raise _refuse(f"inode {number}: extent tree levels out of order")
-        for i in range(entries):
-            at = 12 + 12 * i
-            if level == 0:
-                logical, length, hi, lo = struct.unpack_from("<IHHI", node, at)
-                written = length <= 32768
-                count = length if written else length - 32768
-                if count == 0 or logical < next_free[0]:
-                    raise _refuse(f"inode {number}: extents empty, out of order or overlapping (at block {logical})")
-                next_free[0] = logical + count
-                yield logical, lo | (hi << 32), count, written
-            else:
-                _logical, lo, hi = struct.unpack_from("<IIH", node, at)
-                self._count_node(number)
-                yield from self._extent_runs(self._block(lo | (hi << 32), number), number, level - 1, next_free)
-
-    def _map_runs(self, pointers: tuple[int, ...], number: int, last: int) -> Iterator[tuple[int, int, int, bool]]:
-        """An ext2/3 block map: 12 direct blocks, then single, double and triple indirect."""
-        per = self.bs // 4
-        for i in range(min(12, last)):
-            if pointers[i]:
-                yield i, pointers[i], 1, True
-        start, span = 12, 1
-        for level, top in enumerate(pointers[12:15]):
-            span *= per
-            if start >= last:
-                return
-            if top:
-                yield from self._indirect(top, level, start, last, number)
-            start += span
-
-    def _indirect(
-        self, block: int, level: int, start: int, last: int, number: int
-    ) -> Iterator[tuple[int, int, int, bool]]:
-        self._count_node(number)
-        per = self.bs // 4
-        span = per**level
-        for i, target in enumerate(struct.unpack(f"<{per}I", self._block(block, number))):
-            first = start + i * span
-            if first >= last:
-                return
-            if target and level == 0:
-                yield first, target, 1, True
-            elif target:
-                yield from self._indirect(target, level - 1, first, last, number)
-
-    def _count_node(self, number: int) -> None:
-        self.nodes_read += 1
-        if self.nodes_read > MAX_EXTENT_NODES:
-            raise _refuse(f"inode {number}: more than {MAX_EXTENT_NODES} mapping blocks read")
-
-    def _block(self, block: int, number: int) -> bytes:
-        if not 0 < block < self.blocks_count:
-            raise _refuse(f"inode {number}: block {block} outside the file system")
-        return self._read(block * self.bs, self.bs, f"inode {number}'s block")
-
-    def chunks(self, inode: Inode) -> Iterator[tuple[int, bytes]]:
-        """(offset, bytes) of what the file holds within its size; holes are not yielded. At
-        most `size` bytes in all: overlapping extents are refused, not written twice. The runs
-        come in logical order (`_extent_runs`, `_map_runs`): the first past the size ends it."""
-        given = 0
-        for logical, physical, count, written in self._runs(inode):
-            offset = logical * self.bs
-            if offset >= inode.size:
-                break
-            if not written:
-                continue
-            length = min(count * self.bs, inode.size - offset)
-            if physical <= 0 or physical * self.bs + length > self.fs_bytes:
-                raise _refuse(f"inode {inode.number}: data at block {physical} outside the file system")
-            given += length
-            if given > inode.size:
-                raise _refuse(f"inode {inode.number}: extents overlap (more data than its size {inode.size})")
-            for at in range(0, length, CHUNK):
-                n = min(CHUNK, length - at)
-                yield offset + at, self._read(physical * self.bs + at, n, f"inode {inode.number}'s data")
-
-    def contents(self, inode: Inode, most: int) -> bytes:
-        """The whole content of a small file, directory or link (holes read as zeros)."""
-        if inode.size > most:
-            raise _refuse(f"inode {inode.number}: {inode.size} bytes, at most {most} read")
-        if stat.S_ISLNK(inode.mode) and inode.size < 60 and not inode.flags & _INLINE_DATA_FL:
-            return inode.block[: inode.size]  # a fast symlink: the target is in the inode
-        data = bytearray(inode.size)
-        for offset, chunk in self.chunks(inode):
-            data[offset : offset + len(chunk)] = chunk
-        return bytes(data)
-
-    def listing(self, inode: Inode, where: str, most: int | None = None) -> list[tuple[bytes, int]]:
-        """(name, inode) of a directory, without `.` and `..`, each name checked, none twice, at
-        most `most` (MAX_ENTRIES by default; scan passes what is left of it): 64 MiB of 12-byte
-        records would otherwise be some 5 million names held at once before anyone counted."""
-        most = MAX_ENTRIES if most is None else most
-        if inode.size % self.bs:
-            raise _refuse(f"directory {where}: size {inode.size} is not whole blocks")
-        self.dir_bytes += inode.size
-        if self.dir_bytes > MAX_ALL_DIR_BYTES:
-            raise _refuse(f"directories over {MAX_ALL_DIR_BYTES >> 20} MiB in all")
-        data = self.contents(inode, MAX_DIR_BYTES)
-        found: list[tuple[bytes, int]] = []
-        names: set[bytes] = set()
-        for base in range(0, len(data), self.bs):
-            at = 0
-            while at < self.bs:
-                if at + 8 > self.bs:
-                    raise _refuse(f"directory {where}: a damaged block")
-                number, rec_len, name_len = struct.unpack_from("<IHB", data, base + at)
-                if self.bs == 65536 and rec_len in (0, 65535):
-                    rec_len = 65536
-                if rec_len < 8 + name_len or rec_len % 4 or at + rec_len > self.bs:
-                    raise _refuse(f"directory {where}: a damaged entry (record length {rec_len})")
-                name = data[base + at + 8 : base + at + 8 + name_len]
-                at += rec_len
-                if number == 0 or name in (b".", b".."):
-                    continue
-                check_name(name, where)
-                if name in names:
-                    raise _refuse(f"directory {where}: the name {name[:80]!r} twice")
-                if len(found) >= most:
-                    raise _refuse(f"more than {MAX_ENTRIES} entries (directory {where})")
-                names.add(name)
-                found.append((name, number))
-        return found
-
-    def lookup(self, path: tuple[bytes, ...]) -> Inode | None:
-        """The inode at `path` from the root, or None where a component is missing or a file
-        stands where a directory should."""
-        inode = self.inode(ROOT_INODE)
-        for depth, name in enumerate(path):
-            if inode.kind != "dir":
-                return None
-            entries = dict(self.listing(inode, "/" + show(path[:depth]).lstrip(".")))
-            if name not in entries:
-                return None
-            inode = self.inode(entries[name])
-        return inode
-
-    def small_file(self, path: tuple[bytes, ...], most: int) -> bytes | None:
-        """A regular file's content, or None when it is missing, not regular or over `most`."""
-        inode = self.lookup(path)
-        if inode is None or inode.kind != "file" or inode.size > most:
-            return None
-        return self.contents(inode, most)
-
-
 def scan(image: Image, root: tuple[bytes, ...], limit_bytes: int) -> Tree:
     """Everything under `root` (a directory; missing or not one: an empty tree), checked whole:
     InputError on the first bad name, duplicate, loop, or when apparent sizes pass `limit_bytes`.
@@ -366,21 +83,21 @@ def scan(image: Image, root: tuple[bytes, ...], limit_bytes: int) -> Tree:
     names = 0
     while stack:
         path, directory = stack.pop()
-        for name, number in image.listing(directory, show(root + path), MAX_ENTRIES - names):
+        for name, number in image.listing(directory, show(root + path), ext4_image.MAX_ENTRIES - names):
             child = (*path, name)
             names += 1
-            if names > MAX_ENTRIES:
-                raise _refuse(f"more than {MAX_ENTRIES} entries")
+            if names > ext4_image.MAX_ENTRIES:
+                raise refuse(f"more than {ext4_image.MAX_ENTRIES} entries")
             inode = image.inode(number)
             if path_bytes(child) > MAX_PATH_BYTES:
-                raise _refuse(f"{show(child)}: a path over {MAX_PATH_BYTES} bytes")
+                raise refuse(f"{show(child)}: a path over {MAX_PATH_BYTES} bytes")
             size = 0
             target = b""
             if inode.kind == "dir":
                 if inode.number in seen_dirs:
-                    raise _refuse(f"directory {show(child)} reached twice (a loop)")
+                    raise refuse(f"directory {show(child)} reached twice (a loop)")
                 if len(child) > MAX_DEPTH:
-                    raise _refuse(f"{show(child)}: deeper than {MAX_DEPTH} levels")
+                    raise refuse(f"{show(child)}: deeper than {MAX_DEPTH} levels")
                 seen_dirs.add(inode.number)
                 stack.append((child, inode))
             elif inode.kind == "file":
@@ -388,7 +105,7 @@ def scan(image: Image, root: tuple[bytes, ...], limit_bytes: int) -> Tree:
             elif inode.kind == "link":
                 target = image.contents(inode, MAX_LINK_BYTES)
                 if not target or b"\0" in target:
-                    raise _refuse(f"link {show(child)}: an empty target or one holding NUL")
+                    raise refuse(f"link {show(child)}: an empty target or one holding NUL")
                 size = len(target)
             else:
                 if len(tree.skipped) < MAX_SKIPPED:
@@ -396,12 +113,13 @@ def scan(image: Image, root: tuple[bytes, ...], limit_bytes: int) -> Tree:
                 continue
             tree.total_bytes += size
             if tree.total_bytes > limit_bytes:
-                raise _refuse(
+                raise refuse(
                     f"its /work holds more than {limit_bytes} bytes (apparent sizes, every hard link and "
                     f"sparse file counted whole, reached at {show(child)})"
                 )
-            tree.entries.append(Entry(child, inode.kind, stat.S_IMODE(inode.mode), size, inode.mtime_ns,
-                                      inode.number, target))  # fmt: skip
+            tree.entries.append(
+                Entry(child, inode.kind, stat.S_IMODE(inode.mode), size, inode.mtime_ns, inode.number, target)
+            )
     return tree
 
 
@@ -420,13 +138,17 @@ class Writer:
 
     def add(self, entry: Entry) -> None:
         self._close_file()
-        if (not entry.path or len(entry.path) > MAX_DEPTH + 1 or len(self.seen) >= MAX_ENTRIES
-                or path_bytes(entry.path) > MAX_PATH_BYTES):  # fmt: skip
-            raise _refuse(f"entry {show(entry.path)}: path length, depth or entry count out of bounds")
+        if (
+            not entry.path
+            or len(entry.path) > MAX_DEPTH + 1
+            or len(self.seen) >= ext4_image.MAX_ENTRIES
+            or path_bytes(entry.path) > MAX_PATH_BYTES
+        ):
+            raise refuse(f"entry {show(entry.path)}: path length, depth or entry count out of bounds")
         for name in entry.path:
             check_name(name, show(entry.path))
         if entry.path[:-1] not in self.dirs or entry.path in self.seen:
-            raise _refuse(f"entry {show(entry.path)}: its directory was not made first, or it comes twice")
+            raise refuse(f"entry {show(entry.path)}: its directory was not made first, or it comes twice")
         self.seen.add(entry.path)
         rel = os.fsdecode(b"/".join(entry.path))
         if entry.kind == "dir":
@@ -434,7 +156,7 @@ class Writer:
             self.dirs[entry.path] = (entry.mode, entry.mtime_ns)
         elif entry.kind == "link":
             if not 0 < len(entry.target) <= MAX_LINK_BYTES or b"\0" in entry.target:
-                raise _refuse(f"link {show(entry.path)}: an empty target, one over {MAX_LINK_BYTES} bytes or with NUL")
+                raise refuse(f"link {show(entry.path)}: an empty target, one over {MAX_LINK_BYTES} bytes or with NUL")
             self._spend(len(entry.target), entry)
             os.symlink(os.fsdecode(entry.target), rel, dir_fd=self.root)
             os.utime(rel, ns=(entry.mtime_ns, entry.mtime_ns), dir_fd=self.root, follow_symlinks=False)
@@ -443,23 +165,23 @@ class Writer:
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
             self.current = (os.open(rel, flags, 0o600, dir_fd=self.root), entry)
         else:
-            raise _refuse(f"entry {show(entry.path)}: kind {entry.kind[:20]!r}")
+            raise refuse(f"entry {show(entry.path)}: kind {entry.kind[:20]!r}")
 
     def write(self, offset: int, data: bytes) -> None:
         """Bytes of the file last added, at `offset` within its size."""
         if self.current is None:
-            raise _refuse("file data with no file before it")
+            raise refuse("file data with no file before it")
         fd, entry = self.current
         if offset < 0 or offset + len(data) > entry.size:
-            raise _refuse(f"file {show(entry.path)}: data at {offset}+{len(data)} past its size {entry.size}")
+            raise refuse(f"file {show(entry.path)}: data at {offset}+{len(data)} past its size {entry.size}")
         self.written += len(data)
         if self.written > self.limit:
-            raise _refuse(f"more than {self.limit} bytes of file data (the limit)")
+            raise refuse(f"more than {self.limit} bytes of file data (the limit)")
         os.pwrite(fd, data, offset)
 
     def _spend(self, size: int, entry: Entry) -> None:
         if size < 0 or size > self.budget:
-            raise _refuse(f"entry {show(entry.path)}: {size} bytes, over what is left of the limit ({self.budget})")
+            raise refuse(f"entry {show(entry.path)}: {size} bytes, over what is left of the limit ({self.budget})")
         self.budget -= size
 
     def _close_file(self) -> None:
@@ -523,8 +245,19 @@ def send(fd: int, root: tuple[bytes, ...], limit_bytes: int, out: BinaryIO) -> N
         image = Image(fd)
         tree = scan(image, root, limit_bytes)
         for entry in tree.entries:
-            _frame(out, {"entry": [[p.hex() for p in entry.path], entry.kind, entry.mode, entry.size,
-                                   entry.mtime_ns, entry.target.hex()]})  # fmt: skip
+            _frame(
+                out,
+                {
+                    "entry": [
+                        [p.hex() for p in entry.path],
+                        entry.kind,
+                        entry.mode,
+                        entry.size,
+                        entry.mtime_ns,
+                        entry.target.hex(),
+                    ]
+                },
+            )
             if entry.kind == "file":
                 for offset, data in image.chunks(image.inode(entry.inode)):
                     _frame(out, {"data": offset, "n": len(data)}, data)
@@ -557,16 +290,16 @@ def receive_small_file(read: Callable[[int], bytes], most: int) -> bytes | None:
     if "error" in header:
         raise InputError(str(header["error"])[:500])
     if "file" not in header:
-        raise _refuse("an unknown frame from the reader")
+        raise refuse("an unknown frame from the reader")
     value = header["file"]
     if value is None:
         return None
     if not isinstance(value, str) or len(value) > 2 * most:
-        raise _refuse("a bad file frame from the reader")
+        raise refuse("a bad file frame from the reader")
     try:
         return bytes.fromhex(value)
     except ValueError:
-        raise _refuse("a bad file frame from the reader") from None
+        raise refuse("a bad file frame from the reader") from None
 
 
 def receive(read: Callable[[int], bytes], dest: Path, limit_bytes: int) -> list[str]:
@@ -585,15 +318,15 @@ def receive(read: Callable[[int], bytes], dest: Path, limit_bytes: int) -> list[
             if "data" in header:
                 length = header.get("n")
                 if not isinstance(header["data"], int) or not isinstance(length, int) or not 0 < length <= CHUNK:
-                    raise _refuse("a bad data frame from the reader")
+                    raise refuse("a bad data frame from the reader")
                 data = read(length)
                 if len(data) != length:
-                    raise _refuse("the reader's stream ended inside a file")
+                    raise refuse("the reader's stream ended inside a file")
                 writer.write(header["data"], data)
             elif "entry" in header:
                 writer.add(_entry(header["entry"]))
             else:
-                raise _refuse("an unknown frame from the reader")
+                raise refuse("an unknown frame from the reader")
     finally:
         writer.close()
 
@@ -601,14 +334,14 @@ def receive(read: Callable[[int], bytes], dest: Path, limit_bytes: int) -> list[
 def _header(read: Callable[[int], bytes]) -> dict[str, object]:
     size = read(4)
     if len(size) != 4 or not 2 <= struct.unpack(">I", size)[0] <= _MAX_HEADER:
-        raise _refuse("the reader's stream ended early or is garbled")
+        raise refuse("the reader's stream ended early or is garbled")
     text = read(struct.unpack(">I", size)[0])
     try:
         header = json.loads(text)
     except (ValueError, RecursionError):
-        raise _refuse("a garbled frame from the reader") from None
+        raise refuse("a garbled frame from the reader") from None
     if not isinstance(header, dict):
-        raise _refuse("a garbled frame from the reader")
+        raise refuse("a garbled frame from the reader")
     return header
 
 
@@ -623,7 +356,7 @@ def _entry(value: object) -> Entry:
             raise ValueError
         return Entry(path, str(kind), mode, size, mtime_ns, 0, bytes.fromhex(target))
     except (TypeError, ValueError):
-        raise _refuse("a bad entry frame from the reader") from None
+        raise refuse("a bad entry frame from the reader") from None
 
 
 # -- the reader in a child that became the disk's user ------------------------------------------
@@ -681,7 +414,7 @@ def as_user(
                 os.kill(pid, signal.SIGKILL)
         _pid, status = os.waitpid(pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
-        raise _refuse(f"its reader ended with status {os.waitstatus_to_exitcode(status)}")
+        raise refuse(f"its reader ended with status {os.waitstatus_to_exitcode(status)}")
     return result
 
 

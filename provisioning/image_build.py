@@ -40,9 +40,15 @@ from vjob.errors import CommandError, InputError, UsageError, VjobError
 DEFAULT_IMAGE = "debian12"
 SUITE = "bookworm"
 BASE_PACKAGES = (
-    "linux-image-cloud-amd64", "python3", "mount", "procps", "openssh-server", "openssh-client",
-    "openmpi-bin", "python3-mpi4py",
-)  # fmt: skip
+    "linux-image-cloud-amd64",
+    "python3",
+    "mount",
+    "procps",
+    "openssh-server",
+    "openssh-client",
+    "openmpi-bin",
+    "python3-mpi4py",
+)
 """The kernel, the guest agent's Python, mount (not Essential in bookworm), ps/kill for jobs,
 ssh between the VMs of a multi-node job, and Open MPI with mpi4py so `mpirun --hostfile
 "$VJOB_NODEFILE"` works in the default image (the image has Python and no compiler): +64 MiB
@@ -142,8 +148,12 @@ def _mmdebstrap(work: Path, packages: list[str]) -> Path:
     include = ",".join([*BASE_PACKAGES, *packages])
     # The hooks are constant text and our own private paths: no user data reaches a shell.
     cmd = [
-        "mmdebstrap", "--variant=minbase", "--mode=root", f"--include={include}",
-        "--dpkgopt=path-exclude=/usr/share/doc/*", "--dpkgopt=path-exclude=/usr/share/man/*",
+        "mmdebstrap",
+        "--variant=minbase",
+        "--mode=root",
+        f"--include={include}",
+        "--dpkgopt=path-exclude=/usr/share/doc/*",
+        "--dpkgopt=path-exclude=/usr/share/man/*",
         "--dpkgopt=path-exclude=/usr/share/locale/*",
         '--setup-hook=mkdir -p "$1/etc/initramfs-tools/conf.d"',
         f"--setup-hook=upload {cfg / 'vjob.conf'} /etc/initramfs-tools/conf.d/vjob.conf",
@@ -151,8 +161,9 @@ def _mmdebstrap(work: Path, packages: list[str]) -> Path:
         '--customize-hook=rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*.bin',
         '--customize-hook=rm -f "$1"/etc/ssh/ssh_host_*',  # one host key per VM, made at its boot
         f'--customize-hook=cat {cfg / "openmpi.conf"} >> "$1"/etc/openmpi/openmpi-mca-params.conf',
-        SUITE, str(root),
-    ]  # fmt: skip
+        SUITE,
+        str(root),
+    ]
     try:
         _run(cmd)
     except CommandError as exc:

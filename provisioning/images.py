@@ -14,14 +14,13 @@ import os
 import subprocess
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
 
-from provisioning import distribution, safe_dirs, transfer
+from provisioning import distribution, image_pipeline, safe_dirs, transfer
 from provisioning.transfer import Endpoint
 from provisioning.vm_types import check_name
 from vjob import log
@@ -101,9 +100,15 @@ def local_image(config: ProvisioningConfig, data_dir: Path, node: str, name: str
             if p is not None and (p.parent != directory or not p.is_file()):
                 raise ValueError(f"{p} is not a file in {directory}")
         return LocalImage(
-            name, str(data["version"]), str(data["format"]), path, str(data["sha256"]), kernel, initrd,
+            name,
+            str(data["version"]),
+            str(data["format"]),
+            path,
+            str(data["sha256"]),
+            kernel,
+            initrd,
             str(data.get("cmdline", "")),
-        )  # fmt: skip
+        )
     except (ValueError, KeyError, TypeError) as exc:
         raise InputError(f"image {name}: {index} is damaged ({exc}): run `vjob image distribute` again") from None
 
@@ -114,11 +119,16 @@ def write_index(directory: Path, info: ImageInfo, *, cmdline: str = "") -> None:
     image = directory / path.name
     kernel, initrd = boot_paths(image)
     data = {
-        "name": info.name, "version": info.version, "format": info.format, "path": str(image),
-        "sha256": info.sha256, "size_bytes": info.size_bytes,
-        "kernel": str(kernel) if kernel.exists() else "", "initrd": str(initrd) if initrd.exists() else "",
+        "name": info.name,
+        "version": info.version,
+        "format": info.format,
+        "path": str(image),
+        "sha256": info.sha256,
+        "size_bytes": info.size_bytes,
+        "kernel": str(kernel) if kernel.exists() else "",
+        "initrd": str(initrd) if initrd.exists() else "",
         "cmdline": cmdline or _read_cmdline(directory, info.name),
-    }  # fmt: skip
+    }
     tmp = directory / f".{info.name}{INDEX_SUFFIX}.{os.getpid()}"
     tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
     os.chmod(tmp, 0o644)
@@ -315,46 +325,15 @@ class Catalogue:
         """
         info = self.get(name, version)
         the_plan = self.plan(name, targets, version=info.version)
-        ordered = sorted(the_plan.transfers, key=lambda t: t.round)
-        delivered: dict[str, Future[None]] = {}
-        last_sent: dict[str, Future[None]] = {}
-        submitted: list[tuple[distribution.Transfer, Future[None]]] = []
-        # Dependencies are always submitted before their dependents and the pool is FIFO, so a
-        # waiting copy never holds the worker its dependency needs.
-        with ThreadPoolExecutor(max_workers=max(1, min(16, len(ordered)))) as pool:
-            for t in ordered:
-                fut = pool.submit(self._send_after, delivered.get(t.source), last_sent.get(t.source), info, t)
-                delivered[t.target] = last_sent[t.source] = fut
-                submitted.append((t, fut))
-            first_error: BaseException | None = None
-            for t, fut in submitted:
-                try:
-                    fut.result()
-                except VjobError as exc:
-                    first_error = first_error or exc
-                    continue
-                self._record_holder(info, t.target, t.source)
-                if on_transfer is not None:
-                    on_transfer(t)
-        if first_error is not None:
-            raise first_error
-        return the_plan
 
-    def _send_after(
-        self, received: Future[None] | None, previous: Future[None] | None, info: ImageInfo, t: distribution.Transfer
-    ) -> None:
-        """Copy once the source holds the image (`received`) and is done with `previous`."""
-        if previous is not None:
-            wait([previous])  # one send at a time per node; its failure is not ours
-        if received is not None:
-            try:
-                received.result()
-            except VjobError:
-                raise VjobError(
-                    f"image {info.name} {info.version}: copy {t.source} -> {t.target} not done: "
-                    f"{t.source} did not receive the image"
-                ) from None
-        self._send(info, t)
+        def done(t: distribution.Transfer) -> None:
+            self._record_holder(info, t.target, t.source)
+            if on_transfer is not None:
+                on_transfer(t)
+
+        what = f"image {info.name} {info.version}"
+        image_pipeline.carry_out(the_plan.transfers, what, lambda t: self._send(info, t), done)
+        return the_plan
 
     def _send(self, info: ImageInfo, t: distribution.Transfer) -> None:
         src = self.image_path(t.source, info.name, info.version, info.format)

@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from provisioning import ext4_tree
+from provisioning import ext4_image, ext4_tree
 from provisioning.guest_agent import agent
 from vjob import log, proc
 from vjob.errors import InputError
@@ -204,8 +204,11 @@ def build(
         size_mib = (used + free_bytes) // 2**20 + 64 + used // 2**20 // 8  # + ext4's own needs
         with open(raw, "wb") as fh:
             fh.truncate(size_mib * 2**20)
-        proc.run([_tool("mkfs.ext4"), "-q", "-F", "-L", "vjob-job", "-d", str(stage), str(raw)], timeout_s=600,
-                 job=str(out.name))  # fmt: skip
+        proc.run(
+            [_tool("mkfs.ext4"), "-q", "-F", "-L", "vjob-job", "-d", str(stage), str(raw)],
+            timeout_s=600,
+            job=str(out.name),
+        )
         part = out.with_name(f".{out.name}.part")
         proc.run(["qemu-img", "convert", "-q", "-f", "raw", "-O", "qcow2", str(raw), str(part)], timeout_s=600)
         os.chmod(part, 0o600)
@@ -242,7 +245,7 @@ def collect(disk: Path, workdir: Path, *, limit_bytes: int | None = None) -> Res
         dumped.mkdir(mode=0o700)
         fd = os.open(raw, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            image = ext4_tree.Image(fd)
+            image = ext4_image.Image(fd)
             exit_code = _exit_status(image.small_file((CONTROL.encode(), b"exit"), MAX_EXIT_BYTES))
             staged = _staged(image.small_file((CONTROL.encode(), b"staged.json"), MAX_STAGED_BYTES) or b"")
             limit = image.fs_bytes if limit_bytes is None else limit_bytes

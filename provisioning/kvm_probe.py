@@ -56,8 +56,9 @@ def remember(cpu_model: str, verdict: str, took_s: float, path: Path | None = No
     path = path or cache_file()
     safe_dirs.ensure_dir(path.parent, 0o755)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps({"key": host_key(cpu_model), "domain_type": verdict, "probe_s": round(took_s, 2),
-                               "at": time.time()}))  # fmt: skip
+    tmp.write_text(
+        json.dumps({"key": host_key(cpu_model), "domain_type": verdict, "probe_s": round(took_s, 2), "at": time.time()})
+    )
     os.chmod(tmp, 0o644)
     os.replace(tmp, path)
 

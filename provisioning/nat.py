@@ -33,7 +33,7 @@ _log = log.get("provisioning")
 
 @dataclass(frozen=True)
 class NatNetwork:
-    """The NAT network as `[saline] nat_*` describes it (checked there, vjob.config)."""
+    """The NAT network as `[saline] nat_*` describes it (checked there, saline_bew.config)."""
 
     name: str
     range: ipaddress.IPv4Network
@@ -72,8 +72,9 @@ class NatNetwork:
         MAC and address by libvirt's `clean-traffic` nwfilter: port isolation stops traffic
         between the VMs, not a guest's root claiming another vjob's address towards the
         gateway (ARP or IP spoofing), which would take that vjob's connections."""
-        return Nic(self.mac(subnet_id, vm_id), self.name, kind="network", isolated=True,
-                   ip=str(self.address(subnet_id, vm_id)))  # fmt: skip
+        return Nic(
+            self.mac(subnet_id, vm_id), self.name, kind="network", isolated=True, ip=str(self.address(subnet_id, vm_id))
+        )
 
     def guest(self, subnet_id: int, vm_id: int) -> dict[str, object]:
         """What the guest agent sets on that NIC (job.json `network.nat`): address, prefix,

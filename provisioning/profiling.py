@@ -189,8 +189,9 @@ class Profiler:
         memory = int(current) if current is not None else _current_kib(dom)
         rss = stats.get("balloon.rss")
         delays = [int(v) for k, v in stats.items() if _VCPU_DELAY.fullmatch(k)]
-        return DomainSample(name, t, cpu, vcpus, swap_in, faults, nbytes, npkts, MappingProxyType(perf), swap_out,
-                            memory, None if rss is None else int(rss), sum(delays) if delays else None)  # fmt: skip
+        counters = (swap_in, faults, nbytes, npkts, MappingProxyType(perf), swap_out, memory)
+        rss_kib = None if rss is None else int(rss)
+        return DomainSample(name, t, cpu, vcpus, *counters, rss_kib, sum(delays) if delays else None)
 
     def _per_domain(self, dom: libvirt.virDomain) -> tuple[int, int, int, int, int | None, int, int]:
         try:

@@ -124,8 +124,17 @@ def copy(
             tmp.spec(),
         ]
     else:
-        cmd = ["scp", "-q", "-B", "-p", *_ssh_options(), *_control_options(src.host, dst.host),
-               *(["-3"] if src.host and dst.host else []), src.spec(), tmp.spec()]  # fmt: skip
+        cmd = [
+            "scp",
+            "-q",
+            "-B",
+            "-p",
+            *_ssh_options(),
+            *_control_options(src.host, dst.host),
+            *(["-3"] if src.host and dst.host else []),
+            src.spec(),
+            tmp.spec(),
+        ]
     for attempt in range(1, max(1, attempts) + 1):
         try:
             _run(cmd, timeout_s)
@@ -134,8 +143,13 @@ def copy(
             if attempt >= attempts:
                 remove(tmp)
                 raise
-            _log.warning("copy failed, retrying", source=src.spec(), destination=dst.spec(), attempt=attempt,
-                         error=str(exc)[:300])  # fmt: skip
+            _log.warning(
+                "copy failed, retrying",
+                source=src.spec(),
+                destination=dst.spec(),
+                attempt=attempt,
+                error=str(exc)[:300],
+            )
     if dst.host is None:
         os.chmod(tmp.path, mode)
         os.replace(tmp.path, dst.path)
@@ -224,8 +238,11 @@ def _control_options(*hosts: str | None) -> list[str]:
         return []
     where = control_dir()
     if len(str(where)) + _CONTROL_NAME_LEN > SOCKET_PATH_MAX or not re.fullmatch(r"/[A-Za-z0-9_./-]+", str(where)):
-        _warn_once("ssh connections not shared: the control directory's path is too long for a UNIX socket or "
-                   "holds characters rsync's -e would split", directory=str(where)[:200])  # fmt: skip
+        _warn_once(
+            "ssh connections not shared: the control directory's path is too long for a UNIX socket or "
+            "holds characters rsync's -e would split",
+            directory=str(where)[:200],
+        )
         return []
     try:
         safe_dirs.ensure_dir(where.parent, 0o755)  # /run/vjob: also the home of saline.sock, which users reach
@@ -269,8 +286,11 @@ def run_on(host: str, argv: list[str], *, timeout_s: float = 60.0, stdin: str | 
     if host.startswith("-"):
         raise InputError(f"ssh host {host[:80]!r}: must not start with '-'")
     remote = " ".join(shlex.quote(a) for a in argv)
-    return proc.run(["ssh", "-o", "BatchMode=yes", *_ssh_options(), *_control_options(host), host, "--", remote],
-                    timeout_s=timeout_s, stdin=stdin)  # fmt: skip
+    return proc.run(
+        ["ssh", "-o", "BatchMode=yes", *_ssh_options(), *_control_options(host), host, "--", remote],
+        timeout_s=timeout_s,
+        stdin=stdin,
+    )
 
 
 def _run(cmd: list[str], timeout_s: float) -> None:
@@ -381,8 +401,10 @@ def ensure_remote_dir(target: Endpoint, mode: int, *, timeout_s: float = 60.0) -
     out, uid = (lines[0].split(" "), lines[1].strip()) if len(lines) == 2 else ([], "?")
     if len(out) < 3 or out[0] != uid or out[2].strip() != "directory" or int(out[1], 8) & 0o022:
         # never repaired silently: what others could write there cannot be trusted any more
-        raise VjobError(f"directory {target.spec()}: must be a directory owned by uid {uid} and writable by nobody "
-                        f"else (stat says {' '.join(out).strip()[:80]!r}); remove it and try again")  # fmt: skip
+        raise VjobError(
+            f"directory {target.spec()}: must be a directory owned by uid {uid} and writable by nobody "
+            f"else (stat says {' '.join(out).strip()[:80]!r}); remove it and try again"
+        )
     run_on(target.host, ["chmod", f"{mode:o}", "--", str(target.path)], timeout_s=timeout_s)
 
 

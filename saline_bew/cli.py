@@ -23,7 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from saline_bew import lease, server, sites, workdir
+from saline_bew import client, lease, protocol, server, sites, workdir
+from saline_bew.events import Phase
 from vjob.cli import load_config
 from vjob.config import ProvisioningConfig
 from vjob.errors import InputError, UsageError
@@ -32,6 +33,7 @@ from vjob.store.db import open_store
 
 
 def register(sub: Any) -> None:
+    """`vjob besteffort` and its actions, one function per action (in the order `--help` lists them)."""
     p = sub.add_parser(
         "besteffort",
         help="Saline: best-effort OAR jobs that survive being killed",
@@ -48,7 +50,15 @@ def register(sub: Any) -> None:
         "else /run/vjob/saline.sock)",
     )
     bsub = p.add_subparsers(dest="besteffort_command", metavar="ACTION", required=True)
+    _add_submit(bsub)
+    _add_manager(bsub)
+    _add_queries(bsub)
+    _add_output(bsub)
+    _add_stage(bsub)
 
+
+def _add_submit(bsub: Any) -> None:
+    """submit: a user's vjob, their current directory going with it (saline_bew.workdir)."""
     s = bsub.add_parser(
         "submit",
         help="submit a best-effort vjob: vjob besteffort submit [options] -- COMMAND ...",
@@ -76,6 +86,9 @@ def register(sub: Any) -> None:
     s.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARG ...], run inside the VMs")
     s.set_defaults(func=_submit)
 
+
+def _add_manager(bsub: Any) -> None:
+    """manager: the site master, run as root by its systemd unit."""
     m = bsub.add_parser(
         "manager",
         help="run the job manager (snapshots, kill detection, resubmission)",
@@ -92,6 +105,9 @@ def register(sub: Any) -> None:
     )
     m.set_defaults(func=_manager)
 
+
+def _add_queries(bsub: Any) -> None:
+    """list, show, cancel: a user's look at (and hand on) their own vjobs."""
     ls = bsub.add_parser(
         "list",
         help="your best-effort vjobs and their state (root: everyone's)",
@@ -119,6 +135,9 @@ def register(sub: Any) -> None:
     c.add_argument("key", help="the vjob's key, as submit printed it (be + 10 hex digits)")
     c.set_defaults(func=_cancel)
 
+
+def _add_output(bsub: Any) -> None:
+    """output: what COMMAND printed, passed as a descriptor of root's copy (saline_bew.output)."""
     o = bsub.add_parser(
         "output",
         help="what COMMAND printed (its stdout, or --stderr)",
@@ -131,6 +150,9 @@ def register(sub: Any) -> None:
     o.add_argument("--both", action="store_true", help="its stdout to stdout and its stderr to stderr")
     o.set_defaults(func=_output)
 
+
+def _add_stage(bsub: Any) -> None:
+    """stage: the holder's half of an oarsub vjob's directory (saline_bew.staging)."""
     st = bsub.add_parser(
         "stage",
         help="(run by the holder of an oarsub vjob) send the current directory to the first VM",
@@ -139,8 +161,12 @@ def register(sub: Any) -> None:
         epilog="example (holder.sh, as OAR runs it): vjob besteffort --socket /run/vjob/saline.sock stage be0123456789",
     )
     st.add_argument("key", help="the vjob's key")
-    st.add_argument("--stage-limit-mb", type=int, default=ProvisioningConfig().stage_limit_mb,
-                    help="refuse a directory bigger than this")  # fmt: skip
+    st.add_argument(
+        "--stage-limit-mb",
+        type=int,
+        default=ProvisioningConfig().stage_limit_mb,
+        help="refuse a directory bigger than this",
+    )
     st.set_defaults(func=_stage)
 
 
@@ -164,7 +190,7 @@ def build(args: argparse.Namespace) -> Any:
 
 
 def _call(args: argparse.Namespace, request: dict[str, Any]) -> Any:
-    return server.call(server.socket_path(args.socket), request)
+    return client.call(protocol.socket_path(args.socket), request)
 
 
 def _submit(args: argparse.Namespace) -> int:
@@ -196,7 +222,7 @@ def _submit_with_workdir(args: argparse.Namespace, request: dict[str, Any]) -> A
     """Build the working directory's disk as the user (saline_bew.workdir) and pass it open
     with the request: the manager (root) never opens a path of the user's."""
     with _workdir_disk(request["command"], args.stage_limit_mb) as fd:
-        return server.call(server.socket_path(args.socket), request, fd=fd)
+        return client.call(protocol.socket_path(args.socket), request, fd=fd)
 
 
 @contextlib.contextmanager
@@ -217,7 +243,7 @@ def _output(args: argparse.Namespace) -> int:
     streams = ("stdout", "stderr") if args.both else ("stderr",) if args.stderr else ("stdout",)
     for stream in streams:
         request = {"op": "output", "key": args.key, "stream": stream}
-        _result, fds = server.call_fd(server.socket_path(args.socket), request)
+        _result, fds = client.call_fd(protocol.socket_path(args.socket), request)
         if not fds:
             raise UsageError("vjob besteffort output: the manager sent no output descriptor")
         try:
@@ -234,12 +260,12 @@ def _output(args: argparse.Namespace) -> int:
 def _stage(args: argparse.Namespace) -> int:
     """The holder's half of `oarsub` staging: the directory's job disk, built as the user;
     a directory that cannot be sent is declined with the reason (the manager goes on at once)."""
-    path = server.socket_path(args.socket)
+    path = protocol.socket_path(args.socket)
     try:
         with _workdir_disk(["-"], args.stage_limit_mb) as fd:
-            server.call(path, {"op": "stage", "key": args.key}, fd=fd)
+            client.call(path, {"op": "stage", "key": args.key}, fd=fd)
     except InputError as exc:  # too big, a file the user cannot read: said, and nothing waits for it
-        server.call(path, {"op": "stage", "key": args.key, "declined": str(exc)[:1000]})
+        client.call(path, {"op": "stage", "key": args.key, "declined": str(exc)[:1000]})
         raise
     print(f"vjob {args.key}: {Path.cwd()} sent to the first VM's /work", file=sys.stderr)
     return 0
@@ -247,12 +273,13 @@ def _stage(args: argparse.Namespace) -> int:
 
 def _manager(args: argparse.Namespace) -> int:
     manager = build(args)
-    _one_manager_per_host(manager.config.data_path)
+    ports = manager.ports
+    _one_manager_per_host(ports.config.data_path)
     if args.once:
         try:
             manager.step()
         finally:
-            lease.release_all(manager.store, manager.owner)
+            lease.release_all(ports.store, ports.owner)
         return 0
     stopping: list[int] = []
 
@@ -261,13 +288,18 @@ def _manager(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    cfg = manager.config.saline
-    path = server.socket_path(args.socket, configured=cfg.socket)
-    with server.Server(manager, path, group=args.socket_group or cfg.socket_group or None,
-                       per_user=cfg.socket_connections_per_user, total=cfg.socket_connections,
-                       read_timeout_s=cfg.socket_read_timeout_s):  # fmt: skip
-        if manager.cfg.metrics_port:
-            manager.metrics.serve(manager.cfg.metrics_port, manager.cfg.metrics_address)
+    cfg = ports.cfg
+    path = protocol.socket_path(args.socket, configured=cfg.socket)
+    with server.Server(
+        manager,
+        path,
+        group=args.socket_group or cfg.socket_group or None,
+        per_user=cfg.socket_connections_per_user,
+        total=cfg.socket_connections,
+        read_timeout_s=cfg.socket_read_timeout_s,
+    ):
+        if cfg.metrics_port:
+            ports.metrics.serve(cfg.metrics_port, cfg.metrics_address)
         Notifier().ready("listening on the Saline socket")
         manager.run(stop=lambda: bool(stopping))
     return 0
@@ -330,7 +362,7 @@ def _show(args: argparse.Namespace) -> int:
 
 def _cancel(args: argparse.Namespace) -> int:
     out = _call(args, {"op": "cancel", "key": args.key})
-    if out["phase"] == "cancelled":
+    if out["phase"] == Phase.CANCELLED:
         print(f"{out['key']} cancelled")
     else:
         print(f"{out['key']} cancel requested (the manager holding it carries it out within a pass)")

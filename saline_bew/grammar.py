@@ -15,10 +15,11 @@ from typing import Any
 
 from plugins.oar.client import JOB_ID as OAR_JOB_ID
 from plugins.oar.client import USER, WALLTIME
+from saline_bew.events import Phase
 from vjob.errors import InputError
 
 KEY = re.compile(r"be[0-9a-f]{10}")
-"""`be` + 10 hex digits, as `Manager.submit` makes them: a safe path component and OAR name."""
+"""`be` + 10 hex digits, as `submission.create` makes them: a safe path component and OAR name."""
 LABEL = re.compile(r"s[0-9]{1,20}")
 """A snapshot label: `s` + the milliseconds it was taken at."""
 SITE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
@@ -26,7 +27,7 @@ IMAGE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")
 HOST = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,252}")
 PLAIN_PATH = re.compile(r"/[A-Za-z0-9_./-]{1,1000}")
 """A path the holder's OAR command may carry (the admission rule checks the same in Perl)."""
-PHASES = ("submitted", "running", "killed", "done", "failed", "cancelled")
+PHASES = tuple(Phase)
 MAX_WORDS = 256
 MAX_WORD = 4096
 MAX_COMMAND = 64 * 1024

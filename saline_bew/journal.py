@@ -15,18 +15,23 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from sqlalchemy import select
 
 from saline_bew import grammar
+from saline_bew.events import EventKind, Phase
 from vjob.errors import InputError, VjobError
 from vjob.model import Job, JobClass
 from vjob.store import jobs as store_jobs
 from vjob.store.db import Store, now
 from vjob.store.schema import SalineEventRecord, SalineJobRecord
 
-ACTIVE_PHASES = ("submitted", "running", "killed")
+ACTIVE_PHASES = (Phase.SUBMITTED, Phase.RUNNING, Phase.KILLED)
+"""The phases a manager acts on; the others wait for the cleanup, then for nothing."""
+_ACTIVE = [str(p) for p in ACTIVE_PHASES]
+"""The same as plain strings, for the database driver (which may adapt an Enum its own way)."""
 RMS = "saline"
 
 
@@ -171,7 +176,7 @@ def create(
                 home_site=site,
                 site=site,
                 oar_job_id=None,
-                phase="submitted",
+                phase=str(Phase.SUBMITTED),
                 hosts_json="[]",
                 kills=0,
                 restarts_from_scratch=0,
@@ -186,7 +191,7 @@ def create(
             SalineEventRecord(
                 job_key=key,
                 at=t,
-                kind="created",
+                kind=str(EventKind.CREATED),
                 site=site,
                 oar_job_id="",
                 detail=json.dumps({"image": image, "vms": vm_count}),
@@ -220,12 +225,12 @@ def scan(store: Store, *, active_only: bool = False, cleanup: bool = False) -> t
     with store.session() as s:
         q = select(SalineJobRecord).order_by(SalineJobRecord.created_at)
         if active_only:
-            q = q.where(SalineJobRecord.phase.in_(ACTIVE_PHASES))
+            q = q.where(SalineJobRecord.phase.in_(_ACTIVE))
         if cleanup:
             cleaned = select(SalineEventRecord.id).where(
-                SalineEventRecord.job_key == SalineJobRecord.key, SalineEventRecord.kind == "cleaned"
+                SalineEventRecord.job_key == SalineJobRecord.key, SalineEventRecord.kind == str(EventKind.CLEANED)
             )
-            q = q.where(SalineJobRecord.phase.not_in(ACTIVE_PHASES), ~cleaned.exists())
+            q = q.where(SalineJobRecord.phase.not_in(_ACTIVE), ~cleaned.exists())
         good: list[SalineJob] = []
         bad: list[Refused] = []
         for rec in s.scalars(q):
@@ -241,11 +246,6 @@ def all_jobs(store: Store, *, active_only: bool = False) -> list[SalineJob]:
     return scan(store, active_only=active_only)[0]
 
 
-def needing_cleanup(store: Store) -> list[SalineJob]:
-    """Ended vjobs whose VMs, snapshots and identities were not yet removed (no `cleaned` event)."""
-    return scan(store, cleanup=True)[0]
-
-
 def record(
     store: Store,
     key: str,
@@ -255,7 +255,7 @@ def record(
     owner: str | None = None,
     **changes: Any,
 ) -> SalineJob:
-    """Change the vjob's row and journal why, in one transaction.
+    """Change the vjob's row and journal why (`kind`: an EventKind), in one transaction.
 
     With `owner`, the change is made only while that manager holds the vjob's lease (the row
     is locked for the check on PostgreSQL); otherwise it is LeaseLost and nothing changes.
@@ -271,13 +271,13 @@ def record(
             if name == "hosts":
                 rec.hosts_json = json.dumps(list(value))
             else:
-                setattr(rec, name, value)
+                setattr(rec, name, str(value) if isinstance(value, Enum) else value)
         rec.updated_at = t
         s.add(
             SalineEventRecord(
                 job_key=key,
                 at=t,
-                kind=kind,
+                kind=str(kind),
                 site=rec.site,
                 oar_job_id=rec.oar_job_id or "",
                 detail=json.dumps(detail or {}, default=str),

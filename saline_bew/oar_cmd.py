@@ -11,7 +11,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from saline_bew import admission, deadline_rule, server
+from saline_bew import admission, deadline_rule, protocol
 from vjob.cli import load_config
 from vjob.errors import UsageError
 
@@ -60,8 +60,11 @@ def register(sub: Any) -> None:
         "[deadline] threshold_file is refused with x, X and why; without a usable file every job is accepted.",
         epilog="example: vjob oar install-deadline-rule --threshold-file /var/lib/vjob/vjob-deadline.threshold",
     )
-    d.add_argument("--threshold-file", default=None, help="the file the agent publishes X in "
-                   "(default: [deadline] threshold_file, which must then be set)")  # fmt: skip
+    d.add_argument(
+        "--threshold-file",
+        default=None,
+        help="the file the agent publishes X in (default: [deadline] threshold_file, which must then be set)",
+    )
     _rule_options(d, _install_deadline, install=True)
     du = osub.add_parser(
         "uninstall-deadline-rule",
@@ -77,8 +80,9 @@ def _rule_options(parser: Any, func: Callable[[argparse.Namespace], int], *, ins
     """The options every rule command shares (both rules go through oaradmissionrules)."""
     if install:
         parser.add_argument("--print", action="store_true", help="print the rendered rule instead of installing it")
-    parser.add_argument("--oaradmissionrules", default="oaradmissionrules",
-                        help="path of OAR's oaradmissionrules command")  # fmt: skip
+    parser.add_argument(
+        "--oaradmissionrules", default="oaradmissionrules", help="path of OAR's oaradmissionrules command"
+    )
     parser.set_defaults(func=func)
 
 
@@ -92,7 +96,7 @@ def _install(args: argparse.Namespace) -> int:
         site = names[0]
     elif site not in names:
         raise UsageError(f"--site {site!r}: not in saline.sites ({', '.join(names) or 'none configured'})")
-    socket = str(server.socket_path(args.socket, configured=config.saline.socket))
+    socket = str(protocol.socket_path(args.socket, configured=config.saline.socket))
     rule = admission.render(site=site, socket=socket, timeout_s=args.timeout)
     return _put(args, rule, admission.MARK, "vjob admission rule", f"installed for site {site}")
 

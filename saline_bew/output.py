@@ -21,7 +21,13 @@ import stat
 import time
 from pathlib import Path
 
+from provisioning import safe_dirs
+from saline_bew import journal, phases
+from saline_bew.events import EventKind
+from saline_bew.journal import SalineJob
+from saline_bew.ports import Ports
 from vjob import log
+from vjob.errors import VjobError
 
 _log = log.get("saline")
 STREAMS = ("stdout", "stderr")
@@ -87,3 +93,75 @@ def prune(out_dir: Path, *, active: set[str], now: float | None = None) -> list[
     if gone:
         _log.info("old vjob output removed", count=len(gone))
     return gone
+
+
+def log_sizes(ports: Ports, job: SalineJob) -> list[int]:
+    """Sizes of the first VM's stdout and stderr logs on its node (0: none)."""
+    sizes = []
+    for log_path in ports.vms.output_logs(job.vm_names[0], job.hosts[0]):
+        try:
+            sizes.append(os.stat(log_path, follow_symlinks=False).st_size)
+        except FileNotFoundError:
+            sizes.append(0)
+    return sizes
+
+
+def keep(ports: Ports, job: SalineJob, upto: list[int] | None) -> dict[str, object]:
+    """Append to root's copy of the vjob's output what the first VM's logs gained since the
+    last safe point of this deployment, up to `upto` (a snapshot's cut) or their end (COMMAND
+    ended). The journal detail: `output_at` (the logs' offsets now covered) and
+    `output_bytes` (the copy's sizes). Never fails the snapshot or the end: a problem is
+    logged and said in `output_error`."""
+    if not job.hosts:
+        return {}
+    base, committed = _journalled(journal.events(ports.store, job.key))
+    try:
+        where = safe_dirs.ensure_dir(ports.output_dir, 0o700)
+        logs = ports.vms.output_logs(job.vm_names[0], job.hosts[0])
+        sizes, dropped = [], False
+        for i, stream in enumerate(STREAMS):
+            end = upto[i] if upto else None
+            size, cut = commit(logs[i], base[i], end, path(where, job.key, stream), committed[i])
+            sizes.append(size)
+            dropped = dropped or cut
+    except (OSError, VjobError) as exc:
+        _log.error("vjob output not kept", jobs=[job.key], error=str(exc)[:300])
+        return {"output_error": str(exc)[:300]}
+    detail: dict[str, object] = {"output_bytes": sizes}
+    if upto:
+        detail["output_at"] = list(upto)
+    if dropped:
+        detail["output_truncated"] = LIMIT_BYTES
+    return detail
+
+
+def _journalled(events: list[journal.Event]) -> tuple[list[int], list[int]]:
+    """(the logs' offsets the last safe snapshot of this deployment covered, the copy's sizes
+    the journal last recorded), per stream."""
+    base, committed = [0, 0], [0, 0]
+    for ev in reversed(events):
+        if ev.kind in phases.DEPLOY_EVENTS:
+            break
+        if ev.kind == EventKind.SNAPSHOT and _pair(ev.detail.get("output_at")):
+            base = list(ev.detail["output_at"])
+            break
+    for ev in reversed(events):
+        if _pair(ev.detail.get("output_bytes")):
+            committed = list(ev.detail["output_bytes"])
+            break
+    return base, committed
+
+
+def _pair(value: object) -> bool:
+    """Two non-negative byte counts (stdout, stderr), as the journal keeps output offsets."""
+    return isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) and v >= 0 for v in value)
+
+
+def open_copy(ports: Ports, key: str, stream: str) -> int:
+    """An open read-only descriptor of root's copy of `key`'s output (for the socket server,
+    which checked the caller owns the vjob). What a safe snapshot covers while it runs,
+    everything once it finished; kept `KEEP_S` after the end."""
+    try:
+        return os.open(path(ports.output_dir, key, stream), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)  # nothing printed (yet)

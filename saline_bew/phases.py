@@ -18,13 +18,21 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from plugins.oar.parse import CHECKPOINT_EVENTS, OarJob
+from saline_bew.events import EventKind, Phase
 
 KILL_EVENTS = ("BESTEFFORT_KILL", "WALLTIME")
-DEPLOY_EVENTS = ("deployed", "resumed", "restarted_from_scratch")
-SAFE_POINT_EVENTS = (*DEPLOY_EVENTS, "snapshot")
-STEP_FAILED = "step_failed"
-CANCEL_REQUESTED = "cancel_requested"
-NOT_PROGRESS = frozenset({STEP_FAILED, "error", "submit_failed", "waiting_for_resources", "snapshot_failed"})
+"""OAR's events (not the journal's) that say OAR killed the job."""
+DEPLOY_EVENTS = (EventKind.DEPLOYED, EventKind.RESUMED, EventKind.RESTARTED_FROM_SCRATCH)
+SAFE_POINT_EVENTS = (*DEPLOY_EVENTS, EventKind.SNAPSHOT)
+NOT_PROGRESS = frozenset(
+    {
+        EventKind.STEP_FAILED,
+        EventKind.ERROR,
+        EventKind.SUBMIT_FAILED,
+        EventKind.WAITING_FOR_RESOURCES,
+        EventKind.SNAPSHOT_FAILED,
+    }
+)
 """Journal entries that do not reset the count of failures in a row."""
 
 
@@ -73,7 +81,7 @@ class JobRecord(Protocol):
 
 
 class Timing(Protocol):
-    """The fields of vjob.config.SalineConfig the decision reads."""
+    """The fields of saline_bew.config.SalineConfig the decision reads."""
 
     snapshot_period_s: float
     requeue_after_s: float
@@ -97,21 +105,21 @@ class Observed:
 
 def needs_oar(job: JobRecord, cancel_requested: bool) -> bool:
     """Whether the decision depends on the OAR job (the manager asks OAR only then)."""
-    return not cancel_requested and job.phase != "killed" and job.oar_job_id is not None
+    return not cancel_requested and job.phase != Phase.KILLED and job.oar_job_id is not None
 
 
 def decide(job: JobRecord, seen: Observed, *, now: float, timing: Timing) -> Action:
     """The next action for an active vjob (phase submitted, running or killed)."""
     if seen.cancel_requested:
         return Action(Kind.CANCEL)
-    if job.phase == "submitted" and job.oar_job_id is None and seen.admitted_at is not None:
+    if job.phase == Phase.SUBMITTED and job.oar_job_id is None and seen.admitted_at is not None:
         return Action(Kind.ADOPT)
-    if job.phase == "killed" or job.oar_job_id is None:
+    if job.phase == Phase.KILLED or job.oar_job_id is None:
         return Action(Kind.RESUBMIT)
     oj = seen.oar_job
     if oj is None or oj.finished:
         return _ended(job, seen, now=now)
-    if job.phase == "submitted":
+    if job.phase == Phase.SUBMITTED:
         if oj.state == "Running" and oj.hosts:
             return Action(Kind.DEPLOY)
         if oj.state == "Waiting" and now - job.updated_at > timing.requeue_after_s:
@@ -132,17 +140,17 @@ def decide(job: JobRecord, seen: Observed, *, now: float, timing: Timing) -> Act
 def _ended(job: JobRecord, seen: Observed, *, now: float) -> Action:
     """The OAR job is over (or OAR forgot it): a kill, the end of the command, or a cancel."""
     oj = seen.oar_job
-    if oj is None and job.phase == "submitted":
+    if oj is None and job.phase == Phase.SUBMITTED:
         return Action(Kind.FORGET_OAR_JOB)
     types = {e.type for e in oj.events} if oj else set()
     if oj is None or oj.killed_for_besteffort or "WALLTIME" in types:
         cause = "vanished" if oj is None else ("besteffort_kill" if oj.killed_for_besteffort else "walltime")
         kill_at = next((e.date for e in (oj.events if oj else ()) if e.type in KILL_EVENTS), now)
         lost = 0.0
-        if job.phase == "running":
+        if job.phase == Phase.RUNNING:
             lost = max(0.0, kill_at - max(job.snapshot_at or 0.0, seen.last_deploy))
         return Action(Kind.KILLED, cause=cause, lost_s=lost)
-    if job.phase == "running" and seen.vms_finished:
+    if job.phase == Phase.RUNNING and seen.vms_finished:
         return Action(Kind.COMPLETE)
     return Action(Kind.CANCELLED_IN_OAR)
 
@@ -160,8 +168,16 @@ def last_at(events: Sequence[JournalEntry], kinds: Sequence[str], default: float
     return default
 
 
-ADMITTED = "admitted"
-AFTER_ADMISSION = frozenset({"adopted", "submitted", "submit_failed", "killed", "oar_job_vanished", "moved"})
+AFTER_ADMISSION = frozenset(
+    {
+        EventKind.ADOPTED,
+        EventKind.SUBMITTED,
+        EventKind.SUBMIT_FAILED,
+        EventKind.KILLED,
+        EventKind.OAR_JOB_VANISHED,
+        EventKind.MOVED,
+    }
+)
 """Entries after which an admitted vjob's OAR job is no longer to be adopted."""
 
 
@@ -170,13 +186,13 @@ def admitted_at(events: Sequence[JournalEntry]) -> float | None:
     for ev in reversed(events):
         if ev.kind in AFTER_ADMISSION:
             return None
-        if ev.kind == ADMITTED:
+        if ev.kind == EventKind.ADMITTED:
             return ev.at
     return None
 
 
 def cancel_requested(events: Sequence[JournalEntry]) -> bool:
-    return any(ev.kind == CANCEL_REQUESTED for ev in events)
+    return any(ev.kind == EventKind.CANCEL_REQUESTED for ev in events)
 
 
 def backoff(events: Sequence[JournalEntry], *, base_s: float, cap_s: float = 3600.0) -> tuple[int, float]:
@@ -187,7 +203,7 @@ def backoff(events: Sequence[JournalEntry], *, base_s: float, cap_s: float = 360
     failures = 0
     last = 0.0
     for ev in reversed(events):
-        if ev.kind == STEP_FAILED:
+        if ev.kind == EventKind.STEP_FAILED:
             failures += 1
             last = max(last, ev.at)
         elif ev.kind not in NOT_PROGRESS:

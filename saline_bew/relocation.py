@@ -19,18 +19,17 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
+from saline_bew.events import EventKind
+
 MARGIN_S = 5.0
 """Kept free before OAR's kill on top of the estimates (scheduler passes, a slow save)."""
 MIN_WAIT_S = 3.0
 """A try with less time than this for OAR to start the job (a scheduler pass) is not made."""
 MIGRATE_MB_PER_S = 100.0
 """Live-migration speed assumed before one was measured (a 1 Gbit/s link, pre-copy overhead)."""
-ASKING = "migration_asking"
-"""Journalled before OAR is asked for the new job: a manager that dies between the oarsub and
-the journal entry of its id leaves this behind, and its successor looks for the job by name."""
-REQUESTED = "migration_requested"
-"""Journalled with the new job's id as soon as OAR gave it, before any wait for its start."""
-CLOSING = ("migrated", "migration_failed", "migration_abandoned")
+OPENING = (EventKind.MIGRATION_ASKING, EventKind.MIGRATION_REQUESTED)
+"""Entries that open a request: journalled before oarsub, and again with the new job's id."""
+CLOSING = (EventKind.MIGRATED, EventKind.MIGRATION_FAILED, EventKind.MIGRATION_ABANDONED)
 """Entries after which the manager no longer owns a request's job: the VMs run in it (migrated),
 it was given back (failed), or a later manager deleted it (abandoned)."""
 
@@ -138,7 +137,7 @@ def open_request(events: Sequence[JournalEntry]) -> OpenRequest | None:
     """
     found: OpenRequest | None = None
     for ev in events:
-        if ev.kind in (ASKING, REQUESTED):
+        if ev.kind in OPENING:
             job_id = ev.detail.get("oar_job_id")
             found = OpenRequest(
                 str(ev.detail.get("site", "")), str(ev.detail.get("path", "")), str(job_id) if job_id else None

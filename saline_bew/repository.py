@@ -240,8 +240,11 @@ class Repository:
                 )
             if name.endswith(STATE_SUFFIX):
                 manifest = integrity.read_manifest(Path(path), self.host)
-                if not isinstance(manifest, dict) or str(manifest.get("sha256")) != digest or str(
-                    manifest.get("size_bytes")) != str(size):  # fmt: skip
+                if (
+                    not isinstance(manifest, dict)
+                    or str(manifest.get("sha256")) != digest
+                    or str(manifest.get("size_bytes")) != str(size)
+                ):
                     raise RepositoryError(f"site {self.site}: {where}: its manifest there does not describe it")
 
     def _remove_remote(self, *parts: str) -> None:

@@ -8,9 +8,9 @@ the kernel tells the manager who is calling (SO_PEERCRED: the caller's uid, whic
 cannot forge). The manager acts for that user only: root may act for anyone, everyone else
 only on their own vjobs, and `submit --user` for someone else is refused here, server-side.
 
-The protocol is one JSON object per line each way, at most `MAX_LINE` bytes, validated with
-pydantic (unknown fields and wrong types are refused with a message naming the field). The
-socket file is `DEFAULT_SOCKET` unless configured; its directory must be root's and not
+The protocol (saline_bew.protocol) is one JSON object per line each way, at most `MAX_LINE`
+bytes, validated with pydantic; the users' side is saline_bew.client. The socket file is
+`DEFAULT_SOCKET` unless configured; its directory must be root's and not
 writable by others (checked with lstat before binding), the socket itself is mode 0666, or
 0660 with a group when the site restricts Saline to a group.
 """
@@ -22,7 +22,6 @@ import grp
 import json
 import os
 import pwd
-import shlex
 import socket
 import socketserver
 import stat
@@ -30,20 +29,31 @@ import struct
 import threading
 import time
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
-
-from saline_bew import grammar, journal
+from saline_bew import grammar, journal, output, staging
+from saline_bew.events import EventKind
 from saline_bew.journal import SalineJob
+from saline_bew.protocol import (
+    DEFAULT_SOCKET,
+    MAX_LINE,
+    Admit,
+    AnyRequest,
+    ListJobs,
+    Output,
+    Show,
+    Stage,
+    Submit,
+    close_fds,
+    command_words,
+    parse_request,
+    read_line,
+    walltime,
+)
 from vjob import log
 from vjob.errors import CommandError, InputError, UsageError, VjobError
 
 _log = log.get("saline.socket")
-DEFAULT_SOCKET = Path("/run/vjob/saline.sock")
-ENV_VAR = "VJOB_SALINE_SOCKET"
-MAX_LINE = 256 * 1024
-"""Longest request or answer line, in bytes (a COMMAND is at most 64 KiB)."""
 TIMEOUT_S = 10.0
 """How long the manager waits for a whole request line once a client connected (and for its
 answer to be taken): a deadline for the line, not per read, so a byte now and then cannot
@@ -52,80 +62,6 @@ PER_USER_CONNECTIONS = 16
 """Connections one uid may hold open at once (root: no limit); more are refused on arrival."""
 MAX_CONNECTIONS = 128
 """Connections of all users at once (each is a thread and a descriptor of the root manager)."""
-CLIENT_TIMEOUT_S = 300.0
-"""How long a client waits for an answer (a submission waits for OAR)."""
-
-
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-Key = Annotated[str, StringConstraints(max_length=64)]
-"""Checked against saline_bew.grammar.KEY with re.fullmatch by the handler."""
-Word = Annotated[str, StringConstraints(min_length=1, max_length=grammar.MAX_WORD)]
-
-
-class Submit(_Request):
-    op: Literal["submit"]
-    image: Annotated[str, StringConstraints(min_length=1, max_length=128)]
-    command: Annotated[list[Word], Field(min_length=1, max_length=grammar.MAX_WORDS)]
-    vms: Annotated[int, Field(ge=1, le=grammar.MAX_VMS)] = 1
-    vcpus: Annotated[int, Field(ge=1, le=grammar.MAX_VCPUS)] = 1
-    memory: Annotated[int, Field(ge=1, le=grammar.MAX_MEMORY_MB)] = 128
-    walltime: Annotated[str, StringConstraints(max_length=16)] | None = None
-    site: Annotated[str, StringConstraints(max_length=64)] | None = None
-    user: Annotated[str, StringConstraints(max_length=32)] | None = None
-
-
-class Admit(_Request):
-    """From OAR's admission rule (vjob/deploy_files/oar/vjob_admission_rule.pl, evaluated in
-    oarsub as uid `oar`): the user `oarsub`-ed a best-effort vjob; record it and say what the
-    submission must become. `command` is OAR's command string, split here into words (shlex,
-    never a shell); `walltime_s` is OAR's walltime in seconds (0: the default)."""
-
-    op: Literal["admit"]
-    user: Annotated[str, StringConstraints(min_length=1, max_length=32)]
-    image: Annotated[str, StringConstraints(min_length=1, max_length=128)]
-    command: Annotated[str, StringConstraints(min_length=1, max_length=64 * 1024)]
-    vms: Annotated[int, Field(ge=1, le=grammar.MAX_VMS)] = 1
-    walltime_s: Annotated[int, Field(ge=0, le=10**8)] = 0
-    site: Annotated[str, StringConstraints(min_length=1, max_length=64)]
-
-
-class ListJobs(_Request):
-    op: Literal["list"]
-
-
-class Show(_Request):
-    op: Literal["show"]
-    key: Key
-
-
-class Cancel(_Request):
-    op: Literal["cancel"]
-    key: Key
-
-
-class Output(_Request):
-    """What COMMAND printed (saline_bew.output): answered with an open read-only descriptor."""
-
-    op: Literal["output"]
-    key: Key
-    stream: Literal["stdout", "stderr"] = "stdout"
-
-
-class Stage(_Request):
-    """From the holder of an admitted vjob, as the user, in the submission directory: its job
-    disk passed with the request (SCM_RIGHTS), or none and `declined` saying why."""
-
-    op: Literal["stage"]
-    key: Key
-    declined: Annotated[str, StringConstraints(max_length=1000)] = ""
-
-
-AnyRequest = Submit | Admit | ListJobs | Show | Cancel | Output | Stage
-Request = Annotated[AnyRequest, Field(discriminator="op")]
-_REQUEST: TypeAdapter[AnyRequest] = TypeAdapter(Request)
 OAR_ACCOUNT = "oar"
 """OAR's own account: admission rules run as it inside oarsub, so it (and root) may `admit`
 for any user. It can already alter any OAR job; nobody else may speak for another user."""
@@ -133,31 +69,6 @@ for any user. It can already alter any OAR job; nobody else may speak for anothe
 
 class Refused(UsageError):
     """The caller may not do this (another user's vjob, another user's name)."""
-
-
-def parse_request(line: bytes) -> AnyRequest:
-    """One request line, validated; an InputError names the field that is wrong."""
-    if len(line) > MAX_LINE:
-        raise InputError(f"request: more than {MAX_LINE} bytes")
-    try:
-        data = json.loads(line)
-    except (ValueError, RecursionError):
-        raise InputError(f"request: not a JSON object: {grammar.short(line[:80])}") from None
-    try:
-        return _REQUEST.validate_python(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        # pydantic quotes a bad `op` (and an unknown key, in the location) raw: a newline in
-        # it split the answer and the log line in two (fuzzed). Escaped and bounded.
-        where = _escaped(".".join(str(p) for p in first["loc"])) or "request"
-        msg = _escaped(first["msg"])
-        raise InputError(f"request: {where}: {msg} (got {grammar.short(first.get('input'))})") from None
-
-
-def _escaped(text: str, limit: int = 300) -> str:
-    """`text` on one line (control characters escaped, as repr() does), at most `limit` long."""
-    out = repr(text)[1:-1]
-    return out if len(out) <= limit else out[: limit - 3] + "..."
 
 
 def row(job: SalineJob) -> dict[str, Any]:
@@ -192,26 +103,26 @@ class Handler:
         if isinstance(request, Admit):
             return self.admit(request, uid, caller)
         if isinstance(request, ListJobs):
-            jobs = journal.all_jobs(self.manager.store)
+            jobs = journal.all_jobs(self.manager.ports.store)
             return [row(j) for j in jobs if uid == 0 or j.user == caller]
         job = self._own(grammar.word("key", request.key, grammar.KEY), uid, caller)
         if isinstance(request, Show):
             out = row(job)
-            events = journal.events(self.manager.store, job.key)
+            events = journal.events(self.manager.ports.store, job.key)
             out["journal"] = [
                 {"at": e.at, "kind": e.kind, "site": e.site, "oar_job_id": e.oar_job_id, **e.detail} for e in events
             ]
-            ended = next((e.detail for e in reversed(events) if e.kind == "finished"), {})
+            ended = next((e.detail for e in reversed(events) if e.kind == EventKind.FINISHED), {})
             out["exit_code"] = ended.get("exit_code")
             return out
         if isinstance(request, Output):
-            fd = self.manager.output_file(job.key, request.stream)
+            fd = output.open_copy(self.manager.ports, job.key, request.stream)
             return WithFd({"key": job.key, "phase": job.phase, "stream": request.stream}, fd)
         if isinstance(request, Stage):
             work_fd = (fds or [None])[0]
             if work_fd is None and not request.declined:
                 raise InputError("stage: no directory passed and no reason given (declined)")
-            after = self.manager.stage_workdir(job.key, work_fd, reason=request.declined)
+            after = staging.receive(self.manager.ports, job.key, work_fd, reason=request.declined)
             return {"key": after.key, "staged": work_fd is not None}
         after = self.manager.request_cancel(job.key, by=caller)
         return {"key": after.key, "phase": after.phase}
@@ -271,28 +182,10 @@ class Handler:
         }
 
     def _own(self, key: str, uid: int, caller: str) -> SalineJob:
-        job = journal.get(self.manager.store, key)
+        job = journal.get(self.manager.ports.store, key)
         if uid != 0 and job.user != caller:
             raise Refused(f"best-effort vjob {key}: belongs to another user; you ({caller}) may act on yours only")
         return job
-
-
-def command_words(command: str) -> list[str]:
-    """OAR hands the rule the command as one string: its words (shlex, never a shell)."""
-    try:
-        words = shlex.split(command)
-    except ValueError as exc:
-        raise InputError(f"command = {grammar.short(command[:60])}: {exc}") from None
-    if not words:
-        raise InputError("command: empty (an interactive best-effort job cannot be a vjob)")
-    return grammar.command(words)
-
-
-def walltime(seconds: int) -> str | None:
-    """OAR's walltime in seconds → H:MM:SS; 0 → None (saline.default_walltime)."""
-    if not seconds:
-        return None
-    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
 def _user_name(uid: int) -> str:
@@ -344,15 +237,15 @@ class _Connection(socketserver.StreamRequestHandler):
         uid = peer_uid(self.request)
         fds: list[int] = []
         try:
-            line = _read_line(self.request, fds, deadline=time.monotonic() + self.server.read_timeout_s)
+            line = read_line(self.request, fds, deadline=time.monotonic() + self.server.read_timeout_s)
         except OSError:
-            _close(fds)
+            close_fds(fds)
             return  # the client went away or was too slow
         if not line.endswith(b"\n"):
             reply: dict[str, Any] = {"ok": False, "error": f"request: one line of at most {MAX_LINE} bytes", "exit": 2}
         else:
             reply = answer(self.server.handler, line, uid, fds[:1])
-        _close(fds)
+        close_fds(fds)
         out_fd = reply.pop("_fd", None)
         data = json.dumps(reply, default=str).encode() + b"\n"
         self.request.settimeout(self.server.read_timeout_s)
@@ -366,32 +259,6 @@ class _Connection(socketserver.StreamRequestHandler):
         finally:
             if out_fd is not None:
                 os.close(out_fd)
-
-
-def _read_line(conn: socket.socket, fds: list[int], *, deadline: float | None = None) -> bytes:
-    """One request line, and the descriptors passed with it (SCM_RIGHTS; a submission's
-    working-directory disk, saline_bew.workdir): read with recvmsg, as a buffered reader
-    would drop them. With `deadline` (time.monotonic()) the whole line must arrive by then
-    (TimeoutError otherwise)."""
-    line = b""
-    while not line.endswith(b"\n") and len(line) <= MAX_LINE:
-        if deadline is not None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError("no whole request line before the deadline")
-            conn.settimeout(left)
-        data, got, _flags, _addr = socket.recv_fds(conn, MAX_LINE + 1 - len(line), 2)
-        fds.extend(got)
-        if not data:
-            break
-        line += data
-    return line
-
-
-def _close(fds: list[int]) -> None:
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            os.close(fd)
 
 
 class _UnixServer(socketserver.ThreadingUnixStreamServer):
@@ -492,8 +359,10 @@ class Server:
         """`per_user`, `total`, `read_timeout_s`: [saline] socket_connections_per_user,
         socket_connections, socket_read_timeout_s (the connection limits, _UnixServer)."""
         if per_user < 1 or total < 1 or not 0 < read_timeout_s <= 3600:
-            raise UsageError(f"Saline socket limits: per_user = {per_user}, total = {total} must be >= 1, "
-                             f"read_timeout_s = {read_timeout_s} in (0, 3600]")  # fmt: skip
+            raise UsageError(
+                f"Saline socket limits: per_user = {per_user}, total = {total} must be >= 1, "
+                f"read_timeout_s = {read_timeout_s} in (0, 3600]"
+            )
         self.path = Path(path)
         self.group = group
         self.manager = manager
@@ -504,8 +373,9 @@ class Server:
     def start(self) -> Server:
         gid = _group_id(self.group) if self.group else None
         _prepare(self.path)
-        server = _UnixServer(str(self.path), per_user=self.per_user, total=self.total,
-                             read_timeout_s=self.read_timeout_s)  # fmt: skip
+        server = _UnixServer(
+            str(self.path), per_user=self.per_user, total=self.total, read_timeout_s=self.read_timeout_s
+        )
         server.handler = Handler(self.manager)
         old = os.umask(0o177)  # no window in which the socket is more open than configured
         try:
@@ -518,12 +388,18 @@ class Server:
         else:
             os.chmod(self.path, 0o666)
         server.server_activate()
-        self.manager.socket = self.path  # the holder's OAR command names it (Manager._request)
+        self.manager.ports.socket = self.path  # the holder's OAR command names it (submission.request)
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
         self._thread.start()
-        _log.info("listening", socket=str(self.path), group=self.group or "everyone", per_user=self.per_user,
-                  total=self.total, read_timeout_s=self.read_timeout_s)  # fmt: skip
+        _log.info(
+            "listening",
+            socket=str(self.path),
+            group=self.group or "everyone",
+            per_user=self.per_user,
+            total=self.total,
+            read_timeout_s=self.read_timeout_s,
+        )
         return self
 
     def close(self) -> None:
@@ -571,80 +447,3 @@ def _prepare(path: Path) -> None:
     if not stat.S_ISSOCK(existing.st_mode):
         raise UsageError(f"socket {path}: something else is there; remove it")
     os.unlink(path)
-
-
-# -- the client side ---------------------------------------------------------------------
-class RemoteError(VjobError):
-    """The manager refused or failed a request; carries its exit code (2: the caller's fault)."""
-
-    def __init__(self, message: str, exit_code: int) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code if exit_code in (1, 2) else 1
-
-
-def socket_path(given: str | None, *, configured: str = "") -> Path:
-    """--socket, else $VJOB_SALINE_SOCKET, else the configured `saline.socket` (the manager
-    reads the configuration; users' commands often cannot), else the default."""
-    return Path(given or os.environ.get(ENV_VAR) or configured or DEFAULT_SOCKET)
-
-
-def call(path: Path, request: dict[str, Any], *, timeout_s: float = CLIENT_TIMEOUT_S, fd: int | None = None) -> Any:
-    """Send one request to the manager at `path` and return its result (RemoteError if
-    refused); `fd` goes with it (SCM_RIGHTS)."""
-    result, got = call_fd(path, request, timeout_s=timeout_s, fd=fd)
-    _close(got)
-    return result
-
-
-def call_fd(
-    path: Path, request: dict[str, Any], *, timeout_s: float = CLIENT_TIMEOUT_S, fd: int | None = None
-) -> tuple[Any, list[int]]:
-    """`call`, and the descriptors the answer brought (`output`: the caller closes them)."""
-    line = json.dumps(request).encode() + b"\n"
-    if len(line) > MAX_LINE:
-        raise InputError(f"request: more than {MAX_LINE} bytes (a shorter COMMAND?)")
-    got: list[int] = []
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-            conn.settimeout(timeout_s)
-            conn.connect(str(path))
-            try:
-                sent = socket.send_fds(conn, [line], [fd]) if fd is not None else 0
-                conn.sendall(line[sent:])
-            except (BrokenPipeError, ConnectionResetError) as exc:
-                cut: OSError | None = exc  # refused on arrival (too many connections): its line says why
-            else:
-                cut = None
-            reply_line = _read_line(conn, got)
-            if cut is not None and not reply_line:
-                raise cut
-    except OSError as exc:
-        _close(got)
-        raise _client_error(path, exc, timeout_s) from None
-    try:
-        return _result(path, reply_line), got
-    except BaseException:
-        _close(got)
-        raise
-
-
-def _client_error(path: Path, exc: OSError, timeout_s: float) -> VjobError:
-    if isinstance(exc, FileNotFoundError | ConnectionRefusedError):
-        return VjobError(f"{path}: no Saline manager listens there (is 'vjob besteffort manager' running?)")
-    if isinstance(exc, PermissionError):
-        return VjobError(f"{path}: permission denied (the site may restrict Saline to a group)")
-    if isinstance(exc, TimeoutError):
-        return VjobError(f"{path}: the Saline manager did not answer within {timeout_s:.0f} s")
-    return VjobError(f"{path}: {exc.strerror or exc}")
-
-
-def _result(path: Path, reply_line: bytes) -> Any:
-    try:
-        reply = json.loads(reply_line)
-    except (ValueError, RecursionError):
-        raise VjobError(f"{path}: the manager's answer is not JSON: {grammar.short(reply_line[:80])}") from None
-    if not isinstance(reply, dict) or not isinstance(reply.get("ok"), bool):
-        raise VjobError(f"{path}: unexpected answer {grammar.short(reply)}")
-    if not reply["ok"]:
-        raise RemoteError(str(reply.get("error", "refused")), int(reply.get("exit", 1)))
-    return reply.get("result")

@@ -32,22 +32,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from provisioning import coordinated, guest, images, job_disk, nat, network, safe_dirs, transfer
+from provisioning import coordinated, guest, images, integrity, job_disk, nat, network, safe_dirs, transfer
 from provisioning.coordinated import Cut, Member, Resumed
-from provisioning.driver import (  # _write_manifest: the driver's own manifest format
+from provisioning.driver import (
     MANIFEST_SUFFIX,
     OVERLAY_COPY_SUFFIX,
     STATE_SUFFIX,
     Driver,
     VMSpec,
-    _write_manifest,
 )
 from provisioning.images import Catalogue
 from provisioning.vm_types import Nic, Snapshot
 from saline_bew import workdir
+from saline_bew.config import SalineConfig
 from saline_bew.identity import NetworkIdentity
 from vjob import log
-from vjob.config import SalineConfig
 from vjob.errors import InputError
 from vjob.model import VMState
 from vjob.store.db import Store
@@ -139,24 +138,50 @@ class SalineVMs:
         prov = self.driver.config
         specs = []
         for rank, (ident, node) in enumerate(zip(identities, placement, strict=True)):
-            net = {"mac": ident.mac, "ip": ident.ip, "prefix": 24, "peers": peers, "leader": rank == 0,
-                   "ssh_private": private, "ssh_public": public}  # fmt: skip
+            net = {
+                "mac": ident.mac,
+                "ip": ident.ip,
+                "prefix": 24,
+                "peers": peers,
+                "leader": rank == 0,
+                "ssh_private": private,
+                "ssh_public": public,
+            }
             if self.nat is not None:
                 net["nat"] = self.nat.guest(ident.subnet_id, ident.vm_id)
             job = job_disk.check_description(
-                job_disk.JobDescription(script=JOB_SCRIPT, args=command, env={}, uid=pw.pw_uid, gid=pw.pw_gid,
-                                        user=user, home=pw.pw_dir, cwd=pw.pw_dir, hostname=f"vm{rank}", network=net)
-            )  # fmt: skip
+                job_disk.JobDescription(
+                    script=JOB_SCRIPT,
+                    args=command,
+                    env={},
+                    uid=pw.pw_uid,
+                    gid=pw.pw_gid,
+                    user=user,
+                    home=pw.pw_dir,
+                    cwd=pw.pw_dir,
+                    hostname=f"vm{rank}",
+                    network=net,
+                )
+            )
             disk = self.driver.job_disk_path(ident.vm_name, node)
             safe_dirs.ensure_dir(disk.parent, 0o711)
             with contextlib.ExitStack() as stack:
                 if rank == 0 and work is not None and work.is_file():
-                    source = stack.enter_context(workdir.unpacked(work, disk.parent, uid=pw.pw_uid, gid=pw.pw_gid,
-                                                                  limit_bytes=prov.stage_limit_mb * 2**20))  # fmt: skip
+                    source = stack.enter_context(
+                        workdir.unpacked(
+                            work, disk.parent, uid=pw.pw_uid, gid=pw.pw_gid, limit_bytes=prov.stage_limit_mb * 2**20
+                        )
+                    )
                 else:
                     source = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="vjob-saline-")))
-                job_disk.build(source, job, disk, limit_bytes=prov.stage_limit_mb * 2**20,
-                               free_bytes=prov.job_disk_free_mb * 2**20, for_user=True)  # fmt: skip
+                job_disk.build(
+                    source,
+                    job,
+                    disk,
+                    limit_bytes=prov.stage_limit_mb * 2**20,
+                    free_bytes=prov.job_disk_free_mb * 2**20,
+                    for_user=True,
+                )
             specs.append(
                 VMSpec(
                     ident.vm_name,
@@ -323,7 +348,7 @@ class SalineVMs:
                     disk = self.driver.job_disk_path(vm, node)
                     safe_dirs.ensure_dir(disk.parent, 0o711)  # the VM dir, as the driver makes it at define
                     os.replace(dest / snapshot_files(vm, label, with_job_disk=True)[-1], disk)
-                    self.driver._own_overlay(vm, node, disk)  # the QEMU user's, as define() leaves it
+                    self.driver.own_disk(vm, node, disk)  # the QEMU user's, as define() leaves it
             return coordinated.restore(self.driver, [Member(vm, node) for vm, node in members], label=label)
         finally:
             for vm, node in members:
@@ -381,7 +406,7 @@ def _stage(driver: Driver, snap: Snapshot, vm: str, node: str, label: str, *, ke
         os.link(snap.memory_path, memory)
     else:
         os.replace(snap.memory_path, memory)
-    _write_manifest(
+    integrity.write_manifest(
         memory,
         {
             "vm": vm,

@@ -40,8 +40,16 @@ def build_for_user(workdir: Path, command: list[str], out: Path, *, limit_bytes:
     """Run as the submitting user: the job disk of `workdir` (its /work is what the manager
     takes; its job description is the manager's own at the deployment)."""
     pw = pwd.getpwuid(os.getuid())
-    job = job_disk.JobDescription(script=b"#!/bin/sh\n", args=command, env={}, uid=pw.pw_uid, gid=pw.pw_gid,
-                                  user=pw.pw_name, home=pw.pw_dir, cwd=pw.pw_dir)  # fmt: skip
+    job = job_disk.JobDescription(
+        script=b"#!/bin/sh\n",
+        args=command,
+        env={},
+        uid=pw.pw_uid,
+        gid=pw.pw_gid,
+        user=pw.pw_name,
+        home=pw.pw_dir,
+        cwd=pw.pw_dir,
+    )
     job_disk.build(workdir, job, out, limit_bytes=limit_bytes, free_bytes=0)
 
 
@@ -96,8 +104,14 @@ def _check(fd: int, cap: int, ids: tuple[int, int] | None) -> None:
     backing file or an external data file would point QEMU at another file, so neither is
     allowed."""
     try:
-        info = json.loads(proc.run(["qemu-img", "info", "-f", "qcow2", "--output=json", f"/proc/self/fd/{fd}"],
-                                   timeout_s=60, as_ids=ids, pass_fds=(fd,)))  # fmt: skip
+        info = json.loads(
+            proc.run(
+                ["qemu-img", "info", "-f", "qcow2", "--output=json", f"/proc/self/fd/{fd}"],
+                timeout_s=60,
+                as_ids=ids,
+                pass_fds=(fd,),
+            )
+        )
     except (CommandError, ValueError) as exc:
         raise InputError(f"working directory disk: not a qcow2 image ({str(exc)[:200]})") from None
     data = (info.get("format-specific") or {}).get("data") or {}
@@ -148,8 +162,22 @@ def _convert_as(copy: Path, raw: Path, uid: int, gid: int) -> None:
         try:
             ids = _tool_ids(src, uid, gid)
             _tool_ids(dst, uid, gid)
-            proc.run(["qemu-img", "convert", "-q", "-f", "qcow2", "-O", "raw", f"/proc/self/fd/{src}",
-                      f"/proc/self/fd/{dst}"], timeout_s=600, as_ids=ids, pass_fds=(src, dst))  # fmt: skip
+            proc.run(
+                [
+                    "qemu-img",
+                    "convert",
+                    "-q",
+                    "-f",
+                    "qcow2",
+                    "-O",
+                    "raw",
+                    f"/proc/self/fd/{src}",
+                    f"/proc/self/fd/{dst}",
+                ],
+                timeout_s=600,
+                as_ids=ids,
+                pass_fds=(src, dst),
+            )
         finally:
             os.close(dst)
     finally:

@@ -20,10 +20,12 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from preemption.scheduling.policies import check_policy
+from preemption.scheduling.policies import policy_named
 from simulator import deadline_cli
 from simulator.lublin import generate
+from simulator.metrics import table_rows, write_all
 from simulator.remap_cli import simulate_remap
+from simulator.replay import ClusterModel
 from simulator.setup import UbisSetup, apply
 from simulator.sweep import write_sweep
 from simulator.swf import open_text, read_swf, summarise, write_swf
@@ -36,6 +38,32 @@ from vjob.progress import Progress
 
 
 def register(sub: Any) -> None:
+    """`vjob trace generate|info` and `vjob simulate`, their options in groups."""
+    _register_trace(sub)
+    sim = sub.add_parser(
+        "simulate",
+        help="replay a trace under a scheduling policy (vjob, ubis, mms, mms-block, fcfs-easy)",
+        description="Replay a trace on a model cluster under a scheduling policy (the decision pass the agent "
+        "runs), or a grid of them with --sweep. Writes summary.json, jobs.csv, segments.csv and plots; "
+        "docs/simulator.md and docs/policy.md explain the figures.",
+        epilog="example:\n  vjob simulate --trace lublin.swf --nodes 1056 --interactive-frac 0.2 "
+        "--interactive-mean-size 100 --interactive-cap 0.15 --out run1\n"
+        "  vjob simulate --sweep --trace lublin.swf --nodes 1056 --policy mms,ubis,vjob \\\n"
+        "      --interactive-frac 0.1,0.2,0.3 --interactive-mean-size 50,100,150 --interactive-cap 0.05,0.15 "
+        "--seeds 1,2,3 --no-plots --out grid",
+    )
+    sim.add_argument("--trace", required=True, help="SWF (plain or .gz) or Torque accounting log")
+    sim.add_argument("--nodes", type=int, default=None, help="machine size (nodes; not with --subclusters)")
+    _add_policy_options(sim)
+    _add_setup_options(sim)
+    _add_model_options(sim)
+    _add_run_options(sim)
+    deadline_cli.add_arguments(sim)
+    sim.set_defaults(func=_simulate)
+
+
+def _register_trace(sub: Any) -> None:
+    """`vjob trace generate` and `vjob trace info`."""
     tr = sub.add_parser(
         "trace",
         help="workload traces: generate (Lublin-Feitelson), summarise",
@@ -69,20 +97,9 @@ def register(sub: Any) -> None:
     info.add_argument("--json", action="store_true", help="print JSON instead of a table")
     info.set_defaults(func=_info)
 
-    sim = sub.add_parser(
-        "simulate",
-        help="replay a trace under a scheduling policy (vjob, ubis, mms, mms-block, fcfs-easy)",
-        description="Replay a trace on a model cluster under a scheduling policy (the decision pass the agent "
-        "runs), or a grid of them with --sweep. Writes summary.json, jobs.csv, segments.csv and plots; "
-        "docs/simulator.md and docs/policy.md explain the figures.",
-        epilog="example:\n  vjob simulate --trace lublin.swf --nodes 1056 --interactive-frac 0.2 "
-        "--interactive-mean-size 100 --interactive-cap 0.15 --out run1\n"
-        "  vjob simulate --sweep --trace lublin.swf --nodes 1056 --policy mms,ubis,vjob \\\n"
-        "      --interactive-frac 0.1,0.2,0.3 --interactive-mean-size 50,100,150 --interactive-cap 0.05,0.15 "
-        "--seeds 1,2,3 --no-plots --out grid",
-    )
-    sim.add_argument("--trace", required=True, help="SWF (plain or .gz) or Torque accounting log")
-    sim.add_argument("--nodes", type=int, default=None, help="machine size (nodes; not with --subclusters)")
+
+def _add_policy_options(sim: argparse.ArgumentParser) -> None:
+    """The policy, the interactive jobs injected, and the cap."""
     sim.add_argument(
         "--policy",
         default=None,
@@ -113,6 +130,10 @@ def register(sub: Any) -> None:
         default=None,
         help="vjob: seconds preemptions may delay the queue's first batch job (default: [scheduling])",
     )
+
+
+def _add_setup_options(sim: argparse.ArgumentParser) -> None:
+    """OS images, seeds and the part of the trace replayed."""
     sim.add_argument("--os-count", type=int, default=2, help="OS images (count; jobs draw one with equal shares)")
     sim.add_argument("--os-from-properties", action="store_true", help="job OS from the trace's node type")
     sim.add_argument("--seed", type=int, default=1, help="seed of the set-up (interactive jobs, OS draws)")
@@ -120,6 +141,10 @@ def register(sub: Any) -> None:
         "--seeds", default=None, help="comma list of set-up seeds; --sweep reports mean and 95 %% interval per cell"
     )
     sim.add_argument("--max-jobs", type=int, default=None, help="replay only the first N trace jobs (count)")
+
+
+def _add_model_options(sim: argparse.ArgumentParser) -> None:
+    """The cluster model (ClusterModel) and the pass's depth and priority refresh."""
     sim.add_argument("--os-swap-s", type=float, default=300.0, help="seconds for a node to switch OS image")
     sim.add_argument("--bandwidth-mb-s", type=float, default=500.0, help="checkpoint write/read MB/s per node")
     sim.add_argument("--memory-mb", type=int, default=4096, help="VM memory per node (MB) when the trace has none")
@@ -130,6 +155,10 @@ def register(sub: Any) -> None:
         default=0.0,
         help="ubis: reuse priorities for this many simulated seconds (0 = exact; > 0 approximates, faster)",
     )
+
+
+def _add_run_options(sim: argparse.ArgumentParser) -> None:
+    """Outputs, the sweep, UBIS weights, and the heterogeneous farm."""
     sim.add_argument("--lenient", action="store_true", help="skip and count malformed trace lines")
     sim.add_argument(
         "--no-plots",
@@ -157,8 +186,6 @@ def register(sub: Any) -> None:
         default="none,arrive-f",
         help="with --subclusters: none (fastest free sub-cluster first) or arrive-f (remapping); comma list",
     )
-    deadline_cli.add_arguments(sim)
-    sim.set_defaults(func=_simulate)
 
 
 # -- trace ---------------------------------------------------------------------------------
@@ -271,7 +298,7 @@ def _simulate(args: argparse.Namespace) -> int:
         SchedulingConfig.model_validate(sched)
     except ValueError as exc:
         raise InputError(f"--max-preemptions / --head-slack-s: {str(exc).splitlines()[-1].strip()}") from None
-    policies = [check_policy(p.strip()) for p in (args.policy or cfg.scheduling.policy).split(",")]
+    policies = [policy_named(p.strip()).name for p in (args.policy or cfg.scheduling.policy).split(",")]
     seeds = _seeds(args.seeds, args.seed)
     fracs = _floats(args.interactive_frac, "--interactive-frac", 0.0, 0.99)
     sizes = _floats(args.interactive_mean_size, "--interactive-mean-size", 1.0, None)
@@ -315,8 +342,7 @@ def _simulate(args: argparse.Namespace) -> int:
 def run_one(spec: dict[str, Any], show: bool = False) -> dict[str, Any]:
     """One simulation from a plain dict (picklable, so --sweep can run it in a worker)."""
     # heavy: numba (the engine compiles its passes on import; `vjob trace` never needs it)
-    from simulator.engine import ClusterModel, simulate
-    from simulator.metrics import write_all  # heavy: numba (metrics reads engine results)
+    from simulator.engine import simulate
 
     workload = _cached_trace(spec["trace"], spec["lenient"])
     if spec["max_jobs"]:
@@ -382,8 +408,6 @@ def _cached_trace(path: str, lenient: bool) -> Any:
 def _print_table(doc: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
-
-    from simulator.metrics import table_rows  # heavy: numba (simulator.metrics imports the engine)
 
     table = Table(title="simulation", show_header=False)
     for key, value in table_rows(doc):

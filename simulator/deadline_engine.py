@@ -83,6 +83,8 @@ class DeadlineSetup:
 
 @dataclass(frozen=True, slots=True)
 class Cluster:
+    """The replayed machine: identical nodes, each VM of a job taking its cores and memory on one."""
+
     nodes: int
     cores: int = 4
     mem_gb: float = 8.0
@@ -90,12 +92,11 @@ class Cluster:
 
 @dataclass
 class _Run:
+    """A job admitted to the replay: its progress, where it runs, and its x at each check."""
+
     job: DJob
     done: float = 0.0  # bare seconds of work done
     nodes: list[int] = field(default_factory=list)
-    x_admit: float = 0.0
-    pred_admit: float = 0.0  # predicted remaining at (re)start
-    t_admit: float = 0.0
     pause: float = 0.0  # seconds of no progress left (a resume)
     slow: float = 1.0  # true slowdown now
     checkpoints: int = 0
@@ -104,6 +105,8 @@ class _Run:
 
 @dataclass
 class DeadlineResult:
+    """The outcome counts of one replay (every job ends in exactly one) and X over time."""
+
     setup: DeadlineSetup
     total: int = 0
     succeeded: int = 0
@@ -169,42 +172,63 @@ def simulate_deadline(
     progress: Callable[[int], None] | None = None,
 ) -> DeadlineResult:
     """Replay `jobs` (sorted by submit) and count successes, misses, refusals, cancellations."""
-    s = setup
-    true_vo = VOModel.physical() if s.physical else vo
-    rng = random.Random(s.seed)
-    noise = {j.id: rng.lognormvariate(0.0, s.noise) if s.noise > 0 and not s.physical else 1.0 for j in jobs}
-    managed = s.vo_managed and not s.physical
-    thr = _Threshold(s) if managed else None
-    res = DeadlineResult(setup=s, total=len(jobs))
-    free_cores = [cluster.cores] * cluster.nodes
-    free_mem = [cluster.mem_gb] * cluster.nodes
-    kinds_on: list[list[tuple[int, str]]] = [[] for _ in range(cluster.nodes)]  # (job id, kind) per VM
-    running: dict[int, _Run] = {}
-    waiting: list[_Run] = []
-    dirty: set[int] = set()
-    fits = [j for j in jobs if j.vms * j.cores <= cluster.nodes * cluster.cores and j.cores <= cluster.cores]
-    res.rejected += len(jobs) - len(fits)  # can never run here
-    arrivals = deque(sorted(fits, key=lambda j: j.submit))
-    t = arrivals[0].submit if arrivals else 0.0
-    t0 = t
-    next_series = t
-    done_jobs = 0
+    return _Replay(jobs, cluster, setup, vo, progress).run()
 
-    def neighbours(node: int, job_id: int) -> list[str]:
-        out = [k for (_, k) in kinds_on[node]]
+
+class _Replay:
+    """The state of one deadline replay (free cores and memory per node, the VMs' kinds per
+    node, running and waiting jobs, X) and the four steps of a tick (module docstring).
+
+    Every admission and continuation decision is a call to `preemption.deadline` (`admit`,
+    `held_verdict`, `continuation`, `resume_x`, `predicted_remaining`, `x_factor`; X moves by
+    `adaptive_threshold` / `cdf_threshold` over `failure_rate`), the functions the agent's
+    deadline duty (agent/deadline.py) calls: there is no second copy of a rule to drift, which
+    tests/test_deadline_simulate.py checks by name and by counting the calls of a replay."""
+
+    def __init__(
+        self,
+        jobs: list[DJob],
+        cluster: Cluster,
+        setup: DeadlineSetup,
+        vo: VOModel,
+        progress: Callable[[int], None] | None,
+    ) -> None:
+        s = self.s = setup
+        self.cluster, self.vo, self.progress = cluster, vo, progress
+        self.true_vo = VOModel.physical() if s.physical else vo
+        rng = random.Random(s.seed)
+        self.noise = {j.id: rng.lognormvariate(0.0, s.noise) if s.noise > 0 and not s.physical else 1.0 for j in jobs}
+        self.managed = s.vo_managed and not s.physical
+        self.thr = _Threshold(s) if self.managed else None
+        self.res = DeadlineResult(setup=s, total=len(jobs))
+        self.free_cores = [cluster.cores] * cluster.nodes
+        self.free_mem = [cluster.mem_gb] * cluster.nodes
+        self.kinds_on: list[list[tuple[int, str]]] = [[] for _ in range(cluster.nodes)]  # (job id, kind) per VM
+        self.running: dict[int, _Run] = {}
+        self.waiting: list[_Run] = []
+        self.dirty: set[int] = set()
+        self.used: dict[int, float] = {}
+        fits = [j for j in jobs if j.vms * j.cores <= cluster.nodes * cluster.cores and j.cores <= cluster.cores]
+        self.res.rejected += len(jobs) - len(fits)  # can never run here
+        self.arrivals = deque(sorted(fits, key=lambda j: j.submit))
+
+    # -- the model --------------------------------------------------------------------------
+    def neighbours(self, node: int, job_id: int) -> list[str]:
+        out = [k for (_, k) in self.kinds_on[node]]
         # a job's own other VMs on the node count as neighbours; the VM itself does not
-        for i, (jid, _) in enumerate(kinds_on[node]):
+        for i, (jid, _) in enumerate(self.kinds_on[node]):
             if jid == job_id:
                 del out[i]
                 break
         return out
 
-    def slowdown(model: VOModel, job: DJob, nodes: list[int]) -> float:
-        return max(model.slowdown(job.kind, neighbours(n, job.id)) for n in set(nodes))
+    def slowdown(self, model: VOModel, job: DJob, nodes: list[int]) -> float:
+        return max(model.slowdown(job.kind, self.neighbours(n, job.id)) for n in set(nodes))
 
-    def place(job: DJob) -> list[int] | None:
+    def place(self, job: DJob) -> list[int] | None:
         """Nodes for each VM: first fit, or (VO-managed) least predicted harm."""
-        cores, mem = list(free_cores), list(free_mem)
+        cluster, vo, kinds_on = self.cluster, self.vo, self.kinds_on
+        cores, mem = list(self.free_cores), list(self.free_mem)
         extra: dict[int, list[str]] = {}
         chosen: list[int] = []
         for _ in range(job.vms):
@@ -212,7 +236,7 @@ def simulate_deadline(
             for n in range(cluster.nodes):
                 if cores[n] < job.cores or mem[n] < job.mem_gb - 1e-9:
                     continue
-                if not managed:
+                if not self.managed:
                     best = n
                     break
                 here = [k for _, k in kinds_on[n]] + extra.get(n, [])
@@ -228,41 +252,42 @@ def simulate_deadline(
             chosen.append(best)
         return chosen
 
-    def predicted_x(r: _Run, now: float, nodes: list[int] | None, pending: bool) -> float:
+    def predicted_x(self, r: _Run, now: float, nodes: list[int] | None, pending: bool) -> float:
+        vo = self.vo
         if nodes is None:  # not placed: as if alone
             sd = 1.0 + vo.base[r.job.kind]
         elif pending:  # predicted on the nodes it would get, itself not yet there
             sd = max(
-                vo.slowdown(r.job.kind, [k for _, k in kinds_on[n]] + [r.job.kind] * (nodes.count(n) - 1))
+                vo.slowdown(r.job.kind, [k for _, k in self.kinds_on[n]] + [r.job.kind] * (nodes.count(n) - 1))
                 for n in set(nodes)
             )
         else:
-            sd = slowdown(vo, r.job, nodes)
+            sd = self.slowdown(vo, r.job, nodes)
         return resume_x(r.job.estimate, r.done, sd, r.job.deadline - now, pause_s=r.pause)
 
-    def start(r: _Run, nodes: list[int], now: float) -> None:
+    def start(self, r: _Run, nodes: list[int]) -> None:
         for n in nodes:
-            free_cores[n] -= r.job.cores
-            free_mem[n] -= r.job.mem_gb
-            kinds_on[n].append((r.job.id, r.job.kind))
-            dirty.add(n)
+            self.free_cores[n] -= r.job.cores
+            self.free_mem[n] -= r.job.mem_gb
+            self.kinds_on[n].append((r.job.id, r.job.kind))
+            self.dirty.add(n)
         r.nodes = nodes
-        running[r.job.id] = r
+        self.running[r.job.id] = r
 
-    def stop(r: _Run) -> None:
+    def stop(self, r: _Run) -> None:
         for n in r.nodes:
-            free_cores[n] += r.job.cores
-            free_mem[n] += r.job.mem_gb
-            kinds_on[n].remove((r.job.id, r.job.kind))
-            dirty.add(n)
-        running.pop(r.job.id, None)
+            self.free_cores[n] += r.job.cores
+            self.free_mem[n] += r.job.mem_gb
+            self.kinds_on[n].remove((r.job.id, r.job.kind))
+            self.dirty.add(n)
+        self.running.pop(r.job.id, None)
         r.nodes = []
 
-    def finish(r: _Run, ok: bool, end: float | None, used_s: float, cancelled: bool = False) -> None:
+    def finish(self, r: _Run, ok: bool, end: float | None, used_s: float, cancelled: bool = False) -> None:
         """Count the outcome; a job that ran to its end gives the threshold its headrooms: at each
         check, the largest x at which it would still have made it (a success: 1 − actual /
         predicted remaining; a miss: below the x it had, recorded as that bound)."""
-        nonlocal done_jobs
+        res = self.res
         core_s = used_s * r.job.vms * r.job.cores
         if ok:
             res.succeeded += 1
@@ -270,67 +295,72 @@ def simulate_deadline(
                 res.resumed_ok += 1
         else:
             res.wasted_core_s += core_s
-        if thr is not None and not cancelled:
+        if self.thr is not None and not cancelled:
             if ok and end is not None:
                 hs = [1.0 - (end - tc) / max(rp, 1.0) for tc, rp, _ in r.checks]
             else:
                 hs = [xc for _, _, xc in r.checks]
-            thr.record(ok, hs)
-        done_jobs += 1
-        if progress is not None:
-            progress(1)
+            self.thr.record(ok, hs)
+        if self.progress is not None:
+            self.progress(1)
 
-    used: dict[int, float] = {}
-    while arrivals or running or waiting:
-        # 1. arrivals: admission at submission
-        while arrivals and arrivals[0].submit <= t:
-            job = arrivals.popleft()
-            r = _Run(job=job, t_admit=job.submit)
+    # -- the steps of a tick ----------------------------------------------------------------
+    def arrive(self, t: float) -> None:
+        """1. Arrivals: admission at submission (x on the placement it would get now)."""
+        thr = self.thr
+        while self.arrivals and self.arrivals[0].submit <= t:
+            job = self.arrivals.popleft()
+            r = _Run(job=job)
             if thr is not None and thr.x is not None:
-                x = predicted_x(r, job.submit, place(job), pending=True)
+                x = self.predicted_x(r, job.submit, self.place(job), pending=True)
                 if not admit(x, thr.x):
-                    res.rejected += 1
-                    if progress is not None:
-                        progress(1)
+                    self.res.rejected += 1
+                    if self.progress is not None:
+                        self.progress(1)
                     continue
-            waiting.append(r)
-        # 2. waiting jobs: expire, cancel when hopeless, start where they fit
+            self.waiting.append(r)
+
+    def serve_waiting(self, t: float) -> None:
+        """2. Waiting jobs: expire, cancel when hopeless, start where they fit."""
+        res, thr, vo, used = self.res, self.thr, self.vo, self.used
         still: list[_Run] = []
-        for r in waiting:
+        for r in self.waiting:
             if t >= r.job.deadline:
                 res.missed += 1
-                finish(r, False, None, used.get(r.job.id, 0.0))
+                self.finish(r, False, None, used.get(r.job.id, 0.0))
                 continue
             limit = thr.x if thr is not None else None
             x_alone = resume_x(r.job.estimate, r.done, 1.0 + vo.base[r.job.kind], r.job.deadline - t, pause_s=r.pause)
             if limit is not None and held_verdict(x_alone, None, limit) is Held.CANCEL:  # hopeless anywhere
                 res.cancelled += 1
-                finish(r, False, None, used.get(r.job.id, 0.0), cancelled=True)
+                self.finish(r, False, None, used.get(r.job.id, 0.0), cancelled=True)
                 continue
-            nodes = place(r.job)
+            nodes = self.place(r.job)
             if nodes is None:
                 still.append(r)
                 continue
-            x = predicted_x(r, t, nodes, pending=True)
+            x = self.predicted_x(r, t, nodes, pending=True)
             if r.checkpoints and held_verdict(x_alone, x, limit) is not Held.RELEASE:
                 still.append(r)  # a checkpointed job resumes only where it can make it (the agent's rule too)
                 continue
-            r.x_admit = x
-            sd = max(vo.slowdown(r.job.kind, [k for _, k in kinds_on[n]]) for n in set(nodes))
-            r.pred_admit = predicted_remaining(r.job.estimate, r.done, sd) + r.pause
-            r.t_admit = t
-            r.checks.append((t, r.pred_admit, x))
-            start(r, nodes, t)
-        waiting = still
-        # 3. progress; finish or kill at the deadline
-        for n in dirty:
-            for jid, _ in kinds_on[n]:
-                rr = running[jid]
-                rr.slow = slowdown(true_vo, rr.job, rr.nodes) * noise[jid]
-        dirty.clear()
+            sd = max(vo.slowdown(r.job.kind, [k for _, k in self.kinds_on[n]]) for n in set(nodes))
+            predicted = predicted_remaining(r.job.estimate, r.done, sd) + r.pause  # at (re)start
+            r.checks.append((t, predicted, x))
+            self.start(r, nodes)
+        self.waiting = still
+
+    def advance(self, t: float) -> float:
+        """3. Progress over one tick at the true slowdown; finish, or kill at the deadline.
+        Returns the next tick's time."""
+        res, used, s = self.res, self.used, self.s
+        for n in self.dirty:
+            for jid, _ in self.kinds_on[n]:
+                rr = self.running[jid]
+                rr.slow = self.slowdown(self.true_vo, rr.job, rr.nodes) * self.noise[jid]
+        self.dirty.clear()
         nxt = t + s.tick_s
-        for jid in list(running):
-            r = running[jid]
+        for jid in list(self.running):
+            r = self.running[jid]
             dt = s.tick_s
             pause = min(r.pause, dt)
             r.pause -= pause
@@ -341,50 +371,67 @@ def simulate_deadline(
                 res.busy_core_s += (end - t) * r.job.vms * r.job.cores
                 ok = end <= r.job.deadline
                 end_at = min(end, r.job.deadline)
-                stop(r)
+                self.stop(r)
                 if ok:
-                    finish(r, True, end, used[jid])
+                    self.finish(r, True, end, used[jid])
                 else:
                     res.missed += 1
-                    finish(r, False, None, used[jid] - (end - end_at))
+                    self.finish(r, False, None, used[jid] - (end - end_at))
                 continue
             if nxt >= r.job.deadline:
                 used[jid] = used.get(jid, 0.0) + (r.job.deadline - t)
                 res.busy_core_s += (r.job.deadline - t) * r.job.vms * r.job.cores
-                stop(r)
+                self.stop(r)
                 res.missed += 1
-                finish(r, False, None, used[jid])
+                self.finish(r, False, None, used[jid])
                 continue
             r.done += work
             used[jid] = used.get(jid, 0.0) + dt
             res.busy_core_s += dt * r.job.vms * r.job.cores
-        t = nxt
-        # 4. continuation: running jobs predicted to miss
-        if thr is not None and thr.x is not None:
-            for jid in list(running):
-                r = running[jid]
-                sd_now = slowdown(vo, r.job, r.nodes)
-                rem = predicted_remaining(r.job.estimate, r.done, sd_now) + r.pause
-                x = x_factor(rem, r.job.deadline - t)
-                r.checks.append((t, rem, x))
-                alone = resume_x(r.job.estimate, r.done, 1.0 + vo.base[r.job.kind], r.job.deadline - t,
-                                 pause_s=s.checkpoint_s)  # fmt: skip
-                c = continuation(x, thr.x, action=s.action, can_meet_elsewhere=admit(alone, thr.x))
-                if c is Continuation.CANCEL:
-                    stop(r)
-                    res.cancelled += 1
-                    finish(r, False, None, used.get(jid, 0.0), cancelled=True)
-                elif c is Continuation.CHECKPOINT:
-                    stop(r)
-                    res.checkpointed += 1
-                    r.checkpoints += 1
-                    r.pause += s.checkpoint_s
-                    waiting.insert(0, r)
-        if t >= next_series:
-            fr = failure_rate(thr.outcomes) if thr is not None else 0.0
-            res.series.append(((t - t0) / 3600, thr.x if thr is not None and thr.x is not None else float("nan"), fr))
-            next_series = t + 10 * 3600
-        if not running and not waiting and arrivals and arrivals[0].submit > t:
-            t = arrivals[0].submit  # idle: jump to the next arrival
-    res.span_s = t - t0
-    return res
+        return nxt
+
+    def continue_or_stop(self, t: float, x_limit: float) -> None:
+        """4. Continuation: each running job's x now against X; cancel or checkpoint it."""
+        s, vo = self.s, self.vo
+        for jid in list(self.running):
+            r = self.running[jid]
+            sd_now = self.slowdown(vo, r.job, r.nodes)
+            rem = predicted_remaining(r.job.estimate, r.done, sd_now) + r.pause
+            x = x_factor(rem, r.job.deadline - t)
+            r.checks.append((t, rem, x))
+            alone = resume_x(
+                r.job.estimate, r.done, 1.0 + vo.base[r.job.kind], r.job.deadline - t, pause_s=s.checkpoint_s
+            )
+            c = continuation(x, x_limit, action=s.action, can_meet_elsewhere=admit(alone, x_limit))
+            if c is Continuation.CANCEL:
+                self.stop(r)
+                self.res.cancelled += 1
+                self.finish(r, False, None, self.used.get(jid, 0.0), cancelled=True)
+            elif c is Continuation.CHECKPOINT:
+                self.stop(r)
+                self.res.checkpointed += 1
+                r.checkpoints += 1
+                r.pause += s.checkpoint_s
+                self.waiting.insert(0, r)
+
+    def run(self) -> DeadlineResult:
+        """Ticks until every job has an outcome; X and the failure rate sampled every 10 h."""
+        res, thr = self.res, self.thr
+        t = self.arrivals[0].submit if self.arrivals else 0.0
+        t0 = next_series = t
+        while self.arrivals or self.running or self.waiting:
+            self.arrive(t)
+            self.serve_waiting(t)
+            t = self.advance(t)
+            if thr is not None and thr.x is not None:
+                self.continue_or_stop(t, thr.x)
+            if t >= next_series:
+                fr = failure_rate(thr.outcomes) if thr is not None else 0.0
+                res.series.append(
+                    ((t - t0) / 3600, thr.x if thr is not None and thr.x is not None else float("nan"), fr)
+                )
+                next_series = t + 10 * 3600
+            if not self.running and not self.waiting and self.arrivals and self.arrivals[0].submit > t:
+                t = self.arrivals[0].submit  # idle: jump to the next arrival
+        res.span_s = t - t0
+        return res

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from simulator.engine import Result
+from simulator.replay import Result
 
 BOUND_S = 10.0
 

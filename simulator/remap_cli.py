@@ -13,12 +13,13 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from preemption.remap.policy import RemapParams
-from simulator.remap_engine import POLICIES, REMAPS, RemapResult, jobs_from_workload, simulate
+from simulator.remap_engine import REMAP_POLICIES, REMAPS, Remap, RemapResult, remap_policy, simulate
+from simulator.remap_jobs import jobs_from_workload
 from simulator.subclusters import Farm, load_farm
 from simulator.workload import Workload
 from vjob.cli import load_config
@@ -48,10 +49,11 @@ def remaps_from(text: str) -> list[str]:
 
 
 def policy_from(text: str | None) -> str:
-    """--policy with --subclusters: one of POLICIES; unset is the paper's baseline."""
+    """--policy with --subclusters: one of REMAP_POLICIES; unset is the paper's baseline."""
     policy = (text or "fcfs-easy").strip()
-    if policy not in POLICIES:
-        raise InputError(f"--policy = {policy[:40]!r}: with --subclusters it must be one of {', '.join(POLICIES)}")
+    if policy not in REMAP_POLICIES:
+        known = ", ".join(sorted(REMAP_POLICIES))
+        raise InputError(f"--policy = {policy[:40]!r}: with --subclusters it must be one of {known}")
     return policy
 
 
@@ -84,16 +86,24 @@ def compare(
 ) -> dict[str, Any]:
     """Every (seed, remap) run on the same jobs per seed; means and changes against `none`."""
     params = params_from(cfg)
+    preempts = remap_policy(policy).preempts
     runs: list[dict[str, Any]] = []
     with Progress(len(remaps) * len(seeds), label) as progress:
         for seed in seeds:
             jobs = jobs_from_workload(workload, farm, seed)
-            inter = interactive_flags(len(jobs.submit), frac, seed) if policy == "vjob" else None
+            inter = interactive_flags(len(jobs.submit), frac, seed) if preempts else None
             for remap in remaps:
                 result: RemapResult = simulate(
-                    farm, jobs, remap, params, seed=seed, migrate_bandwidth_mb_s=cfg.migrate_bandwidth_mb_s,
-                    policy=policy, interactive=inter, checkpoint_mb_s=checkpoint_mb_s,
-                )  # type: ignore[arg-type]  # fmt: skip
+                    farm,
+                    jobs,
+                    cast(Remap, remap),
+                    params,
+                    seed=seed,
+                    migrate_bandwidth_mb_s=cfg.migrate_bandwidth_mb_s,
+                    policy=policy,
+                    interactive=inter,
+                    checkpoint_mb_s=checkpoint_mb_s,
+                )
                 runs.append({"seed": seed, **result.summary()})
                 progress.advance()
     mean = {

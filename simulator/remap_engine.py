@@ -33,6 +33,12 @@ long on another sub-cluster). The remap pass of an instant where the pass acted 
 pass's claims, `preemption.remap.claims` — the agent's rule, with a sub-cluster for a node
 (the simulator's slots are interchangeable within one): no decision on a job the pass
 suspends, nor on a job in a sub-cluster the pass gives to a job it starts or resumes.
+
+The scheduling pass is this module's own, not `preemption.scheduling`'s: the shared pass knows
+one pool of nodes, this one several sub-clusters of different speeds. Reduced to one
+sub-cluster it is the shared EASY core (`easy.reservation`, `easy.backfill`) pass for pass,
+and its victims `victims.choose_victims`'s greedy phase: tests/test_remap_differential.py
+holds it there, and says where the two part (jobs ending together at the shadow time).
 """
 
 from __future__ import annotations
@@ -48,41 +54,17 @@ from preemption.remap.claims import PassClaims, remappable
 from preemption.remap.live import Placement
 from preemption.remap.models import migration_cost_s
 from preemption.remap.policy import Decision, RemapParams, RunningJob, decide
-from simulator.lublin import generate
+from preemption.scheduling.policies import POLICIES, Order, Policy
+from simulator.remap_jobs import RemapJobs
 from simulator.subclusters import Farm
-from simulator.workload import Workload
 
 Remap = Literal["none", "arrive-f"]
 REMAPS: tuple[str, ...] = ("none", "arrive-f")
-POLICIES: tuple[str, ...] = ("fcfs-easy", "vjob")
-"""fcfs-easy: the paper's baseline (fastest free sub-cluster first); vjob: interactive jobs first,
+REMAP_POLICIES: frozenset[str] = frozenset({"fcfs-easy", "vjob"})
+"""The policies (names in `preemption.scheduling.policies.POLICIES`) this replay runs.
+fcfs-easy: the paper's baseline (fastest free sub-cluster first); vjob: interactive jobs first,
 preempting batch ones by checkpoint (module docstring)."""
 BACKFILL_DEPTH = 200
-
-
-@dataclass(frozen=True)
-class RemapJobs:
-    """The jobs of one replay: submit (s), size (cores), kind index, reference run time (s)."""
-
-    submit: np.ndarray
-    slots: np.ndarray
-    kind: np.ndarray
-    runtime: np.ndarray
-
-
-def jobs_from_workload(workload: Workload, farm: Farm, seed: int) -> RemapJobs:
-    """Kinds drawn by the farm's weights (seeded); sizes clipped to the largest sub-cluster."""
-    rng = np.random.default_rng(seed)
-    weights = np.array([k.weight for k in farm.kinds], dtype=float)
-    kind = rng.choice(len(farm.kinds), size=len(workload), p=weights / weights.sum())
-    biggest = max(s.slots for s in farm.subclusters)
-    order = np.argsort(workload.submit, kind="stable")
-    return RemapJobs(
-        submit=workload.submit[order].astype(float),
-        slots=np.clip(workload.nodes[order], 1, biggest).astype(int),
-        kind=kind,
-        runtime=np.maximum(1.0, workload.runtime[order].astype(float)),
-    )
 
 
 @dataclass
@@ -128,6 +110,14 @@ class RemapResult:
         return float(np.mean(self.start[sel] - self.submit[sel])) if sel.any() else 0.0
 
 
+def remap_policy(name: str) -> Policy:
+    """The policy record of `name` if the heterogeneous replay runs it, else a ValueError
+    naming the ones it runs (`REMAP_POLICIES`; any other is refused, not silently replaced)."""
+    if name not in REMAP_POLICIES:
+        raise ValueError(f"policy {name!r}: the heterogeneous replay runs {', '.join(sorted(REMAP_POLICIES))}")
+    return POLICIES[name]
+
+
 def simulate(
     farm: Farm,
     jobs: RemapJobs,
@@ -143,276 +133,350 @@ def simulate(
 ) -> RemapResult:
     """Replay `jobs` on `farm`; `advance(n)` is called with the number of jobs finished so far.
     `policy` "vjob" with `interactive` (a flag per job): interactive jobs preempt (docstring)."""
-    if policy not in POLICIES:
-        raise ValueError(f"policy {policy!r}: the heterogeneous replay runs {', '.join(POLICIES)}")
-    params = params or RemapParams()
-    subs = farm.subclusters
-    C = len(subs)
-    names = [s.name for s in subs]
-    n = len(jobs.submit)
-    factor = np.array([[farm.runtime_factor(k, s) for s in subs] for k in farm.kinds])  # kind × cluster
-    thrash = np.array([[k.memory_mb_per_core > s.memory_mb_per_slot for s in subs] for k in farm.kinds])
-    acc = np.array([k.accuracy for k in farm.kinds])
-    rng = np.random.default_rng(seed)
-    err = rng.uniform(-1.0, 1.0, size=(n, C, C)) * (1.0 - acc[jobs.kind])[:, None, None]
-    mig_s = np.array([migration_cost_s(k.memory_mb_per_core, migrate_bandwidth_mb_s) for k in farm.kinds])
-    mem_slot = {s.name: s.memory_mb_per_slot for s in subs}
-    vjob = policy == "vjob"
-    inter = np.zeros(n, dtype=bool) if interactive is None else np.asarray(interactive, dtype=bool)
-    ck_s = np.array([k.memory_mb_per_core / checkpoint_mb_s for k in farm.kinds])
-    preempted = np.zeros(n, dtype=int)
-    saved_on = np.full(n, -1)
-    seg = np.zeros(n)
-    claimed: dict[str, set[str]] = {"suspending": set(), "given": set()}  # the vjob pass, this instant
+    replay = RemapReplay(
+        farm,
+        jobs,
+        remap,
+        params,
+        seed=seed,
+        migrate_bandwidth_mb_s=migrate_bandwidth_mb_s,
+        policy=policy,
+        interactive=interactive,
+        checkpoint_mb_s=checkpoint_mb_s,
+    )
+    return replay.run(advance)
 
-    free = [s.slots for s in subs]
-    cluster = np.full(n, -1)
-    done = np.zeros(n)
-    last = np.zeros(n)
-    paused = np.zeros(n)
-    on_since = np.zeros(n)
-    start = np.full(n, math.nan)
-    end = np.full(n, math.nan)
-    migrations = np.zeros(n, dtype=int)
-    running: set[int] = set()
-    queue: list[int] = []
-    decisions: dict[str, int] = {}
-    busy = 0.0
-    next_arrival = 0
-    finished = 0
-    t = 0.0
-    next_tick = math.inf
 
-    def rate(j: int, c: int) -> float:
-        return 1.0 / (jobs.runtime[j] * factor[jobs.kind[j], c])
+class RemapReplay:
+    """The state of one replay (per-job arrays, free slots per sub-cluster, the queue) and its
+    steps: `run` is the event loop; `schedule` the scheduling pass (`preempt_for_head`, then
+    `easy_pass`: FCFS starts, `reserve`, backfilling); `remap_pass` ARRIVE-F's decisions.
 
-    def update(j: int, now: float) -> None:
-        eff = max(0.0, now - max(last[j], paused[j]))
-        done[j] = min(1.0, done[j] + eff * rate(j, cluster[j]))
-        last[j] = now
+    Why a class of steps over one function of closures: each step can be read, and held to
+    the shared pass, on its own (tests/test_remap_differential.py subclasses it to compare
+    every pass of a one-sub-cluster replay with `preemption.scheduling.easy`)."""
 
-    def end_time(j: int) -> float:
-        return max(last[j], paused[j]) + (1.0 - done[j]) / rate(j, cluster[j])
+    def __init__(
+        self,
+        farm: Farm,
+        jobs: RemapJobs,
+        remap: Remap,
+        params: RemapParams | None = None,
+        *,
+        seed: int = 1,
+        migrate_bandwidth_mb_s: float = 110.0,
+        policy: str = "fcfs-easy",
+        interactive: np.ndarray | None = None,
+        checkpoint_mb_s: float = 500.0,
+    ) -> None:
+        self.policy = remap_policy(policy)
+        self.preempts = self.policy.preempts
+        """vjob: interactive jobs checkpoint batch ones; the pass's claims bind the remapping."""
+        self.interactive_first = self.policy.order in (Order.PRIVILEGED_FIRST, Order.TIERS)
+        self.farm, self.jobs, self.remap = farm, jobs, remap
+        self.params = params or RemapParams()
+        self.subs = farm.subclusters
+        self.C = len(self.subs)
+        self.names = [s.name for s in self.subs]
+        n = len(jobs.submit)
+        self.n = n
+        subs, kinds = self.subs, farm.kinds
+        self.factor = np.array([[farm.runtime_factor(k, s) for s in subs] for k in kinds])  # kind × cluster
+        self.thrash = np.array([[k.memory_mb_per_core > s.memory_mb_per_slot for s in subs] for k in kinds])
+        acc = np.array([k.accuracy for k in kinds])
+        rng = np.random.default_rng(seed)
+        self.err = rng.uniform(-1.0, 1.0, size=(n, self.C, self.C)) * (1.0 - acc[jobs.kind])[:, None, None]
+        self.mig_s = np.array([migration_cost_s(k.memory_mb_per_core, migrate_bandwidth_mb_s) for k in kinds])
+        self.mem_slot = {s.name: s.memory_mb_per_slot for s in subs}
+        self.inter = np.zeros(n, dtype=bool) if interactive is None else np.asarray(interactive, dtype=bool)
+        self.ck_s = np.array([k.memory_mb_per_core / checkpoint_mb_s for k in kinds])
+        self.preempted = np.zeros(n, dtype=int)
+        self.saved_on = np.full(n, -1)
+        self.seg = np.zeros(n)
+        self.claimed: dict[str, set[str]] = {"suspending": set(), "given": set()}  # the vjob pass, this instant
+        self.free = [s.slots for s in subs]
+        self.cluster = np.full(n, -1)
+        self.done = np.zeros(n)
+        self.last = np.zeros(n)
+        self.paused = np.zeros(n)
+        self.on_since = np.zeros(n)
+        self.start = np.full(n, math.nan)
+        self.end = np.full(n, math.nan)
+        self.migrations = np.zeros(n, dtype=int)
+        self.running: set[int] = set()
+        self.queue: list[int] = []
+        self.decisions: dict[str, int] = {}
+        self.busy = 0.0
+        self.cache: dict[int, tuple[int, RunningJob]] = {}
 
-    def place(j: int, c: int, now: float, delay: float = 0.0) -> None:
-        cluster[j] = c
-        free[c] -= jobs.slots[j]
-        if saved_on[j] >= 0:  # a checkpointed job resumes: its state is read, twice as long elsewhere
-            delay += ck_s[jobs.kind[j]] * (1.0 if saved_on[j] == c else 2.0)
-            saved_on[j] = -1
-        if math.isnan(start[j]):
-            start[j] = now
-        seg[j] = now
-        last[j] = now
-        paused[j] = now + delay
-        on_since[j] = now + delay
-        running.add(j)
-        if vjob:
-            claimed["given"].add(names[c])
+    # -- one job's progress -----------------------------------------------------------------
+    def rate(self, j: int, c: int) -> float:
+        """The share of job j done per second on sub-cluster c."""
+        return 1.0 / (self.jobs.runtime[j] * self.factor[self.jobs.kind[j], c])
 
-    def preempt(h: int, now: float) -> bool:
-        """Interactive `h` fits nowhere: checkpoint batch jobs of the fastest sub-cluster where
-        enough can be freed (most recent first; not one migrating or resuming) and start it there."""
-        nonlocal busy
-        for c in range(C):
-            if subs[c].slots < jobs.slots[h]:
-                continue
-            cands = sorted((j for j in running if cluster[j] == c and not inter[j] and paused[j] <= now),
-                           key=lambda j: (-start[j], j))  # fmt: skip
-            victims, room = [], free[c]
-            for j in cands:
-                if room >= jobs.slots[h]:
+    def update(self, j: int, now: float) -> None:
+        """Bring job j's progress up to `now` (nothing while it migrates or resumes)."""
+        eff = max(0.0, now - max(self.last[j], self.paused[j]))
+        self.done[j] = min(1.0, self.done[j] + eff * self.rate(j, self.cluster[j]))
+        self.last[j] = now
+
+    def end_time(self, j: int) -> float:
+        """When running job j ends where it is (estimates are exact)."""
+        jobs = self.jobs
+        rate = 1.0 / (jobs.runtime[j] * self.factor[jobs.kind[j], self.cluster[j]])  # `rate`, inlined: hot
+        return max(self.last[j], self.paused[j]) + (1.0 - self.done[j]) / rate
+
+    def place(self, j: int, c: int, now: float, delay: float = 0.0) -> None:
+        """Start (or resume) job j on sub-cluster c, computing from `now + delay`."""
+        self.cluster[j] = c
+        self.free[c] -= self.jobs.slots[j]
+        if self.saved_on[j] >= 0:  # a checkpointed job resumes: its state is read, twice as long elsewhere
+            delay += self.ck_s[self.jobs.kind[j]] * (1.0 if self.saved_on[j] == c else 2.0)
+            self.saved_on[j] = -1
+        if math.isnan(self.start[j]):
+            self.start[j] = now
+        self.seg[j] = now
+        self.last[j] = now
+        self.paused[j] = now + delay
+        self.on_since[j] = now + delay
+        self.running.add(j)
+        if self.preempts:
+            self.claimed["given"].add(self.names[c])
+
+    # -- the scheduling pass ----------------------------------------------------------------
+    def schedule(self, now: float) -> int | None:
+        """Start what can start; the index of the reserved sub-cluster (None: no reservation)."""
+        if self.interactive_first:  # interactive first, then by submission (a checkpointed job keeps its place)
+            self.order_queue()
+            while self.queue and self.inter[self.queue[0]] and not self.fits_somewhere(self.queue[0]):
+                if not self.preempt_for_head(now):
                     break
-                victims.append(j)
-                room += jobs.slots[j]
-            if room < jobs.slots[h]:
+                self.order_queue()
+        return self.easy_pass(now)
+
+    def order_queue(self) -> None:
+        """vjob: interactive jobs first, each class in submission (index) order."""
+        self.queue.sort(key=lambda j: (not self.inter[j], j))
+
+    def fits_somewhere(self, j: int) -> bool:
+        return any(self.free[c] >= self.jobs.slots[j] for c in range(self.C))
+
+    def victims(self, h: int, c: int, now: float) -> list[int] | None:
+        """The batch jobs of sub-cluster c that interactive `h` checkpoints to start there: most
+        recently started first (never one migrating or resuming), until enough slots are free;
+        None when even all of them are not enough."""
+        cands = sorted(
+            (j for j in self.running if self.cluster[j] == c and not self.inter[j] and self.paused[j] <= now),
+            key=lambda j: (-self.start[j], j),
+        )
+        victims, room = [], self.free[c]
+        for j in cands:
+            if room >= self.jobs.slots[h]:
+                break
+            victims.append(j)
+            room += self.jobs.slots[j]
+        return victims if room >= self.jobs.slots[h] else None
+
+    def preempt_for_head(self, now: float) -> bool:
+        """The interactive queue head fits nowhere: checkpoint batch jobs of the fastest
+        sub-cluster where enough can be freed (`victims`) and start it there."""
+        h = self.queue[0]
+        for c in range(self.C):
+            if self.subs[c].slots < self.jobs.slots[h]:
+                continue
+            victims = self.victims(h, c, now)
+            if victims is None:
                 continue
             for v in victims:
-                update(v, now)
-                running.discard(v)
-                free[c] += jobs.slots[v]
-                busy += (now - seg[v]) * jobs.slots[v]
-                saved_on[v] = c
-                preempted[v] += 1
-                queue.append(v)
-                claimed["suspending"].add(str(v))
-            queue.remove(h)
-            place(h, c, now, max((ck_s[jobs.kind[v]] for v in victims), default=0.0))
+                self.update(v, now)
+                self.running.discard(v)
+                self.free[c] += self.jobs.slots[v]
+                self.busy += (now - self.seg[v]) * self.jobs.slots[v]
+                self.saved_on[v] = c
+                self.preempted[v] += 1
+                self.queue.append(v)
+                self.claimed["suspending"].add(str(v))
+            self.queue.remove(h)
+            self.place(h, c, now, max((self.ck_s[self.jobs.kind[v]] for v in victims), default=0.0))
             return True
         return False
 
-    def schedule(now: float) -> int | None:
-        """Start what can start; the index of the reserved sub-cluster (None: no reservation)."""
-        if vjob:  # interactive first, then by submission (a checkpointed job keeps its place)
-            queue.sort(key=lambda j: (not inter[j], j))
-            while queue and inter[queue[0]] and not any(free[c] >= jobs.slots[queue[0]] for c in range(C)):
-                if not preempt(queue[0], now):
-                    break
-                queue.sort(key=lambda j: (not inter[j], j))
+    def easy_pass(self, now: float) -> int | None:
+        """FCFS-EASY over the queue as ordered: the head starts on the fastest sub-cluster with
+        room while it has one; the first that fits nowhere reserves (`reserve`); later jobs
+        (up to BACKFILL_DEPTH) start on the fastest sub-cluster with room that does not delay
+        that reservation. Returns the reserved sub-cluster's index (None: no reservation)."""
+        queue, slots = self.queue, self.jobs.slots
         while queue:
             h = queue[0]
-            c = next((c for c in range(C) if free[c] >= jobs.slots[h]), None)
+            c = next((c for c in range(self.C) if self.free[c] >= slots[h]), None)
             if c is None:
                 break
-            place(h, c, now)
+            self.place(h, c, now)
             queue.pop(0)
         if not queue:
             return None
-        h = queue[0]
-        best: tuple[float, int, int] | None = None
-        for c in range(C):
-            if subs[c].slots < jobs.slots[h]:
-                continue
-            avail = free[c]
-            shadow = now
-            for e, j in sorted((end_time(j), j) for j in running if cluster[j] == c):
-                if avail >= jobs.slots[h]:
-                    break
-                avail += jobs.slots[j]
-                shadow = e
-            if best is None or shadow < best[0]:
-                best = (shadow, c, avail - jobs.slots[h])
+        best = self.reserve(now, queue[0])
         if best is None:
             return None
         shadow, c_res, extra = best
         for j in list(queue[1:BACKFILL_DEPTH]):
-            for c in range(C):
-                if free[c] < jobs.slots[j]:
+            for c in range(self.C):
+                if self.free[c] < slots[j]:
                     continue
-                ends = now + jobs.runtime[j] * factor[jobs.kind[j], c]
-                if c != c_res or ends <= shadow or jobs.slots[j] <= extra:
+                ends = now + self.jobs.runtime[j] * self.factor[self.jobs.kind[j], c]
+                if c != c_res or ends <= shadow or slots[j] <= extra:
                     if c == c_res and ends > shadow:
-                        extra -= jobs.slots[j]
-                    place(j, c, now)
+                        extra -= slots[j]
+                    self.place(j, c, now)
                     queue.remove(j)
                     break
         return c_res
 
-    cache: dict[int, tuple[int, RunningJob]] = {}
+    def reserve(self, now: float, h: int) -> tuple[float, int, int] | None:
+        """EASY's reservation for job h: (shadow time, sub-cluster, extra slots) on the
+        sub-cluster where it can start first (the fastest of equals); None if none is big
+        enough. Running jobs free their slots in order of (end, index)."""
+        best: tuple[float, int, int] | None = None
+        need = self.jobs.slots[h]
+        for c in range(self.C):
+            if self.subs[c].slots < need:
+                continue
+            avail = self.free[c]
+            shadow = now
+            for e, j in sorted((self.end_time(j), j) for j in self.running if self.cluster[j] == c):
+                if avail >= need:
+                    break
+                avail += self.jobs.slots[j]
+                shadow = e
+            if best is None or shadow < best[0]:
+                best = (shadow, c, avail - need)
+        return best
 
-    def remap_pass(now: float, c_res: int | None) -> None:
+    # -- ARRIVE-F ---------------------------------------------------------------------------
+    def remap_pass(self, now: float, c_res: int | None) -> None:
+        """Offer `decide` every job profiled a whole window (not claimed by this instant's
+        pass) and the free slots, the reserved sub-cluster's withheld; apply its decisions."""
+        names, claimed = self.names, self.claimed
         views = []
-        eligible = running
+        eligible = self.running
         if claimed["suspending"] or claimed["given"]:
-            places = [Placement(str(j), ((str(j), names[cluster[j]]),), (names[cluster[j]],)) for j in running]
+            places = [
+                Placement(str(j), ((str(j), names[self.cluster[j]]),), (names[self.cluster[j]],)) for j in self.running
+            ]
             keep, skipped = remappable(
                 places, PassClaims(frozenset(claimed["suspending"]), frozenset(claimed["given"]))
             )
             eligible = {int(p.job) for p in keep}
-            decisions["skipped_claims"] = decisions.get("skipped_claims", 0) + len(skipped)
+            self.decisions["skipped_claims"] = self.decisions.get("skipped_claims", 0) + len(skipped)
         for j in eligible:
-            profiled = now - on_since[j] >= params.tau_s
-            if not profiled:
+            if now - self.on_since[j] < self.params.tau_s:
                 continue  # never moved for gain, and its thrashing is not detected yet
-            hit = cache.get(j)
-            if hit is not None and hit[0] == migrations[j]:
+            hit = self.cache.get(j)
+            if hit is not None and hit[0] == self.migrations[j]:
                 views.append(hit[1])
                 continue
-            c = cluster[j]
-            k = jobs.kind[j]
-            gains = {}
-            if profiled:
-                for y in range(C):
-                    if y != c:
-                        true = params.tau_s * (1.0 - factor[k, y] / factor[k, c])
-                        gains[names[y]] = true * (1.0 + err[j, c, y])
-            views.append(
-                RunningJob(
-                    id=str(j),
-                    cluster=names[c],
-                    slots=int(jobs.slots[j]),
-                    memory_mb_per_slot=farm.kinds[k].memory_mb_per_core,
-                    gains=gains,
-                    migrations=int(migrations[j]),
-                    thrashing=profiled and bool(thrash[k, c]),
-                    migrate_s=float(mig_s[k]),
-                )
-            )
-            cache[j] = (int(migrations[j]), views[-1])
-        offer = {names[c]: (0 if c == c_res else free[c]) for c in range(C)}
-        for d in decide(views, offer, mem_slot, params):
-            apply(d, now)
+            views.append(self.view(j))
+            self.cache[j] = (int(self.migrations[j]), views[-1])
+        offer = {names[c]: (0 if c == c_res else self.free[c]) for c in range(self.C)}
+        for d in decide(views, offer, self.mem_slot, self.params):
+            self.apply(d, now)
 
-    def apply(d: Decision, now: float) -> None:
+    def view(self, j: int) -> RunningJob:
+        """Profiled job j as the policy sees it: its gain per window towards each other
+        sub-cluster (with its kind's prediction error) and whether it thrashes."""
+        c = self.cluster[j]
+        k = self.jobs.kind[j]
+        gains = {}
+        for y in range(self.C):
+            if y != c:
+                true = self.params.tau_s * (1.0 - self.factor[k, y] / self.factor[k, c])
+                gains[self.names[y]] = true * (1.0 + self.err[j, c, y])
+        return RunningJob(
+            id=str(j),
+            cluster=self.names[c],
+            slots=int(self.jobs.slots[j]),
+            memory_mb_per_slot=self.farm.kinds[k].memory_mb_per_core,
+            gains=gains,
+            migrations=int(self.migrations[j]),
+            thrashing=bool(self.thrash[k, c]),
+            migrate_s=float(self.mig_s[k]),
+        )
+
+    def apply(self, d: Decision, now: float) -> None:
+        """Migrate the decision's jobs: they lose the migration's seconds and must be profiled
+        a whole window again."""
         key = f"{d.kind}_{d.reason}"
-        decisions[key] = decisions.get(key, 0) + 1
-        index = {nm: i for i, nm in enumerate(names)}
+        self.decisions[key] = self.decisions.get(key, 0) + 1
+        index = {nm: i for i, nm in enumerate(self.names)}
         for jid, src, dst in zip(d.jobs, d.src, d.dst, strict=True):
             j = int(jid)
-            update(j, now)
-            free[index[src]] += jobs.slots[j]
-            free[index[dst]] -= jobs.slots[j]
-            cluster[j] = index[dst]
-            paused[j] = now + mig_s[jobs.kind[j]]
-            last[j] = now
-            on_since[j] = paused[j]
-            migrations[j] += 1
+            self.update(j, now)
+            self.free[index[src]] += self.jobs.slots[j]
+            self.free[index[dst]] -= self.jobs.slots[j]
+            self.cluster[j] = index[dst]
+            self.paused[j] = now + self.mig_s[self.jobs.kind[j]]
+            self.last[j] = now
+            self.on_since[j] = self.paused[j]
+            self.migrations[j] += 1
 
-    while finished < n:
-        t_arr = jobs.submit[next_arrival] if next_arrival < n else math.inf
-        ends = [(end_time(j), j) for j in running]
-        t_end, j_end = min(ends) if ends else (math.inf, -1)
-        t_next = min(t_arr, t_end, next_tick)
-        if t_next == math.inf:  # nothing can ever start: a bug, not a workload
-            raise RuntimeError(f"remap simulation stuck at t={t}: {len(queue)} queued, none fits")
-        t = t_next
-        if t_end == t:
-            update(j_end, t)
-            running.discard(j_end)
-            free[cluster[j_end]] += jobs.slots[j_end]
-            end[j_end] = t
-            busy += (t - seg[j_end]) * jobs.slots[j_end]
-            finished += 1
-            if advance is not None:
-                advance(finished)
-        elif t_arr == t:
-            queue.append(next_arrival)
-            next_arrival += 1
-        claimed["suspending"].clear()
-        claimed["given"].clear()
-        c_res = schedule(t)
-        if remap == "arrive-f":
-            if t == next_tick:
-                for j in running:
-                    update(j, t)
-                remap_pass(t, c_res)
-                c_res = schedule(t)
-            if running and next_tick == math.inf:
-                next_tick = t + params.tau_s
-            elif t == next_tick:
-                next_tick = t + params.tau_s if running else math.inf
-    return RemapResult(
-        remap=remap,
-        submit=jobs.submit,
-        start=start,
-        end=end,
-        migrations=migrations,
-        decisions=decisions,
-        busy_core_s=busy,
-        cores=sum(s.slots for s in subs),
-        policy=policy,
-        preemptions=preempted,
-        interactive=inter,
-    )
+    # -- the event loop ---------------------------------------------------------------------
+    def finish(self, j: int, t: float) -> None:
+        self.update(j, t)
+        self.running.discard(j)
+        self.free[self.cluster[j]] += self.jobs.slots[j]
+        self.end[j] = t
+        self.busy += (t - self.seg[j]) * self.jobs.slots[j]
 
+    def run(self, advance: Callable[[int], None] | None = None) -> RemapResult:
+        """Events in time order (one job end or one arrival, or a remap tick every τ while
+        jobs run), a scheduling pass after each; `advance(n)`: n jobs finished so far."""
+        n, jobs, tau, end_time = self.n, self.jobs, self.params.tau_s, self.end_time
+        next_arrival = finished = 0
+        t = 0.0
+        next_tick = math.inf
+        while finished < n:
+            t_arr = jobs.submit[next_arrival] if next_arrival < n else math.inf
+            ends = [(end_time(j), j) for j in self.running]
+            t_end, j_end = min(ends) if ends else (math.inf, -1)
+            t_next = min(t_arr, t_end, next_tick)
+            if t_next == math.inf:  # nothing can ever start: a bug, not a workload
+                raise RuntimeError(f"remap simulation stuck at t={t}: {len(self.queue)} queued, none fits")
+            t = t_next
+            if t_end == t:
+                self.finish(j_end, t)
+                finished += 1
+                if advance is not None:
+                    advance(finished)
+            elif t_arr == t:
+                self.queue.append(next_arrival)
+                next_arrival += 1
+            self.claimed["suspending"].clear()
+            self.claimed["given"].clear()
+            c_res = self.schedule(t)
+            if self.remap == "arrive-f":
+                if t == next_tick:
+                    for j in self.running:
+                        self.update(j, t)
+                    self.remap_pass(t, c_res)
+                    c_res = self.schedule(t)
+                if self.running and next_tick == math.inf:
+                    next_tick = t + tau
+                elif t == next_tick:
+                    next_tick = t + tau if self.running else math.inf
+        return self.result()
 
-def at_load(jobs: RemapJobs, cores: int, load: float) -> RemapJobs:
-    """The same jobs with arrivals stretched or squeezed to `load`: reference core-seconds
-    asked over cores × span (the paper fed its farm a stream that kept a queue)."""
-    span = float(jobs.submit.max() - jobs.submit.min())
-    if span <= 0 or load <= 0:
-        return jobs
-    offered = float(np.sum(jobs.runtime * jobs.slots)) / (cores * span)
-    submit = jobs.submit.min() + np.floor((jobs.submit - jobs.submit.min()) * offered / load)
-    return RemapJobs(submit=submit, slots=jobs.slots, kind=jobs.kind, runtime=jobs.runtime)
-
-
-def paper_stream(farm: Farm, jobs: int, seed: int, load: float, runtime_s: tuple[float, float]) -> RemapJobs:
-    """A Lublin–Feitelson stream like the paper's: sizes up to the largest sub-cluster, run
-    times clipped to `runtime_s` (its NPB kernels ran for minutes to about 1.5 h), kinds drawn
-    with `seed`, arrivals at `load` of the farm's cores."""
-    biggest = max(s.slots for s in farm.subclusters)
-    workload = generate(biggest, jobs, seed=seed)
-    workload.runtime[:] = np.clip(workload.runtime, *runtime_s)
-    cores = sum(s.slots for s in farm.subclusters)
-    return at_load(jobs_from_workload(workload, farm, seed), cores, load)
+    def result(self) -> RemapResult:
+        return RemapResult(
+            remap=self.remap,
+            submit=self.jobs.submit,
+            start=self.start,
+            end=self.end,
+            migrations=self.migrations,
+            decisions=self.decisions,
+            busy_core_s=self.busy,
+            cores=sum(s.slots for s in self.subs),
+            policy=self.policy.name,
+            preemptions=self.preempted,
+            interactive=self.inter,
+        )

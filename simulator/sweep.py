@@ -115,10 +115,14 @@ def write_sweep(docs: list[dict[str, Any]], out: Path, plots: bool = True) -> li
     rows = sorted(
         (flatten(d) for d in docs),
         key=lambda r: (
-            r["interactive_frac"], r["interactive_mean_size"], r["interactive_cap"], r["policy"],
-            r.get("weights") or "", r.get("seed") or 0,
+            r["interactive_frac"],
+            r["interactive_mean_size"],
+            r["interactive_cap"],
+            r["policy"],
+            r.get("weights") or "",
+            r.get("seed") or 0,
         ),
-    )  # fmt: skip
+    )
     means = aggregate(rows)
     for name, table in (("sweep", rows), ("sweep_mean", means)):
         fields = list(dict.fromkeys(k for r in table for k in r)) or list(COLUMNS)

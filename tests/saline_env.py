@@ -297,8 +297,11 @@ class InteractiveJob:
         job = oar.job(self.job_id)
         if job is None or job.finished:
             return
-        print(f"oarsub -I ended, its job {self.job_id} still {job.state}: oardel, waiting for its end; "
-              f"its terminal: {self.output[-400:]!r}", file=sys.stderr)  # fmt: skip
+        print(
+            f"oarsub -I ended, its job {self.job_id} still {job.state}: oardel, waiting for its end; "
+            f"its terminal: {self.output[-400:]!r}",
+            file=sys.stderr,
+        )
         with contextlib.suppress(CommandError):  # oarsub's own oardel may have come first
             oar.delete(self.job_id, user=self.user)
         deadline = time.monotonic() + timeout
@@ -309,16 +312,17 @@ class InteractiveJob:
             job = oar.job(self.job_id)
 
 
-def until(manager: Manager, key: str, predicate: Callable[[journal.SalineJob], bool], timeout: float, what: str
-          ) -> journal.SalineJob:  # fmt: skip
+def until(
+    manager: Manager, key: str, predicate: Callable[[journal.SalineJob], bool], timeout: float, what: str
+) -> journal.SalineJob:
     """Manager passes, one a second, until the vjob `key` satisfies `predicate`; the journal
     is in the error when it does not within `timeout`."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         manager.step()
-        job = journal.get(manager.store, key)
+        job = journal.get(manager.ports.store, key)
         if predicate(job):
             return job
         time.sleep(1)
-    kinds = [(e.kind, e.detail) for e in journal.events(manager.store, key)]
+    kinds = [(e.kind, e.detail) for e in journal.events(manager.ports.store, key)]
     raise AssertionError(f"{what}: not reached in {timeout:.0f} s; journal: {kinds}")

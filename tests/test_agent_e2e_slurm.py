@@ -1,4 +1,4 @@
-"""End to end on the real development cluster with real QEMU guests (devkit.demo).
+"""End to end on the real development cluster with real QEMU guests (devkit.demo_scenario).
 
 Batch vjobs running the counter guest fill the cluster, each `-N2` job two VMs (one per node,
 as a real image gets); an interactive `srun` arrives. The agent must checkpoint the
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from devkit.demo import Scenario, split_counters
-from devkit.guest_probe import boots
+from devkit.demo_scenario import Scenario
+from devkit.guest_probe import boots, split_counters
 from provisioning.driver import Driver
 from tests.services import wait_for
 from vjob.config import load

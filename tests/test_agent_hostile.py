@@ -116,7 +116,7 @@ def test_two_agents_one_lease(store: Store) -> None:
     action = journal.PlannedAction(0, "suspend", "vjob-slurm-1", "slurm:1", "n1", None)
     switch_id, _ = journal.open_switch(store, "A's switch", {}, [action])
     b = Agent(cfg, _NeverCalled(), rms="slurm", metrics=AgentMetrics())
-    b._store = store  # the shared store of both agents
+    b.ports.store.opened = store  # the shared store of both agents
     report = b.tick()
     assert report.active is False
     assert journal.load(store, switch_id).state == "running", "the standby must not roll back A's switch"
@@ -305,7 +305,7 @@ def test_one_bad_state_file_costs_only_its_own_job(tmp_path: Path) -> None:
     long_path.state_file.write_text(json.dumps(_status(long_path, memory_path="/" + "m" * 300)))
     agent = _agent_without_rms(tmp_path)
     users = {j: "root" for j in ("1", "2", "3", "4")}
-    pilots = read_pilots(agent, all_dirs(root, "slurm"), users)
+    pilots = read_pilots(agent.ports, all_dirs(root, "slurm"), users)
     assert sorted(pilots) == ["1", "4"]
     jobs = tuple(Job(id=j, user="root", rms="slurm", state=JobState.RUNNING, allocated_nodes=("node1",)) for j in users)
     view = ClusterView(now=time.time(), jobs=jobs, nodes=(Node("node1", 4, 4096),))
@@ -322,8 +322,8 @@ def test_a_directory_of_a_job_the_rms_does_not_know_is_read_only_when_root_owns_
     _saved_dirs(root, "900001", uid=65534)
     _saved_dirs(root, "900002")
     agent = _agent_without_rms(tmp_path)
-    assert sorted(read_pilots(agent, all_dirs(root, "slurm"), {})) == ["900002"]
-    assert sorted(read_pilots(agent, all_dirs(root, "slurm"), {"900001": "nobody"})) == ["900001", "900002"]
+    assert sorted(read_pilots(agent.ports, all_dirs(root, "slurm"), {})) == ["900002"]
+    assert sorted(read_pilots(agent.ports, all_dirs(root, "slurm"), {"900001": "nobody"})) == ["900001", "900002"]
 
 
 @pytest.mark.parametrize(
@@ -404,9 +404,9 @@ def test_a_squatted_pilot_directory_does_not_stop_the_next_job(shared_root: Path
     forged.state_file.write_text(json.dumps(_status(forged, node="evil")))
     os.chown(forged.state_file, 65534, 65534)
     agent = _agent_without_rms(tmp_path, shared_root)
-    pilots = read_pilots(agent, all_dirs(shared_root, "slurm"), {"5001": "daemon"})
+    pilots = read_pilots(agent.ports, all_dirs(shared_root, "slurm"), {"5001": "daemon"})
     assert pilots["5001"].node == "node1" and pilots["5001"].state is PilotState.RUNNING
-    assert agent.pilot_dir("5001").path == own, "the agent's requests go to the job's own directory"
+    assert agent.ports.pilot_dir("5001").path == own, "the agent's requests go to the job's own directory"
 
 
 def test_a_root_pilot_never_uses_a_squatted_directory(shared_root: Path) -> None:
@@ -446,11 +446,11 @@ def test_a_forgotten_jobs_directory_is_heard_from_the_user_the_store_recorded(st
     store_jobs.track(store, Job(id="900003", user="nobody", rms="slurm"))
     store_jobs.track(store, Job(id="900004", user="daemon", rms="slurm"))
     agent = _agent_without_rms(tmp_path)
-    agent._store = store
+    agent.ports.store.opened = store
     dirs = all_dirs(root, "slurm")
-    users = pilot_users(agent, dirs, {})
+    users = pilot_users(agent.ports, dirs, {})
     assert users == {"900003": "nobody", "900004": "daemon"}
-    assert sorted(read_pilots(agent, dirs, users)) == ["900003"]
+    assert sorted(read_pilots(agent.ports, dirs, users)) == ["900003"]
 
 
 def test_before_any_observation_the_agent_hears_only_the_jobs_own_directory(store: Store, tmp_path: Path) -> None:
@@ -463,15 +463,15 @@ def test_before_any_observation_the_agent_hears_only_the_jobs_own_directory(stor
     (squat,) = _saved_dirs(root, "900005", uid=65534)
     store_jobs.track(store, Job(id="900005", user="daemon", rms="slurm"))
     agent = _agent_without_rms(tmp_path)
-    agent._store = store
+    agent.ports.store.opened = store
     with pytest.raises(InputError, match="not by the job's user"):
-        agent.pilot_dir("900005").read_state()
+        agent.ports.pilot_dir("900005").read_state()
     with pytest.raises(InputError, match="not by the job's user"):
-        agent.pilot_dir("900005").request_checkpoint("r1")
+        agent.ports.pilot_dir("900005").request_checkpoint("r1")
     assert not squat.request_file.exists()
     own = PilotDir(root, "slurm", "900005", name="slurm-900005~0123456789abcdef")
     own.path.mkdir(mode=0o700)
     own.state_file.write_text(json.dumps(_status(own, node="node7")))
     os.chown(own.path, 1, 1)  # daemon's
-    assert agent.pilot_dir("900005").path == own.path
-    assert agent.pilot_dir("900005").read_state().node == "node7"
+    assert agent.ports.pilot_dir("900005").path == own.path
+    assert agent.ports.pilot_dir("900005").read_state().node == "node7"

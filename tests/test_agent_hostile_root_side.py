@@ -104,7 +104,7 @@ def _agent(cfg: Config, store: Store) -> Agent:
             raise AssertionError(f"the control step called the adapter's {name}")
 
     agent = Agent(cfg, _NoRMS(), rms="slurm", metrics=AgentMetrics())  # type: ignore[arg-type]
-    agent._store = store
+    agent.ports.store.opened = store
     return agent
 
 
@@ -129,7 +129,7 @@ def test_a_pilots_claimed_size_never_weighs_an_unmeasured_vm(
     jobs = (Job(id="5", user="mallory", rms="slurm", submit_time=1.0, memory_mb=512, cores=1),
             Job(id="6", user="bob", rms="slurm", submit_time=2.0, memory_mb=3072, cores=1))  # fmt: skip
     view = ClusterView(now=0, nodes=(Node("n1", 2, 4096),), jobs=jobs)
-    assert consolidate.step(agent, Observation(view, pilots, {}, True), state) is None
+    assert consolidate.step(agent.ports, Observation(view, pilots, {}, True), state) is None
     assert state.decision is not None and state.decision.overloaded == ()
     assert state.decision.selection.target == {"5": VJobState.RUNNING, "6": VJobState.RUNNING}
     assert state.unmeasured == ("vjob-slurm-5",)
@@ -168,7 +168,7 @@ def test_a_vjob_the_rms_does_not_list_never_comes_before_one_it_does(site: tuple
     pilots = {j: _state(j, "n1") for j in ("0", "3", "5")}
     view = ClusterView(now=0, nodes=(Node("n1", 4, 1024),), jobs=(Job(id="5", user="bob", rms="slurm",
                                                                          submit_time=100.0),))  # fmt: skip
-    report = consolidate.step(agent, Observation(view, pilots, {}, True), state)
+    report = consolidate.step(agent.ports, Observation(view, pilots, {}, True), state)
     assert report is not None  # the suspends fail: no pilot runs here to answer them
     assert state.decision is not None
     assert state.decision.selection.target == {"5": VJobState.RUNNING, "0": VJobState.SLEEPING,

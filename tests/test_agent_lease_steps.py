@@ -6,7 +6,7 @@ their executors went on after the agent lost its lease (withdrawing, then journa
 the new holder). Here the real agent's paths (agent.remap_step's switch, agent.recover, the
 executor, the journal, pilot files, lease rows) run on SQLite and PostgreSQL against a stand-in
 pilot that answers when the test says. The control loop builds its performer and executor by
-the same agent.pilot_performer.for_agent and lease check as the remap step.
+the same agent.pilot_performer.live_performer and lease check as the remap step.
 """
 
 from __future__ import annotations
@@ -56,15 +56,15 @@ def _setup(store: Store, tmp_path: Path, memory_mb: int, **agent_cfg: Any) -> tu
               allocated_nodes=("n1",), start_time=time.time() - 60, submit_time=time.time() - 120)  # fmt: skip
     cfg = parse({"data_dir": str(tmp_path / "data"), "agent": {"pilot_dir": str(tmp_path / "pilots"), **agent_cfg}})
     agent = Agent(cfg, _Adapter((job,)), rms="slurm", metrics=AgentMetrics(), owner="A")  # type: ignore[arg-type]
-    agent._store = store
+    agent.ports.store.opened = store
     view = ClusterView(now=time.time(), jobs=(job,), nodes=(Node("n1", 64, 1 << 20), Node("n2", 64, 1 << 20)))
     st = PilotStatus(job_id=JOB, vm=VM, node="n1", uri="qemu:///system", state=PilotState.RUNNING,
                      since=time.time(), memory_mb=memory_mb, image="debian12")  # fmt: skip
     store_jobs.track(store, job)
-    pdir = PilotDir(agent.root, "slurm", JOB)
+    pdir = PilotDir(agent.ports.root, "slurm", JOB)
     pdir.ensure()
     pdir.write_state(st)
-    assert agent.hold_lease()
+    assert agent.ports.lease.hold()
     return agent, Observation(view=view, pilots={JOB: st}, sleeping={}, store_ok=True), pdir
 
 
@@ -74,8 +74,8 @@ def _pilot(pdir: PilotDir, answer_when: Callable[[], bool]) -> contextlib.Abstra
 
 
 def _migrate(agent: Agent, obs: Observation) -> Any:
-    with agent.keeping_lease():
-        return remap_step._carry_out(agent, obs, [Move(JOB, VM, "n1", "n2", "home")])
+    with agent.ports.lease.keeping():
+        return remap_step._carry_out(agent.ports, obs, [Move(JOB, VM, "n1", "n2", "home")])
 
 
 def _open_live_suspend(store: Store) -> int:
@@ -103,7 +103,7 @@ def test_recovery_of_a_big_vm_suspend_waits_as_long_as_its_memory_needs(store: S
     agent, _obs, pdir = _setup(store, tmp_path, 8 * 1024, checkpoint_timeout_s=1, checkpoint_timeout_per_gib_s=30)
     switch = _open_live_suspend(store)
     t0 = time.monotonic()
-    with agent.keeping_lease(), _pilot(pdir, lambda: time.monotonic() - t0 > 3):
+    with agent.ports.lease.keeping(), _pilot(pdir, lambda: time.monotonic() - t0 > 3):
         assert agent.recover() == [switch]
     (sw,) = journal.recent(store, limit=1)
     assert sw.state == "done" and [a.state for a in sw.actions] == ["done"]
@@ -145,7 +145,7 @@ def test_a_recovery_that_loses_the_lease_stops_and_leaves_the_switch(store: Stor
     switch = _open_live_suspend(store)
 
     def recovering() -> list[int]:
-        with agent.keeping_lease():
+        with agent.ports.lease.keeping():
             return agent.recover()
 
     _lose_lease_while(store, pdir, recovering)

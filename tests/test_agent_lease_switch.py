@@ -22,6 +22,7 @@ from agent import act
 from agent.loop import Agent
 from agent.metrics import AgentMetrics
 from agent.observe import Observation
+from agent.pilot_performer import checkpoint_timeout_for
 from preemption.scheduling.tick import Preemption
 from tests.services import wait_for
 from tests.stand_ins import HoldingAdapter, answering_pilot
@@ -40,7 +41,7 @@ def _agent(store: Store, tmp_path: Path, **agent_cfg: Any) -> tuple[Agent, Holdi
     cfg = parse({"data_dir": str(tmp_path / "data"), "agent": {"pilot_dir": str(tmp_path / "pilots"), **agent_cfg}})
     adapter = HoldingAdapter()
     agent = Agent(cfg, adapter, rms="slurm", metrics=AgentMetrics(), owner="A")  # type: ignore[arg-type]
-    agent._store = store
+    agent.ports.store.opened = store
     return agent, adapter
 
 
@@ -64,17 +65,16 @@ def _pilot(
 
 def _ready(store: Store, agent: Agent, obs: Observation, st: PilotStatus, tmp_path: Path) -> PilotDir:
     store_jobs.track(store, obs.view.jobs[0])
-    pdir = PilotDir(agent.root, "slurm", JOB)
+    pdir = PilotDir(agent.ports.root, "slurm", JOB)
     pdir.ensure()
-    assert agent.hold_lease()
+    assert agent.ports.lease.hold()
     return pdir
 
 
 def _preempt(agent: Agent, obs: Observation) -> list[str]:
     pre = Preemption(job_id="interactive", victims=(JOB,), nodes=("n1",), checkpoint_bytes=0.0)
-    keeping = getattr(agent, "keeping_lease", None)  # the tick's acting phase
-    with keeping() if keeping is not None else contextlib.nullcontext():
-        return act.preempt(agent, pre, obs)
+    with agent.ports.lease.keeping():  # the tick's acting phase
+        return act.preempt(agent.ports, pre, obs)
 
 
 def test_a_switch_longer_than_the_lease_keeps_it_and_a_standby_stays_out(store: Store, tmp_path: Path) -> None:
@@ -168,4 +168,4 @@ def test_a_claimed_memory_cannot_stretch_the_wait_past_the_allocation(store: Sto
     agent, _ = _agent(store, tmp_path, checkpoint_timeout_s=10, checkpoint_timeout_per_gib_s=10)
     obs, _st = _observation(2048)
     obs.pilots[JOB] = obs.pilots[JOB].moved(PilotState.RUNNING, memory_mb=1 << 22)  # the user's 4 TiB claim
-    assert agent.checkpoint_timeout_for(obs, JOB) == 10 + 10 * 2
+    assert checkpoint_timeout_for(agent.cfg, obs, JOB) == 10 + 10 * 2

@@ -138,7 +138,7 @@ def test_a_two_vm_vjob_is_read_chosen_checkpointed_in_one_cut_recorded_and_clean
     try:
         wait_for(lambda: (st := pdir.read_state()) is not None and st.state is PilotState.RUNNING, 60, "pilot running")
         agent = Agent(cfg, rms, rms="slurm", metrics=AgentMetrics())
-        store = agent.store()
+        store = agent.ports.store()
 
         # Read: both VMs, named from the job id, each on its node, recorded in the store.
         first = agent.tick()
@@ -153,7 +153,7 @@ def test_a_two_vm_vjob_is_read_chosen_checkpointed_in_one_cut_recorded_and_clean
         st = pdir.read_state()
         assert st is not None and st.state is PilotState.SAVED and st.member_nodes == list(NODES)
         assert all(paths.state_path(vm, node).is_file() for vm, node in PLACED)
-        (sw,) = journal.recent(agent.store())
+        (sw,) = journal.recent(agent.ports.store())
         assert sw.state == "done" and sorted(a.vm_name for a in sw.actions) == list(VMS)
         assert all(a.state == "done" for a in sw.actions)
         record = store_jobs.get(store, "slurm", JOB)
@@ -180,13 +180,13 @@ def test_a_two_vm_vjob_is_read_chosen_checkpointed_in_one_cut_recorded_and_clean
     after = pdir.read_state()
     assert after is not None and after.state is PilotState.SAVED, after
     del rms.table[JOB]
-    agent.give_up_lease()  # stopped; a new agent knows of the job only what the store recorded
+    agent.ports.lease.give_up()  # stopped; a new agent knows of the job only what the store recorded
     agent = Agent(cfg, rms, rms="slurm", metrics=AgentMetrics())
     assert agent.tick().cleaned == []
     assert agent.tick().cleaned == [JOB]
     for vm, node in PLACED:
         assert not paths.state_path(vm, node).exists() and not paths.overlay_path(vm, node).exists()
-    assert store_vms.of_job(agent.store(), "slurm", JOB) == [] and not pdir.path.exists()
+    assert store_vms.of_job(agent.ports.store(), "slurm", JOB) == [] and not pdir.path.exists()
 
 
 def _write(root: Path, job: str, **fields: object) -> PilotDir:
@@ -212,7 +212,7 @@ def test_a_state_claims_only_the_vms_named_from_its_job_id_one_per_node_of_the_c
     _write(root, "9", vm="vjob-slurm-9-0", **two)  # the RMS no longer knows job 9
     agent = Agent(parse({"data_dir": str(tmp_path / "data")}), object(), rms="slurm", metrics=AgentMetrics())  # type: ignore[arg-type]
     users = {j: USER for j in "12345678"}
-    pilots = read_pilots(agent, all_dirs(root, "slurm"), users, max_vms=len(NODES))
+    pilots = read_pilots(agent.ports, all_dirs(root, "slurm"), users, max_vms=len(NODES))
     assert sorted(pilots) == ["1", "2", "9"]
     assert claimed_vms("slurm", "1", pilots["1"]) == [("vjob-slurm-1", "node1")]
     assert claimed_vms("slurm", "2", pilots["2"]) == [("vjob-slurm-2-0", "node1"), ("vjob-slurm-2-1", "node2")]
@@ -240,7 +240,7 @@ def test_a_restarted_agent_finishes_a_two_vm_checkpoint_with_one_requeue_hold(si
     batch = Job(JOB, USER, rms="slurm", nodes=2, state=JobState.RUNNING, allocated_nodes=NODES)
     rms = ScriptedRMS([batch], [Node(n, 2, 4096) for n in NODES])
     agent = Agent(cfg, rms, rms="slurm", metrics=AgentMetrics())
-    store = agent.store()
+    store = agent.ports.store()
     store_jobs.track(store, batch)
     memory = cfg.data_path / "saved.state"
     memory.write_bytes(b"state")

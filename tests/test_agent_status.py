@@ -97,7 +97,7 @@ def test_status_shows_why_the_remapping_left_a_vjob_alone(tmp_path: Path):
                                  state=PilotState.RUNNING, since=time.time()))  # fmt: skip
     agent = Agent(cfg, object(), rms="slurm", metrics=AgentMetrics())  # type: ignore[arg-type]
     why = "several VMs: a pilot migrates no job VM by VM (not remapped yet)"
-    publish(agent, RemapState(skipped={"7": why, "8": "the vjob policy suspends it this tick"}))
+    publish(agent.ports, RemapState(skipped={"7": why, "8": "the vjob policy suspends it this tick"}))
 
     data = json.loads(_status(config).stdout)
     (vjob,) = data["vjobs"]
@@ -129,7 +129,7 @@ def test_status_shows_the_control_loops_last_decision_and_plan(tmp_path: Path, m
     store = Store(f"sqlite:///{tmp_path / 'data' / 'vjob.sqlite'}")
     store.upgrade()
     agent = Agent(cfg, _NoRMS(), rms="slurm", metrics=AgentMetrics())  # type: ignore[arg-type]
-    agent._store = store
+    agent.ports.store.opened = store
     # One node of 1 GiB holds vjobs 5 and 6, 700 MiB each as root measures them: overloaded, no
     # room elsewhere, so FCFS keeps 5 (submitted first) and 6 must sleep.
     mib = {"vjob-slurm-5": 700, "vjob-slurm-6": 700}
@@ -139,7 +139,7 @@ def test_status_shows_the_control_loops_last_decision_and_plan(tmp_path: Path, m
                              state=PilotState.RUNNING, memory_mb=1) for j in ("5", "6")}  # fmt: skip
     jobs = (Job(id="5", user="a", rms="slurm", submit_time=1.0), Job(id="6", user="b", rms="slurm", submit_time=2.0))
     view = ClusterView(now=0, nodes=(Node("n1", 2, 1024),), jobs=jobs)
-    report = consolidate.step(agent, Observation(view, pilots, {}, True), state)
+    report = consolidate.step(agent.ports, Observation(view, pilots, {}, True), state)
     assert report is not None and report.state == "failed"  # no pilot runs here to answer the suspend
 
     data = collect(cfg, "slurm")  # what `vjob status --json` prints (the text below runs the command)
@@ -162,7 +162,7 @@ def test_status_shows_the_control_loops_last_decision_and_plan(tmp_path: Path, m
 
     # The next step: 6 measured small now, both fit: nothing to do, and the record says so.
     mib["vjob-slurm-6"] = 200
-    assert consolidate.step(agent, Observation(view, pilots, {}, True), state) is None
+    assert consolidate.step(agent.ports, Observation(view, pilots, {}, True), state) is None
     ctl = collect(cfg, "slurm")["control"]
     assert ctl["plan"]["outcome"] == "no change" and ctl["plan"]["actions"] == [] and ctl["overloaded"] == {}
     assert ctl["vjobs"]["6"]["target"] == "running" and ctl["at"] == state.last_step
@@ -175,7 +175,7 @@ def test_status_shows_the_control_loops_last_decision_and_plan(tmp_path: Path, m
 
     monkeypatch.setattr(consolidate, "plan_for", no_plan)
     with pytest.raises(NoViablePlacementError):
-        consolidate.step(agent, Observation(view, pilots, {}, True), state)
+        consolidate.step(agent.ports, Observation(view, pilots, {}, True), state)
     plan = collect(cfg, "slurm")["control"]["plan"]
     assert (plan["outcome"], plan["why"]) == ("no plan", "no viable placement of the running vjobs")
     store.close()

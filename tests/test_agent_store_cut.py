@@ -136,7 +136,7 @@ def _agent(url: str, tmp_path: Path) -> tuple[Agent, _Adapter, Store]:
     adapter = _Adapter()
     agent = Agent(cfg, adapter, rms="slurm", metrics=AgentMetrics(), owner="A")  # type: ignore[arg-type]
     store = Store(url, connect_timeout_s=2)
-    agent._store = store
+    agent.ports.store.opened = store
     return agent, adapter, store
 
 
@@ -185,7 +185,7 @@ def test_a_switch_cut_off_from_its_database_is_kept_and_recovered(
         assert (kept.id, [a.state for a in kept.actions]) == (before.id, ["running"])
 
         relay.start()  # the database is back: the next tick takes the lease and recovers
-        assert agent.hold_lease()
+        assert agent.ports.lease.hold()
         assert agent._recovered is False, "the next tick would not look at the journal"
         assert agent.recover() == [kept.id]
     finally:

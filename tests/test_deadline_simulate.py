@@ -96,3 +96,55 @@ def test_the_reproduction_trains_and_writes_a_loadable_deadline_section(tmp_path
     cfg = parse(parse_toml((tmp_path / "trained.toml").read_bytes(), "trained.toml"))
     assert cfg.deadline.admission == trained["admission"] and cfg.deadline.static_x == trained["static_x"]
     assert (tmp_path / "rates.png").stat().st_size > 0 and (tmp_path / "threshold.png").stat().st_size > 0
+
+
+DECISIONS = (
+    "admit",
+    "held_verdict",
+    "continuation",
+    "resume_x",
+    "predicted_remaining",
+    "adaptive_threshold",
+    "cdf_threshold",
+    "failure_rate",
+)
+"""The decision functions the agent's deadline duty (agent/deadline.py) calls."""
+
+
+def test_the_replay_decides_with_the_agents_functions_not_a_copy(
+    workload: list[DJob], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No differential test is needed for the deadline replay's admission and continuation:
+    it has no copy of the rules. Its names are the very objects of `preemption.deadline` that
+    agent/deadline.py calls, and every outcome of a replay traces back to their answers: each
+    cancellation is a `continuation` CANCEL (running) or a `held_verdict` CANCEL (waiting,
+    hopeless), each checkpoint a `continuation` CHECKPOINT, each refusal a false `admit`."""
+    import agent.deadline as live
+    import preemption.deadline as shared
+    import simulator.deadline_engine as replay
+
+    for name in (*DECISIONS, "x_factor"):
+        assert getattr(replay, name) is getattr(shared, name), name
+    for name in DECISIONS:
+        assert getattr(live, name) is getattr(shared, name), name
+
+    answers: dict[str, list[object]] = {name: [] for name in DECISIONS}
+
+    def spy(name: str) -> object:
+        def call(*args: object, **kwargs: object) -> object:
+            out = getattr(shared, name)(*args, **kwargs)
+            answers[name].append(out)
+            return out
+
+        return call
+
+    for name in DECISIONS:
+        monkeypatch.setattr(replay, name, spy(name))
+    setup = DeadlineSetup(admission="adaptive", static_x=0.0, x_min=0.0, action="checkpoint")
+    r = simulate_deadline(workload, CLUSTER, setup, VOModel.default())
+    assert r.cancelled == answers["continuation"].count(shared.Continuation.CANCEL) + answers["held_verdict"].count(
+        shared.Held.CANCEL
+    )
+    assert r.checkpointed == answers["continuation"].count(shared.Continuation.CHECKPOINT) > 0
+    assert 0 < r.rejected <= answers["admit"].count(False)
+    assert len(answers["adaptive_threshold"]) == len(answers["failure_rate"]) - len(r.series) > 0

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.deadline import DeadlineKeeper, threshold_path
+from agent.deadline import DeadlineKeeper
+from agent.deadline_threshold import threshold_path
 from agent.loop import Agent
 from agent.status_cmd import collect
 from devkit.devcluster import JOB_SUBMIT_LUA, DevCluster
@@ -234,7 +235,7 @@ def test_a_vjob_checkpointed_for_its_deadline_is_released_only_where_it_makes_it
     stop = threading.Event()
     pilots = {j: _stand_in_pilot(agent, j, "node1") for j in (keep, lose)}
 
-    def pilot() -> None:  # saves the VM when asked, as agent.pilot does
+    def pilot() -> None:  # saves the VM when asked, as pilot.pilot does
         while not stop.wait(0.1) and len(asked) < len(pilots):
             for j, (pdir, running) in pilots.items():
                 req = pdir.read_request()
@@ -255,14 +256,14 @@ def test_a_vjob_checkpointed_for_its_deadline_is_released_only_where_it_makes_it
         thread.join(10)
     assert sorted(report.checkpointed) == sorted([keep, lose]), report.errors
     assert asked[keep].startswith(f"deadline: job {keep} predicted to miss its deadline (x = ")
-    (switch,) = [sw for sw in journal.recent(agent.store()) if sw.reason.startswith(f"deadline: job {keep} ")]
+    (switch,) = [sw for sw in journal.recent(agent.ports.store()) if sw.reason.startswith(f"deadline: job {keep} ")]
     assert [(a.action, a.job_key, a.vm_name, a.state) for a in switch.actions] == [
         ("suspend", f"slurm:{keep}", pilots[keep][0].vm, "done")
     ]
     held = {"JobState": "PENDING", "Reason": "job_requeued_in_held_state"}
     for j in (keep, lose):
         wait_for(lambda j=j: {k: slurm_adapter.job_fields(j).get(k) for k in held} == held, 30, f"job {j} held")
-        record = store_jobs.get(agent.store(), "slurm", j)
+        record = store_jobs.get(agent.ports.store(), "slurm", j)
         assert record is not None and record.preempted_since is not None
     # X moves down (as an adaptive X does after failures): alone, `keep` still makes it, `lose` not
     agent.deadline.x = -0.08
@@ -277,7 +278,7 @@ def test_a_vjob_checkpointed_for_its_deadline_is_released_only_where_it_makes_it
 
 
 def _stand_in_pilot(agent: Agent, job_id: str, node: str) -> tuple[PilotDir, PilotStatus]:
-    pdir = agent.pilot_dir(job_id)
+    pdir = agent.ports.pilot_dir(job_id)
     pdir.ensure()
     running = PilotStatus(job_id=job_id, vm=pdir.vm, node=node, uri="test:///default", state=PilotState.RUNNING,
                           since=time.time(), image="debian-tiny", memory_mb=64)  # fmt: skip

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.deadline import threshold_path
+from agent.deadline_threshold import threshold_path
 from tests.test_operator_deploy import _unit
 from vjob.config import parse
 

@@ -1,9 +1,10 @@
 """The simulator's compiled pass and the shared decision agree, state by state.
 
 `preemption.scheduling.tick.decide` is the one scheduling pass (the live agent runs it); the
-simulator runs the same pass over arrays with compiled hot paths (simulator/engine.py
-`_schedule`, `_preempt_for`, `_start`; ubis_priority/compiled.py; easy.backfill_arrays and
-backfill_leading; simulator/node_pool.py). Here hypothesis draws a few hundred small cluster
+simulator runs the same pass over arrays with compiled hot paths (simulator/engine_pass.py
+`_schedule`, engine_preempt.py `_preempt_for`, engine_actions.py `_start`;
+ubis_priority/compiled.py; easy.backfill_arrays and backfill_leading; simulator/node_pool.py).
+Here hypothesis draws a few hundred small cluster
 states — a handful of nodes on one to three OS images, running batch and interactive jobs,
 pending jobs of both classes, checkpointed jobs waiting to resume, per-user usage, user and
 account targets, caps, weights, policies (vjob with its `[scheduling]` variants, both cap
@@ -40,10 +41,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from preemption.scheduling.tick import Costs, Decision, decide
-from simulator import engine
-from simulator.engine import ClusterModel, Simulation
+from preemption.scheduling.pass_state import Costs
+from preemption.scheduling.tick import Decision, decide
+from simulator import engine_pass
+from simulator.engine import Simulation
 from simulator.node_pool import FREE
+from simulator.replay import ClusterModel
 from simulator.workload import Workload
 from vjob.config import Config, PriorityConfig, PriorityWeights, SchedulingConfig
 from vjob.model import ClusterView, Job, JobClass, JobState, Node
@@ -227,32 +230,34 @@ def simulation(s: State) -> Simulation:
         }
     )
     sim = Simulation(w, s.model, s.policy, s.cfg, scheduling=s.scheduling, cap_mode=s.cap_mode)
-    sim.node_os[:] = s.nodes_os
+    sim.cluster.node_os[:] = s.nodes_os
     for i, j in enumerate(s.jobs):
-        sim.pc_a[i] = j.pn
-        sim.pt_a[i] = j.pt
+        sim.jobs.pc_a[i] = j.pn
+        sim.jobs.pt_a[i] = j.pt
         if j.state == "running":
             nodes = np.array(j.alloc, dtype=np.int64)
-            sim.owner[nodes] = i
-            sim.free -= j.nodes
-            sim.running[i] = (j.start, j.start, nodes)
-            sim.first_start[i] = j.start
+            sim.cluster.owner[nodes] = i
+            sim.cluster.free -= j.nodes
+            sim.cluster.running[i] = (j.start, j.start, nodes)
+            sim.out.first_start[i] = j.start
             sim._hold((0, i), j.start + j.estimate, j.nodes)
             if j.interactive:
-                sim.privileged[i] = True
-                sim.held_interactive += j.nodes
+                sim.out.privileged[i] = True
+                sim.cluster.held_interactive += j.nodes
             else:
-                sim.batch_running_nodes += j.nodes
-    sim.free_by_os = np.bincount(sim.node_os[sim.owner == FREE], minlength=s.images).astype(np.int64)
+                sim.cluster.batch_running_nodes += j.nodes
+    sim.cluster.free_by_os = np.bincount(sim.cluster.node_os[sim.cluster.owner == FREE], minlength=s.images).astype(
+        np.int64
+    )
     for i in s.queue:
         j = s.jobs[i]
         if j.state == "held":
-            sim.since_a[i] = j.since
-            sim.prev_nodes[i] = np.array(j.previous, dtype=np.int64)
+            sim.jobs.since_a[i] = j.since
+            sim.jobs.prev_nodes[i] = np.array(j.previous, dtype=np.int64)
         sim._enqueue(i, NOW)
-    assert sim.usage.shape[0] == len(users)
-    sim.usage[:] = [s.usage[u] for u in users]
-    sim.usage_t = NOW
+    assert sim.ledger.usage.shape[0] == len(users)
+    sim.ledger.usage[:] = [s.usage[u] for u in users]
+    sim.ledger.usage_t = NOW
     return sim
 
 
@@ -311,7 +316,7 @@ def run_simulation(s: State) -> SimPass:
 
     def logged_start(j: int, now: float, privileged: bool, nodes: np.ndarray | None = None, ready: float = 0.0) -> None:
         start(j, now, privileged, nodes=nodes, ready=ready)
-        names = tuple(f"n{k}" for k in sim.running[j][2].tolist())
+        names = tuple(f"n{k}" for k in sim.cluster.running[j][2].tolist())
         out.starts.append(str(j))
         out.placements[str(j)] = names
         if nodes is not None:
@@ -324,7 +329,7 @@ def run_simulation(s: State) -> SimPass:
 
     sim._start = logged_start  # type: ignore[method-assign]
     sim._checkpoint = logged_checkpoint  # type: ignore[method-assign]
-    with mock.patch.object(engine, "FULL_RANK_ABOVE", 0 if s.full_rank else engine.FULL_RANK_ABOVE):
+    with mock.patch.object(engine_pass, "FULL_RANK_ABOVE", 0 if s.full_rank else engine_pass.FULL_RANK_ABOVE):
         sim._schedule(NOW)
     return out
 
@@ -380,15 +385,48 @@ def test_a_hand_made_state_preempts_the_same_victims_both_ways() -> None:
     """A full cluster, an interactive job that must preempt: the case the random states must
     not miss (so this one is fixed)."""
     jobs = [
-        SimJob(submit=100.0, nodes=2, interactive=False, user=0, os=0, memory_mb=1000, estimate=9000.0,
-               state="running", alloc=(0, 1), start=200.0),
-        SimJob(submit=300.0, nodes=2, interactive=False, user=1, os=1, memory_mb=4096, estimate=9000.0,
-               state="running", alloc=(2, 3), start=400.0, pn=2, pt=500.0),
-        SimJob(submit=500.0, nodes=2, interactive=True, user=1, os=0, memory_mb=512, estimate=600.0,
-               state="pending"),
-        SimJob(submit=600.0, nodes=1, interactive=False, user=0, os=1, memory_mb=512, estimate=60.0,
-               state="held", pn=1, pt=10.0, since=700.0, previous=(3,)),
-    ]  # fmt: skip
+        SimJob(
+            submit=100.0,
+            nodes=2,
+            interactive=False,
+            user=0,
+            os=0,
+            memory_mb=1000,
+            estimate=9000.0,
+            state="running",
+            alloc=(0, 1),
+            start=200.0,
+        ),
+        SimJob(
+            submit=300.0,
+            nodes=2,
+            interactive=False,
+            user=1,
+            os=1,
+            memory_mb=4096,
+            estimate=9000.0,
+            state="running",
+            alloc=(2, 3),
+            start=400.0,
+            pn=2,
+            pt=500.0,
+        ),
+        SimJob(submit=500.0, nodes=2, interactive=True, user=1, os=0, memory_mb=512, estimate=600.0, state="pending"),
+        SimJob(
+            submit=600.0,
+            nodes=1,
+            interactive=False,
+            user=0,
+            os=1,
+            memory_mb=512,
+            estimate=60.0,
+            state="held",
+            pn=1,
+            pt=10.0,
+            since=700.0,
+            previous=(3,),
+        ),
+    ]
     s = State(
         nodes_os=[0, 0, 1, 1],
         images=2,
@@ -437,12 +475,22 @@ def test_vjob_backfills_over_cap_interactive_jobs_first_both_ways() -> None:
     window of one, the over-cap interactive job is the one looked at (random states rarely
     reach this, so it is fixed here); with "off" the earlier batch job is."""
     jobs = [
-        SimJob(submit=0.0, nodes=2, interactive=False, user=0, os=0, memory_mb=512, estimate=500_000.0,
-               state="running", alloc=(0, 1), start=10.0),
+        SimJob(
+            submit=0.0,
+            nodes=2,
+            interactive=False,
+            user=0,
+            os=0,
+            memory_mb=512,
+            estimate=500_000.0,
+            state="running",
+            alloc=(0, 1),
+            start=10.0,
+        ),
         SimJob(submit=10.0, nodes=4, interactive=False, user=0, os=0, memory_mb=512, estimate=9000.0, state="pending"),
         SimJob(submit=20.0, nodes=2, interactive=False, user=0, os=0, memory_mb=512, estimate=100.0, state="pending"),
         SimJob(submit=30.0, nodes=2, interactive=True, user=0, os=0, memory_mb=512, estimate=100.0, state="pending"),
-    ]  # fmt: skip
+    ]
     for ahead, started in (("backfill", ["3"]), ("off", ["2"])):
         s = State(
             nodes_os=[0, 0, 0, 0],
@@ -479,13 +527,34 @@ def test_vjob_takes_victims_harmless_to_the_guard_first_both_ways(
     600 s slack) and the harmless-first one only when the guard refuses (random states rarely
     build this, so it is fixed here)."""
     jobs = [
-        SimJob(submit=0.0, nodes=2, interactive=False, user=0, os=0, memory_mb=512, estimate=1060.0,
-               state="running", alloc=(0, 1), start=NOW - 60),
-        SimJob(submit=1.0, nodes=2, interactive=False, user=0, os=0, memory_mb=512, estimate=20_060.0,
-               state="running", alloc=(2, 3), start=NOW - 60, pn=1),
+        SimJob(
+            submit=0.0,
+            nodes=2,
+            interactive=False,
+            user=0,
+            os=0,
+            memory_mb=512,
+            estimate=1060.0,
+            state="running",
+            alloc=(0, 1),
+            start=NOW - 60,
+        ),
+        SimJob(
+            submit=1.0,
+            nodes=2,
+            interactive=False,
+            user=0,
+            os=0,
+            memory_mb=512,
+            estimate=20_060.0,
+            state="running",
+            alloc=(2, 3),
+            start=NOW - 60,
+            pn=1,
+        ),
         SimJob(submit=2.0, nodes=2, interactive=False, user=0, os=0, memory_mb=512, estimate=7200.0, state="pending"),
         SimJob(submit=3.0, nodes=2, interactive=True, user=0, os=0, memory_mb=512, estimate=estimate, state="pending"),
-    ]  # fmt: skip
+    ]
     for victims, preempted in expected.items():
         s = State(
             nodes_os=[0, 0, 0, 0],
@@ -523,13 +592,23 @@ def test_vjob_keeps_the_interactive_reserve_both_ways(
     (7 nodes + 2 > 8) is not held to it. Random states
     rarely build these, so they are fixed here; both passes agree on each."""
     jobs = [
-        SimJob(submit=0.0, nodes=4, interactive=False, user=0, os=0, memory_mb=512, estimate=10_000.0,
-               state="running", alloc=(0, 1, 2, 3), start=NOW - 60),
+        SimJob(
+            submit=0.0,
+            nodes=4,
+            interactive=False,
+            user=0,
+            os=0,
+            memory_mb=512,
+            estimate=10_000.0,
+            state="running",
+            alloc=(0, 1, 2, 3),
+            start=NOW - 60,
+        ),
         SimJob(submit=1.0, nodes=4, interactive=False, user=0, os=0, memory_mb=512, estimate=9000.0, state="pending"),
         SimJob(submit=2.0, nodes=1, interactive=False, user=0, os=0, memory_mb=512, estimate=100.0, state="pending"),
         SimJob(submit=3.0, nodes=2, interactive=True, user=0, os=0, memory_mb=512, estimate=100.0, state="pending"),
         SimJob(submit=4.0, nodes=7, interactive=False, user=0, os=0, memory_mb=512, estimate=100.0, state="pending"),
-    ]  # fmt: skip
+    ]
     if 4 in queue:  # the machine empty
         jobs = [replace(jobs[0], state="pending"), *jobs[1:]]
     s = State(
@@ -569,13 +648,33 @@ def test_vjob_holds_the_adaptive_reserve_only_while_interactive_jobs_arrive_both
     free nodes, so 3 are free: a 3-node batch job fits only without the reserve. Both passes
     count the visible interactive arrivals alike."""
     jobs = [
-        SimJob(submit=0.0, nodes=4, interactive=False, user=0, os=0, memory_mb=512, estimate=10_000.0,
-               state="running", alloc=(0, 1, 2, 3), start=NOW - 60),
+        SimJob(
+            submit=0.0,
+            nodes=4,
+            interactive=False,
+            user=0,
+            os=0,
+            memory_mb=512,
+            estimate=10_000.0,
+            state="running",
+            alloc=(0, 1, 2, 3),
+            start=NOW - 60,
+        ),
         SimJob(submit=1.0, nodes=3, interactive=False, user=0, os=0, memory_mb=512, estimate=9000.0, state="pending"),
         SimJob(submit=2.0, nodes=1, interactive=False, user=0, os=0, memory_mb=512, estimate=100.0, state="pending"),
-        SimJob(submit=NOW - 600, nodes=1, interactive=True, user=0, os=0, memory_mb=512, estimate=5000.0,
-               state="running", alloc=(4,), start=NOW - 600),
-    ]  # fmt: skip
+        SimJob(
+            submit=NOW - 600,
+            nodes=1,
+            interactive=True,
+            user=0,
+            os=0,
+            memory_mb=512,
+            estimate=5000.0,
+            state="running",
+            alloc=(4,),
+            start=NOW - 600,
+        ),
+    ]
     s = State(
         nodes_os=[0] * 8,
         images=1,

@@ -45,7 +45,8 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from preemption.scheduling.tick import Costs, Decision, decide
+from preemption.scheduling.pass_state import Costs
+from preemption.scheduling.tick import Decision, decide
 from vjob.config import Config, PriorityConfig, SchedulingConfig
 from vjob.model import ClusterView, Job, JobClass, JobState, Node
 from vjob.rms import PriorityKnob

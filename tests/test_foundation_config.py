@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -56,6 +58,11 @@ def test_explicit_path_beats_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
         ('[agent]\nrms = "lsf"\n', "agent.rms = 'lsf': must be 'slurm', 'pbs', 'oar' or 'sim'"),
         ('[saline]\nmac_prefix = "zz:00"\n', "saline.mac_prefix"),
         ("[priority.targets]\nalice = 0.8\nbob = 0.5\n", "add up to 1.300"),
+        # The sections kept beside their code (vjob.config.composed) are refused the same way.
+        ("[slurm]\nbin_dirr = 1\n", "unknown key 'slurm.bin_dirr'"),
+        ('[pbs]\ndialect = "pbspro"\n', "pbs.dialect = 'pbspro': must be 'torque' or 'openpbs'"),
+        ("[tune]\nbounds = {usage = [0.5, 0.1]}\n", "usage = [0.5, 0.1]: bounds inverted"),
+        ("[[saline.sites]]\nrepository = 'r'\n", "saline.sites.0.name = (missing)"),
     ],
 )
 def test_bad_values_are_named(tmp_path: Path, text: str, fragment: str) -> None:
@@ -94,3 +101,29 @@ def test_every_key_is_documented() -> None:
         if line.startswith("| `") and line.rstrip().endswith("|  |")
     ]
     assert undocumented == []
+
+
+def test_each_owned_section_is_its_owners_model() -> None:
+    """`[slurm]`, `[pbs]`, `[saline]`, `[tune]`: their models live beside their code, and a
+    Config holds an instance of each whether the file sets it or not."""
+    owners = {"slurm": "plugins.slurm.config", "pbs": "plugins.pbs.config", "saline": "saline_bew.config"}
+    owners["tune"] = "simulator.tune.config"
+    parsed = vconfig.parse({"slurm": {"conf": "/etc/slurm/slurm.conf"}})
+    for name, module in owners.items():
+        assert type(getattr(vconfig.Config(), name)).__module__ == module
+        assert type(getattr(parsed, name)).__module__ == module
+    assert parsed.slurm.conf == "/etc/slurm/slurm.conf" and vconfig.Config() == vconfig.Config()
+
+
+def test_loading_imports_no_owner_whose_section_the_file_leaves_out(tmp_path: Path) -> None:
+    """Why the owners are imported on first read: plugins.slurm pulls in the adapter and the
+    store (over a second), which `vjob config check` of a file without [slurm] need not pay."""
+    path = _write(tmp_path, "[agent]\ninterval_s = 5\n[tune]\npolicy = 'vjob'\n")
+    code = (
+        "import sys; from vjob import config\n"
+        f"cfg = config.load({str(path)!r})\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('plugins', 'saline_bew', 'simulator')))\n"
+        "print(cfg.slurm.site_factor_max, 'plugins.slurm.config' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.splitlines() == ["['simulator', 'simulator.tune', 'simulator.tune.config']", "1000000 True"]

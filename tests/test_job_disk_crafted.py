@@ -36,8 +36,8 @@ from typing import BinaryIO
 import pytest
 
 from plugins.oar.parse import OarJob
-from provisioning import ext4_tree, job_disk
-from saline_bew import journal, server, workdir
+from provisioning import ext4_image, ext4_tree, job_disk
+from saline_bew import client, deployment, journal, server, workdir
 from saline_bew.manager import Manager
 from tests.as_user import as_nobody
 from tests.saline_env import FakeOar, make_real_image, stand_in_manager
@@ -125,7 +125,7 @@ def _escapes(where: Path) -> list[Path]:
 @pytest.fixture
 def manager(tmp_path: Path, test_nodes: dict[str, str]) -> Iterator[Manager]:
     with FakeOar() as oar, stand_in_manager(tmp_path, test_nodes, oar) as m:
-        make_real_image(m.store, tmp_path)
+        make_real_image(m.ports.store, tmp_path)
         yield m
 
 
@@ -138,17 +138,17 @@ def _submit_disk(manager: Manager, tmp_path: Path, disk: Path) -> journal.Saline
     fd = os.open(disk, os.O_RDONLY)
     try:
         with server.Server(manager, sock):
-            server.call(sock, request, fd=fd)
+            client.call(sock, request, fd=fd)
     finally:
         os.close(fd)
-    (job,) = journal.all_jobs(manager.store)
-    assert manager.vms.work_path(job.key).is_file(), "the manager kept its checked copy"
+    (job,) = journal.all_jobs(manager.ports.store)
+    assert manager.ports.vms.work_path(job.key).is_file(), "the manager kept its checked copy"
     return job
 
 
 def _deploy(manager: Manager, job: journal.SalineJob) -> None:
     running = OarJob(id="2", state="Running", user=job.user, types=("besteffort",), hosts=("n1",), resources=(3,))
-    manager._deploy(journal.get(manager.store, job.key), running)
+    deployment.deploy(manager.ports, journal.get(manager.ports.store, job.key), running)
 
 
 def _refused(manager: Manager, job: journal.SalineJob) -> str:
@@ -385,7 +385,7 @@ def test_a_real_tree_comes_back_whole_through_the_reader(tmp_path: Path, feature
     out.mkdir()
     fd = os.open(raw, os.O_RDONLY)
     try:
-        image = ext4_tree.Image(fd)
+        image = ext4_image.Image(fd)
         tree = ext4_tree.scan(image, (b"work",), 64 << 20)
         ext4_tree.extract(image, tree, out, 64 << 20)
     finally:
@@ -464,15 +464,15 @@ def test_the_exit_status_is_read_as_the_user_and_cannot_be_traced(
     (stage / "work").mkdir(parents=True)
     job = _submit_disk(manager, tmp_path, _craft(tmp_path, stage, [], {}))
     _deploy(manager, job)
-    job = journal.get(manager.store, job.key)
-    assert manager.vms.exit_status(job.vm_names[0], job.hosts[0], user=job.user) is None
+    job = journal.get(manager.ports.store, job.key)
+    assert manager.ports.vms.exit_status(job.vm_names[0], job.hosts[0], user=job.user) is None
 
     def whoami(fd: int, path: tuple[bytes, ...], most: int, out: BinaryIO) -> None:
         ext4_tree._frame(out, {"error": _whoami()})
 
     monkeypatch.setattr(ext4_tree, "send_small_file", whoami)
-    manager._complete(job)
-    finished = journal.events(manager.store, job.key)[-1]
+    deployment.complete(manager.ports, job)
+    finished = journal.events(manager.ports.store, job.key)[-1]
     assert finished.kind == "finished" and finished.detail["exit_code"] is None, finished.detail
     assert _expected_whoami() in str(finished.detail.get("exit_error")), finished.detail
 
@@ -520,7 +520,7 @@ def test_a_damaged_file_system_is_refused_never_a_crash(tmp_path: Path, features
             out = tmp_path / f"out{case}"
             out.mkdir()
             try:
-                image = ext4_tree.Image(fd)
+                image = ext4_image.Image(fd)
                 ext4_tree.extract(image, ext4_tree.scan(image, (b"work",), 16 << 20), out, 16 << 20)
                 image.small_file((b".vjob", b"exit"), 16)
                 outcomes["read"] += 1
@@ -592,7 +592,7 @@ def _read_all(raw: Path, out: Path, limit: int = 64 << 20) -> ext4_tree.Tree:
     out.mkdir()
     fd = os.open(raw, os.O_RDONLY)
     try:
-        image = ext4_tree.Image(fd)
+        image = ext4_image.Image(fd)
         tree = ext4_tree.scan(image, (b"work",), limit)
         ext4_tree.extract(image, tree, out, limit)
         return tree
@@ -649,7 +649,7 @@ def test_an_extent_index_naming_one_leaf_many_times_is_refused(tmp_path: Path) -
     _read_all(raw, tmp_path / "good")  # the real tree reads
     fd = os.open(raw, os.O_RDWR)
     try:
-        image = ext4_tree.Image(fd)
+        image = ext4_image.Image(fd)
         inode = image.lookup((b"work", b"islands"))
         assert inode is not None
         magic, entries, _most, depth, generation = struct.unpack_from("<HHHHI", inode.block, 0)
@@ -675,10 +675,10 @@ def test_a_huge_directory_is_refused_before_all_its_names_are_held(
     for i in range(300):
         (src / "work" / "many" / f"n{i}").write_text("")
     raw = _mkfs(tmp_path, src, 8)
-    monkeypatch.setattr(ext4_tree, "MAX_ENTRIES", 100)
+    monkeypatch.setattr(ext4_image, "MAX_ENTRIES", 100)
     fd = os.open(raw, os.O_RDONLY)
     try:
-        image = ext4_tree.Image(fd)
+        image = ext4_image.Image(fd)
         many = image.lookup((b"work", b"many"))
         assert many is not None
         with pytest.raises(InputError, match="more than 100 entries"):
@@ -722,7 +722,7 @@ def test_skipped_special_files_count_towards_the_entry_limit(tmp_path: Path, mon
         os.mkfifo(src / "work" / "d" / f"f{i}")
     raw = _mkfs(tmp_path, src, 8)
     assert len(_read_all(raw, tmp_path / "all").skipped) == 100  # MAX_SKIPPED of 150
-    monkeypatch.setattr(ext4_tree, "MAX_ENTRIES", 100)
+    monkeypatch.setattr(ext4_image, "MAX_ENTRIES", 100)
     with pytest.raises(InputError, match="more than 100 entries"):
         _read_all(raw, tmp_path / "out")
 

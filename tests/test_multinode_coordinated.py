@@ -16,7 +16,7 @@ from typing import Any
 import libvirt
 import pytest
 
-from agent.pilot_multinode import JobVMs
+from pilot.multinode import JobVMs
 from plugins.pbs import hook_vm
 from preemption.executor import Executor
 from preemption.planner.plan import Plan, PlanAction

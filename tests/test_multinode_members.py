@@ -1,4 +1,4 @@
-"""Per-node pilots' protocol on libvirt's test driver (agent.member_leader, agent.pilot_member).
+"""Per-node pilots' protocol on libvirt's test driver (pilot.members.leader, pilot.members.member).
 
 The leader and its member pilots talk over real TCP with the real handshake; the members run
 as threads here (test-driver domains live in one process), each driving its own node's VM.
@@ -27,12 +27,15 @@ import libvirt
 import pytest
 from pydantic import ValidationError
 
-from agent import member_link, member_workdir
-from agent.member_leader import Members, MemberVM, leader_address
-from agent.member_link import LinkError
-from agent.pilot import Pilot, PilotSettings
-from agent.pilot_member import Member
-from agent.pilot_multinode import JobVMs
+from pilot.members import link as member_link
+from pilot.members import workdir as member_workdir
+from pilot.members.leader import Members, MemberVM, leader_address
+from pilot.members.link import LinkError
+from pilot.members.member import Member
+from pilot.multinode import JobVMs
+from pilot.pilot import Pilot
+from pilot.settings import PilotSettings
+from plugins.member_launch import LEADER_ENV, TOKEN_ENV
 from provisioning import coordinated, job_disk
 from provisioning.driver import Driver, DriverError, VMSpec
 from provisioning.job_disk import JobDescription
@@ -450,14 +453,16 @@ MEMBER_PROCESS = """
 import os
 import sys
 from pathlib import Path
-from agent import member_link, member_workdir
-from agent.pilot_member import Member
+from pilot.members import link as member_link
+from pilot.members import workdir as member_workdir
+from pilot.members.member import Member
+from plugins.member_launch import LEADER_ENV, TOKEN_ENV
 from provisioning.driver import Driver, VMSpec
 from vjob.config import ProvisioningConfig
 
 uri, snap, data, image, workdir = sys.argv[1:6]
 cfg = ProvisioningConfig(nodes={"n2": uri}, snapshot_dir=snap, operation_timeout_s=30)
-link = member_link.connect(os.environ[member_link.LEADER_ENV], os.environ[member_link.TOKEN_ENV], "n2")
+link = member_link.connect(os.environ[LEADER_ENV], os.environ[TOKEN_ENV], "n2")
 with Driver(cfg, data_dir=Path(data)) as drv:
     member = Member(link, drv, "n2", lambda _m, vm, _r, _w: VMSpec(vm, Path(image)), Path(workdir))
     code = member.serve()
@@ -477,7 +482,7 @@ def _sigterm_alone(driver: Driver, image: Path, tmp_path: Path, job: str, per_no
     members, proc, remotes = None, None, []
     if per_node:
         members = Members(["n2"], host="127.0.0.1")
-        env = {**os.environ, member_link.TOKEN_ENV: members.token, member_link.LEADER_ENV: members.address}
+        env = {**os.environ, TOKEN_ENV: members.token, LEADER_ENV: members.address}
         proc = subprocess.Popen(
             [sys.executable, "-c", MEMBER_PROCESS, driver.uri("n2"), str(tmp_path / "snap" / "{node}"),
              str(tmp_path / "data"), str(image), str(work)],

@@ -18,11 +18,12 @@ from typing import Any
 
 import pytest
 
-from agent import member_leader, member_link
-from agent.member_leader import Members, MemberVM
-from agent.member_link import LinkError
-from agent.pilot_multinode import network_of
-from agent.run_cmd import member_job
+from pilot.job import member_job
+from pilot.members import leader as member_leader
+from pilot.members import link as member_link
+from pilot.members.leader import Members, MemberVM
+from pilot.members.link import LinkError
+from pilot.multinode import network_of
 from provisioning import network
 
 

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from agent import member_link
-from agent.member_leader import Members
-from agent.pilot_member import Member
+from pilot.members import link as member_link
+from pilot.members.leader import Members
+from pilot.members.member import Member
 from provisioning import job_disk, network, transfer
 from provisioning.driver import Driver, VMSpec
 from provisioning.job_disk import JobDescription

@@ -1,4 +1,5 @@
-"""Per-node pilots started by each RMS's launcher (agent.member_launch), and how a member learns
+"""Per-node pilots started by each RMS's launcher (plugins/<rms>/member_launch.py, picked by
+pilot.members.launch), and how a member learns
 its leader, the token and its node.
 
 PBS cannot run here: its launch is tested against a stand-in `pbsdsh` (below), a script that
@@ -29,9 +30,13 @@ from pathlib import Path
 
 import pytest
 
-from agent import member_launch, member_link
-from agent.member_leader import Members
-from agent.member_link import LinkError
+from pilot.members import link as member_link
+from pilot.members.launch import launcher, member_command
+from pilot.members.leader import Members
+from pilot.members.link import LinkError
+from plugins import member_launch
+from plugins.oar import member_launch as oar_launch
+from plugins.pbs import member_launch as pbs_launch
 from vjob.errors import InputError, UsageError, VjobError
 
 STAND_IN_PBSDSH = r"""#!/bin/bash
@@ -80,10 +85,10 @@ def test_pbsdsh_starts_a_member_per_node_that_proves_the_job_cookie(
     conf = tmp_path / "vjob.toml"
     conf.write_text(f'data_dir = "{tmp_path / "data"}"\n')
 
-    secret = member_launch.leader_secret("pbs", os.environ)
+    secret = launcher("pbs").leader_secret(os.environ)
     members = Members(["n2", "n3"], host="127.0.0.1", secret=secret)
     try:
-        members.launch("pbs", config=str(conf), node_file=node_file.read_text().splitlines())
+        members.launch("pbs", config=str(conf))
         argvs = [list(s.proc.args) for s in members.steps]  # type: ignore[arg-type]
         assert [a[:4] for a in argvs] == [["pbsdsh", "-n", "2", "--"], ["pbsdsh", "-n", "3", "--"]]
         words = [w for a in argvs for w in a]
@@ -97,13 +102,14 @@ def test_pbsdsh_starts_a_member_per_node_that_proves_the_job_cookie(
 
 
 def test_a_member_with_the_nonce_but_another_jobs_cookie_is_refused() -> None:
-    secret = member_launch.leader_secret("pbs", {"PBS_JOBCOOKIE": "A" * 32})
+    secret = launcher("pbs").leader_secret({"PBS_JOBCOOKIE": "A" * 32})
     members = Members(["n2"], host="127.0.0.1", secret=secret)
     errors: list[str] = []
 
     def member(cookie: str) -> None:
-        call = member_launch.calling("pbs", {"PBS_JOBCOOKIE": cookie}, "n2", leader=members.address,
-                                     nonce=secret.nonce)  # fmt: skip
+        call = launcher("pbs").calling(
+            {"PBS_JOBCOOKIE": cookie}, "n2", leader=members.address, nonce=secret.nonce, stdin_fd=0
+        )  # fmt: skip
         try:
             member_link.connect(call.leader, call.token, call.node, timeout=10).close()
         except LinkError as exc:
@@ -128,7 +134,7 @@ def test_an_oar_member_reads_its_leader_from_stdin_and_checks_it_is_on_the_node_
         os.write(w, json.dumps({"leader": "10.0.0.1:4000", "token": "ab" * 32, "node": node}).encode() + b"\n")
         os.close(w)
         try:
-            return member_launch.calling("oar", {}, "ignored", stdin_fd=r)
+            return launcher("oar").calling({}, "ignored", leader="", nonce="", stdin_fd=r)
         finally:
             os.close(r)
 
@@ -138,11 +144,11 @@ def test_an_oar_member_reads_its_leader_from_stdin_and_checks_it_is_on_the_node_
         told("192.0.2.7")  # TEST-NET-1: no host has it
     with pytest.raises(InputError, match="not a node name"):
         told("n1;reboot")
-    monkeypatch.setattr(member_launch, "STDIN_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(oar_launch, "STDIN_TIMEOUT_S", 0.2)
     r, w = os.pipe()
     try:
         with pytest.raises(UsageError, match=r"no line from the leader on stdin within 0\.2 s"):
-            member_launch.calling("oar", {}, "n2", stdin_fd=r)
+            launcher("oar").calling({}, "n2", leader="", nonce="", stdin_fd=r)
     finally:
         os.close(r)
         os.close(w)
@@ -155,8 +161,9 @@ def test_the_oarsh_command_is_one_quoted_string_and_the_token_goes_on_stdin(
     words into one shell string on the node) and stdin; not the token in either argv or environment."""
     record = tmp_path / "record"
     _stand_in(tmp_path, monkeypatch, "oarsh", f'#!/bin/sh\n{{ printf "%s\\n" "$@"; cat; env; }} > {record}\n')
-    secret = member_launch.leader_secret("oar", {})
-    started = member_launch.start("oar", ["node-2"], "10.0.0.1:4000", secret, config="/etc/my vjob.toml")
+    secret = launcher("oar").leader_secret({})
+    command = member_command("oar", "/etc/my vjob.toml")
+    started = launcher("oar").start(["node-2"], "10.0.0.1:4000", secret, command, os.environ)
     assert started[0].proc.wait(10) == 0
     lines = record.read_text().splitlines()
     assert lines[:2] == ["node-2", "--"]
@@ -164,26 +171,26 @@ def test_the_oarsh_command_is_one_quoted_string_and_the_token_goes_on_stdin(
     assert json.loads(lines[3]) == {"leader": "10.0.0.1:4000", "token": secret.token, "node": "node-2"}
     assert all(secret.token not in line for line in lines[:3] + lines[4:])
     with pytest.raises(InputError, match="not a node name"):
-        member_launch.start("oar", ["n2 n3"], "10.0.0.1:4000", secret)
+        launcher("oar").start(["n2 n3"], "10.0.0.1:4000", secret, member_command("oar", None), os.environ)
 
 
 def test_per_node_under_an_rms_without_a_launcher_is_refused_by_name() -> None:
     with pytest.raises(UsageError, match=r"no per-node launcher for rms 'lsf' \(built: slurm, oar, pbs\)"):
-        member_launch.leader_secret("lsf", {})
+        launcher("lsf")
     with pytest.raises(Exception, match=r"\$PBS_JOBCOOKIE is unset"):
-        member_launch.leader_secret("pbs", {})
+        launcher("pbs").leader_secret({})
     with pytest.raises(UsageError, match="--leader HOST:PORT and --nonce"):
-        member_launch.calling("pbs", {"PBS_JOBCOOKIE": "x"}, "n2", leader="h:1", nonce="not-hex")
+        launcher("pbs").calling({"PBS_JOBCOOKIE": "x"}, "n2", leader="h:1", nonce="not-hex", stdin_fd=0)
 
 
 def test_node_file_lines_keep_addresses_and_drop_domains() -> None:
     assert [member_launch.short_name(x) for x in ("n1.cluster.org\n", " 127.0.0.1", "localhost", "::1")] == [
         "n1", "127.0.0.1", "localhost", "::1"]  # fmt: skip
-    assert member_launch.node_index("n2", ["n1.c", "n1.c", "n2.c"]) == 2
+    assert pbs_launch.node_index("n2", ["n1.c", "n1.c", "n2.c"]) == 2
     with pytest.raises(InputError, match=r"node n9: not in \$PBS_NODEFILE"):
-        member_launch.node_index("n9", ["n1.c"])
-    assert re.fullmatch(r"[0-9a-f]{64}", member_launch.pbs_token("cookie", "00" * 16))
-    assert member_launch.is_this_host(socket.gethostname())
+        pbs_launch.node_index("n9", ["n1.c"])
+    assert re.fullmatch(r"[0-9a-f]{64}", pbs_launch.pbs_token("cookie", "00" * 16))
+    assert oar_launch.is_this_host(socket.gethostname())
 
 
 def test_srun_gets_one_step_for_all_other_nodes_and_the_token_in_its_environment(
@@ -192,14 +199,15 @@ def test_srun_gets_one_step_for_all_other_nodes_and_the_token_in_its_environment
     record = tmp_path / "record"
     _stand_in(tmp_path, monkeypatch, "srun", f'#!/bin/sh\n{{ printf "%s\\n" "$@"; env; }} > {record}\n')
     monkeypatch.setenv("PYTHONPATH", "/not/passed/on/argv")  # srun passes the environment itself
-    secret = member_launch.leader_secret("slurm", {})
-    (started,) = member_launch.start("slurm", ["n2", "n3"], "10.0.0.1:4000", secret)
+    secret = launcher("slurm").leader_secret({})
+    command = member_command("slurm", None)
+    (started,) = launcher("slurm").start(["n2", "n3"], "10.0.0.1:4000", secret, command, os.environ)
     assert started.nodes == ("n2", "n3") and started.proc.wait(10) == 0
     lines = record.read_text().splitlines()
     assert lines[:6] == ["--ntasks-per-node=1", "--nodes=2", "--relative=1", "--kill-on-bad-exit=0", "--overlap",
                          sys.executable]  # fmt: skip
     assert lines[6:11] == ["-m", "vjob.cli", "run", "--member", "--rms"]
-    assert f"{member_link.TOKEN_ENV}={secret.token}" in lines and f"{member_link.LEADER_ENV}=10.0.0.1:4000" in lines
+    assert f"{member_launch.TOKEN_ENV}={secret.token}" in lines and f"{member_launch.LEADER_ENV}=10.0.0.1:4000" in lines
 
 
 def test_a_launcher_that_ends_before_its_member_joined_fails_the_join_naming_the_node(
@@ -207,7 +215,7 @@ def test_a_launcher_that_ends_before_its_member_joined_fails_the_join_naming_the
 ) -> None:
     oarsh = '#!/bin/sh\ncase "$1" in n3) exec sleep 30 ;; esac\necho "oarsh: refused" >&2\nexit 3\n'
     _stand_in(tmp_path, monkeypatch, "oarsh", oarsh)
-    members = Members(["n2", "n3"], host="127.0.0.1", secret=member_launch.leader_secret("oar", {}))
+    members = Members(["n2", "n3"], host="127.0.0.1", secret=launcher("oar").leader_secret({}))
     try:
         members.launch("oar")
         with pytest.raises(

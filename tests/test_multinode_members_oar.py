@@ -30,13 +30,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 LEADER = """
 import json, os, sys, time
-from agent import member_launch
-from agent.member_leader import Members
+from pilot.members.launch import launcher
+from pilot.members.leader import Members
+from plugins.member_launch import short_name
 
 t0 = time.monotonic()
 lines = open(os.environ["OAR_NODEFILE"]).read().splitlines()
-nodes = list(dict.fromkeys(member_launch.short_name(x) for x in lines if x.strip()))
-members = Members(nodes[1:], secret=member_launch.leader_secret("oar", os.environ))
+nodes = list(dict.fromkeys(short_name(x) for x in lines if x.strip()))
+members = Members(nodes[1:], secret=launcher("oar").leader_secret(os.environ))
 answers = {}
 try:
     members.launch("oar", config=sys.argv[1])

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import ipaddress
 import xml.etree.ElementTree as ET
-from argparse import Namespace
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent import run_cmd
-from agent.pilot_multinode import network_of
-from plugins import job_environment
+from pilot.job import job_nodes
+from pilot.multinode import network_of
 from provisioning import job_disk, network
 from provisioning.domain_xml import domain_xml
 from provisioning.guest_agent import agent
@@ -116,21 +114,20 @@ def test_the_vm_of_a_multi_node_job_has_its_nic_on_the_jobs_bridge(tmp_path: Pat
 
 
 def test_the_pilot_reads_the_allocations_nodes_from_the_rms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    slurm, pbs = job_environment("slurm"), job_environment("pbs")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "node[1-3]")
-    assert run_cmd._job_nodes(Namespace(nodes=None, rms="slurm"), slurm, "node2") == ["node2", "node1", "node3"]
+    assert job_nodes("slurm", None, "node2") == ["node2", "node1", "node3"]
     nodefile = tmp_path / "nodes"
     nodefile.write_text("n2.cluster\nn2.cluster\nn1.cluster\n")  # one line per slot
     monkeypatch.setenv("PBS_NODEFILE", str(nodefile))
-    assert run_cmd._job_nodes(Namespace(nodes=None, rms="pbs"), pbs, "n2") == ["n2", "n1"]
-    assert run_cmd._job_nodes(Namespace(nodes="a,b", rms="slurm"), slurm, "b") == ["b", "a"]
+    assert job_nodes("pbs", None, "n2") == ["n2", "n1"]
+    assert job_nodes("slurm", "a,b", "b") == ["b", "a"]
     monkeypatch.delenv("SLURM_JOB_NODELIST")
-    assert run_cmd._job_nodes(Namespace(nodes=None, rms="slurm"), slurm, "n1") == ["n1"]
+    assert job_nodes("slurm", None, "n1") == ["n1"]
     with pytest.raises(InputError, match="node list"):
-        run_cmd._job_nodes(Namespace(nodes="a,-x", rms="slurm"), slurm, "a")
+        job_nodes("slurm", "a,-x", "a")
     with pytest.raises(InputError, match="node z: not in the job's node list a,b"):
-        run_cmd._job_nodes(Namespace(nodes="a,b", rms="slurm"), slurm, "z")
-    assert run_cmd._job_nodes(Namespace(nodes="other-name", rms="slurm"), slurm, "n1") == ["n1"]
+        job_nodes("slurm", "a,b", "z")
+    assert job_nodes("slurm", "other-name", "n1") == ["n1"]
 
 
 def test_the_users_ssh_files_are_never_written_through_a_planted_link(tmp_path: Path) -> None:

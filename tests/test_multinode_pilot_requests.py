@@ -1,7 +1,7 @@
 """Live context-switch requests to a multi-node pilot: one cut for all its VMs, or a refusal.
 
 A real pilot process (`vjob run --nodes node1,node2`, two counter-guest VMs) over libvirt's
-test driver, asked as the agent asks (agent.pilot_requests, test_planner_live.py):
+test driver, asked as the agent asks (pilot.switch_requests, test_planner_live.py):
 - `suspend` saves both VMs in one coordinated cut (the state files of both, the pilot's
   `multi-node job saved` line says consistent), `resume` in place restores both;
 - a `resume` on another node or from another node's state, and a live `migrate`, would move

@@ -26,9 +26,10 @@ from plugins.oar.client import OarCommands
 from preemption.deadline.threshold_file import THRESHOLD_NAME, read_threshold, write_threshold
 from provisioning.driver import Driver
 from saline_bew import admission, deadline_rule, journal, server
-from saline_bew.manager import HOLDER, VJOB_COMMAND, Manager
+from saline_bew.manager import Manager
 from saline_bew.repository import Repository
 from saline_bew.sites import Site
+from saline_bew.submission import HOLDER, VJOB_COMMAND
 from saline_bew.vms import SalineVMs
 from tests.saline_env import make_image
 from tests.services import free_port
@@ -115,10 +116,10 @@ def test_oarsub_besteffort_vjob_is_wrapped_and_fails_open_without_vjob(
             assert "besteffort" in seen["types"] and not any(t.startswith("vjob") for t in seen["types"])
             assert "AND (site='a')" in seen["properties"], seen["properties"]
             deadline = time.monotonic() + 30
-            while journal.get(manager.store, key).oar_job_id is None and time.monotonic() < deadline:
+            while journal.get(manager.ports.store, key).oar_job_id is None and time.monotonic() < deadline:
                 manager.step()
                 time.sleep(0.5)
-            assert journal.get(manager.store, key).oar_job_id == oar_id
+            assert journal.get(manager.ports.store, key).oar_job_id == oar_id
             manager.cancel(key)  # oardel: no VM is started in this test
 
         # No manager listening: the same oarsub is accepted as a plain best-effort job.
@@ -132,7 +133,7 @@ def test_oarsub_besteffort_vjob_is_wrapped_and_fails_open_without_vjob(
         # The manager up, its store down: accepted untouched too, on the manager's answer (not
         # the rule's timeout: the message says which). oarsub's own timeout bounds a hang.
         dead = Store(f"postgresql+psycopg://vjob:x@127.0.0.1:{free_port()}/vjob", connect_timeout_s=2)
-        manager.store = manager.vms.store = dead
+        manager.ports.store = manager.ports.vms.store = dead
         with server.Server(manager, rule_and_socket):
             proc = oarsub(user, *submit)
         untouched = job_id(proc)

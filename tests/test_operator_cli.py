@@ -19,16 +19,19 @@ REPO = Path(__file__).resolve().parents[1]
 
 def py(code: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "VJOB_CONFIG"}
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, cwd=REPO,
-                          timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=120
+    )
 
 
 def test_top_level_help_lists_every_command_and_imports_none() -> None:
-    r = py("import sys; from vjob.cli import main\n"
-           "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-           "heavy = ('agent', 'preemption', 'plugins', 'provisioning', 'simulator', 'saline_bew', 'numba',"
-           " 'sqlalchemy', 'libvirt', 'ortools', 'matplotlib')\n"
-           "print('IMPORTED', sorted({m.split('.')[0] for m in sys.modules} & set(heavy)))")  # fmt: skip
+    r = py(
+        "import sys; from vjob.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "heavy = ('agent', 'preemption', 'plugins', 'provisioning', 'simulator', 'saline_bew', 'numba',"
+        " 'sqlalchemy', 'libvirt', 'ortools', 'matplotlib')\n"
+        "print('IMPORTED', sorted({m.split('.')[0] for m in sys.modules} & set(heavy)))"
+    )
     assert r.returncode == 0, r.stderr
     assert "IMPORTED []" in r.stdout
     for name in COMMANDS:
@@ -49,8 +52,11 @@ def test_top_level_help_imports_no_command_module() -> None:
         "        pass\n"
         "print(' '.join(sorted(sys.modules)))\n"
     )
-    loaded = set(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
-                                check=True, cwd=REPO).stdout.split())  # fmt: skip
+    loaded = set(
+        subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True, cwd=REPO
+        ).stdout.split()
+    )
     heavy = {"libvirt", "ortools", "numba", "matplotlib", "sqlalchemy", "numpy"}
     commands = {"agent", "simulator", "saline_bew", "preemption", "provisioning", "devkit", "ubis_priority"}
     assert {m.split(".")[0] for m in loaded} & (heavy | commands) == set()
@@ -69,8 +75,9 @@ def test_a_missing_extra_is_one_line_and_exit_2(blocked: str, argv: list[str], e
     inst = tmp_path / "instance.json"
     inst.write_text('{"nodes": [{"id": "n1", "cpu": 2, "mem": 1024}], "vms": []}')
     argv = [str(inst) if a == "INSTANCE" else a for a in argv]
-    r = py(f"import sys; sys.modules[{blocked!r}] = None\nfrom vjob.cli import main\nsys.exit(main(sys.argv[1:]))",
-           *argv)  # fmt: skip
+    r = py(
+        f"import sys; sys.modules[{blocked!r}] = None\nfrom vjob.cli import main\nsys.exit(main(sys.argv[1:]))", *argv
+    )
     assert r.returncode == 2, r.stdout + r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and extra in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
@@ -80,8 +87,11 @@ def test_global_options_are_accepted_after_the_command(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[agent]\ninterval_s = -1\n")
     code = "import sys; from vjob.cli import main; sys.exit(main(sys.argv[1:]))"
-    for argv in (["--config", str(bad), "config", "show"], ["config", "show", "--config", str(bad)],
-                 ["config", "--config", str(bad), "show"]):  # fmt: skip
+    for argv in (
+        ["--config", str(bad), "config", "show"],
+        ["config", "show", "--config", str(bad)],
+        ["config", "--config", str(bad), "show"],
+    ):
         r = py(code, *argv)
         assert r.returncode == 2 and "agent.interval_s = -1" in r.stderr, (argv, r.stderr)
     r = py(code, "config", "show", "--config", str(bad), "--debug")
@@ -147,7 +157,12 @@ def test_completion_scripts_are_generated_from_the_parser() -> None:
 def test_the_man_page_is_generated_from_the_parser() -> None:
     pytest.importorskip("argparse_manpage")
     exe = Path(sys.executable).with_name("argparse-manpage")
-    r = subprocess.run([str(exe), "--module", "vjob.cli", "--function", "build_full_parser", "--prog", "vjob"],
-                       capture_output=True, text=True, timeout=120, cwd=REPO)  # fmt: skip
+    r = subprocess.run(
+        [str(exe), "--module", "vjob.cli", "--function", "build_full_parser", "--prog", "vjob"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith(".TH VJOB") and "dry\\-run" in r.stdout and "deploy" in r.stdout

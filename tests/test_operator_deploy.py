@@ -188,6 +188,3 @@ def test_sd_notify_without_systemd_does_nothing(monkeypatch: pytest.MonkeyPatch,
     assert Notifier().ready() is False
     monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "gone.sock"))
     assert Notifier().watchdog() is False  # logged, never fatal
-    monkeypatch.setenv("WATCHDOG_USEC", "300000000")
-    monkeypatch.setenv("WATCHDOG_PID", str(os.getpid()))
-    assert Notifier().watchdog_s == 300.0

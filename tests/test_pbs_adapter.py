@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from plugins.pbs import PbsAdapter, make_adapter
+from plugins.pbs.config import PbsConfig
 from tests.pbs_standins import StandIns
-from vjob.config import Config, PbsConfig, parse
+from vjob.config import Config, parse
 from vjob.errors import CommandError, InputError
 from vjob.model import JobClass, JobState, NodeState
 

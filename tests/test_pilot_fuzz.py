@@ -75,7 +75,7 @@ class Site:
         """What the agent's observation and switch view make of the hostile job writing `data`."""
         self.hostile.state_file.write_bytes(data)
         users = {GOOD: "root", HOSTILE: "root"}
-        pilots = read_pilots(self.agent, all_dirs(self.root, "slurm"), users)
+        pilots = read_pilots(self.agent.ports, all_dirs(self.root, "slurm"), users)
         assert pilots[GOOD] == self.good.read_state(), "the good job's state must come through unchanged"
         if HOSTILE in pilots:
             st = pilots[HOSTILE]
@@ -148,7 +148,7 @@ def test_any_field_values_in_state_json_cost_only_that_job(site: Site, data: byt
 def test_the_good_file_is_heard_when_the_hostile_one_is_valid(site: Site) -> None:
     """The fuzz above can pass vacuously only if the hostile job is never heard: it is, when valid."""
     site.hostile.state_file.write_bytes(VALID)
-    pilots = read_pilots(site.agent, all_dirs(site.root, "slurm"), {GOOD: "root", HOSTILE: "root"})
+    pilots = read_pilots(site.agent.ports, all_dirs(site.root, "slurm"), {GOOD: "root", HOSTILE: "root"})
     assert set(pilots) == {GOOD, HOSTILE}
 
 

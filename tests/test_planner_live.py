@@ -301,7 +301,7 @@ def test_the_control_loop_relieves_an_overloaded_node_from_measured_demand(site,
     cfg = parse({"data_dir": str(site[0] / "data"), "planner": {"interval_s": 30, "optimizer": "ffd"},
                  "agent": {"checkpoint_timeout_s": 60}})  # fmt: skip
     agent = Agent(cfg, _NoRMS(), rms="slurm", metrics=AgentMetrics())  # type: ignore[arg-type]
-    agent._store = store
+    agent.ports.store.opened = store
     view = ClusterView(now=time.time(), nodes=(Node("node1", 2, 1024),), jobs=())
     hv = mirror(site, "node1", {"91": 384, "92": 384, "93": 384})
 
@@ -312,7 +312,7 @@ def test_the_control_loop_relieves_an_overloaded_node_from_measured_demand(site,
     state = ControlState(sampler=node_sampler(lambda _node: hv))
     consolidate.observed_vms(observation(), state, busy=0.5)  # first samples
     time.sleep(0.3)
-    report = consolidate.step(agent, observation(), state)
+    report = consolidate.step(agent.ports, observation(), state)
 
     assert state.decision is not None and state.decision.overloaded == ("node1",)
     assert state.decision.why == ("memory 1152 > 1024 MB",)
@@ -341,14 +341,14 @@ def test_the_agent_samples_each_node_through_the_provisioning_drivers_connection
     cfg = parse({"data_dir": str(site[0] / "data"), "planner": {"interval_s": 30},
                  "provisioning": {"nodes": {"node1": make_test_node(site[0] / "own", "node1")}}})  # fmt: skip
     agent = Agent(cfg, _NoRMS(), rms="slurm", metrics=AgentMetrics())  # type: ignore[arg-type]
-    agent._store = store
+    agent.ports.store.opened = store
     claim = PilotStatus(job_id="95", vm="vjob-slurm-95", node="node1", uri="test:///default",
                         state=PilotState.RUNNING, since=1.0, memory_mb=16, vcpus=1, cpu_at=1.0)  # fmt: skip
     job = Job(id="95", user="root", rms="slurm", memory_mb=300, cores=2)
     obs = Observation(ClusterView(now=time.time(), nodes=(Node("node1", 2, 4096),), jobs=(job,)), {"95": claim}, {},
                       True)  # fmt: skip
     state = ControlState()
-    assert consolidate.step(agent, obs, state) is None  # 2 CPUs wanted on 2: nothing to do
+    assert consolidate.step(agent.ports, obs, state) is None  # 2 CPUs wanted on 2: nothing to do
     assert state.sampler is not None and state.unmeasured == ("vjob-slurm-95",)
     assert state.decision is not None and [(v.cpu, v.mem) for v in state.decision.instance.vms] == [(2, 300)]
 

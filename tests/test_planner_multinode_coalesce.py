@@ -165,12 +165,12 @@ def test_the_control_step_refuses_a_plan_that_migrates_a_member_before_asking_an
     readings = {"n1": {"v6": sample("v6", 1000), "v7-0": sample("v7-0", 100)}, "n2": {"v7-1": sample("v7-1", 100)}}
     cfg = parse({"data_dir": str(tmp_path / "data"), "planner": {"interval_s": 30, "optimizer": "ffd"}})
     agent = Agent(cfg, _NoRMS(), rms="slurm", metrics=AgentMetrics())  # type: ignore[arg-type]
-    agent._store = store
+    agent.ports.store.opened = store
     pilots = {"6": _status(PilotState.RUNNING, job_id="6", vm="v6", vcpus=1),
               "7": _status(PilotState.RUNNING, member_nodes=["n1", "n2"], vcpus=2)}  # fmt: skip
     view = ClusterView(now=0, nodes=tuple(Node(n, 2, 1024) for n in ("n1", "n2", "n3")), jobs=())
     state = ControlState(sampler=lambda node: readings.get(node, {}))
-    moved = consolidate.step(agent, Observation(view, pilots, {}, True), state)
+    moved = consolidate.step(agent.ports, Observation(view, pilots, {}, True), state)
     assert state.plan is not None and [(a.kind, a.vm) for a in state.plan.actions] == [(MG, "v6")]
     assert moved is not None and [a.vm for a, _ in moved.failed] == ["v6"] and not state.refused
 
@@ -184,7 +184,7 @@ def test_the_control_step_refuses_a_plan_that_migrates_a_member_before_asking_an
 
     monkeypatch.setattr(consolidate, "plan_for", unpinned)
     state = ControlState(sampler=lambda node: readings.get(node, {}))
-    report = consolidate.step(agent, Observation(view, pilots, {}, True), state)
+    report = consolidate.step(agent.ports, Observation(view, pilots, {}, True), state)
     assert state.plan is not None and [(a.kind, a.vm) for a in state.plan.actions] == [(MG, "v7-0")]
     assert report is not None and report.state == "failed" and not report.done
     assert "vjob 7: the plan migrates its VMs (v7-0 n1→" in report.failed[0][1]
@@ -193,5 +193,5 @@ def test_the_control_step_refuses_a_plan_that_migrates_a_member_before_asking_an
     assert [(a.action, a.vm_name, a.state) for a in sw.actions] == [("migrate", "v7-0", "failed")]
     assert not (tmp_path / "data" / "pilots").exists()  # no request written anywhere
     # the next step, same state: the same refusal is logged, not journalled again
-    assert consolidate.step(agent, Observation(view, pilots, {}, True), state) is None
+    assert consolidate.step(agent.ports, Observation(view, pilots, {}, True), state) is None
     assert [sw.id for sw in journal.recent(store)] == [report.switch_id, moved.switch_id]

@@ -96,7 +96,7 @@ def test_the_loop_suspends_and_resumes_a_multi_node_vjob_as_one_request_each(sit
     cfg = parse({"data_dir": str(site / "data"), "planner": {"interval_s": 30, "optimizer": "ffd"},
                  "agent": {"checkpoint_timeout_s": 60}})  # fmt: skip
     agent = Agent(cfg, _NoRMS(), rms="slurm", metrics=AgentMetrics())  # type: ignore[arg-type]
-    agent._store = store
+    agent.ports.store.opened = store
     view = ClusterView(now=time.time(), nodes=(Node("node1", 2, 1024), Node("node2", 2, 512)), jobs=())
 
     def observation() -> Observation:
@@ -106,7 +106,7 @@ def test_the_loop_suspends_and_resumes_a_multi_node_vjob_as_one_request_each(sit
     state = ControlState(sampler=node_sampler(lambda node: hv[node]))
     consolidate.observed_vms(observation(), state, busy=0.5)  # first samples
     time.sleep(0.3)
-    report = consolidate.step(agent, observation(), state)
+    report = consolidate.step(agent.ports, observation(), state)
 
     assert state.decision is not None and state.decision.overloaded == ("node1",)
     assert [(v.id, v.host, v.mem) for v in state.decision.instance.vms] == [
@@ -146,7 +146,7 @@ def test_the_loop_suspends_and_resumes_a_multi_node_vjob_as_one_request_each(sit
     asleep = [o for o in consolidate.observed_vms(observation(), state, busy=0.5) if o.vjob == "79"]
     assert [(o.vm, o.state, o.host, o.mem) for o in asleep] == [
         (MEMBERS[0], VJobState.SLEEPING, "node1", 384), (MEMBERS[1], VJobState.SLEEPING, "node2", 384)]  # fmt: skip
-    report = consolidate.step(agent, observation(), state)
+    report = consolidate.step(agent.ports, observation(), state)
     assert report is not None and report.state == "done", report.summary()
     assert state.plan is not None and sorted((a.kind, a.vm, a.src, a.dst) for a in state.plan.actions) == [
         (Action.RESUME, MEMBERS[0], "node1", "node1"), (Action.RESUME, MEMBERS[1], "node2", "node2")]  # fmt: skip

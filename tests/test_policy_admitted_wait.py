@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.engine import ClusterModel, simulate
+from simulator.engine import simulate
 from simulator.lublin import generate
 from simulator.metrics import schedule_digest
+from simulator.replay import ClusterModel
 from simulator.setup import UbisSetup, apply
 from tests import bench_scripts
 from vjob.config import PriorityConfig, SchedulingConfig

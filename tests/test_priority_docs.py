@@ -7,8 +7,9 @@ import re
 from pathlib import Path
 
 from agent.prio_cmd import render
+from plugins.slurm.config import SlurmConfig
 from ubis_priority import compute
-from vjob.config import PriorityConfig, SlurmConfig
+from vjob.config import PriorityConfig
 from vjob.model import ClusterView
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "priority.md"

@@ -1,6 +1,6 @@
 """The README's main command is a test (issue 32): `deploy/demo` end to end on the development
 cluster with real debian12 guests, and every claim of its JSON line checked. Also the pieces
-of devkit/demo.py that decide those claims, without the cluster.
+of devkit/demo_*.py that decide those claims, without the cluster.
 
 Why run `deploy/demo` itself rather than the Scenario class: the command a newcomer types is
 the one that must work (its set-up, its exit status, its one-line failures); the scenario's
@@ -19,23 +19,19 @@ from pathlib import Path
 
 import pytest
 
-from devkit.demo import (
+from devkit.demo_jobs import (
     REAL_LATENCY_FACTOR,
     REAL_MIN_S,
     REAL_PROGRAM,
     REAL_ROUNDS,
     REAL_STEPS,
-    START_RATIO_MAX,
     TINY_IMAGE,
-    Outcome,
-    Timeline,
-    guest_panic,
-    no_preemption_wait,
     progress_steps_of,
     real_script,
-    remaining_run_s,
     steps_around_resume,
 )
+from devkit.demo_outcome import START_RATIO_MAX, Outcome, Timeline, no_preemption_wait, remaining_run_s
+from devkit.guest_probe import guest_panic
 from vjob.pilot_files import PilotState, PilotStatus
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,7 +49,7 @@ def test_deploy_demo_checkpoints_real_jobs_for_an_interactive_job_and_says_so(
     result equals an uninterrupted run's, the agent recorded the snapshots and the nodes' OS,
     and the interactive job started within a quarter of the wait it would have had without
     preemption, that wait being measured in the same run (the batch jobs' remaining run time,
-    devkit.demo.no_preemption_wait). Fails on a broken agent: victims 0."""
+    devkit.demo_outcome.no_preemption_wait). Fails on a broken agent: victims 0."""
     # Not under pytest's tmp_path: QEMU runs as libvirt-qemu and must traverse to the VM disks.
     work = Path(tempfile.mkdtemp(prefix="vjob-demo-test-", dir="/var/tmp"))
     work.chmod(0o711)

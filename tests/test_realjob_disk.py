@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent import run_cmd
+from pilot import job as run_job
 from provisioning import job_disk
 from provisioning.guest_agent import agent
 from vjob import proc
@@ -165,6 +165,6 @@ def test_the_pilot_describes_the_job_from_the_kernels_ids(tmp_path: Path, monkey
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("USER", "someone-else")
     monkeypatch.setenv("BASH_FUNC_f%%", "() { :; }")
-    job = run_cmd.job_description(b"#!/bin/sh\n", ["x"], "node1")
+    job = run_job.job_description(b"#!/bin/sh\n", ["x"], "node1")
     assert (job.uid, job.gid, job.cwd, job.hostname) == (os.getuid(), os.getgid(), str(tmp_path), "node1")
     assert "BASH_FUNC_f%%" not in job.env and job.env["VJOB_NODE"] == "node1"

@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 
 from plugins.pbs import PbsAdapter, make_adapter
+from plugins.pbs.config import PbsConfig
 from plugins.slurm.adapter import SlurmAdapter
 from provisioning.images import Catalogue, StoreNodeOS, node_os, record_node_image, with_node_os
 from tests.pbs_standins import StandIns
 from ubis_priority import compute
-from vjob.config import Config, PbsConfig, parse
+from vjob.config import Config, parse
 from vjob.errors import InputError
 from vjob.model import ClusterView, Job, JobState, Node
 from vjob.store.db import Store

@@ -77,16 +77,16 @@ def test_a_root_pilots_save_is_recorded_once_and_again_when_replaced(
     path = _root_state(tmp_path, job)
     _manifest(path, vm_name("slurm", job.id), path.stat().st_size, hashlib.sha256(path.read_bytes()).hexdigest())
     pilots = {job.id: _pilot(job, path)}
-    assert record_pilot_snapshots(agent, store, [job], pilots) == 1
+    assert record_pilot_snapshots(agent.ports, store, [job], pilots) == 1
     (row,) = store_snapshots.listing(store)
     assert (row.job, row.vm, row.kind, row.node, row.path) == ("42", "vjob-slurm-42", "memory", "node1", str(path))
     assert row.size_bytes == path.stat().st_size and row.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
     assert row.created_at == path.stat().st_mtime
-    assert record_pilot_snapshots(agent, store, [job], pilots) == 0  # unchanged: not hashed again
+    assert record_pilot_snapshots(agent.ports, store, [job], pilots) == 0  # unchanged: not hashed again
     path.write_bytes(b"a later save")
     _manifest(path, vm_name("slurm", job.id), path.stat().st_size, hashlib.sha256(b"a later save").hexdigest())
     os.utime(path, (time.time() + 5, time.time() + 5))
-    assert record_pilot_snapshots(agent, store, [job], pilots) == 1
+    assert record_pilot_snapshots(agent.ports, store, [job], pilots) == 1
     (row,) = store_snapshots.listing(store)
     assert row.sha256 == hashlib.sha256(b"a later save").hexdigest()
 
@@ -113,7 +113,7 @@ def test_a_user_pilots_save_in_its_home_is_recorded(
     agent: Agent, store: Store, user_home_state: tuple[Job, Path]
 ) -> None:
     job, path = user_home_state
-    assert record_pilot_snapshots(agent, store, [job], {job.id: _pilot(job, path)}) == 1
+    assert record_pilot_snapshots(agent.ports, store, [job], {job.id: _pilot(job, path)}) == 1
     (row,) = store_snapshots.listing(store)
     assert row.path == str(path) and row.sha256 == "-"  # the user's file: never hashed by root (issue 39)
 
@@ -132,18 +132,18 @@ def test_hostile_claims_are_not_recorded(agent: Agent, store: Store, tmp_path: P
         ("dot-dot out of the dir", tmp_path / "snaps" / "node1" / ".." / ".." / "secret"),
     ]
     for _, claim in cases:
-        assert record_pilot_snapshots(agent, store, [job], {job.id: _pilot(job, claim)}) == 0
+        assert record_pilot_snapshots(agent.ports, store, [job], {job.id: _pilot(job, claim)}) == 0
     expected = tmp_path / "snaps" / "node1" / f"{vm_name('slurm', '42')}.state"
     expected.parent.mkdir(parents=True, exist_ok=True)
     expected.symlink_to(secret)  # the expected name, but a link to a file the job may not read
-    assert record_pilot_snapshots(agent, store, [job], {job.id: _pilot(job, expected)}) == 0
+    assert record_pilot_snapshots(agent.ports, store, [job], {job.id: _pilot(job, expected)}) == 0
     expected.unlink()
     os.mkfifo(expected)  # a FIFO would block a reading agent forever: the test's timeout bounds that
-    assert record_pilot_snapshots(agent, store, [job], {job.id: _pilot(job, expected)}) == 0
+    assert record_pilot_snapshots(agent.ports, store, [job], {job.id: _pilot(job, expected)}) == 0
     expected.unlink()
     expected.write_bytes(b"state")
     os.chown(expected, 12345, 12345)  # neither root nor the job's user
-    assert record_pilot_snapshots(agent, store, [job], {job.id: _pilot(job, expected)}) == 0
+    assert record_pilot_snapshots(agent.ports, store, [job], {job.id: _pilot(job, expected)}) == 0
     assert store_snapshots.listing(store) == []
 
 
@@ -157,7 +157,7 @@ def test_a_symlinked_directory_under_the_users_home_is_refused(
     shutil.move(str(snapshots), moved)
     try:
         snapshots.symlink_to(moved)
-        assert record_pilot_snapshots(agent, store, [job], {job.id: _pilot(job, path)}) == 0
+        assert record_pilot_snapshots(agent.ports, store, [job], {job.id: _pilot(job, path)}) == 0
         assert store_snapshots.listing(store) == []
     finally:
         snapshots.unlink(missing_ok=True)
@@ -166,7 +166,7 @@ def test_a_symlinked_directory_under_the_users_home_is_refused(
 
 def test_vjob_status_lists_the_snapshots(agent: Agent, cfg: Config, store: Store, tmp_path: Path) -> None:
     job = _job()
-    record_pilot_snapshots(agent, store, [job], {job.id: _pilot(job, _root_state(tmp_path, job))})
+    record_pilot_snapshots(agent.ports, store, [job], {job.id: _pilot(job, _root_state(tmp_path, job))})
     data = collect(cfg, "slurm")
     assert [(s["job"], s["vm"], s["kind"], s["node"]) for s in data["snapshots"]] == [
         ("42", "vjob-slurm-42", "memory", "node1")
@@ -191,7 +191,7 @@ def test_a_root_save_is_recorded_with_the_digest_root_took_at_save_time(
     path = _root_state(tmp_path, job)
     at_save = "ab" * 32  # not the content's digest: proves the content was not read
     _manifest(path, vm_name("slurm", job.id), path.stat().st_size, at_save)
-    assert record_pilot_snapshots(agent, store, [job], {job.id: _pilot(job, path)}) == 1
+    assert record_pilot_snapshots(agent.ports, store, [job], {job.id: _pilot(job, path)}) == 1
     (row,) = store_snapshots.listing(store)
     assert row.sha256 == at_save and row.size_bytes == path.stat().st_size
 
@@ -208,7 +208,7 @@ def test_a_digest_root_did_not_take_is_not_recorded(agent: Agent, store: Store, 
                              "zz" * 32 if problem == "not hex" else digest)  # fmt: skip
         if problem == "user's manifest":
             os.chown(manifest, 12345, 12345)
-    assert record_pilot_snapshots(agent, store, [job], {job.id: _pilot(job, path)}) == 1
+    assert record_pilot_snapshots(agent.ports, store, [job], {job.id: _pilot(job, path)}) == 1
     (row,) = store_snapshots.listing(store)
     assert row.sha256 == "-" and row.size_bytes == size
 
@@ -223,7 +223,7 @@ def test_a_users_own_state_is_recorded_but_never_hashed(
     pw = pwd.getpwnam(USER)
     os.chown(manifest, pw.pw_uid, pw.pw_gid)
     try:
-        assert record_pilot_snapshots(agent, store, [job], {job.id: _pilot(job, path)}) == 1
+        assert record_pilot_snapshots(agent.ports, store, [job], {job.id: _pilot(job, path)}) == 1
         (row,) = store_snapshots.listing(store)
         assert row.path == str(path) and row.sha256 == "-" and row.size_bytes == path.stat().st_size
     finally:

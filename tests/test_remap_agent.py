@@ -204,7 +204,7 @@ def test_an_ended_job_is_released_only_once_no_foreign_vm_runs_on_its_nodes() ->
 
 
 def test_a_pilot_holds_its_node_only_where_remapping_is_on_and_the_bound_is_checked() -> None:
-    from agent.run_cmd import partner_hold_s
+    from pilot.specs import partner_hold_s
     from vjob.config import parse
     from vjob.errors import ConfigError
 

@@ -155,7 +155,7 @@ def test_a_busy_vjob_on_a_slow_node_swaps_with_an_idle_one_journalled_stored_and
         wait_for(lambda: pdir.exists() and _st(site, j).state is PilotState.RUNNING, 60, f"pilot {j}")  # noqa: B023
     cfg = _cfg(path, db_url)
     agent = Agent(cfg, _NoRMS(), rms="slurm", metrics=AgentMetrics())  # type: ignore[arg-type]
-    agent._store = store
+    agent.ports.store.opened = store
     jobs = (_job("11", "s1"), _job("12", "f1"))
 
     def observation(jobs: tuple[Job, ...]) -> Observation:
@@ -173,19 +173,19 @@ def test_a_busy_vjob_on_a_slow_node_swaps_with_an_idle_one_journalled_stored_and
     # libvirt holds 512 MiB for 11's VM (its pilot's state file says 128): T^M is priced on 512.
     hypervisor = _Hypervisor({"vjob-slurm-11": 1.0, "vjob-slurm-12": 0.0}, {"vjob-slurm-11": 512, "vjob-slurm-12": 128})
     state = RemapState(sampler=hypervisor, memory=memory)
-    assert step(agent, observation(jobs), state) is None  # the first samples: no window yet
+    assert step(agent.ports, observation(jobs), state) is None  # the first samples: no window yet
     assert state.decisions == [] and set(state.samples) == {"vjob-slurm-11", "vjob-slurm-12"}
-    assert step(agent, observation(jobs), state) is None  # τ has not passed: no new look
+    assert step(agent.ports, observation(jobs), state) is None  # τ has not passed: no new look
     state.last_profile -= cfg.remap.tau_s  # τ later, but the vjob policy suspends 12 in this tick
-    assert step(agent, observation(jobs), state, PassClaims(suspending=frozenset({"12"}))) is None
+    assert step(agent.ports, observation(jobs), state, PassClaims(suspending=frozenset({"12"}))) is None
     assert state.decisions == [] and summary(state)["skipped"] == {"12": "the vjob policy suspends it this tick"}
     shown = {v["job"]: v["remap_skipped"] for v in collect(cfg, "slurm")["vjobs"]}  # why, in `vjob status`
     assert shown == {"11": None, "12": "the vjob policy suspends it this tick"}
     state.last_profile -= cfg.remap.tau_s  # τ later: 12, not sampled in the claimed tick, has no window yet
-    assert step(agent, observation(jobs), state) is None and state.decisions == []
+    assert step(agent.ports, observation(jobs), state) is None and state.decisions == []
     state.last_profile -= cfg.remap.tau_s
 
-    report = step(agent, observation(jobs), state)
+    report = step(agent.ports, observation(jobs), state)
     assert report is not None and report.state == "done", report
     (d,) = summary(state)["decisions"]
     assert d["kind"] == "swap" and set(d["jobs"]) == {"11", "12"}
@@ -209,20 +209,20 @@ def test_a_busy_vjob_on_a_slow_node_swaps_with_an_idle_one_journalled_stored_and
 
     # A restarted agent (nothing in memory) believes the pilots' off-allocation nodes: the journal moved them.
     fresh = Agent(cfg, _NoRMS(), rms="slurm", metrics=AgentMetrics())  # type: ignore[arg-type]
-    agent_observe._remember_vms(fresh, store, list(jobs), {j.id: _st(site, j.id) for j in jobs})
-    assert {j: n for j, (n, _img) in fresh.recorded_vms.items()} == {"11": "f1", "12": "s1"}
+    agent_observe._remember_vms(fresh.ports, store, list(jobs), {j.id: _st(site, j.id) for j in jobs})
+    assert {j: n for j, (n, _img) in fresh.ports.recorded_vms.items()} == {"11": "f1", "12": "s1"}
     # ... and not a pilot that claims a node nobody moved it to.
     liar = {"11": _st(site, "11"), "12": _st(site, "12").moved(PilotState.RUNNING, node="f9")}
-    fresh.recorded_vms.clear()
-    agent_observe._remember_vms(fresh, store, list(jobs), liar)
-    assert set(fresh.recorded_vms) == {"11"}
+    fresh.ports.recorded_vms.clear()
+    agent_observe._remember_vms(fresh.ports, store, list(jobs), liar)
+    assert set(fresh.ports.recorded_vms) == {"11"}
 
     status = {v["job"]: v for v in collect(cfg, "slurm")["vjobs"]}
     assert (status["11"]["node"], status["11"]["hosts"], status["11"]["migrations"]) == ("f1", ["f1"], ["s1->f1"])
     assert (status["12"]["node"], status["12"]["hosts"], status["12"]["migrations"]) == ("s1", ["s1"], ["f1->s1"])
 
     # Within τ again: nothing more (the bound and the threshold are the policy's tests).
-    assert step(agent, observation(jobs), state) is None
+    assert step(agent.ports, observation(jobs), state) is None
 
     # Job 12 ends (the RMS's SIGTERM): its VM is saved on s1, and 11's VM still runs on f1, 12's
     # own node. Its pilot does not end the job yet — the RMS would free f1 under 11's VM — but
@@ -231,7 +231,7 @@ def test_a_busy_vjob_on_a_slow_node_swaps_with_an_idle_one_journalled_stored_and
     wait_for(lambda: _st(site, "12").state is PilotState.SAVED, 60, "12 saved on SIGTERM")
     time.sleep(0.5)
     assert procs[1].poll() is None  # holding f1: the RMS still runs job 12
-    report = step(agent, observation(jobs), state)
+    report = step(agent.ports, observation(jobs), state)
     assert report is not None and report.state == "done", report
     assert state.released == ["12"]  # 11 went home in this step: nothing foreign on f1 any more
     out, _ = procs[1].communicate(timeout=20)
@@ -244,7 +244,7 @@ def test_a_busy_vjob_on_a_slow_node_swaps_with_an_idle_one_journalled_stored_and
     assert collect(cfg, "slurm")["vjobs"][0]["migrations"] == ["s1->f1", "f1->s1"]
     # Home on the slow kind: 11's balloon goes back down to its kind's 2048 (never below the 128 asked).
     assert [(t["job"], t["node"], t["mib"]) for t in summary(state)["memory"]] == [("11", "s1", 2048)]
-    assert step(agent, observation(jobs[:1]), state) is None and state.released == []  # 12 gone from the RMS
+    assert step(agent.ports, observation(jobs[:1]), state) is None and state.released == []  # 12 gone from the RMS
     assert memory.memory("vjob-slurm-11", "s1") == (2048, 3072)
     memory.close()
 
@@ -293,8 +293,10 @@ def test_a_pilot_whose_guest_ends_away_from_its_own_node_holds_it_until_released
     # In this process (a subprocess pilot's test driver is out of reach): the pilot runs in the
     # main thread; "the agent" migrates its VM to f1, the guest then ends there by itself, and the
     # pilot holds s1 — where a swap partner's VM would run — until the release comes.
-    from agent.pilot import DriverVM, Pilot, PilotSettings
-    from agent.run_cmd import TINY_IMAGE, guest_spec
+    from pilot.pilot import Pilot
+    from pilot.settings import PilotSettings
+    from pilot.specs import TINY_IMAGE, guest_spec
+    from pilot.vm import DriverVM
     from vjob.pilot_files import RequestKind
 
     driver = Driver(parse({"provisioning": {"default_uri": "test:///default"}}).provisioning, data_dir=tmp_path)

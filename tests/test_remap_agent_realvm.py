@@ -60,7 +60,7 @@ def test_the_step_swaps_two_real_guests_by_crossing_live_migrations(site: Any) -
     )
     cfg = vconfig.load(site.config)
     agent = Agent(cfg, _NoRMS(), rms="slurm", metrics=AgentMetrics())  # type: ignore[arg-type]
-    agent._store = site.store
+    agent.ports.store.opened = site.store
     nodes = (Node("a", 1, 4096, features=("slow",)), Node("b", 1, 4096, features=("fast",)))
     jobs = tuple(Job(j, "alice", rms="slurm", state=JobState.RUNNING, allocated_nodes=(n,)) for j, n in homes.items())
 
@@ -69,12 +69,12 @@ def test_the_step_swaps_two_real_guests_by_crossing_live_migrations(site: Any) -
         return Observation(view, {j: site.state(j) for j in homes}, {}, True)
 
     state = RemapState()
-    assert step(agent, observation(), state) is None  # first samples, through libvirt
+    assert step(agent.ports, observation(), state) is None  # first samples, through libvirt
     assert {s.name for s in state.samples.values()} == {vm_name("slurm", j) for j in homes}
     assert all(s.cpu_time_ns > 0 for s in state.samples.values())
     time.sleep(2.5)
     before = {job: guest_probe.last_counter(site.console(job)) or 0 for job in homes}
-    report = step(agent, observation(), state)
+    report = step(agent.ports, observation(), state)
     assert report is not None and report.state == "done", report.summary() if report else state.decisions
     (d,) = state.decisions
     assert d.kind == "swap" and set(d.jobs) == set(homes)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from agent.loop import Agent
 from agent.metrics import AgentMetrics
 from agent.remap_step import RemapState, set_memory
-from agent.run_cmd import memory_ceiling
+from pilot.specs import memory_ceiling
 from preemption.remap.live import Move, Placement
 from preemption.remap.memory import MemoryTarget, balloon_target_mib, domain_max_mib, targets_after
 from preemption.remap.models import SubCluster
@@ -107,17 +107,17 @@ def test_the_step_sets_the_balloon_on_the_test_driver_bounded_and_logged(tmp_pat
     assert driver.memory("vm7", "b1") == (256, 2048)
     agent = Agent(cfg, object(), rms="slurm", metrics=AgentMetrics())  # type: ignore[arg-type]
     state = RemapState(memory=driver)
-    (rec,) = set_memory(agent, state, [MemoryTarget("7", "vm7", "b1", "big", 4096, 256)])
+    (rec,) = set_memory(agent.ports, state, [MemoryTarget("7", "vm7", "b1", "big", 4096, 256)])
     assert (rec["from_mib"], rec["mib"], rec["max_mib"]) == (256, 2048, 2048) and "error" not in rec
     assert driver.memory("vm7", "b1") == (2048, 2048)
-    (rec,) = set_memory(agent, state, [MemoryTarget("7", "vm7", "b1", "small", 1200, 256)])
+    (rec,) = set_memory(agent.ports, state, [MemoryTarget("7", "vm7", "b1", "small", 1200, 256)])
     assert driver.memory("vm7", "b1") == (1200, 2048)
-    (rec,) = set_memory(agent, state, [MemoryTarget("7", "vm7", "b1", "tiny", 64, 256)])
+    (rec,) = set_memory(agent.ports, state, [MemoryTarget("7", "vm7", "b1", "tiny", 64, 256)])
     assert driver.memory("vm7", "b1") == (256, 2048)  # never below what the job asked
     with pytest.raises(DriverError, match=r"set memory of VM vm7 on node b1: 4096 MiB: must be 16\.\.2048"):
         driver.set_memory("vm7", "b1", 4096)
     # A VM gone from the node: logged with the job, no exception, the tick goes on.
-    (rec,) = set_memory(agent, state, [MemoryTarget("7", "ghost", "b1", "big", 4096, 256)])
+    (rec,) = set_memory(agent.ports, state, [MemoryTarget("7", "ghost", "b1", "big", 4096, 256)])
     assert "no such domain" in rec["error"] and rec["job"] == "7"
     driver.connection("b1").lookupByName("vm7").destroy()
     with pytest.raises(DriverError, match="not running"):

@@ -10,7 +10,8 @@ import pytest
 
 from preemption.remap.policy import RemapParams
 from simulator.lublin import generate
-from simulator.remap_engine import RemapJobs, at_load, jobs_from_workload, simulate
+from simulator.remap_engine import simulate
+from simulator.remap_jobs import RemapJobs, at_load, jobs_from_workload
 from simulator.subclusters import load_farm, parse_farm
 
 PAPER = Path(__file__).resolve().parents[1] / "docs" / "remap" / "arrive-f.toml"

@@ -24,18 +24,11 @@ from typing import Any
 
 import pytest
 
-from saline_bew import admission, journal, phases, server
-from saline_bew.manager import (
-    ADMISSION_TIMEOUT_S,
-    HOLDER,
-    STAGE_WAIT_S,
-    VJOB_COMMAND,
-    WORKDIR_NOT_STAGED,
-    WORKDIR_STAGED,
-    WORKDIR_WAIT,
-    Manager,
-    reaches_socket,
-)
+from saline_bew import admission, client, journal, phases, protocol, server
+from saline_bew.events import EventKind
+from saline_bew.manager import Manager
+from saline_bew.staging import STAGE_WAIT_S, reaches_socket
+from saline_bew.submission import ADMISSION_TIMEOUT_S, HOLDER, VJOB_COMMAND
 from tests.saline_env import FakeOar, make_image, make_real_image, manager_on
 from tests.services import free_port
 from vjob.errors import InputError, UsageError
@@ -68,8 +61,14 @@ def run_rule(tmp_path: Path, sock: Path, *, timeout_s: int = 5, **ctx: Any) -> t
     """Evaluate the rendered rule as oarsub would; (the variables afterwards, what it printed)."""
     rule = tmp_path / "rule.pl"
     rule.write_text(admission.render(site="a", socket=str(sock), timeout_s=timeout_s))
-    context = {"types": ["besteffort"], "command": "true", "user": "nobody", "job_type": "PASSIVE",
-               "reservation": "None", **ctx}  # fmt: skip
+    context = {
+        "types": ["besteffort"],
+        "command": "true",
+        "user": "nobody",
+        "job_type": "PASSIVE",
+        "reservation": "None",
+        **ctx,
+    }
     env = {**os.environ, "VJOB_RULE_CTX": json.dumps(context), "VJOB_RULE_FILE": str(rule)}
     proc = subprocess.run(["perl", "-e", HARNESS], capture_output=True, text=True, timeout=60, env=env, check=False)
     assert proc.returncode == 0, proc.stderr
@@ -115,23 +114,31 @@ def test_a_besteffort_vjob_becomes_the_holder_named_after_the_vjob(
     assert after["types"] == ["besteffort"]  # OAR's type check never sees vjob's types
     assert (after["checkpoint"], after["signal"]) == (60, 12)
     assert after["resources"] == 2 and after["walltime"] == 7200
-    job = journal.get(manager.store, key)
+    job = journal.get(manager.ports.store, key)
     assert (job.user, job.image, job.vm_count, job.walltime) == ("nobody", "empty", 2, "2:00:00")
     assert list(job.command) == ["./simulate", "--steps", "1e9 x"]  # shlex words, no shell
-    assert job.oar_job_id is None and [e.kind for e in journal.events(manager.store, key)][-1] == "admitted"
+    assert job.oar_job_id is None and [e.kind for e in journal.events(manager.ports.store, key)][-1] == "admitted"
 
 
 def test_site_properties_are_added_to_the_job(tmp_path: Path, manager: Manager, sock: Path) -> None:
-    manager.sites["a"].properties = "site='a'"
+    manager.ports.sites["a"].properties = "site='a'"
     after, _ = run_rule(tmp_path, sock, types=["besteffort", "vjob=empty"])
     assert after["properties"] == "(besteffort = 'YES') AND (site='a')"
 
 
 def test_jobs_without_the_vjob_type_are_left_alone(tmp_path: Path, manager: Manager, sock: Path) -> None:
     after, printed = run_rule(tmp_path, sock, types=["besteffort", "idempotent"], command="./x")
-    assert after == {"types": ["besteffort", "idempotent"], "command": "./x", "name": "", "checkpoint": 0,
-                     "signal": 0, "properties": "besteffort = 'YES'", "resources": 4, "walltime": 7200}  # fmt: skip
-    assert printed == "" and journal.all_jobs(manager.store) == []
+    assert after == {
+        "types": ["besteffort", "idempotent"],
+        "command": "./x",
+        "name": "",
+        "checkpoint": 0,
+        "signal": 0,
+        "properties": "besteffort = 'YES'",
+        "resources": 4,
+        "walltime": 7200,
+    }
+    assert printed == "" and journal.all_jobs(manager.ports.store) == []
 
 
 def _untouched(after: dict[str, Any], command: str) -> None:
@@ -141,16 +148,17 @@ def _untouched(after: dict[str, Any], command: str) -> None:
 
 
 def test_no_manager_fails_open(tmp_path: Path) -> None:
-    after, printed = run_rule(tmp_path, tmp_path / "nobody-listens.sock", types=["besteffort", "vjob=empty"],
-                              command="./x")  # fmt: skip
+    after, printed = run_rule(
+        tmp_path, tmp_path / "nobody-listens.sock", types=["besteffort", "vjob=empty"], command="./x"
+    )
     _untouched(after, "./x")
     assert "no Saline manager at" in printed and "accepted as a plain best-effort job" in printed
 
 
 def test_the_store_down_fails_open(tmp_path: Path, manager: Manager, sock: Path) -> None:
     dead = Store(f"postgresql+psycopg://vjob:x@127.0.0.1:{free_port()}/vjob", connect_timeout_s=2)
-    manager.store = dead  # the manager is up, its store is not
-    manager.vms.store = dead
+    manager.ports.store = dead  # the manager is up, its store is not
+    manager.ports.vms.store = dead
     after, printed = run_rule(tmp_path, sock, types=["besteffort", "vjob=empty"], command="./x")  # hang: 60 s
     _untouched(after, "./x")
     assert "Saline refused it" in printed  # the manager's answer, not the rule's timeout
@@ -187,7 +195,7 @@ def test_hostile_words_fail_open_with_the_reason(
     after, printed = run_rule(tmp_path, sock, types=types, command=command)
     assert after["types"] == ["besteffort"] and after["name"] == "" and after["command"] == command
     assert why in printed, printed
-    assert journal.all_jobs(manager.store) == []
+    assert journal.all_jobs(manager.ports.store) == []
 
 
 def test_a_non_besteffort_vjob_is_refused_saying_why(tmp_path: Path) -> None:
@@ -202,18 +210,18 @@ def test_a_non_besteffort_vjob_is_refused_saying_why(tmp_path: Path) -> None:
 def test_interactive_vjobs_are_plain_jobs(tmp_path: Path, manager: Manager, sock: Path) -> None:
     after, printed = run_rule(tmp_path, sock, types=["besteffort", "vjob=empty"], job_type="INTERACTIVE")
     assert after["types"] == ["besteffort"] and "interactive" in printed
-    assert journal.all_jobs(manager.store) == []
+    assert journal.all_jobs(manager.ports.store) == []
 
 
 def test_only_oar_and_root_may_admit(manager: Manager) -> None:
     handler = server.Handler(manager)
-    request = server.parse_request(
+    request = protocol.parse_request(
         json.dumps({"op": "admit", "site": "a", "user": "nobody", "image": "empty", "command": "true"}).encode()
     )
     nobody = 65534
     with pytest.raises(server.Refused, match="only OAR's admission rule"):
         handler(request, nobody)
-    assert journal.all_jobs(manager.store) == []
+    assert journal.all_jobs(manager.ports.store) == []
 
 
 def test_render_refuses_values_that_would_break_out_of_perl_quotes() -> None:
@@ -233,12 +241,12 @@ def test_an_admitted_vjob_adopts_its_oar_job_of_that_name_and_user_only(
     key = after["name"]
     fake.details = [{"id": 7, "state": "Waiting", "owner": "mallory", "name": key, "events": []}]
     manager.step()  # another user's job of that name is never taken
-    assert journal.get(manager.store, key).oar_job_id is None
+    assert journal.get(manager.ports.store, key).oar_job_id is None
     fake.details += [{"id": 8, "state": "Waiting", "owner": "nobody", "name": key, "events": []}]
     manager.step()
-    job = journal.get(manager.store, key)
+    job = journal.get(manager.ports.store, key)
     assert job.oar_job_id == "8" and job.phase == "submitted"
-    assert [e.kind for e in journal.events(manager.store, key)][-1] == "adopted"
+    assert [e.kind for e in journal.events(manager.ports.store, key)][-1] == "adopted"
     assert fake.submitted == []  # adopted, never submitted a second time
 
 
@@ -248,12 +256,12 @@ def test_an_admitted_vjob_whose_oar_job_never_comes_is_abandoned(
     after, _ = run_rule(tmp_path, sock, types=["besteffort", "vjob=empty"])
     key = after["name"]
     manager.step()
-    assert journal.get(manager.store, key).phase == "submitted"
+    assert journal.get(manager.ports.store, key).phase == "submitted"
     later = time.time() + ADMISSION_TIMEOUT_S + 1
-    manager.clock = lambda: later
+    manager.ports.clock = lambda: later
     manager.step()
-    assert journal.get(manager.store, key).phase == "cancelled"
-    assert "admission_abandoned" in [e.kind for e in journal.events(manager.store, key)]
+    assert journal.get(manager.ports.store, key).phase == "cancelled"
+    assert "admission_abandoned" in [e.kind for e in journal.events(manager.ports.store, key)]
     assert fake.submitted == []
 
 
@@ -309,15 +317,15 @@ def test_install_rules_print_renders_the_configured_site_and_socket(
 def test_the_socket_and_lease_keys_are_wired(
     tmp_path: Path, test_nodes: dict[str, str], fake: FakeOar, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv(server.ENV_VAR, raising=False)
-    assert server.socket_path(None, configured="/run/x/s.sock") == Path("/run/x/s.sock")
-    assert server.socket_path("/given.sock", configured="/run/x/s.sock") == Path("/given.sock")
+    monkeypatch.delenv(protocol.ENV_VAR, raising=False)
+    assert protocol.socket_path(None, configured="/run/x/s.sock") == Path("/run/x/s.sock")
+    assert protocol.socket_path("/given.sock", configured="/run/x/s.sock") == Path("/given.sock")
     store = Store(f"sqlite:///{tmp_path / 'vjob.sqlite'}")
     store.upgrade()
     with manager_on(store, tmp_path, test_nodes, fake.url) as m:
-        assert m.lease_s == 120.0  # 0: the automatic max(120 s, 30 polls)
-        m.cfg.lease_s = 300.0
-        assert Manager(m.config, store, m.sites, m.vms).lease_s == 300.0
+        assert m.ports.lease_s == 120.0  # 0: the automatic max(120 s, 30 polls)
+        m.ports.cfg.lease_s = 300.0
+        assert Manager(m.ports.config, store, m.ports.sites, m.ports.vms).ports.lease_s == 300.0
     store.close()
 
 
@@ -325,7 +333,7 @@ def _admitted_and_running(tmp_path: Path, manager: Manager, sock: Path, fake: Fa
     """`oarsub -t besteffort -t vjob=real ./simulate` through the rule; OAR runs the holder's
     job on n1; the manager adopts it and, on a real image, waits for the directory before
     deploying. (the vjob's key, the holder's command as OAR runs it)"""
-    make_real_image(manager.store, tmp_path)
+    make_real_image(manager.ports.store, tmp_path)
     after, _ = run_rule(tmp_path, sock, types=["besteffort", "vjob=real"], command="./simulate --steps 3")
     key = after["name"]
     command = after["command"].split()
@@ -336,8 +344,8 @@ def _admitted_and_running(tmp_path: Path, manager: Manager, sock: Path, fake: Fa
     fake.jobs["8/resources"] = {"items": [{"id": 1, "network_address": "n1"}]}
     manager.step()  # adopted
     manager.step()  # running: waits for the holder
-    assert journal.get(manager.store, key).phase == "submitted"
-    assert [e.kind for e in journal.events(manager.store, key)][-1] == WORKDIR_WAIT
+    assert journal.get(manager.ports.store, key).phase == "submitted"
+    assert [e.kind for e in journal.events(manager.ports.store, key)][-1] == EventKind.WAITING_FOR_WORKDIR
     return key, command
 
 
@@ -358,26 +366,28 @@ def test_the_oarsub_holder_sends_the_submission_directory_to_the_first_vm(
         holder = subprocess.Popen(command, cwd=submitted_in, stdout=so, stderr=se)
     try:
         deadline = time.monotonic() + 60
-        while WORKDIR_STAGED not in [e.kind for e in journal.events(manager.store, key)]:
+        while EventKind.WORKDIR_STAGED not in [e.kind for e in journal.events(manager.ports.store, key)]:
             assert holder.poll() is None and time.monotonic() < deadline, oar_stderr.read_text()
             time.sleep(0.2)
         manager.step()
-        job = journal.get(manager.store, key)
+        job = journal.get(manager.ports.store, key)
         assert job.phase == "running" and job.hosts == ("n1",)
-        disk = manager.vms.driver.job_disk_path(job.vm_names[0], "n1")
+        disk = manager.ports.vms.driver.job_disk_path(job.vm_names[0], "n1")
         raw = tmp_path / "vm0.raw"
         subprocess.run(["qemu-img", "convert", "-q", "-U", "-O", "raw", str(disk), str(raw)], check=True, timeout=60)
         debugfs = shutil.which("debugfs") or "/usr/sbin/debugfs"
         shown = subprocess.run([debugfs, "-R", "cat /work/simulate", str(raw)], capture_output=True, timeout=30)
         assert shown.stdout == b"#!/bin/sh\necho simulated\n"
 
-        out, err = manager.vms.output_logs(job.vm_names[0], "n1")
+        out, err = manager.ports.vms.output_logs(job.vm_names[0], "n1")
         out.write_bytes(b"simulated 3 steps\n")  # as virtlogd logs the guest's second and third serial ports
         err.write_bytes(b"COMMAND's error 1\n")
-        manager.vms.driver.console_log(job.vm_names[0], "n1").touch()  # a real guest's (the test driver writes none)
-        manager.vms.driver.stop(job.vm_names[0], "n1")  # COMMAND ended: the first VM powered off
+        manager.ports.vms.driver.console_log(
+            job.vm_names[0], "n1"
+        ).touch()  # a real guest's (the test driver writes none)
+        manager.ports.vms.driver.stop(job.vm_names[0], "n1")  # COMMAND ended: the first VM powered off
         manager.step()
-        assert journal.get(manager.store, key).phase == "done"
+        assert journal.get(manager.ports.store, key).phase == "done"
         holder.send_signal(signal.SIGUSR1)  # what the manager's release does through OAR
         assert holder.wait(timeout=60) == 0
     finally:
@@ -396,22 +406,22 @@ def test_a_holder_that_sends_nothing_delays_the_first_deployment_by_the_bound_on
     that cannot build the disk says so, and the manager goes on at once."""
     key, _ = _admitted_and_running(tmp_path, manager, sock, fake)
     manager.step()
-    assert journal.get(manager.store, key).phase == "submitted"
+    assert journal.get(manager.ports.store, key).phase == "submitted"
     later = time.time() + STAGE_WAIT_S + 1
-    manager.clock = lambda: later
+    manager.ports.clock = lambda: later
     manager.step()
-    job = journal.get(manager.store, key)
+    job = journal.get(manager.ports.store, key)
     assert job.phase == "running"
-    skipped = [e for e in journal.events(manager.store, key) if e.kind == WORKDIR_NOT_STAGED]
+    skipped = [e for e in journal.events(manager.ports.store, key) if e.kind == EventKind.WORKDIR_NOT_STAGED]
     assert len(skipped) == 1 and f"within {STAGE_WAIT_S:.0f} s" in skipped[0].detail["reason"]
-    with pytest.raises(server.RemoteError, match="too late"):
-        server.call(sock, {"op": "stage", "key": key, "declined": "x"})
+    with pytest.raises(client.RemoteError, match="too late"):
+        client.call(sock, {"op": "stage", "key": key, "declined": "x"})
 
     assert reaches_socket("test:///tmp/nodes/n1.xml") and reaches_socket("qemu:///system")
     assert not reaches_socket("qemu+ssh://node7.site/system")  # the holder there cannot pass a descriptor here
 
-    manager.clock = time.time
+    manager.ports.clock = time.time
     other, _ = _admitted_and_running(tmp_path, manager, sock, fake)
-    assert server.call(sock, {"op": "stage", "key": other, "declined": "working directory: too big"})["staged"] is False
+    assert client.call(sock, {"op": "stage", "key": other, "declined": "working directory: too big"})["staged"] is False
     manager.step()
-    assert journal.get(manager.store, other).phase == "running"  # no wait for the bound
+    assert journal.get(manager.ports.store, other).phase == "running"  # no wait for the bound

@@ -101,14 +101,14 @@ def env(oar_cluster, libvirt_system: str, libvirt_second_node: str, tiny_guest: 
 
 
 def _counters(manager: Manager, job: journal.SalineJob, node: str) -> list[int]:
-    return guest_probe.counters(manager.vms.console_log(job.vm_names[0], node))
+    return guest_probe.counters(manager.ports.vms.console_log(job.vm_names[0], node))
 
 
 def _saline_settings(manager: Manager) -> dict[str, object]:
     return {
-        "snapshot_period_s": manager.cfg.snapshot_period_s,
-        "checkpoint_delay_s": manager.cfg.checkpoint_delay_s,
-        "shared_vms": manager.vms.can_migrate(),
+        "snapshot_period_s": manager.ports.cfg.snapshot_period_s,
+        "checkpoint_delay_s": manager.ports.cfg.checkpoint_delay_s,
+        "shared_vms": manager.ports.vms.can_migrate(),
     }
 
 
@@ -140,21 +140,21 @@ def _run_kill_resume(
     job = manager.submit(user=env.oar.user, image="empty", command=COUNTER, site="a")
     job = until(manager, job.key, lambda j: j.phase == "running", 120, "deployed at site a")
     assert job.hosts == ("localhost",)
-    log_a = manager.vms.console_log(job.vm_names[0], "localhost")
+    log_a = manager.ports.vms.console_log(job.vm_names[0], "localhost")
     wait_for_counter(log_a, 3, 120)  # booted and counting (TCG boots take several seconds)
     counting_at = time.time()
-    if manager.cfg.snapshot_period_s < 600:  # wait for a snapshot of a counting guest, then 2 more ticks
+    if manager.ports.cfg.snapshot_period_s < 600:  # wait for a snapshot of a counting guest, then 2 more ticks
         until(manager, job.key, lambda j: (j.snapshot_at or 0) > counting_at, 60, "a snapshot while counting")
         wait_for_counter(log_a, (guest_probe.last_counter(log_a) or 0) + 2, 30)
     end_blocker = fill(env)
-    manager.vms.driver.close()
+    manager.ports.vms.driver.close()
     manager = env.manager(**_saline_settings(manager))  # the manager restarts: state comes from the store
     try:
         resumed = until(manager, job.key, lambda j: j.phase == "running" and j.site == "b", 180, "resumed at b")
         assert resumed.hosts == ("127.0.0.1",)
         before = _counters(manager, job, "localhost")
-        log_b = manager.vms.console_log(job.vm_names[0], "127.0.0.1")
-        shared = log_b == manager.vms.console_log(job.vm_names[0], "localhost")  # one vm_dir: one log
+        log_b = manager.ports.vms.console_log(job.vm_names[0], "127.0.0.1")
+        shared = log_b == manager.ports.vms.console_log(job.vm_names[0], "localhost")  # one vm_dir: one log
 
         def ran_on() -> bool:  # two ticks at b (with one log: two beyond what it had at the move)
             seen = guest_probe.counters(log_b)
@@ -177,9 +177,15 @@ def _run_kill_resume(
 def _assert_on_its_network(manager: Manager, job: journal.SalineJob, node: str) -> None:
     """After the relocation (restored from a snapshot, or live-migrated) the VM at `node` has
     its NIC on the vjob's bridge with the MAC of its subnetID/vmID, as at site a."""
-    (ident,) = identity.assign(manager.store, site=job.site, job_key=job.key, vm_names=job.vm_names,
-                               mac_prefix=manager.cfg.mac_prefix, network=manager.cfg.network)  # fmt: skip
-    dom = manager.vms.driver.connection(node).lookupByName(job.vm_names[0])
+    (ident,) = identity.assign(
+        manager.ports.store,
+        site=job.site,
+        job_key=job.key,
+        vm_names=job.vm_names,
+        mac_prefix=manager.ports.cfg.mac_prefix,
+        network=manager.ports.cfg.network,
+    )
+    dom = manager.ports.vms.driver.connection(node).lookupByName(job.vm_names[0])
     nics = [
         (nic.find("mac").get("address"), nic.find("source").get("bridge"))  # type: ignore[union-attr]
         for nic in ET.fromstring(dom.XMLDesc(0)).findall("./devices/interface[@type='bridge']")
@@ -190,7 +196,7 @@ def _assert_on_its_network(manager: Manager, job: journal.SalineJob, node: str) 
 def test_killed_vjob_resumes_at_the_other_site_from_its_last_snapshot(env: Env) -> None:
     manager = env.manager(snapshot_period_s=PERIOD_S, checkpoint_delay_s=0)
     before, after, job = _run_kill_resume(env, manager)
-    events = journal.events(manager.store, job.key)
+    events = journal.events(manager.ports.store, job.key)
     kinds = [e.kind for e in events]
     assert "snapshot" in kinds and "killed" in kinds and "resumed" in kinds
     killed = next(e for e in events if e.kind == "killed")
@@ -200,14 +206,16 @@ def test_killed_vjob_resumes_at_the_other_site_from_its_last_snapshot(env: Env) 
     assert after[0] > 1, "the guest restarted from scratch instead of resuming"
     lost = before[-1] - (after[0] - 1)
     assert 0 <= lost <= PERIOD_S + 3, f"lost {lost} counter ticks (period {PERIOD_S} s): {before[-5:]} → {after[:3]}"
-    assert guest_probe.boots(manager.vms.console_log(job.vm_names[0], "127.0.0.1")) == 0  # restored, never booted there
+    assert (
+        guest_probe.boots(manager.ports.vms.console_log(job.vm_names[0], "127.0.0.1")) == 0
+    )  # restored, never booted there
     print(f"\nwork lost at kill (periodic snapshots every {PERIOD_S} s): {lost} s; journal {kinds}")
 
 
 def test_with_the_checkpoint_signal_nothing_is_lost(env: Env) -> None:
     manager = env.manager(snapshot_period_s=3600, checkpoint_delay_s=60)
     before, after, job = _run_kill_resume(env, manager)
-    events = journal.events(manager.store, job.key)
+    events = journal.events(manager.ports.store, job.key)
     killed = next(e for e in events if e.kind == "killed")
     assert killed.detail["cause"] == "checkpoint" and killed.detail["lost_s"] == 0
     snap = next(e for e in events if e.kind == "snapshot")
@@ -217,9 +225,11 @@ def test_with_the_checkpoint_signal_nothing_is_lost(env: Env) -> None:
     relocated = next(e for e in events if e.kind == "relocation")
     assert relocated.detail["path"] == "suspend" and "shared vm_dir" in relocated.detail["reason"]
     resumed = next(e for e in events if e.kind == "resumed")
-    print(f"\ncheckpoint signal: counter {before[-1]} → {after[0]} (nothing lost); nodes freed "
-          f"{relocated.detail['freed_s']:.1f} s after OAR's warning, running at b after "
-          f"{resumed.detail['since_warning_s']:.1f} s")  # fmt: skip
+    print(
+        f"\ncheckpoint signal: counter {before[-1]} → {after[0]} (nothing lost); nodes freed "
+        f"{relocated.detail['freed_s']:.1f} s after OAR's warning, running at b after "
+        f"{resumed.detail['since_warning_s']:.1f} s"
+    )
 
 
 def test_oarsub_interactive_takes_the_nodes_of_a_besteffort_vjob(env: Env) -> None:
@@ -231,8 +241,9 @@ def test_oarsub_interactive_takes_the_nodes_of_a_besteffort_vjob(env: Env) -> No
     shells: list[InteractiveJob] = []
 
     def interactive(env: Env) -> Callable[[], None]:
-        shell = InteractiveJob(env.oar.user, f"/resource_id={env.oar.resources_per_site},walltime=0:10:00",
-                               env.oar.properties("a"))  # fmt: skip
+        shell = InteractiveJob(
+            env.oar.user, f"/resource_id={env.oar.resources_per_site},walltime=0:10:00", env.oar.properties("a")
+        )
         shells.append(shell)
         return shell.close
 
@@ -243,16 +254,21 @@ def test_oarsub_interactive_takes_the_nodes_of_a_besteffort_vjob(env: Env) -> No
     assert shell.started_after_s < 60, f"the shell waited {shell.started_after_s:.0f} s: OAR's kill, not Saline"
     seen = OarCommands().job(shell.job_id or "")
     assert seen is not None and seen.job_type == "INTERACTIVE", seen
-    events = journal.events(manager.store, job.key)
+    events = journal.events(manager.ports.store, job.key)
     kinds = [e.kind for e in events]
     migrated = next(e for e in events if e.kind == "migrated")
     assert migrated.detail["path"] == "migrate_other_site" and migrated.detail["hosts"] == ["127.0.0.1"]
     assert "killed" not in kinds and "snapshot" not in kinds and job.kills == 0
-    assert manager.sites["a"].repository.labels(job.key) == [] and manager.sites["b"].repository.labels(job.key) == []
+    assert (
+        manager.ports.sites["a"].repository.labels(job.key) == []
+        and manager.ports.sites["b"].repository.labels(job.key) == []
+    )
     # one console log (the hosts share the vm_dir): the counter ran on at b without a gap or a reboot
     assert after == list(range(1, len(after) + 1)), f"the counter jumped or restarted: {after}"
     assert after[-1] >= before[-1] + 2, f"it did not run on at b: {before[-3:]} → {after[-3:]}"
     ticks = after
-    print(f"\noarsub -I: shell after {shell.started_after_s:.1f} s; live-migrated to b "
-          f"{migrated.detail['since_warning_s']:.1f} s after OAR's warning (migration "
-          f"{migrated.detail['migrate_s']:.1f} s); counter 1..{ticks[-1]} without a gap")  # fmt: skip
+    print(
+        f"\noarsub -I: shell after {shell.started_after_s:.1f} s; live-migrated to b "
+        f"{migrated.detail['since_warning_s']:.1f} s after OAR's warning (migration "
+        f"{migrated.detail['migrate_s']:.1f} s); counter 1..{ticks[-1]} without a gap"
+    )

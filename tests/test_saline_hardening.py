@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import update
 
-from saline_bew import journal, lease, server
+from saline_bew import journal, lease, protocol, server
 from saline_bew.manager import Manager
 from saline_bew.repository import Repository, RepositoryError
 from tests.as_user import as_nobody
@@ -60,21 +60,21 @@ def test_a_forged_key_never_makes_the_manager_delete_outside_the_repository(mana
     victim = tmp_path / "victim"
     victim.mkdir()
     (victim / "precious").write_text("data")
-    repo = manager.sites["a"].repository
+    repo = manager.ports.sites["a"].repository
     repo.root.mkdir(parents=True, exist_ok=True)
-    new_job(manager.store, "be0000000001", phase="cancelled")
-    new_job(manager.store, "be0000000002", phase="killed")
-    with manager.store.session() as s:  # the journal refuses such a key, so write it by hand
+    new_job(manager.ports.store, "be0000000001", phase="cancelled")
+    new_job(manager.ports.store, "be0000000002", phase="killed")
+    with manager.ports.store.session() as s:  # the journal refuses such a key, so write it by hand
         rec = s.get(SalineJobRecord, "be0000000001")
         columns = {c.key: getattr(rec, c.key) for c in SalineJobRecord.__table__.columns}
         s.add(SalineJobRecord(**{**columns, "key": "../victim"}))
-    _forge(manager.store, "be0000000002", snapshot_label="../../victim", snapshot_site="a")
+    _forge(manager.ports.store, "be0000000002", snapshot_label="../../victim", snapshot_site="a")
     manager.step()
     manager.step()
     assert (victim / "precious").read_text() == "data"
     assert "../victim" in manager.refused and "does not match" in manager.refused["../victim"]
     assert "be0000000002" in manager.refused and "snapshot_label" in manager.refused["be0000000002"]
-    assert journal.events(manager.store, "be0000000002")[-1].kind == "test", "a refused row is never acted on"
+    assert journal.events(manager.ports.store, "be0000000002")[-1].kind == "test", "a refused row is never acted on"
 
 
 def test_the_repository_refuses_bad_keys_and_symlinks(tmp_path: Path) -> None:
@@ -122,13 +122,13 @@ def _as_nobody(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_users_act_only_on_their_own_vjobs_through_the_socket(manager: Manager, sock: Path) -> None:
     assert stat.S_IMODE(os.lstat(sock).st_mode) == 0o666
-    new_job(manager.store, "be00000000aa", user="root")
-    new_job(manager.store, "be00000000bb", user="nobody")
+    new_job(manager.ports.store, "be00000000aa", user="root")
+    new_job(manager.ports.store, "be00000000bb", user="nobody")
 
     refused = _as_nobody(sock, "cancel", "be00000000aa")
     assert refused.returncode == 2, refused.stderr
     assert "belongs to another user" in refused.stderr
-    assert journal.get(manager.store, "be00000000aa").phase == "submitted"
+    assert journal.get(manager.ports.store, "be00000000aa").phase == "submitted"
 
     shown = _as_nobody(sock, "show", "be00000000aa")
     assert shown.returncode == 2 and "belongs to another user" in shown.stderr
@@ -139,18 +139,18 @@ def test_users_act_only_on_their_own_vjobs_through_the_socket(manager: Manager, 
 
     as_root = _as_nobody(sock, "submit", "--user", "root", "--image", "empty", "--", "true")
     assert as_root.returncode == 2 and "only root may submit for another user" in as_root.stderr
-    assert len(journal.all_jobs(manager.store)) == 2, "nothing recorded for a refused submission"
+    assert len(journal.all_jobs(manager.ports.store)) == 2, "nothing recorded for a refused submission"
 
     mine = _as_nobody(sock, "cancel", "be00000000bb")
     assert mine.returncode == 0, mine.stderr
-    assert journal.get(manager.store, "be00000000bb").phase == "cancelled"
+    assert journal.get(manager.ports.store, "be00000000bb").phase == "cancelled"
 
 
 def test_a_user_submission_is_recorded_under_the_kernels_name(manager: Manager, sock: Path, oar: FakeOar) -> None:
     out = _as_nobody(sock, "submit", "--image", "empty", "--", "sleep", "5")
     assert out.returncode == 0, out.stderr
     key = out.stdout.split()[0]
-    job = journal.get(manager.store, key)
+    job = journal.get(manager.ports.store, key)
     assert job.user == "nobody" and job.oar_job_id == "101" and job.command == ("sleep", "5")
     assert len(oar.submitted) == 1
 
@@ -170,7 +170,7 @@ def test_bad_requests_get_an_answer_and_the_server_goes_on(manager: Manager, soc
     assert "key" in raw(b'{"op": "cancel", "key": "../victim"}\n')["error"]
     assert "key" in raw(b'{"op": "cancel", "key": "be0000000001\\n"}\n')["error"]
     assert "vms" in raw(b'{"op": "submit", "image": "x", "command": ["a"], "vms": "2"}\n')["error"]
-    assert "one line" in raw(b"x" * (server.MAX_LINE + 10))["error"]
+    assert "one line" in raw(b"x" * (protocol.MAX_LINE + 10))["error"]
     assert raw(b'{"op": "list"}\n') == {"ok": True, "result": []}
 
 
@@ -221,60 +221,62 @@ def test_two_managers_resubmit_a_killed_vjob_exactly_once(
             job = journal.get(stores[0], "be0000000001")
             assert job.kills == 1 and job.oar_job_id == "101"
             holder = lease.holder(stores[0], job.key)[0]
-            assert holder in (one.owner, two.owner)
-            alive, standby = (one, two) if holder == one.owner else (two, one)
+            assert holder in (one.ports.owner, two.ports.owner)
+            alive, standby = (one, two) if holder == one.ports.owner else (two, one)
 
             # The holder dies (stops renewing); the standby waits for the expiry, then acts.
             oar.killed("101", "nobody")
             standby.step()
             assert len(oar.submitted) == 1, "the lease is still the dead manager's"
-            standby.clock = lambda: time.time() + alive.lease_s + 1
+            standby.ports.clock = lambda: time.time() + alive.ports.lease_s + 1
             standby.step()
-            assert len(oar.submitted) == 2 and lease.holder(stores[0], job.key)[0] == standby.owner
+            assert len(oar.submitted) == 2 and lease.holder(stores[0], job.key)[0] == standby.ports.owner
             assert journal.get(stores[0], job.key).kills == 2
     for s in stores:
         s.close()
 
 
 def test_a_manager_that_lost_its_lease_changes_nothing(manager: Manager) -> None:
-    new_job(manager.store, "be0000000001")
-    assert manager._lease("be0000000001")
-    assert lease.acquire(manager.store, "be0000000001", "other", now=time.time() + manager.lease_s + 1, ttl_s=60)
+    new_job(manager.ports.store, "be0000000001")
+    assert manager.ports.lease("be0000000001")
+    assert lease.acquire(
+        manager.ports.store, "be0000000001", "other", now=time.time() + manager.ports.lease_s + 1, ttl_s=60
+    )
     with pytest.raises(journal.LeaseLost):
-        manager._record("be0000000001", "killed", phase="killed")
-    assert journal.get(manager.store, "be0000000001").phase == "submitted"
+        manager.ports.record("be0000000001", "killed", phase="killed")
+    assert journal.get(manager.ports.store, "be0000000001").phase == "submitted"
 
 
 # -- item 12: poison pills --------------------------------------------------------------------
 def test_a_garbled_oar_answer_fails_that_vjob_only(manager: Manager, oar: FakeOar) -> None:
-    new_job(manager.store, "be0000000001", oar_job_id="1")
-    new_job(manager.store, "be0000000002", oar_job_id="2")
+    new_job(manager.ports.store, "be0000000001", oar_job_id="1")
+    new_job(manager.ports.store, "be0000000002", oar_job_id="2")
     oar.jobs["1"] = {"id": "1", "state": ["Running"], "owner": "nobody"}  # a list where a word goes
     oar.killed("2", "nobody")
     manager.step()  # must not raise
     assert manager.failures == {"be0000000001": 1}
-    assert journal.get(manager.store, "be0000000002").kills == 1, "the healthy vjob went on"
-    bad = journal.events(manager.store, "be0000000001")[-1]
+    assert journal.get(manager.ports.store, "be0000000002").kills == 1, "the healthy vjob went on"
+    bad = journal.events(manager.ports.store, "be0000000001")[-1]
     assert bad.kind == "step_failed" and "state" in bad.detail["error"]
     oar.jobs["1"] = b"\x00\xff not json at all"
     manager.step()
     manager.step()
-    job = journal.get(manager.store, "be0000000001")
+    job = journal.get(manager.ports.store, "be0000000001")
     assert job.phase == "failed" and "3 times in a row" in job.error
     manager.step()  # a failed vjob is not tried again
     assert manager.failures["be0000000001"] == 3
 
 
 def test_failures_back_off_and_survive_a_restart(manager: Manager, oar: FakeOar) -> None:
-    new_job(manager.store, "be0000000001", oar_job_id="1")
+    new_job(manager.ports.store, "be0000000001", oar_job_id="1")
     oar.jobs["1"] = {"id": "1", "state": "Running", "owner": "nobody", "events": "nope"}
     manager.failure_backoff_s = 3600
     manager.step()
     manager.step()  # within the backoff: not tried again
-    assert [e.kind for e in journal.events(manager.store, "be0000000001")].count("step_failed") == 1
-    manager.clock = lambda: time.time() + 3601
+    assert [e.kind for e in journal.events(manager.ports.store, "be0000000001")].count("step_failed") == 1
+    manager.ports.clock = lambda: time.time() + 3601
     manager.step()
-    assert [e.kind for e in journal.events(manager.store, "be0000000001")].count("step_failed") == 2
+    assert [e.kind for e in journal.events(manager.ports.store, "be0000000001")].count("step_failed") == 2
 
 
 def test_an_unknown_user_fails_that_vjob_only(manager: Manager, tmp_path: Path) -> None:
@@ -282,10 +284,10 @@ def test_an_unknown_user_fails_that_vjob_only(manager: Manager, tmp_path: Path) 
 
     empty = tmp_path / "no-oar-here"
     empty.mkdir()
-    manager.sites["a"].client = OarCommands(str(empty), timeout_s=5)
-    new_job(manager.store, "be0000000001", user="nosuchuser42", phase="killed")
+    manager.ports.sites["a"].client = OarCommands(str(empty), timeout_s=5)
+    new_job(manager.ports.store, "be0000000001", user="nosuchuser42", phase="killed")
     manager.step()
-    ev = journal.events(manager.store, "be0000000001")[-1]
+    ev = journal.events(manager.ports.store, "be0000000001")[-1]
     assert ev.kind == "step_failed" and "nosuchuser42" in ev.detail["error"] and "no such user" in ev.detail["error"]
 
 

@@ -38,19 +38,26 @@ def test_identities_are_stable_per_job_and_released(store: Store) -> None:
     assert reused[0].subnet_id == first[0].subnet_id  # the freed subnet is handed out again
 
 
+def _subnet_of(store: Store, site: str, job_key: str) -> int:
+    """The subnetID `assign` gives the job (its one VM named `<job_key>-1`)."""
+    got = identities.assign(store, site=site, job_key=job_key, vm_names=[f"{job_key}-1"], mac_prefix="52:54:00")
+    return got[0].subnet_id
+
+
 def test_exhaustion_is_a_clear_error(store: Store) -> None:
-    sid = identities.allocate_subnet(store, "a", "big")
+    sid = _subnet_of(store, "a", "big")  # its VM big-1 holds vmID 1
     with store.session() as s:  # 253 VMs already there; the API hands out the last one
         s.execute(
             insert(VMIdRecord),
             [
                 {"subnet_id": sid, "vm_id": i, "vm_name": f"big-{i}", "job_key": "big", "allocated_at": now()}
-                for i in range(1, 254)
+                for i in range(2, 254)
             ],
         )
-    assert identities.allocate_vm_id(store, sid, "big-254") == 254
+    names = [f"big-{i}" for i in range(1, 255)]
+    assert identities.assign(store, site="a", job_key="big", vm_names=names, mac_prefix="52:54:00")[-1].vm_id == 254
     with pytest.raises(ExhaustedError, match=f"no free vmID left in subnet {sid}"):
-        identities.allocate_vm_id(store, sid, "big-255")
+        identities.assign(store, site="a", job_key="big", vm_names=[*names, "big-255"], mac_prefix="52:54:00")
     with store.session() as s:  # every other subnetID taken, in one statement the database runs itself
         s.execute(
             text(
@@ -61,12 +68,12 @@ def test_exhaustion_is_a_clear_error(store: Store) -> None:
             {"top": identities.SUBNET_IDS - 1, "sid": sid},
         )
     with pytest.raises(ExhaustedError, match="no free subnetID left"):
-        identities.allocate_subnet(store, "a", "one-too-many")
+        _subnet_of(store, "a", "one-too-many")
 
 
 def _master(url: str, site: str, jobs: int, queue: mp.Queue[list[tuple[str, int]]]) -> None:
     store = Store(url)
-    got = [(f"{site}-{j}", identities.allocate_subnet(store, site, f"{site}-{j}")) for j in range(jobs)]
+    got = [(f"{site}-{j}", _subnet_of(store, site, f"{site}-{j}")) for j in range(jobs)]
     store.close()
     queue.put(got)
 

@@ -25,6 +25,7 @@ import pytest
 from plugins.oar.client import SubmitRequest
 from plugins.oar.parse import OarJob
 from saline_bew import journal, relocation
+from saline_bew.events import EventKind
 from saline_bew.manager import Manager
 from tests.saline_env import FakeOar, stand_in_manager
 from vjob.model import VMState
@@ -52,8 +53,14 @@ def manager(tmp_path: Path, test_nodes: dict[str, str], oar: FakeOar) -> Iterato
 
 def _running(oar: FakeOar, job_id: str, key: str, resource: int, events: list[dict[str, Any]] | None = None) -> None:
     """OAR runs job `job_id` on node n1 (resource `resource`)."""
-    oar.jobs[job_id] = {"id": job_id, "name": key, "state": "Running", "owner": USER, "types": ["besteffort"],
-                        "events": events or []}  # fmt: skip
+    oar.jobs[job_id] = {
+        "id": job_id,
+        "name": key,
+        "state": "Running",
+        "owner": USER,
+        "types": ["besteffort"],
+        "events": events or [],
+    }
     oar.jobs[f"{job_id}/resources"] = {"items": [{"id": resource, "network_address": "n1"}]}
 
 
@@ -63,7 +70,7 @@ def _warned_vjob(manager: Manager, oar: FakeOar) -> journal.SalineJob:
     assert job.oar_job_id == "101"
     _running(oar, "101", job.key, 1)
     manager.step()
-    job = journal.get(manager.store, job.key)
+    job = journal.get(manager.ports.store, job.key)
     assert job.phase == "running" and job.hosts == ("n1",)
     warning = {"event_id": 9, "type": "CHECKPOINT", "date": now(), "description": "checkpoint"}
     _running(oar, "101", job.key, 1, [warning])
@@ -73,7 +80,7 @@ def _warned_vjob(manager: Manager, oar: FakeOar) -> journal.SalineJob:
 def _dies(manager: Manager, where: str) -> None:
     """The manager's pass over the warned vjob, killed `where`: right after oarsub answered
     ("after_oarsub", before the id reached the journal) or in the wait for the job's start."""
-    client = manager.sites["a"].client
+    client = manager.ports.sites["a"].client
     real_submit: Callable[..., str] = client.submit
     real_job: Callable[..., OarJob | None] = client.job
 
@@ -98,7 +105,7 @@ def _dies(manager: Manager, where: str) -> None:
 
 def _restarted(dead: Manager) -> Manager:
     """The site master started again: same owner name, so it takes its leases back at once."""
-    return Manager(dead.config, dead.store, dead.sites, dead.vms, owner=dead.owner)
+    return Manager(dead.ports.config, dead.ports.store, dead.ports.sites, dead.ports.vms, owner=dead.ports.owner)
 
 
 @pytest.mark.parametrize("where", ["waiting", "after_oarsub"])
@@ -109,15 +116,15 @@ def test_a_left_migration_job_is_deleted_once_the_vjob_no_longer_moves(
     manager resubmits the vjob and deletes the job the dead one asked for."""
     job = _warned_vjob(manager, oar)
     _dies(manager, where)
-    kinds = [e.kind for e in journal.events(manager.store, job.key)]
-    assert kinds[-1] == (relocation.REQUESTED if where == "waiting" else relocation.ASKING), kinds
+    kinds = [e.kind for e in journal.events(manager.ports.store, job.key)]
+    assert kinds[-1] == (EventKind.MIGRATION_REQUESTED if where == "waiting" else EventKind.MIGRATION_ASKING), kinds
     assert len(oar.submitted) == 2, "the vjob's job and the one asked for the migration"
     oar.details = [dict(oar.jobs["102"], name=job.key, owner=USER)]  # what OAR lists: job 102 waits
     oar.killed("101", USER)
 
     _restarted(manager).step()
-    after = journal.get(manager.store, job.key)
-    events = journal.events(manager.store, job.key)
+    after = journal.get(manager.ports.store, job.key)
+    events = journal.events(manager.ports.store, job.key)
     assert after.kills == 1 and after.oar_job_id == "103", [(e.kind, e.detail) for e in events]
     assert "/oarapi/jobs/102.json" in oar.deleted, f"the dead manager's job is left to run: {oar.deleted}"
     assert "/oarapi/jobs/103.json" not in oar.deleted, "the vjob's own new job was deleted"
@@ -136,12 +143,12 @@ def test_a_left_migration_job_is_taken_over_while_the_vjob_must_still_move(manag
 
     again = _restarted(manager)
     again.step()
-    after = journal.get(manager.store, job.key)
-    events = journal.events(manager.store, job.key)
+    after = journal.get(manager.ports.store, job.key)
+    events = journal.events(manager.ports.store, job.key)
     kinds = [e.kind for e in events]
     assert after.oar_job_id == "102" and after.phase == "running" and after.kills == 0, kinds
     assert len(oar.submitted) == 2, f"a new job was asked for instead of the one waiting: {oar.submitted[2:]}"
     assert "migration_taken_over" in kinds and "migrated" in kinds and "snapshot" not in kinds
     assert oar.deleted == ["/oarapi/jobs/101.json"], "the warned job is given back, the new one kept"
-    assert again.vms.driver.state(job.vm_names[0], "n1") is VMState.RUNNING
+    assert again.ports.vms.driver.state(job.vm_names[0], "n1") is VMState.RUNNING
     assert relocation.open_request(events) is None

@@ -28,10 +28,11 @@ from plugins.oar.parse import OarEvent, OarJob
 from provisioning import coordinated, job_disk, network
 from provisioning.driver import Driver, DriverError
 from provisioning.images import Catalogue
-from saline_bew import cli, identity, journal, output, server, workdir
+from saline_bew import cleanup, cli, client, deployment, identity, journal, output, protocol, server, snapshots, workdir
+from saline_bew.client import RemoteError
 from saline_bew.manager import Manager
 from saline_bew.repository import Repository
-from saline_bew.server import RemoteError, Server
+from saline_bew.server import Server
 from saline_bew.sites import Site
 from saline_bew.vms import SalineVMs
 from tests.saline_env import make_real_image
@@ -90,7 +91,7 @@ def _manager(tmp_path: Path, test_nodes: dict[str, str], *, vm_dir: str) -> Iter
 def _running(manager: Manager, node: str = "n1", vms: int = 1) -> journal.SalineJob:
     """A vjob whose VMs run on `node`, as after a deployment."""
     job = journal.create(
-        manager.store,
+        manager.ports.store,
         key="be0123456789",
         user="alice",
         image="empty",
@@ -101,46 +102,55 @@ def _running(manager: Manager, node: str = "n1", vms: int = 1) -> journal.Saline
         walltime="1:00:00",
         site="a",
     )
-    assert manager._lease(job.key)  # as after manager.submit: this manager acts on it
+    assert manager.ports.lease(job.key)  # as after manager.submit: this manager acts on it
     ids = identity.assign(
-        manager.store, site="a", job_key=job.key, vm_names=job.vm_names, mac_prefix="52:54:00", network="10.0.0.0/8"
+        manager.ports.store,
+        site="a",
+        job_key=job.key,
+        vm_names=job.vm_names,
+        mac_prefix="52:54:00",
+        network="10.0.0.0/8",
     )
-    image = manager.vms.image("empty")
+    image = manager.ports.vms.image("empty")
     for vm, ident in zip(job.vm_names, ids, strict=True):
-        manager.vms.boot_fresh(manager.vms.spec(vm, image, ["true"], ident, 128, 1), node, job_id=job.job_id)
+        manager.ports.vms.boot_fresh(
+            manager.ports.vms.spec(vm, image, ["true"], ident, 128, 1), node, job_id=job.job_id
+        )
     hosts = [node] * vms
-    return journal.record(manager.store, job.key, "deployed", phase="running", hosts=hosts, oar_job_id="1")
+    return journal.record(manager.ports.store, job.key, "deployed", phase="running", hosts=hosts, oar_job_id="1")
 
 
 def test_unknown_image_is_refused_before_anything_is_recorded(manager: Manager) -> None:
     with pytest.raises(InputError, match=r"image centos9: not in the catalogue"):
         manager.submit(user="alice", image="centos9", command=["true"], site="a")
-    assert journal.all_jobs(manager.store) == []
+    assert journal.all_jobs(manager.ports.store) == []
 
 
 def test_oar_unreachable_is_a_clear_error_and_loses_no_record(manager: Manager) -> None:
     with pytest.raises(CommandError, match="OAR API unreachable"):
         manager.submit(user="alice", image="empty", command=["sleep", "60"], site="a")
-    [job] = journal.all_jobs(manager.store)
+    [job] = journal.all_jobs(manager.ports.store)
     assert job.phase == "submitted" and job.oar_job_id is None and "unreachable" in job.error
-    assert [e.kind for e in journal.events(manager.store, job.key)] == ["created", "submit_failed"]
+    assert [e.kind for e in journal.events(manager.ports.store, job.key)] == ["created", "submit_failed"]
     manager.step()  # the manager tries again and fails the same way: the vjob is still there
-    again = journal.get(manager.store, job.key)
+    again = journal.get(manager.ports.store, job.key)
     assert again.phase == "submitted" and again.command == ("sleep", "60")
 
 
 def test_a_snapshot_in_the_repository_is_safe_and_owner_only(manager: Manager) -> None:
     job = _running(manager)
-    assert manager.snapshot(job, reason="periodic")
-    job = journal.get(manager.store, job.key)
+    assert snapshots.snapshot(manager.ports, job, reason="periodic")
+    job = journal.get(manager.ports.store, job.key)
     assert job.snapshot_label and job.snapshot_site == "a" and job.snapshot_at
-    files = sorted((manager.sites["a"].repository.label_dir(job.key, job.snapshot_label)).iterdir())
+    files = sorted((manager.ports.sites["a"].repository.label_dir(job.key, job.snapshot_label)).iterdir())
     assert len(files) == 3 and all(f.stat().st_mode & 0o077 == 0 for f in files)
-    assert not any(manager.vms.stage_dir("n1").iterdir()), "the node keeps no copy once it is in the repository"
+    assert not any(manager.ports.vms.stage_dir("n1").iterdir()), "the node keeps no copy once it is in the repository"
     first = job.snapshot_label
-    assert manager.snapshot(job, reason="periodic")
-    assert manager.sites["a"].repository.labels(job.key) == [journal.get(manager.store, job.key).snapshot_label]
-    assert first not in manager.sites["a"].repository.labels(job.key)  # the older one is dropped once superseded
+    assert snapshots.snapshot(manager.ports, job, reason="periodic")
+    assert manager.ports.sites["a"].repository.labels(job.key) == [
+        journal.get(manager.ports.store, job.key).snapshot_label
+    ]
+    assert first not in manager.ports.sites["a"].repository.labels(job.key)  # the older one is dropped once superseded
 
 
 @pytest.fixture
@@ -159,21 +169,21 @@ def tmpfs(tmp_path: Path) -> Iterator[Path]:
 @pytest.mark.parametrize("problem", ["full", "read-only"])
 def test_a_full_or_unwritable_repository_is_not_reported_safe(manager: Manager, tmpfs: Path, problem: str) -> None:
     job = _running(manager)
-    assert manager.snapshot(job, reason="periodic")  # a first, safe snapshot in the good repository
-    safe = journal.get(manager.store, job.key)
+    assert snapshots.snapshot(manager.ports, job, reason="periodic")  # a first, safe snapshot in the good repository
+    safe = journal.get(manager.ports.store, job.key)
     if problem == "read-only":
         subprocess.run(["mount", "-o", "remount,ro", str(tmpfs)], check=True, timeout=30)
-    manager.sites["a"].repository = Repository("a", str(tmpfs / "repo") if problem == "full" else str(tmpfs))
-    assert not manager.snapshot(safe, reason="checkpoint")
-    after = journal.get(manager.store, job.key)
+    manager.ports.sites["a"].repository = Repository("a", str(tmpfs / "repo") if problem == "full" else str(tmpfs))
+    assert not snapshots.snapshot(manager.ports, safe, reason="checkpoint")
+    after = journal.get(manager.ports.store, job.key)
     assert after.snapshot_label == safe.snapshot_label and after.snapshot_at == safe.snapshot_at
     expected = "bytes free" if problem == "full" else "not writable"
     assert expected in after.error
-    failed = [e for e in journal.events(manager.store, job.key) if e.kind == "snapshot_failed"]
+    failed = [e for e in journal.events(manager.ports.store, job.key) if e.kind == "snapshot_failed"]
     assert len(failed) == 1 and expected in failed[0].detail["error"]
-    assert manager.metrics.value("vjob_saline_snapshots_total") == 1
-    assert manager.metrics.value("vjob_saline_snapshot_failures_total") == 1
-    assert not any(manager.vms.stage_dir("n1").iterdir()), "a failed snapshot leaves no half copy on the node"
+    assert manager.ports.metrics.value("vjob_saline_snapshots_total") == 1
+    assert manager.ports.metrics.value("vjob_saline_snapshot_failures_total") == 1
+    assert not any(manager.ports.vms.stage_dir("n1").iterdir()), "a failed snapshot leaves no half copy on the node"
 
 
 def test_cli_submit_errors_and_the_kept_record(
@@ -229,19 +239,24 @@ def test_cli_submit_errors_and_the_kept_record(
 
 def test_cancel_cleans_vms_snapshots_and_identities_once(manager: Manager) -> None:
     job = _running(manager)
-    assert manager.snapshot(job, reason="periodic")
-    repo = manager.sites["a"].repository
+    assert snapshots.snapshot(manager.ports, job, reason="periodic")
+    repo = manager.ports.sites["a"].repository
     assert repo.labels(job.key)
-    journal.record(manager.store, job.key, "test", oar_job_id=None)  # no OAR job to delete (OAR is unreachable)
+    journal.record(manager.ports.store, job.key, "test", oar_job_id=None)  # no OAR job to delete (OAR is unreachable)
     manager.cancel(job.key)
     manager.step()
     manager.step()
     assert repo.labels(job.key) == []
-    assert manager.vms.driver.state(job.vm_names[0], "n1") is None
-    kinds = [e.kind for e in journal.events(manager.store, job.key)]
+    assert manager.ports.vms.driver.state(job.vm_names[0], "n1") is None
+    kinds = [e.kind for e in journal.events(manager.ports.store, job.key)]
     assert kinds.count("cleaned") == 1 and kinds[-2:] == ["cancelled", "cleaned"]
     fresh = identity.assign(
-        manager.store, site="a", job_key="next", vm_names=["next-vm0"], mac_prefix="52:54:00", network="10.0.0.0/8"
+        manager.ports.store,
+        site="a",
+        job_key="next",
+        vm_names=["next-vm0"],
+        mac_prefix="52:54:00",
+        network="10.0.0.0/8",
     )
     assert fresh[0].subnet_id == 1  # the cancelled vjob's subnet is free again
 
@@ -250,8 +265,8 @@ def test_cancel_with_a_node_unreachable_is_recorded_and_the_cleanup_removes_the_
     manager: Manager, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     job = _running(manager)
-    journal.record(manager.store, job.key, "test", oar_job_id=None)  # no OAR job to delete (OAR is unreachable)
-    driver = manager.vms.driver
+    journal.record(manager.ports.store, job.key, "test", oar_job_id=None)  # no OAR job to delete (OAR is unreachable)
+    driver = manager.ports.vms.driver
     real_connection = driver.connection
 
     def unreachable(node: str) -> object:
@@ -259,15 +274,15 @@ def test_cancel_with_a_node_unreachable_is_recorded_and_the_cleanup_removes_the_
 
     monkeypatch.setattr(driver, "connection", unreachable)
     assert manager.cancel(job.key).phase == "cancelled"  # recorded, not raised: the OAR job is gone
-    kinds = [e.kind for e in journal.events(manager.store, job.key)]
+    kinds = [e.kind for e in journal.events(manager.ports.store, job.key)]
     assert kinds[-1] == "cancelled" and "cleaned" not in kinds
     manager.step()  # the node is still unreachable: the cleanup fails and is retried, nothing lost
-    assert "cleaned" not in [e.kind for e in journal.events(manager.store, job.key)]
+    assert "cleaned" not in [e.kind for e in journal.events(manager.ports.store, job.key)]
     monkeypatch.setattr(driver, "connection", real_connection)
     assert driver.state(job.vm_names[0], "n1") == VMState.RUNNING
     manager.step()
     assert driver.state(job.vm_names[0], "n1") is None
-    assert [e.kind for e in journal.events(manager.store, job.key)].count("cleaned") == 1
+    assert [e.kind for e in journal.events(manager.ports.store, job.key)].count("cleaned") == 1
 
 
 def _killed_by_oar(job: journal.SalineJob) -> OarJob:
@@ -289,36 +304,36 @@ def test_a_kill_before_the_first_snapshot_restarts_from_scratch_and_is_counted(m
     job = _running(manager)
     with pytest.raises(CommandError, match="unreachable"):  # the kill is handled, then OAR is asked again
         manager._ended(job, _killed_by_oar(job))
-    job = journal.get(manager.store, job.key)
+    job = journal.get(manager.ports.store, job.key)
     assert job.phase == "submitted" and job.kills == 1 and job.hosts == ()
-    assert manager.vms.driver.state(job.vm_names[0], "n1") is None, "the killed VM must not keep the node"
-    manager._deploy(job, _running_again(job, "n2"))
-    job = journal.get(manager.store, job.key)
+    assert manager.ports.vms.driver.state(job.vm_names[0], "n1") is None, "the killed VM must not keep the node"
+    deployment.deploy(manager.ports, job, _running_again(job, "n2"))
+    job = journal.get(manager.ports.store, job.key)
     assert job.restarts_from_scratch == 1 and job.hosts == ("n2",)
-    assert [e.kind for e in journal.events(manager.store, job.key)][-1] == "restarted_from_scratch"
-    assert store_jobs.get(manager.store, "saline", job.key).preempt_count == 1
-    assert manager.metrics.value("vjob_saline_kills_total") == 1
-    assert manager.metrics.value("vjob_saline_resubmissions_total") == 1
-    assert "vjob_saline_kills_total 1.0" in manager.metrics.text()
+    assert [e.kind for e in journal.events(manager.ports.store, job.key)][-1] == "restarted_from_scratch"
+    assert store_jobs.get(manager.ports.store, "saline", job.key).preempt_count == 1
+    assert manager.ports.metrics.value("vjob_saline_kills_total") == 1
+    assert manager.ports.metrics.value("vjob_saline_resubmissions_total") == 1
+    assert "vjob_saline_kills_total 1.0" in manager.ports.metrics.text()
 
 
 def test_a_kill_after_a_snapshot_resumes_from_the_repository(manager: Manager) -> None:
     job = _running(manager)
-    assert manager.snapshot(job, reason="periodic")
-    job = journal.get(manager.store, job.key)
+    assert snapshots.snapshot(manager.ports, job, reason="periodic")
+    job = journal.get(manager.ports.store, job.key)
     with pytest.raises(CommandError, match="unreachable"):
         manager._ended(job, _killed_by_oar(job))
-    killed = [e for e in journal.events(manager.store, job.key) if e.kind == "killed"]
+    killed = [e for e in journal.events(manager.ports.store, job.key) if e.kind == "killed"]
     assert killed[0].detail["cause"] == "besteffort_kill" and killed[0].detail["snapshot"] == job.snapshot_label
     # OAR gives it the same host again (the test driver cannot rewrite paths for another node;
     # the resume on another node and site is tested on real QEMU in test_saline_e2e).
-    manager._deploy(journal.get(manager.store, job.key), _running_again(job, "n1"))
-    after = journal.get(manager.store, job.key)
+    deployment.deploy(manager.ports, journal.get(manager.ports.store, job.key), _running_again(job, "n1"))
+    after = journal.get(manager.ports.store, job.key)
     assert after.restarts_from_scratch == 0 and after.phase == "running" and after.hosts == ("n1",)
-    assert manager.vms.driver.state(job.vm_names[0], "n1") is VMState.RUNNING
-    resumed = journal.events(manager.store, job.key)[-1]
+    assert manager.ports.vms.driver.state(job.vm_names[0], "n1") is VMState.RUNNING
+    resumed = journal.events(manager.ports.store, job.key)[-1]
     assert resumed.kind == "resumed" and resumed.detail["label"] == job.snapshot_label
-    record = store_jobs.get(manager.store, "saline", job.key)
+    record = store_jobs.get(manager.ports.store, "saline", job.key)
     assert record.preempt_count == 1 and record.preempted_since is None
 
 
@@ -330,7 +345,7 @@ def test_a_two_vm_vjob_is_snapshotted_in_one_cut(
     VM after another while the others ran on, which is no consistent snapshot of the job)."""
     job = _running(manager, vms=2)
     calls: list[tuple[str, str]] = []
-    driver = manager.vms.driver
+    driver = manager.ports.vms.driver
     for name in ("pause", "save", "snapshot"):
         real = getattr(driver, name)
 
@@ -347,25 +362,25 @@ def test_a_two_vm_vjob_is_snapshotted_in_one_cut(
         return cuts[-1]
 
     monkeypatch.setattr(coordinated, "checkpoint", spy_checkpoint)
-    assert manager.snapshot(job, reason="checkpoint" if suspend else "periodic", suspend=suspend)
+    assert snapshots.snapshot(manager.ports, job, reason="checkpoint" if suspend else "periodic", suspend=suspend)
     [cut] = cuts  # provisioning's one coordinated path (issue 16), not a loop of Saline's own
     assert cut.consistent and set(cut.snapshots) == set(job.vm_names)
     first_save = min(i for i, (what, _) in enumerate(calls) if what in ("save", "snapshot"))
     paused_first = {vm for what, vm in calls[:first_save] if what == "pause"}
     assert paused_first == set(job.vm_names), f"a save began before every VM was paused: {calls}"
-    states = {manager.vms.driver.state(vm, "n1") for vm in job.vm_names}
+    states = {manager.ports.vms.driver.state(vm, "n1") for vm in job.vm_names}
     if suspend:
         assert VMState.RUNNING not in states, "on OAR's checkpoint signal the VMs stop at the snapshot"
     else:
         assert states == {VMState.RUNNING}, "a periodic snapshot lets every VM run on, none left paused"
-    after = journal.get(manager.store, job.key)
-    files = sorted(manager.sites["a"].repository.label_dir(job.key, after.snapshot_label).iterdir())
+    after = journal.get(manager.ports.store, job.key)
+    files = sorted(manager.ports.sites["a"].repository.label_dir(job.key, after.snapshot_label).iterdir())
     assert len(files) == 6, "memory, overlay copy and manifest of each of the two VMs"
 
 
 def _nics(manager: Manager, vm: str, node: str) -> list[tuple[str | None, str | None]]:
     """(MAC, bridge) of every NIC of `vm` as libvirt on `node` has it."""
-    dom = manager.vms.driver.connection(node).lookupByName(vm)
+    dom = manager.ports.vms.driver.connection(node).lookupByName(vm)
     root = ET.fromstring(dom.XMLDesc(0))
     return [
         (nic.find("mac").get("address"), nic.find("source").get("bridge"))  # type: ignore[union-attr]
@@ -375,7 +390,7 @@ def _nics(manager: Manager, vm: str, node: str) -> list[tuple[str | None, str | 
 
 def _bridges(manager: Manager, node: str) -> set[str]:
     """The job networks active on `node` (libvirt networks named like provisioning's bridges)."""
-    return {n.name() for n in manager.vms.driver.connection(node).listAllNetworks() if n.isActive()}
+    return {n.name() for n in manager.ports.vms.driver.connection(node).listAllNetworks() if n.isActive()}
 
 
 def test_a_vjobs_vms_are_on_its_own_network_with_the_same_addresses_after_a_resume_elsewhere(
@@ -387,18 +402,50 @@ def test_a_vjobs_vms_are_on_its_own_network_with_the_same_addresses_after_a_resu
     there and the VMs come back with the same MACs."""
     manager = shared_manager
     monkeypatch.setattr(network, "_link_exists", lambda _name: False)  # whatever bridges this host has
-    first = journal.create(manager.store, key="be0123456789", user="alice", image="empty", command=["true"],
-                           vm_count=2, vcpus=1, memory_mb=128, walltime="1:00:00", site="a")  # fmt: skip
-    other = journal.create(manager.store, key="beabcdefabcd", user="bob", image="empty", command=["true"],
-                           vm_count=1, vcpus=1, memory_mb=128, walltime="1:00:00", site="a")  # fmt: skip
+    first = journal.create(
+        manager.ports.store,
+        key="be0123456789",
+        user="alice",
+        image="empty",
+        command=["true"],
+        vm_count=2,
+        vcpus=1,
+        memory_mb=128,
+        walltime="1:00:00",
+        site="a",
+    )
+    other = journal.create(
+        manager.ports.store,
+        key="beabcdefabcd",
+        user="bob",
+        image="empty",
+        command=["true"],
+        vm_count=1,
+        vcpus=1,
+        memory_mb=128,
+        walltime="1:00:00",
+        site="a",
+    )
     for job in (first, other):
-        assert manager._lease(job.key)
-        journal.record(manager.store, job.key, "test", oar_job_id="1")  # as after the submission
-        manager._deploy(journal.get(manager.store, job.key), _running_again(job, "n1"))
-    ids = identity.assign(manager.store, site="a", job_key=first.key, vm_names=first.vm_names,
-                          mac_prefix="52:54:00", network="10.0.0.0/8")  # fmt: skip
-    (theirs,) = identity.assign(manager.store, site="a", job_key=other.key, vm_names=other.vm_names,
-                                mac_prefix="52:54:00", network="10.0.0.0/8")  # fmt: skip
+        assert manager.ports.lease(job.key)
+        journal.record(manager.ports.store, job.key, "test", oar_job_id="1")  # as after the submission
+        deployment.deploy(manager.ports, journal.get(manager.ports.store, job.key), _running_again(job, "n1"))
+    ids = identity.assign(
+        manager.ports.store,
+        site="a",
+        job_key=first.key,
+        vm_names=first.vm_names,
+        mac_prefix="52:54:00",
+        network="10.0.0.0/8",
+    )
+    (theirs,) = identity.assign(
+        manager.ports.store,
+        site="a",
+        job_key=other.key,
+        vm_names=other.vm_names,
+        mac_prefix="52:54:00",
+        network="10.0.0.0/8",
+    )
     bridge = network.bridge_name(ids[0].subnet_id, network.SALINE_FAMILY)
     assert (
         theirs.subnet_id != ids[0].subnet_id and network.bridge_name(theirs.subnet_id, network.SALINE_FAMILY) != bridge
@@ -412,21 +459,21 @@ def test_a_vjobs_vms_are_on_its_own_network_with_the_same_addresses_after_a_resu
         (theirs.mac, network.bridge_name(theirs.subnet_id, network.SALINE_FAMILY))
     ]
 
-    job = journal.get(manager.store, first.key)
-    assert manager.snapshot(job, reason="periodic")
+    job = journal.get(manager.ports.store, first.key)
+    assert snapshots.snapshot(manager.ports, job, reason="periodic")
     with pytest.raises(CommandError, match="unreachable"):  # killed; then OAR is asked again
-        manager._ended(journal.get(manager.store, job.key), _killed_by_oar(job))
+        manager._ended(journal.get(manager.ports.store, job.key), _killed_by_oar(job))
     assert _bridges(manager, "n1") == {network.bridge_name(theirs.subnet_id, network.SALINE_FAMILY)}, (
         "the killed vjob's network stayed"
     )
     assert bridge not in _bridges(manager, "n2")
-    manager._deploy(journal.get(manager.store, job.key), _running_again(job, "n2"))
-    resumed = journal.get(manager.store, job.key)
-    assert resumed.hosts == ("n2", "n2") and journal.events(manager.store, job.key)[-1].kind == "resumed"
+    deployment.deploy(manager.ports, journal.get(manager.ports.store, job.key), _running_again(job, "n2"))
+    resumed = journal.get(manager.ports.store, job.key)
+    assert resumed.hosts == ("n2", "n2") and journal.events(manager.ports.store, job.key)[-1].kind == "resumed"
     assert _bridges(manager, "n2") == {bridge}
     for vm, ident in zip(first.vm_names, ids, strict=True):
         assert _nics(manager, vm, "n2") == [(ident.mac, bridge)]
-    journal.record(manager.store, other.key, "test", oar_job_id=None)  # no OAR job to delete (OAR is unreachable)
+    journal.record(manager.ports.store, other.key, "test", oar_job_id=None)  # no OAR job to delete (OAR is unreachable)
     manager.cancel(other.key)
     assert _bridges(manager, "n1") == set()
 
@@ -437,11 +484,11 @@ def test_a_resume_restores_every_vm_paused_before_any_runs(manager: Manager) -> 
     (Saline used to restore them one after another, each running at once while the next was
     still being restored: the first ones ran on, and sent to peers that were not there yet)."""
     job = _running(manager, vms=3)
-    assert manager.snapshot(job, reason="periodic")
-    job = journal.get(manager.store, job.key)
+    assert snapshots.snapshot(manager.ports, job, reason="periodic")
+    job = journal.get(manager.ports.store, job.key)
     with pytest.raises(CommandError, match="unreachable"):
         manager._ended(job, _killed_by_oar(job))
-    driver = manager.vms.driver
+    driver = manager.ports.vms.driver
     calls: list[tuple[str, str, bool]] = []
     real_restore, real_unpause = driver.restore_snapshot, driver.unpause
 
@@ -456,19 +503,19 @@ def test_a_resume_restores_every_vm_paused_before_any_runs(manager: Manager) -> 
 
     driver.restore_snapshot = restore_snapshot  # type: ignore[method-assign]
     driver.unpause = unpause  # type: ignore[method-assign]
-    manager._deploy(journal.get(manager.store, job.key), _running_again(job, "n1"))
+    deployment.deploy(manager.ports, journal.get(manager.ports.store, job.key), _running_again(job, "n1"))
     restored = [(vm, paused) for what, vm, paused in calls if what == "restored"]
     assert sorted(vm for vm, _ in restored) == job.vm_names
     assert all(paused for _, paused in restored), f"a VM ran as soon as it was restored: {calls}"
     first_run = min((i for i, (what, _, _) in enumerate(calls) if what == "unpause"), default=len(calls))
     assert first_run == 3, f"a VM was let run before every VM was back: {calls}"
     assert {vm for what, vm, _ in calls if what == "unpause"} == set(job.vm_names)
-    after = journal.get(manager.store, job.key)
+    after = journal.get(manager.ports.store, job.key)
     assert after.phase == "running" and after.hosts == ("n1",) * 3
     assert {driver.state(vm, "n1") for vm in job.vm_names} == {VMState.RUNNING}
     states = [driver.connection("n1").lookupByName(vm).state()[0] for vm in job.vm_names]
     assert states == [libvirt.VIR_DOMAIN_RUNNING] * 3, "a VM was left paused"
-    resumed = journal.events(manager.store, job.key)[-1]
+    resumed = journal.events(manager.ports.store, job.key)[-1]
     assert resumed.kind == "resumed" and resumed.detail["restore_to_running_s"] >= 0
 
 
@@ -481,25 +528,45 @@ def test_a_real_image_vjob_gets_job_disks_on_its_network_and_keeps_them_across_a
     part of every snapshot and is back under the VM at the resume; the vjob is done when the
     first VM powers off (the others only serve it). Guests talking over it: bench/saline_network.py."""
     _real_image(manager, tmp_path)
-    job = journal.create(manager.store, key="be0123456789", user="nobody", image="real", command=["ssh", "vm1", "true"],
-                         vm_count=2, vcpus=1, memory_mb=128, walltime="1:00:00", site="a")  # fmt: skip
-    assert manager._lease(job.key)
-    journal.record(manager.store, job.key, "test", oar_job_id="1")
-    manager._deploy(journal.get(manager.store, job.key), _running_again(job, "n1"))
-    driver = manager.vms.driver
-    ids = identity.assign(manager.store, site="a", job_key=job.key, vm_names=job.vm_names, mac_prefix="52:54:00",
-                          network="10.0.0.0/8")  # fmt: skip
+    job = journal.create(
+        manager.ports.store,
+        key="be0123456789",
+        user="nobody",
+        image="real",
+        command=["ssh", "vm1", "true"],
+        vm_count=2,
+        vcpus=1,
+        memory_mb=128,
+        walltime="1:00:00",
+        site="a",
+    )
+    assert manager.ports.lease(job.key)
+    journal.record(manager.ports.store, job.key, "test", oar_job_id="1")
+    deployment.deploy(manager.ports, journal.get(manager.ports.store, job.key), _running_again(job, "n1"))
+    driver = manager.ports.vms.driver
+    ids = identity.assign(
+        manager.ports.store,
+        site="a",
+        job_key=job.key,
+        vm_names=job.vm_names,
+        mac_prefix="52:54:00",
+        network="10.0.0.0/8",
+    )
     described = []
     for rank, vm in enumerate(job.vm_names):
         xml = ET.fromstring(driver.connection("n1").lookupByName(vm).XMLDesc(0))
         assert xml.findtext("./os/kernel") and "init=/sbin/vjob-init" in (xml.findtext("./os/cmdline") or "")
         assert xml.find("./devices/disk/target[@dev='vdb']") is not None, "no job disk"
         raw = tmp_path / f"{vm}.raw"
-        subprocess.run(["qemu-img", "convert", "-q", "-U", "-O", "raw", str(driver.job_disk_path(vm, "n1")), str(raw)],
-                       check=True, timeout=60)  # fmt: skip
+        subprocess.run(
+            ["qemu-img", "convert", "-q", "-U", "-O", "raw", str(driver.job_disk_path(vm, "n1")), str(raw)],
+            check=True,
+            timeout=60,
+        )
         debugfs = shutil.which("debugfs") or "/usr/sbin/debugfs"
-        shown = subprocess.run([debugfs, "-R", "cat /.vjob/job.json", str(raw)], capture_output=True, check=True,
-                               timeout=30)  # fmt: skip
+        shown = subprocess.run(
+            [debugfs, "-R", "cat /.vjob/job.json", str(raw)], capture_output=True, check=True, timeout=30
+        )
         described.append(json.loads(shown.stdout))
         for inode in ("/.vjob", "/.vjob/script", "/work"):  # built by root as if by the user, who runs it
             st = subprocess.run([debugfs, "-R", f"stat {inode}", str(raw)], capture_output=True, check=True, timeout=30)
@@ -510,27 +577,27 @@ def test_a_real_image_vjob_gets_job_disks_on_its_network_and_keeps_them_across_a
         assert described[-1]["argv"] == ["script", "ssh", "vm1", "true"] and described[-1]["user"] == "nobody"
     assert described[0]["network"]["ssh_public"] == described[1]["network"]["ssh_public"] != ""
 
-    job = journal.get(manager.store, job.key)
-    assert manager.snapshot(job, reason="periodic")
-    label = journal.get(manager.store, job.key).snapshot_label
-    files = {p.name for p in manager.sites["a"].repository.label_dir(job.key, label).iterdir()}
+    job = journal.get(manager.ports.store, job.key)
+    assert snapshots.snapshot(manager.ports, job, reason="periodic")
+    label = journal.get(manager.ports.store, job.key).snapshot_label
+    files = {p.name for p in manager.ports.sites["a"].repository.label_dir(job.key, label).iterdir()}
     assert {f"{vm}@{label}.job.qcow2" for vm in job.vm_names} <= files, files
     with pytest.raises(CommandError, match="unreachable"):
-        manager._ended(journal.get(manager.store, job.key), _killed_by_oar(job))
+        manager._ended(journal.get(manager.ports.store, job.key), _killed_by_oar(job))
     assert not driver.job_disk_path(job.vm_names[0], "n1").exists(), "the kill left the job disk"
-    manager._deploy(journal.get(manager.store, job.key), _running_again(job, "n1"))
-    assert journal.events(manager.store, job.key)[-1].kind == "resumed"
+    deployment.deploy(manager.ports, journal.get(manager.ports.store, job.key), _running_again(job, "n1"))
+    assert journal.events(manager.ports.store, job.key)[-1].kind == "resumed"
     for vm in job.vm_names:
         assert driver.job_disk_path(vm, "n1").is_file() and driver.state(vm, "n1") is VMState.RUNNING
-    job = journal.get(manager.store, job.key)
-    assert not manager._finished(job)
+    job = journal.get(manager.ports.store, job.key)
+    assert not deployment.finished(manager.ports, job)
     driver.console_log(job.vm_names[0], "n1").touch()  # a real guest's console (the test driver writes none)
     driver.stop(job.vm_names[0], "n1")  # the first VM powered off: COMMAND ended; vm1 still serves
-    assert manager._finished(job)
+    assert deployment.finished(manager.ports, job)
 
 
 def _real_image(manager: Manager, tmp_path: Path) -> None:
-    make_real_image(manager.store, tmp_path)
+    make_real_image(manager.ports.store, tmp_path)
 
 
 def _debugfs(raw: Path, request: str) -> bytes:
@@ -556,23 +623,35 @@ def test_the_submitters_directory_reaches_the_first_vms_job_disk_through_the_soc
     (home / "secret").symlink_to(secret)
     monkeypatch.chdir(home)
     args = argparse.Namespace(socket=str(tmp_path / "sock" / "saline.sock"), stage_limit_mb=16)
-    request = {"op": "submit", "image": "real", "command": ["./simulate", "--steps", "1e9"], "vms": 2, "vcpus": 1,
-               "memory": 128, "walltime": "4:00:00", "site": None, "user": "nobody"}  # fmt: skip
+    request = {
+        "op": "submit",
+        "image": "real",
+        "command": ["./simulate", "--steps", "1e9"],
+        "vms": 2,
+        "vcpus": 1,
+        "memory": 128,
+        "walltime": "4:00:00",
+        "site": None,
+        "user": "nobody",
+    }
     with Server(manager, Path(args.socket)), pytest.raises(RemoteError, match="recorded"):  # OAR is down
         cli._submit_with_workdir(args, request)
-    (job,) = journal.all_jobs(manager.store)
-    kept = manager.vms.work_path(job.key)
+    (job,) = journal.all_jobs(manager.ports.store)
+    kept = manager.ports.vms.work_path(job.key)
     # the submitter's, owner-only (qemu-img runs on it as them), where only root's descriptors reach it
     assert kept.is_file() and kept.stat().st_uid == NOBODY.pw_uid and stat.S_IMODE(kept.stat().st_mode) == 0o600
     assert kept.parent.stat().st_uid == 0 and stat.S_IMODE(kept.parent.stat().st_mode) == 0o700
-    journal.record(manager.store, job.key, "test", oar_job_id="1")
-    manager._deploy(journal.get(manager.store, job.key), _running_again(job, "n1"))
-    driver = manager.vms.driver
+    journal.record(manager.ports.store, job.key, "test", oar_job_id="1")
+    deployment.deploy(manager.ports, journal.get(manager.ports.store, job.key), _running_again(job, "n1"))
+    driver = manager.ports.vms.driver
     raws = []
     for vm in job.vm_names:
         raws.append(tmp_path / f"{vm}.raw")
-        subprocess.run(["qemu-img", "convert", "-q", "-U", "-O", "raw", str(driver.job_disk_path(vm, "n1")),
-                        str(raws[-1])], check=True, timeout=60)  # fmt: skip
+        subprocess.run(
+            ["qemu-img", "convert", "-q", "-U", "-O", "raw", str(driver.job_disk_path(vm, "n1")), str(raws[-1])],
+            check=True,
+            timeout=60,
+        )
     assert _debugfs(raws[0], "cat /work/simulate") == b"#!/bin/sh\necho simulated\n"
     assert re.search(rb"User:\s+65534\s+Group:\s+65534", _debugfs(raws[0], "stat /work/simulate"))
     link = _debugfs(raws[0], "stat /work/secret")
@@ -582,7 +661,7 @@ def test_the_submitters_directory_reaches_the_first_vms_job_disk_through_the_soc
     assert b"TOPSECRET" not in driver.job_disk_path(job.vm_names[0], "n1").read_bytes()  # qcow2: data uncompressed
     assert b"simulate" not in _debugfs(raws[1], "ls /work"), "only the first VM gets the directory"
     assert json.loads(_debugfs(raws[0], "cat /.vjob/job.json"))["argv"] == ["script", "./simulate", "--steps", "1e9"]
-    manager._clean(journal.get(manager.store, job.key))
+    cleanup.clean(manager.ports, journal.get(manager.ports.store, job.key))
     assert not kept.exists()
 
 
@@ -608,8 +687,11 @@ def test_an_oversized_directory_or_a_crafted_disk_is_refused(tmp_path: Path, mon
     huge = tmp_path / "huge.qcow2"
     huge.write_bytes(b"\0" * (workdir.EXT4_MARGIN + (2 << 20)))
     backed = tmp_path / "backed.qcow2"
-    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", "/etc/shadow", str(backed), "1M"],
-                   check=True, timeout=30)  # fmt: skip
+    subprocess.run(
+        ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", "/etc/shadow", str(backed), "1M"],
+        check=True,
+        timeout=30,
+    )
     for path, why in ((huge, "over 65 MiB"), (backed, "no backing file")):
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -641,16 +723,26 @@ def test_commands_output_and_exit_status_reach_its_user_once_without_what_a_resu
     kept and the exit status is read off the job disk: `show` says it, `output` streams the
     output through the socket to the vjob's owner only."""
     _real_image(manager, tmp_path)
-    job = journal.create(manager.store, key="be0123456789", user="nobody", image="real", command=["./simulate"],
-                         vm_count=1, vcpus=1, memory_mb=128, walltime="1:00:00", site="a")  # fmt: skip
-    assert manager._lease(job.key)
-    journal.record(manager.store, job.key, "test", oar_job_id="1")
-    manager._deploy(journal.get(manager.store, job.key), _running_again(job, "n1"))
+    job = journal.create(
+        manager.ports.store,
+        key="be0123456789",
+        user="nobody",
+        image="real",
+        command=["./simulate"],
+        vm_count=1,
+        vcpus=1,
+        memory_mb=128,
+        walltime="1:00:00",
+        site="a",
+    )
+    assert manager.ports.lease(job.key)
+    journal.record(manager.ports.store, job.key, "test", oar_job_id="1")
+    deployment.deploy(manager.ports, journal.get(manager.ports.store, job.key), _running_again(job, "n1"))
     vm = job.vm_names[0]
-    out, err = manager.vms.output_logs(vm, "n1")
+    out, err = manager.ports.vms.output_logs(vm, "n1")
     out.write_bytes(b"step 1\n")
     err.write_bytes(b"warning 1\n")
-    cut = manager.vms.checkpoint
+    cut = manager.ports.vms.checkpoint
 
     def printing_on(*args: object, **kwargs: object) -> object:
         taken = cut(*args, **kwargs)
@@ -658,23 +750,23 @@ def test_commands_output_and_exit_status_reach_its_user_once_without_what_a_resu
             fh.write(b"step 2\n")  # not in this snapshot: lost with the kill, printed again after the resume
         return taken
 
-    monkeypatch.setattr(manager.vms, "checkpoint", printing_on)
-    assert manager.snapshot(journal.get(manager.store, job.key), reason="periodic")
-    monkeypatch.setattr(manager.vms, "checkpoint", cut)
-    assert (manager.output_dir / f"{job.key}.stdout").read_bytes() == b"step 1\n"
+    monkeypatch.setattr(manager.ports.vms, "checkpoint", printing_on)
+    assert snapshots.snapshot(manager.ports, journal.get(manager.ports.store, job.key), reason="periodic")
+    monkeypatch.setattr(manager.ports.vms, "checkpoint", cut)
+    assert (manager.ports.output_dir / f"{job.key}.stdout").read_bytes() == b"step 1\n"
     with pytest.raises(CommandError, match="unreachable"):
-        manager._ended(journal.get(manager.store, job.key), _killed_by_oar(job))
+        manager._ended(journal.get(manager.ports.store, job.key), _killed_by_oar(job))
     assert not out.exists(), "the kill deletes the VM and its logs"
-    manager._deploy(journal.get(manager.store, job.key), _running_again(job, "n1"))
+    deployment.deploy(manager.ports, journal.get(manager.ports.store, job.key), _running_again(job, "n1"))
     out.write_bytes(b"step 2\nstep 3\n")
     err.write_bytes(b"")
-    _agent_exits(manager.vms.driver.job_disk_path(vm, "n1"), b"3\n", tmp_path)
-    manager.vms.driver.stop(vm, "n1")
-    manager._complete(journal.get(manager.store, job.key))
-    finished = journal.events(manager.store, job.key)[-1]
+    _agent_exits(manager.ports.vms.driver.job_disk_path(vm, "n1"), b"3\n", tmp_path)
+    manager.ports.vms.driver.stop(vm, "n1")
+    deployment.complete(manager.ports, journal.get(manager.ports.store, job.key))
+    finished = journal.events(manager.ports.store, job.key)[-1]
     assert finished.kind == "finished" and finished.detail["exit_code"] == 3
     assert finished.detail["output_bytes"] == [len(b"step 1\nstep 2\nstep 3\n"), len(b"warning 1\n")]
-    kept = manager.output_dir / f"{job.key}.stdout"
+    kept = manager.ports.output_dir / f"{job.key}.stdout"
     assert kept.stat().st_uid == 0 and stat.S_IMODE(kept.stat().st_mode) == 0o600
 
     sock = tmp_path / "sock" / "saline.sock"
@@ -685,9 +777,9 @@ def test_commands_output_and_exit_status_reach_its_user_once_without_what_a_resu
         assert capsys.readouterr().out == "step 1\nstep 2\nstep 3\n"
         assert cli._output(argparse.Namespace(socket=str(sock), key=job.key, stderr=True, both=False)) == 0
         assert capsys.readouterr().out == "warning 1\n"
-        assert server.call(sock, {"op": "show", "key": job.key})["exit_code"] == 3
+        assert client.call(sock, {"op": "show", "key": job.key})["exit_code"] == 3
     with pytest.raises(server.Refused, match="another user"):
-        server.Handler(manager)(server.Output(op="output", key=job.key), 1)  # uid 1 (daemon) is not nobody
+        server.Handler(manager)(protocol.Output(op="output", key=job.key), 1)  # uid 1 (daemon) is not nobody
 
 
 def test_a_crafted_exit_file_or_an_output_over_the_limit_is_not_trusted(
@@ -699,8 +791,15 @@ def test_a_crafted_exit_file_or_an_output_over_the_limit_is_not_trusted(
     staged = tmp_path / "staged"
     staged.mkdir()
     built = tmp_path / "built.qcow2"
-    job_disk.build(staged, job_disk.JobDescription(script=b"#!/bin/sh\n", args=[], env={}, uid=0, gid=0,
-                   user="root", home="/root", cwd="/work"), built, limit_bytes=1 << 20, free_bytes=0)  # fmt: skip
+    job_disk.build(
+        staged,
+        job_disk.JobDescription(
+            script=b"#!/bin/sh\n", args=[], env={}, uid=0, gid=0, user="root", home="/root", cwd="/work"
+        ),
+        built,
+        limit_bytes=1 << 20,
+        free_bytes=0,
+    )
     assert job_disk.read_exit(built, tmp_path) is None  # the job never ended
     cases = ((b"0\n", 0), (b"255\n", 255), (b"256\n", None), (b"9" * 40, None), (b"-1\n", None), ("³\n".encode(), None))
     for content, expected in cases:

@@ -91,7 +91,7 @@ def _wait_site_free(manager: Manager, site: str, cores: int) -> None:
     the manager move the new vjob to the other site, so a site that never frees is a failure
     named here, not a wrong placement asserted later."""
     wait_for(
-        lambda: manager.sites[site].free_cores() >= cores,
+        lambda: manager.ports.sites[site].free_cores() >= cores,
         240,
         f"{cores} free cores at site {site} (earlier tests' OAR jobs ending)",
         interval=1,
@@ -105,7 +105,7 @@ class ManagerKilled(BaseException):
 def _die_in_the_wait(manager: Manager, warned_id: str) -> None:
     """The manager's pass over the warned vjob, killed while it waits for OAR to start the new
     job it asked for (the first look at a job other than the warned one)."""
-    client = manager.sites["b"].client
+    client = manager.ports.sites["b"].client
     real_job = client.job
 
     def job(job_id: str, *, user: str = "") -> object:
@@ -133,32 +133,34 @@ def test_warning_with_room_on_the_same_host_moves_the_vjob_and_writes_nothing(ma
     job = _warned(manager, oar_cluster, vms=1, site="b", room_at="b")
     old = job.oar_job_id
     _die_in_the_wait(manager, old or "")
-    asked = [e for e in journal.events(manager.store, job.key) if e.kind == "migration_requested"]
+    asked = [e for e in journal.events(manager.ports.store, job.key) if e.kind == "migration_requested"]
     assert len(asked) == 1, "the request is journalled, with its id, before the wait"
-    manager = Manager(manager.config, manager.store, manager.sites, manager.vms, owner=manager.owner)
+    manager = Manager(
+        manager.ports.config, manager.ports.store, manager.ports.sites, manager.ports.vms, owner=manager.ports.owner
+    )
     moved = until(manager, job.key, lambda j: j.oar_job_id != old, 60, "moved to a new OAR job")
     assert moved.oar_job_id == asked[0].detail["oar_job_id"], "the job the dead manager asked for was not taken over"
-    assert [e.kind for e in journal.events(manager.store, job.key)].count("migration_requested") == 1
+    assert [e.kind for e in journal.events(manager.ports.store, job.key)].count("migration_requested") == 1
     mine = [j for j in OarCommands().jobs() if j.name == job.key and not j.finished and j.id != moved.oar_job_id]
     assert all(j.id == old for j in mine), f"another job of the vjob runs on: {mine}"
-    journey = [(e.kind, e.detail) for e in journal.events(manager.store, job.key)]
+    journey = [(e.kind, e.detail) for e in journal.events(manager.ports.store, job.key)]
     assert moved.phase == "running", journey
     assert moved.site == "b" and moved.hosts == ("127.0.0.1",) and moved.kills == 0
-    events = journal.events(manager.store, job.key)
+    events = journal.events(manager.ports.store, job.key)
     kinds = [e.kind for e in events]
     assert "migration_requested" in kinds and "migrated" in kinds
     assert "snapshot" not in kinds and "killed" not in kinds
     relocated = next(e for e in events if e.kind == "relocation")
     assert relocated.detail["path"] == "migrate_same_site" and relocated.detail["running_s"] < 60
-    assert manager.sites["b"].repository.labels(job.key) == []
-    assert manager.vms.driver.state(job.vm_names[0], "127.0.0.1") is VMState.RUNNING
+    assert manager.ports.sites["b"].repository.labels(job.key) == []
+    assert manager.ports.vms.driver.state(job.vm_names[0], "127.0.0.1") is VMState.RUNNING
     gone = OarCommands().job(old or "")
     deadline = time.monotonic() + 30
     while gone is not None and not gone.finished and time.monotonic() < deadline:
         time.sleep(1)
         gone = OarCommands().job(old or "")
     assert gone is None or gone.finished, f"the warned OAR job was not given back: {gone}"
-    assert manager.metrics.value("vjob_saline_relocations_total", {"path": "migrate_same_site"}) == 1
+    assert manager.ports.metrics.value("vjob_saline_relocations_total", {"path": "migrate_same_site"}) == 1
     print(f"\nwarning → running on new resources: {relocated.detail['running_s']:.1f} s, nothing written")
 
 
@@ -168,7 +170,7 @@ def test_a_failed_live_migration_falls_back_to_the_suspension(manager: Manager, 
     back and the VMs are suspended into site a's repository, nothing lost."""
     job = _warned(manager, oar_cluster, vms=2, site="a", room_at="b")
     killed = until(manager, job.key, lambda j: j.kills == 1, 90, "suspended after the failed migration")
-    events = journal.events(manager.store, job.key)
+    events = journal.events(manager.ports.store, job.key)
     kinds = [e.kind for e in events]
     asked = next(e for e in events if e.kind == "migration_requested")
     assert asked.detail["site"] == "b" and asked.detail["path"] == "migrate_other_site"
@@ -180,11 +182,11 @@ def test_a_failed_live_migration_falls_back_to_the_suspension(manager: Manager, 
     assert snap.detail["reason"] == "checkpoint"
     kill = next(e for e in events if e.kind == "killed")
     assert kill.detail["cause"] == "checkpoint" and kill.detail["lost_s"] == 0
-    assert killed.snapshot_label in manager.sites["a"].repository.labels(job.key)
+    assert killed.snapshot_label in manager.ports.sites["a"].repository.labels(job.key)
     new = OarCommands().job(str(asked.detail["oar_job_id"]))
     deadline = time.monotonic() + 30
     while new is not None and not new.finished and time.monotonic() < deadline:
         time.sleep(1)
         new = OarCommands().job(str(asked.detail["oar_job_id"]))
     assert new is None or new.finished, f"the job asked for the migration was not given back: {new}"
-    assert manager.metrics.value("vjob_saline_relocations_total", {"path": "suspend"}) == 1
+    assert manager.ports.metrics.value("vjob_saline_relocations_total", {"path": "suspend"}) == 1

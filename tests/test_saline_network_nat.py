@@ -24,7 +24,7 @@ from provisioning import nat, network
 from provisioning.domain_xml import domain_xml
 from provisioning.guest_agent import agent
 from provisioning.vm_types import Nic, VMSpec
-from saline_bew import identity, journal
+from saline_bew import deployment, identity, journal, snapshots
 from saline_bew.manager import Manager
 from tests.saline_env import FakeOar, stand_in_manager
 from tests.test_saline_manager import _killed_by_oar, _real_image, _running_again
@@ -44,7 +44,7 @@ def nat_manager(tmp_path: Path, test_nodes: dict[str, str], monkeypatch: pytest.
 
 def _nics(manager: Manager, vm: str, node: str) -> list[tuple[str, str, str, bool]]:
     """(MAC, type, bridge or network, isolated) of every NIC of `vm` as libvirt on `node` has it."""
-    root = ET.fromstring(manager.vms.driver.connection(node).lookupByName(vm).XMLDesc(0))
+    root = ET.fromstring(manager.ports.vms.driver.connection(node).lookupByName(vm).XMLDesc(0))
     out = []
     for nic in root.findall("./devices/interface"):
         kind = nic.get("type") or ""
@@ -59,12 +59,12 @@ def _nics(manager: Manager, vm: str, node: str) -> list[tuple[str, str, str, boo
 
 
 def _nat_networks(manager: Manager, node: str) -> list[str]:
-    return [n.XMLDesc(0) for n in manager.vms.driver.connection(node).listAllNetworks() if n.name() == "vjnat"]
+    return [n.XMLDesc(0) for n in manager.ports.vms.driver.connection(node).listAllNetworks() if n.name() == "vjnat"]
 
 
 def _job_json(manager: Manager, vm: str, node: str, tmp_path: Path) -> dict[str, object]:
     raw = tmp_path / f"{vm}-{node}.raw"
-    disk = manager.vms.driver.job_disk_path(vm, node)
+    disk = manager.ports.vms.driver.job_disk_path(vm, node)
     subprocess.run(["qemu-img", "convert", "-q", "-U", "-O", "raw", str(disk), str(raw)], check=True, timeout=60)
     debugfs = shutil.which("debugfs") or "/usr/sbin/debugfs"
     shown = subprocess.run(
@@ -86,14 +86,30 @@ def test_each_vm_has_its_nat_nic_and_job_json_and_keeps_both_across_a_resume_on_
     the resume, where both NICs and job.json come back unchanged."""
     manager = nat_manager
     _real_image(manager, tmp_path)
-    job = journal.create(manager.store, key="be0123456789", user="nobody", image="real", command=["true"],
-                         vm_count=2, vcpus=1, memory_mb=128, walltime="1:00:00", site="a")  # fmt: skip
-    assert manager._lease(job.key)
-    journal.record(manager.store, job.key, "test", oar_job_id="1")
+    job = journal.create(
+        manager.ports.store,
+        key="be0123456789",
+        user="nobody",
+        image="real",
+        command=["true"],
+        vm_count=2,
+        vcpus=1,
+        memory_mb=128,
+        walltime="1:00:00",
+        site="a",
+    )
+    assert manager.ports.lease(job.key)
+    journal.record(manager.ports.store, job.key, "test", oar_job_id="1")
     assert _nat_networks(manager, "n1") == []
-    manager._deploy(journal.get(manager.store, job.key), _running_again(job, "n1"))
-    ids = identity.assign(manager.store, site="a", job_key=job.key, vm_names=job.vm_names, mac_prefix="52:54:00",
-                          network="10.0.0.0/8")  # fmt: skip
+    deployment.deploy(manager.ports, journal.get(manager.ports.store, job.key), _running_again(job, "n1"))
+    ids = identity.assign(
+        manager.ports.store,
+        site="a",
+        job_key=job.key,
+        vm_names=job.vm_names,
+        mac_prefix="52:54:00",
+        network="10.0.0.0/8",
+    )
     bridge = network.bridge_name(ids[0].subnet_id, network.SALINE_FAMILY)
     expected = {}
     described = {}
@@ -106,7 +122,7 @@ def test_each_vm_has_its_nat_nic_and_job_json_and_keeps_both_across_a_resume_on_
         net = described[ident.vm_name]["network"]
         assert isinstance(net, dict) and net["mac"] == ident.mac
         assert net["nat"] == {"mac": nat_mac, "ip": nat_ip, "prefix": 10, "gateway": GATEWAY, "dns": [GATEWAY]}
-        cmdline = ET.fromstring(manager.vms.driver.connection("n1").lookupByName(ident.vm_name).XMLDesc(0))
+        cmdline = ET.fromstring(manager.ports.vms.driver.connection("n1").lookupByName(ident.vm_name).XMLDesc(0))
         assert f"saline.nat_ip={nat_ip}" in (cmdline.findtext("./os/cmdline") or "")
         agent.parse_network(net)  # what the guest would accept
     assert len({n[1][0] for n in expected.values()}) == 2, "two VMs, one NAT MAC"
@@ -121,20 +137,20 @@ def test_each_vm_has_its_nat_nic_and_job_json_and_keeps_both_across_a_resume_on_
     told = nat.NatNetwork("vjnat", ipaddress.IPv4Network("100.64.0.0/10"), "52:54:01", ("9.9.9.9",))
     assert ET.fromstring(nat.network_xml(told)).find("dns").get("enable") == "no"  # type: ignore[union-attr]
     assert told.guest(1, 1)["dns"] == ["9.9.9.9"]
-    conn = manager.vms.driver.connection("n1")
+    conn = manager.ports.vms.driver.connection("n1")
     assert conn.networkLookupByName("vjnat").isPersistent() and conn.networkLookupByName("vjnat").autostart()
-    assert nat.ensure(conn, manager.vms.nat) is False  # type: ignore[arg-type]
-    manager.vms.network_up(ids[0].subnet_id, ["n1", "n1"])
+    assert nat.ensure(conn, manager.ports.vms.nat) is False  # type: ignore[arg-type]
+    manager.ports.vms.network_up(ids[0].subnet_id, ["n1", "n1"])
     assert _nat_networks(manager, "n1") == [defined], "defined once: a second deployment changes nothing"
 
-    job = journal.get(manager.store, job.key)
-    assert manager.snapshot(job, reason="periodic")
-    manager._ended(journal.get(manager.store, job.key), _killed_by_oar(job))  # killed, then submitted again
+    job = journal.get(manager.ports.store, job.key)
+    assert snapshots.snapshot(manager.ports, job, reason="periodic")
+    manager._ended(journal.get(manager.ports.store, job.key), _killed_by_oar(job))  # killed, then submitted again
     assert conn.networkLookupByName("vjnat").isActive(), "the NAT network is every vjob's: it stays"
     assert bridge not in {n.name() for n in conn.listAllNetworks() if n.isActive()}
     assert _nat_networks(manager, "n2") == []
-    manager._deploy(journal.get(manager.store, job.key), _running_again(job, "n2"))
-    assert journal.events(manager.store, job.key)[-1].kind == "resumed"
+    deployment.deploy(manager.ports, journal.get(manager.ports.store, job.key), _running_again(job, "n2"))
+    assert journal.events(manager.ports.store, job.key)[-1].kind == "resumed"
     assert len(_nat_networks(manager, "n2")) == 1
     for ident in ids:
         assert _nics(manager, ident.vm_name, "n2") == expected[ident.vm_name]
@@ -152,11 +168,21 @@ def test_a_tiny_guest_gets_the_nat_nic_too_and_without_nat_network_there_is_none
         where = tmp_path / str(count)
         where.mkdir()
         with FakeOar() as oar, stand_in_manager(where, test_nodes, oar, saline=saline) as manager:
-            job = journal.create(manager.store, key="be0123456789", user="nobody", image="empty", command=["true"],
-                                 vm_count=1, vcpus=1, memory_mb=128, walltime="1:00:00", site="a")  # fmt: skip
-            assert manager._lease(job.key)
-            journal.record(manager.store, job.key, "test", oar_job_id="1")
-            manager._deploy(journal.get(manager.store, job.key), _running_again(job, "n1"))
+            job = journal.create(
+                manager.ports.store,
+                key="be0123456789",
+                user="nobody",
+                image="empty",
+                command=["true"],
+                vm_count=1,
+                vcpus=1,
+                memory_mb=128,
+                walltime="1:00:00",
+                site="a",
+            )
+            assert manager.ports.lease(job.key)
+            journal.record(manager.ports.store, job.key, "test", oar_job_id="1")
+            deployment.deploy(manager.ports, journal.get(manager.ports.store, job.key), _running_again(job, "n1"))
             nics = _nics(manager, job.vm_names[0], "n1")
             assert len(nics) == count and nics[0][1:3] == ("bridge", "vsal-0001")
             assert (count == 2) == bool(_nat_networks(manager, "n1"))
@@ -169,15 +195,15 @@ def test_an_existing_nat_network_is_used_as_it_is_unless_its_gateway_is_another(
 ) -> None:
     """An operator's network of that name without a host address (a bridge of theirs) is used
     as it is and started; one whose gateway is not the range's is refused, naming both keys."""
-    conn = nat_manager.vms.driver.connection("n1")
-    want = nat_manager.vms.nat
+    conn = nat_manager.ports.vms.driver.connection("n1")
+    want = nat_manager.ports.vms.nat
     assert want is not None
     theirs = conn.networkDefineXML(
         "<network><name>vjnat</name><forward mode='bridge'/><bridge name='br-out'/></network>"
     )
     assert nat.ensure(conn, want) is False
     assert theirs.isActive() and "br-out" in conn.networkLookupByName("vjnat").XMLDesc(0)
-    elsewhere = nat_manager.vms.driver.connection("n2")
+    elsewhere = nat_manager.ports.vms.driver.connection("n2")
     elsewhere.networkDefineXML(
         "<network><name>vjnat</name><forward mode='nat'/><ip address='192.168.122.1' prefix='24'/></network>"
     )
@@ -223,10 +249,21 @@ def test_the_domain_lists_the_nics_in_order_with_the_nat_port_isolated(tmp_path:
 
 
 def _guest_net(**nat_fields: object) -> dict[str, object]:
-    base: dict[str, object] = {"mac": "52:54:01:00:01:01", "ip": "100.64.1.1", "prefix": 10, "gateway": GATEWAY,
-                               "dns": [GATEWAY]}  # fmt: skip
-    return {"mac": "52:54:00:00:01:01", "ip": "10.0.1.1", "prefix": 24, "peers": [["10.0.1.1", "vm0"]],
-            "leader": True, "nat": base | nat_fields}  # fmt: skip
+    base: dict[str, object] = {
+        "mac": "52:54:01:00:01:01",
+        "ip": "100.64.1.1",
+        "prefix": 10,
+        "gateway": GATEWAY,
+        "dns": [GATEWAY],
+    }
+    return {
+        "mac": "52:54:00:00:01:01",
+        "ip": "10.0.1.1",
+        "prefix": 24,
+        "peers": [["10.0.1.1", "vm0"]],
+        "leader": True,
+        "nat": base | nat_fields,
+    }
 
 
 @pytest.mark.parametrize(
@@ -277,9 +314,23 @@ def test_the_guest_agent_sets_the_nat_address_default_route_and_resolv_conf(tmp_
     target.write_text("untouched\n")
     (etc / "resolv.conf").symlink_to(target)
     root = str(Path(agent.__file__).parents[2])
-    shown = subprocess.run(["unshare", "--net", "--mount", sys.executable, "-I", "-c", _IN_NAMESPACE, root, str(etc),
-                            json.dumps(_guest_net(dns=["100.64.0.1", "9.9.9.9"]))],
-                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    shown = subprocess.run(
+        [
+            "unshare",
+            "--net",
+            "--mount",
+            sys.executable,
+            "-I",
+            "-c",
+            _IN_NAMESPACE,
+            root,
+            str(etc),
+            json.dumps(_guest_net(dns=["100.64.0.1", "9.9.9.9"])),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert shown.returncode == 0, shown.stderr[-2000:]
     names, addrs, routes = (json.loads(line) for line in shown.stdout.splitlines())
     assert names == ["eth7", "eth7"]

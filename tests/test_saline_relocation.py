@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from saline_bew.events import EventKind
 from saline_bew.relocation import (
-    ASKING,
     MARGIN_S,
     MIN_WAIT_S,
-    REQUESTED,
     OpenRequest,
     Path,
     Plan,
@@ -89,14 +88,14 @@ class _Entry:
 def test_the_open_migration_request_is_the_last_one_not_closed() -> None:
     """A manager asks for one job at a time: a request is open until migrated, failed or
     abandoned; asked without an id in the journal, it is open with no id (found by name)."""
-    asking = _Entry(ASKING, site="b", path="migrate_other_site")
-    asked = _Entry(REQUESTED, site="b", path="migrate_other_site", oar_job_id="42")
+    asking = _Entry(EventKind.MIGRATION_ASKING, site="b", path="migrate_other_site")
+    asked = _Entry(EventKind.MIGRATION_REQUESTED, site="b", path="migrate_other_site", oar_job_id="42")
     assert open_request([]) is None
     assert open_request([asking]) == OpenRequest("b", "migrate_other_site", None)
     assert open_request([asking, asked]) == OpenRequest("b", "migrate_other_site", "42")
     for closing in ("migrated", "migration_failed", "migration_abandoned"):
         assert open_request([asking, asked, _Entry(closing, oar_job_id="42")]) is None
-    again = _Entry(REQUESTED, site="a", path="migrate_same_site", oar_job_id="43")
+    again = _Entry(EventKind.MIGRATION_REQUESTED, site="a", path="migrate_same_site", oar_job_id="43")
     assert open_request([asked, _Entry("migration_failed"), again]) == OpenRequest("a", "migrate_same_site", "43")
     assert open_request([asking, _Entry("migration_failed", error="oarsub refused")]) is None
 

@@ -19,7 +19,7 @@ from plugins.oar.client import OarRest
 from plugins.oar.parse import OarJob
 from provisioning import transfer
 from provisioning.driver import Driver
-from saline_bew import identity, journal
+from saline_bew import deployment, identity, journal, snapshots
 from saline_bew.manager import Manager
 from saline_bew.repository import Repository, RepositoryError
 from saline_bew.sites import Site
@@ -99,32 +99,49 @@ def manager(
 
 
 def _running(manager: Manager) -> journal.SalineJob:
-    job = journal.create(manager.store, key="be00000000aa", user="alice", image="empty", command=["true"], vm_count=1,
-                         vcpus=1, memory_mb=128, walltime="1:00:00", site="a")  # fmt: skip
-    assert manager._lease(job.key)
-    [ident] = identity.assign(manager.store, site="a", job_key=job.key, vm_names=job.vm_names, mac_prefix="52:54:00",
-                              network="10.0.0.0/8")  # fmt: skip
+    job = journal.create(
+        manager.ports.store,
+        key="be00000000aa",
+        user="alice",
+        image="empty",
+        command=["true"],
+        vm_count=1,
+        vcpus=1,
+        memory_mb=128,
+        walltime="1:00:00",
+        site="a",
+    )
+    assert manager.ports.lease(job.key)
+    [ident] = identity.assign(
+        manager.ports.store,
+        site="a",
+        job_key=job.key,
+        vm_names=job.vm_names,
+        mac_prefix="52:54:00",
+        network="10.0.0.0/8",
+    )
     vm = job.vm_names[0]
-    manager.vms.boot_fresh(manager.vms.spec(vm, manager.vms.image("empty"), ["true"], ident, 128, 1), "n1",
-                           job_id=job.job_id)  # fmt: skip
-    return journal.record(manager.store, job.key, "deployed", phase="running", hosts=["n1"], oar_job_id="1")
+    manager.ports.vms.boot_fresh(
+        manager.ports.vms.spec(vm, manager.ports.vms.image("empty"), ["true"], ident, 128, 1), "n1", job_id=job.job_id
+    )
+    return journal.record(manager.ports.store, job.key, "deployed", phase="running", hosts=["n1"], oar_job_id="1")
 
 
 def test_snapshots_go_to_the_other_host_are_checked_there_and_come_back(
     manager: Manager,
     second_host: SecondHost,  # noqa: F811
 ) -> None:
-    repo = manager.sites["a"].repository
+    repo = manager.ports.sites["a"].repository
     job = _running(manager)
-    assert manager.snapshot(job, reason="periodic")
-    job = journal.get(manager.store, job.key)
+    assert snapshots.snapshot(manager.ports, job, reason="periodic")
+    job = journal.get(manager.ports.store, job.key)
     where = repo.label_dir(job.key, job.snapshot_label or "")
     for name in snapshot_files(job.vm_names[0], job.snapshot_label or ""):
         assert second_host.exists(where / name), f"{name} is not on the repository's host"
         assert second_host.run("stat", "-c", "%a", str(where / name)).strip() == "600"
     assert not where.exists(), "the files went to the other host, not to this one's same path"
     assert repo.labels(job.key) == [job.snapshot_label]
-    assert not any(manager.vms.stage_dir("n1").iterdir()), "the node keeps no copy once it is in the repository"
+    assert not any(manager.ports.vms.stage_dir("n1").iterdir()), "the node keeps no copy once it is in the repository"
 
     # the bytes that arrived are what is checked: a state altered on the repository's host is refused
     state = where / snapshot_files(job.vm_names[0], job.snapshot_label or "")[0]
@@ -136,14 +153,14 @@ def test_snapshots_go_to_the_other_host_are_checked_there_and_come_back(
     repo.verify(job.key, job.snapshot_label or "", {state.name: (len(good), _sha(good))})
 
     # the vjob resumes from the remote snapshot (fetched by rsync, checked against its manifest)
-    manager.vms.stop(job.vm_names[0], "n1")
-    manager._deploy(journal.get(manager.store, job.key), _running_job(job))
-    assert manager.vms.driver.state(job.vm_names[0], "n1") is VMState.RUNNING
-    assert journal.events(manager.store, job.key)[-1].kind == "resumed"
+    manager.ports.vms.stop(job.vm_names[0], "n1")
+    deployment.deploy(manager.ports, journal.get(manager.ports.store, job.key), _running_job(job))
+    assert manager.ports.vms.driver.state(job.vm_names[0], "n1") is VMState.RUNNING
+    assert journal.events(manager.ports.store, job.key)[-1].kind == "resumed"
 
     # a newer snapshot replaces it there; the end of the vjob removes it there
     first = job.snapshot_label
-    assert manager.snapshot(journal.get(manager.store, job.key), reason="periodic")
+    assert snapshots.snapshot(manager.ports, journal.get(manager.ports.store, job.key), reason="periodic")
     assert first not in repo.labels(job.key) and len(repo.labels(job.key)) == 1
     repo.remove_job(job.key)
     assert repo.labels(job.key) == [] and not second_host.exists(repo.root / job.key)
@@ -151,11 +168,11 @@ def test_snapshots_go_to_the_other_host_are_checked_there_and_come_back(
 
 def test_an_unusable_remote_repository_is_not_reported_safe(manager: Manager) -> None:
     job = _running(manager)
-    manager.sites["a"].repository = Repository("a", "vjob-no-such-host.invalid:/srv/repo")
-    assert not manager.snapshot(job, reason="periodic")
-    after = journal.get(manager.store, job.key)
+    manager.ports.sites["a"].repository = Repository("a", "vjob-no-such-host.invalid:/srv/repo")
+    assert not snapshots.snapshot(manager.ports, job, reason="periodic")
+    after = journal.get(manager.ports.store, job.key)
     assert after.snapshot_label is None and "vjob-no-such-host.invalid:/srv/repo: not usable" in after.error
-    assert manager.vms.driver.state(job.vm_names[0], "n1") is VMState.RUNNING
+    assert manager.ports.vms.driver.state(job.vm_names[0], "n1") is VMState.RUNNING
 
 
 def _sha(data: bytes) -> str:

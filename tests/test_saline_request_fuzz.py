@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from saline_bew import grammar, server
+from saline_bew import grammar, protocol, server
 from vjob.errors import InputError
 from vjob.store.db import Store
 
@@ -106,8 +106,7 @@ class _Manager:
     journal look-ups, and the side effects replaced by answers of the right shape."""
 
     def __init__(self, store: Store) -> None:
-        self.store = store
-        self.socket: Path | None = None
+        self.ports = SimpleNamespace(store=store, socket=None)
 
     def submit(self, **_kw: Any) -> SimpleNamespace:
         return SimpleNamespace(key="be0123456789", oar_job_id=None, site="s1")
@@ -160,7 +159,7 @@ def test_any_request_line_gets_a_clear_answer(store: Store, line: bytes, uid: in
 @FUZZ
 def test_parse_request_returns_a_request_or_an_input_error(line: bytes) -> None:
     try:
-        request = server.parse_request(line)
+        request = protocol.parse_request(line)
     except InputError as exc:
         assert str(exc).startswith("request") and "\n" not in str(exc) and len(str(exc)) < 1000
     else:

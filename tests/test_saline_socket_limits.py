@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from saline_bew import server
+from saline_bew import client, server
 from tests.services import wait_for
 from vjob.errors import VjobError
 from vjob.store.db import Store
@@ -105,7 +105,7 @@ _keep: list[socket.socket] = []
 def _list_as(uid: int, path: Path) -> dict[str, Any]:
     def work() -> dict[str, Any]:
         try:
-            return {"ok": server.call(path, {"op": "list"}, timeout_s=30)}
+            return {"ok": client.call(path, {"op": "list"}, timeout_s=30)}
         except VjobError as exc:
             return {"error": str(exc)}
 
@@ -122,7 +122,7 @@ def _end(child: _Child) -> None:
 def manager(tmp_path: Path) -> Iterator[SimpleNamespace]:
     store = Store(f"sqlite:///{tmp_path / 'vjob.sqlite'}")
     store.upgrade()
-    yield SimpleNamespace(store=store, socket=None)
+    yield SimpleNamespace(ports=SimpleNamespace(store=store, socket=None))
     store.close()
 
 
@@ -168,8 +168,11 @@ def test_all_users_together_hold_at_most_the_total(manager: SimpleNamespace, whe
             assert "busy" in str(_list_as(DAEMON, path).get("error"))
         finally:
             _end(first)
-        wait_for(lambda: srv._server is not None and NOBODY not in srv._server.open_connections(), 30,
-                 "nobody's connections counted out")  # fmt: skip
+        wait_for(
+            lambda: srv._server is not None and NOBODY not in srv._server.open_connections(),
+            30,
+            "nobody's connections counted out",
+        )
         try:
             assert _list_as(DAEMON, path) == {"ok": []}  # room again once they are gone
         finally:

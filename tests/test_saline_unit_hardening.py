@@ -24,10 +24,29 @@ from tests.test_operator_deploy import _unit
 
 REPO = Path(__file__).resolve().parents[1]
 UNIT = REPO / "vjob" / "deploy_files" / "saline" / "vjob-saline-manager.service"
-NEEDED = {"CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_FOWNER", "CAP_CHOWN", "CAP_KILL", "CAP_SETUID",
-          "CAP_SETGID", "CAP_AUDIT_WRITE", "CAP_SYS_RESOURCE"}  # fmt: skip
-NEVER = {"CAP_SYS_ADMIN", "CAP_NET_ADMIN", "CAP_SYS_PTRACE", "CAP_SYS_MODULE", "CAP_SYS_RAWIO", "CAP_MKNOD",
-         "CAP_SYS_BOOT", "CAP_BPF", "CAP_NET_RAW", "CAP_SETPCAP"}  # fmt: skip
+NEEDED = {
+    "CAP_DAC_OVERRIDE",
+    "CAP_DAC_READ_SEARCH",
+    "CAP_FOWNER",
+    "CAP_CHOWN",
+    "CAP_KILL",
+    "CAP_SETUID",
+    "CAP_SETGID",
+    "CAP_AUDIT_WRITE",
+    "CAP_SYS_RESOURCE",
+}
+NEVER = {
+    "CAP_SYS_ADMIN",
+    "CAP_NET_ADMIN",
+    "CAP_SYS_PTRACE",
+    "CAP_SYS_MODULE",
+    "CAP_SYS_RAWIO",
+    "CAP_MKNOD",
+    "CAP_SYS_BOOT",
+    "CAP_BPF",
+    "CAP_NET_RAW",
+    "CAP_SETPCAP",
+}
 root_only = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
 
 
@@ -98,8 +117,12 @@ _STEPS = textwrap.dedent(
 def _under(caps: set[str], work: Path) -> subprocess.CompletedProcess[str]:
     """The manager's privileged steps in a root process whose bounding set is `caps`."""
     spec = ",".join(["-all", *(f"+{c.removeprefix('CAP_').lower()}" for c in sorted(caps))])
-    return subprocess.run(["setpriv", f"--bounding-set={spec}", "--", sys.executable, "-c", _STEPS, str(work)],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    return subprocess.run(
+        ["setpriv", f"--bounding-set={spec}", "--", sys.executable, "-c", _STEPS, str(work)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @root_only
@@ -136,8 +159,9 @@ def _in_private_dev(tmp_path: Path, *, bind_kvm: bool) -> str:
         cd {REPO} && exec {sys.executable} -c '{_KVM}'
         """
     )
-    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script], capture_output=True,
-                       text=True, timeout=60)  # fmt: skip
+    r = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", script], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0, r.stderr
     return r.stdout.strip()
 

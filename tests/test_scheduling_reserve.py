@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from preemption.scheduling.reserve import need_beside, recent_interactive, reserve_asked, reserve_nodes
-from simulator.engine import ClusterModel, Simulation, simulate
+from simulator.engine import Simulation, simulate
+from simulator.replay import ClusterModel
 from simulator.workload import Workload
 from vjob.config import Config, PriorityConfig, SchedulingConfig
 
@@ -92,14 +93,14 @@ def test_the_reserve_is_free_after_every_pass() -> None:
 
     def watched(now: float) -> None:
         nonlocal checked
-        before = set(sim.running)
+        before = set(sim.cluster.running)
         schedule(now)
-        new = set(sim.running) - before
-        kept = reserve_nodes(6, sim.cap_nodes, sim.held_interactive)
-        eaten = [j for j in new if not sim.privileged[j]]
-        if eaten and sim.free < kept:
+        new = set(sim.cluster.running) - before
+        kept = reserve_nodes(6, sim.rules.cap_nodes, sim.cluster.held_interactive)
+        eaten = [j for j in new if not sim.out.privileged[j]]
+        if eaten and sim.cluster.free < kept:
             # only allowed for a job that needs the machine minus less than the reserve
-            assert any(sim.need[j] + kept > model.nodes for j in eaten), (now, sim.free, kept)
+            assert any(sim.jobs.need[j] + kept > model.nodes for j in eaten), (now, sim.cluster.free, kept)
         checked += bool(new)
 
     sim._schedule = watched  # type: ignore[method-assign]
@@ -111,8 +112,8 @@ def test_a_replay_that_stops_waking_up_is_an_error() -> None:
     """What the broken prototype did: passes that stop firing leave jobs queued; `run` now
     raises instead of returning means over the finished ones."""
     sim = Simulation(_mixed(60), ClusterModel(nodes=64, os_count=1), "vjob", PriorityConfig(interactive_cap=0.15))
-    sim._may_start = lambda: sim.free >= 64  # type: ignore[method-assign]  # passes only on an empty machine
-    sim.running.clear()
+    sim._may_start = lambda: sim.cluster.free >= 64  # type: ignore[method-assign]  # passes only on an empty machine
+    sim.cluster.running.clear()
     original = sim._schedule
 
     def once(now: float) -> None:  # and then never again: the wake-ups the prototype lost

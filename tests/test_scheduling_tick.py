@@ -24,9 +24,16 @@ def _nodes(n: int = 8) -> tuple[Node, ...]:
 
 def _batch(job_id: str, node: str, *, user: str = "alice", submit: float = NOW - 600, pn: int = 0) -> Job:
     return Job(
-        id=job_id, user=user, rms="slurm", os_image="debian-tiny", submit_time=submit, start_time=submit + 1,
-        state=JobState.RUNNING, allocated_nodes=(node,), preempt_count=pn,
-    )  # fmt: skip
+        id=job_id,
+        user=user,
+        rms="slurm",
+        os_image="debian-tiny",
+        submit_time=submit,
+        start_time=submit + 1,
+        state=JobState.RUNNING,
+        allocated_nodes=(node,),
+        preempt_count=pn,
+    )
 
 
 def _interactive(job_id: str, nodes: int, submit: float = NOW - 5) -> Job:
@@ -96,11 +103,25 @@ def test_two_interactive_jobs_in_one_tick_never_share_a_victim():
 
 def test_checkpointed_jobs_are_released_on_their_own_nodes_when_nodes_are_free():
     held = [
-        Job(id="7", user="alice", rms="slurm", submit_time=NOW - 900, state=JobState.HELD, preempt_count=1,
-            preempted_since=NOW - 100),
-        Job(id="8", user="alice", rms="slurm", submit_time=NOW - 900, state=JobState.HELD, preempt_count=1,
-            preempted_since=NOW - 100),
-    ]  # fmt: skip
+        Job(
+            id="7",
+            user="alice",
+            rms="slurm",
+            submit_time=NOW - 900,
+            state=JobState.HELD,
+            preempt_count=1,
+            preempted_since=NOW - 100,
+        ),
+        Job(
+            id="8",
+            user="alice",
+            rms="slurm",
+            submit_time=NOW - 900,
+            state=JobState.HELD,
+            preempt_count=1,
+            preempted_since=NOW - 100,
+        ),
+    ]
     running = [_batch(str(i), f"node{i}") for i in range(1, 7)]
     view = ClusterView(now=NOW, jobs=(*running, *held), nodes=_nodes())
     d = decide(view, _cfg(), knob=SLURM_KNOB, checkpointable=set(), sleeping={"7": ("node7",), "8": ("node8",)})

@@ -78,12 +78,32 @@ def test_reservation_and_backfill_by_hand():
 def view(**kw) -> ClusterView:
     nodes = tuple(Node(f"n{i}", cpus=4, memory_mb=8192, os_image="debian" if i < 2 else "rocky") for i in range(4))
     jobs = (
-        Job("old", "alice", nodes=2, submit_time=0, start_time=10, state=JobState.RUNNING, walltime=5000,
-            allocated_nodes=("n0", "n1"), os_image="debian", memory_mb=1024),
-        Job("new", "bob", nodes=2, submit_time=500, start_time=600, state=JobState.RUNNING, walltime=5000,
-            allocated_nodes=("n2", "n3"), os_image="rocky", memory_mb=1024),
+        Job(
+            "old",
+            "alice",
+            nodes=2,
+            submit_time=0,
+            start_time=10,
+            state=JobState.RUNNING,
+            walltime=5000,
+            allocated_nodes=("n0", "n1"),
+            os_image="debian",
+            memory_mb=1024,
+        ),
+        Job(
+            "new",
+            "bob",
+            nodes=2,
+            submit_time=500,
+            start_time=600,
+            state=JobState.RUNNING,
+            walltime=5000,
+            allocated_nodes=("n2", "n3"),
+            os_image="rocky",
+            memory_mb=1024,
+        ),
         Job("int", "carol", job_class=JobClass.INTERACTIVE, nodes=2, submit_time=900, os_image="debian"),
-    )  # fmt: skip
+    )
     return ClusterView(now=1000, nodes=nodes, jobs=kw.get("jobs", jobs), images=("debian", "rocky"))
 
 
@@ -131,12 +151,20 @@ def test_the_one_pass_preempts_under_ubis_and_waits_under_mms():
 def test_the_one_pass_starts_what_fits_and_backfills():
     nodes = tuple(Node(f"n{i}", cpus=1, memory_mb=1024) for i in range(4))
     jobs = (
-        Job("r", "u", nodes=2, submit_time=0, start_time=0, walltime=100, state=JobState.RUNNING,
-            allocated_nodes=("n0", "n1")),
+        Job(
+            "r",
+            "u",
+            nodes=2,
+            submit_time=0,
+            start_time=0,
+            walltime=100,
+            state=JobState.RUNNING,
+            allocated_nodes=("n0", "n1"),
+        ),
         Job("big", "u", nodes=4, submit_time=1, walltime=50),
         Job("long", "u", nodes=2, submit_time=2, walltime=500),
         Job("short", "u", nodes=2, submit_time=3, walltime=50),
-    )  # fmt: skip
+    )
     d = _decide(ClusterView(now=10, nodes=nodes, jobs=jobs), "fcfs-easy", PriorityConfig())
     assert d.starts == ("short",) and d.reserved == "big"
     with pytest.raises(InputError, match="--policy = 'lifo'"):

@@ -36,8 +36,16 @@ def _view(*jobs: Job, n: int = 4, os_of: tuple[str, ...] = ()) -> ClusterView:
 
 
 def _run(job_id: str, nodes: tuple[int, ...], cls: JobClass = B, **kw: object) -> Job:
-    return Job(job_id, "u", job_class=cls, state=R, nodes=len(nodes), allocated_nodes=tuple(f"n{i}" for i in nodes),
-               os_image="deb", **kw)  # type: ignore[arg-type]  # fmt: skip
+    return Job(
+        job_id,
+        "u",
+        job_class=cls,
+        state=R,
+        nodes=len(nodes),
+        allocated_nodes=tuple(f"n{i}" for i in nodes),
+        os_image="deb",
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 def test_free_nodes_are_used_before_anyone_is_preempted() -> None:

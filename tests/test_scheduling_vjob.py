@@ -17,9 +17,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from preemption.scheduling.easy import reservation
-from preemption.scheduling.tick import Costs, decide
-from simulator.engine import ClusterModel, simulate
+from preemption.scheduling.pass_state import Costs
+from preemption.scheduling.tick import decide
+from simulator.engine import simulate
 from simulator.metrics import summary
+from simulator.replay import ClusterModel
 from simulator.workload import Workload
 from vjob.config import Config, PriorityConfig, SchedulingConfig
 from vjob.model import ClusterView, Job, JobClass, JobState, Node
@@ -41,16 +43,30 @@ def _nodes(n: int) -> tuple[Node, ...]:
 
 def _running(job_id: str, nodes: tuple[str, ...], *, pn: int = 0, left: float = 3600.0) -> Job:
     return Job(
-        id=job_id, user="alice", os_image="deb", nodes=len(nodes), submit_time=NOW - 7200, start_time=NOW - 60,
-        walltime=60 + left, state=JobState.RUNNING, allocated_nodes=nodes, preempt_count=pn, memory_mb=1024,
-    )  # fmt: skip
+        id=job_id,
+        user="alice",
+        os_image="deb",
+        nodes=len(nodes),
+        submit_time=NOW - 7200,
+        start_time=NOW - 60,
+        walltime=60 + left,
+        state=JobState.RUNNING,
+        allocated_nodes=nodes,
+        preempt_count=pn,
+        memory_mb=1024,
+    )
 
 
 def _interactive(job_id: str, nodes: int, walltime: float = 1800.0) -> Job:
     return Job(
-        id=job_id, user="bob", os_image="deb", job_class=JobClass.INTERACTIVE, nodes=nodes, submit_time=NOW - 5,
+        id=job_id,
+        user="bob",
+        os_image="deb",
+        job_class=JobClass.INTERACTIVE,
+        nodes=nodes,
+        submit_time=NOW - 5,
         walltime=walltime,
-    )  # fmt: skip
+    )
 
 
 def _pending(job_id: str, nodes: int, submit: float = NOW - 3000, walltime: float = 7200.0) -> Job:

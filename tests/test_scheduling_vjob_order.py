@@ -13,8 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from preemption.scheduling.policies import vjob_order
-from simulator.engine import ClusterModel, simulate
+from simulator.engine import simulate
 from simulator.metrics import summary
+from simulator.replay import ClusterModel
 from simulator.vjob_order import AHEAD_OFF, AHEAD_QUEUE, backfill_window, vjob_queue_order
 from simulator.workload import Workload
 from vjob.config import PriorityConfig, SchedulingConfig

@@ -35,14 +35,30 @@ def test_simulate_writes_summary_csvs_and_plots(trace: Path, tmp_path: Path, cap
     assert main(argv) == 0
     assert "utilisation" in capsys.readouterr().out
     doc = json.loads((out / "summary.json").read_text())
-    for key in ("policy", "nodes", "jobs", "makespan_s", "throughput_jobs_per_hour", "utilization", "preemptions",
-                "checkpoint_bytes", "wasted_node_seconds", "os_swaps"):  # fmt: skip
+    for key in (
+        "policy",
+        "nodes",
+        "jobs",
+        "makespan_s",
+        "throughput_jobs_per_hour",
+        "utilization",
+        "preemptions",
+        "checkpoint_bytes",
+        "wasted_node_seconds",
+        "os_swaps",
+    ):
         assert key in doc, key
     assert doc["policy"] == "ubis" and doc["jobs"] == 375 and 0 < doc["utilization"] <= 1
     for cls in ("interactive", "batch"):
         stats = doc["by_class"][cls]
-        assert set(stats) >= {"count", "mean_wait_s", "median_wait_s", "p95_wait_s", "mean_response_s",
-                              "mean_bounded_slowdown"}  # fmt: skip
+        assert set(stats) >= {
+            "count",
+            "mean_wait_s",
+            "median_wait_s",
+            "p95_wait_s",
+            "mean_response_s",
+            "mean_bounded_slowdown",
+        }
     assert doc["by_class"]["interactive"]["count"] == 75
     with (out / "jobs.csv").open() as fh:
         rows = list(csv.DictReader(fh))

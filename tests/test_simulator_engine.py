@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simulator.engine import ClusterModel, Result, Simulation, simulate
+from simulator.engine import Simulation, simulate
 from simulator.lublin import generate
+from simulator.replay import ClusterModel, Result
 from simulator.setup import UbisSetup, apply
 from simulator.workload import Workload
 from vjob.config import PriorityConfig
@@ -192,7 +193,7 @@ def test_exact_ubis_passes_equal_ranking_the_whole_queue(
     exact = simulate(workload, ClusterModel(nodes=NODES, backfill_depth=depth), "ubis", prio)
     full = simulate(workload, ClusterModel(nodes=NODES, backfill_depth=depth, priority_refresh_s=1e-9), "ubis", prio)
     # and with the engine's switch to whole-queue ranking for long queues taken at 20 jobs
-    monkeypatch.setattr("simulator.engine.FULL_RANK_ABOVE", 20)
+    monkeypatch.setattr("simulator.engine_pass.FULL_RANK_ABOVE", 20)
     switched = simulate(workload, ClusterModel(nodes=NODES, backfill_depth=depth), "ubis", prio)
     assert exact.preemptions > 0
     for other in (full, switched):
@@ -262,6 +263,6 @@ def test_no_targets_is_the_equal_split():
     """Without targets every user's share is 1/n, to the bit, as before targets were honoured
     (the schedules of earlier versions stay the same)."""
     sim = Simulation(_two_users(), one_os(1), "ubis", PriorityConfig())
-    assert sim.target.tolist() == [0.5, 0.5]
+    assert sim.ledger.target.tolist() == [0.5, 0.5]
     sim = Simulation(_two_users(), one_os(1), "ubis", PriorityConfig(targets={"0": 0.2}))
-    assert sim.target.tolist() == [0.2, 0.8]
+    assert sim.ledger.target.tolist() == [0.2, 0.8]

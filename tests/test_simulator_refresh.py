@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simulator.engine import ClusterModel, Result, simulate
+from simulator.engine import simulate
 from simulator.lublin import generate
+from simulator.replay import ClusterModel, Result
 from simulator.setup import UbisSetup, apply
 from simulator.workload import Workload
 from vjob.config import PriorityConfig

@@ -139,7 +139,7 @@ def test_the_agents_observe_tracks_them_without_a_crash(
     agent = Agent(cfg, adapter, rms="slurm", metrics=AgentMetrics(), owner="test")
     store = Store(f"sqlite:///{tmp_path / 'vjob.sqlite'}")
     store.upgrade()
-    agent._store = store
+    agent.ports.store.opened = store
     try:
         obs = agent.observe()
         assert obs.store_ok

@@ -16,9 +16,10 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from simulator.tune.config import TuneConfig
 from tests.conftest import TESTS
 from vjob.cli import main
-from vjob.config import TuneConfig, parse
+from vjob.config import parse
 
 LUBLIN = TESTS / "data" / "traces" / "lublin_256.swf"
 SMALL = [

@@ -24,15 +24,6 @@ class Notifier:
         self.address = "\0" + raw[1:] if raw.startswith("@") else raw
         self.enabled = bool(raw) and (raw.startswith(("/", "@")))
 
-    @property
-    def watchdog_s(self) -> float | None:
-        """systemd's WatchdogSec for this process (None when not asked for): ping at half of it."""
-        usec = os.environ.get("WATCHDOG_USEC", "")
-        pid = os.environ.get("WATCHDOG_PID", "")
-        if not usec.isdigit() or (pid and pid != str(os.getpid())):
-            return None
-        return int(usec) / 1e6
-
     def send(self, *fields: str) -> bool:
         """Send `KEY=VALUE` fields in one datagram; False when not under systemd or it failed."""
         if not self.enabled:

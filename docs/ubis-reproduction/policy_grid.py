@@ -22,8 +22,9 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any
 
 from simulator.cli import read_trace
-from simulator.engine import ClusterModel, simulate
+from simulator.engine import simulate
 from simulator.metrics import summary
+from simulator.replay import ClusterModel
 from simulator.setup import UbisSetup, apply
 from vjob.config import PriorityConfig, SchedulingConfig
 

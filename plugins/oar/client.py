@@ -204,8 +204,14 @@ class OarCommands:
             cwd = home
             args = ["runuser", "-u", user, "--", *args]
         try:
-            return proc.run(args, timeout_s=self.timeout_s, job=job, cwd=cwd, env=env,
-                            missing_hint="is OAR's user package installed (oar-user)?")  # fmt: skip
+            return proc.run(
+                args,
+                timeout_s=self.timeout_s,
+                job=job,
+                cwd=cwd,
+                env=env,
+                missing_hint="is OAR's user package installed (oar-user)?",
+            )
         except CommandUnavailable as exc:
             raise OarUnavailable(exc.command, str(exc).split(": ", 1)[-1], job=job) from None
 

@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import TypeVar
 
 from plugins.pbs import names
+from plugins.pbs.config import PbsConfig
 from plugins.pbs.convert import Conventions
 from plugins.pbs.parse import parse_jobs, parse_nodes
 from provisioning.images import StoreNodeOS, with_node_os
 from vjob import log, proc
-from vjob.config import Config, PbsConfig
+from vjob.config import Config
 from vjob.errors import CommandError, InputError
 from vjob.model import Job, Node
 from vjob.rms import Abilities, JobEnvironment, PriorityKnob

@@ -237,8 +237,13 @@ def build_parser() -> argparse.ArgumentParser:
         one = sub.add_parser(action, help=f"{action} vjob-pbs-<job id> on this node")
         one.add_argument("vm", help="the VM name, vjob-pbs-<PBS job id>")
         one.add_argument("--node", required=True, help="this MoM's node name, as in [provisioning.nodes]")
-        one.add_argument("--also", action="append", default=[], metavar="VM@NODE",
-                         help="another VM of the same multi-node job and its node (all go in one cut)")  # fmt: skip
+        one.add_argument(
+            "--also",
+            action="append",
+            default=[],
+            metavar="VM@NODE",
+            help="another VM of the same multi-node job and its node (all go in one cut)",
+        )
     sub.add_parser("flush", help="write the records kept while the store was unreachable")
     return parser
 

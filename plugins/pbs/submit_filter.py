@@ -334,8 +334,10 @@ def main(
         try:
             settings = load_settings(environ)
         except BudgetExceeded:
-            stderr.write(f"vjob submit filter: configuration not read within {Settings.budget_s:g} s; job passed "
-                         "unchanged\n".encode())  # fmt: skip
+            stderr.write(
+                f"vjob submit filter: configuration not read within {Settings.budget_s:g} s; job passed "
+                "unchanged\n".encode()
+            )
             raise
         except Exception as exc:  # noqa: BLE001 - fail open: a bad configuration must not stop qsub
             stderr.write(f"vjob submit filter: configuration unreadable ({exc}); job passed unchanged\n".encode())

@@ -126,8 +126,9 @@ def plan_for(decision: ControlDecision, *, optimizer: Optimizer = "cpsat", time_
     """The switch to the decision's target (None when nothing changes)."""
     if not decision.changes:
         return None
-    plan = make_plan(decision.instance, optimizer=optimizer, time_limit_s=time_limit_s,
-                     hint=decision.selection.placement)  # fmt: skip
+    plan = make_plan(
+        decision.instance, optimizer=optimizer, time_limit_s=time_limit_s, hint=decision.selection.placement
+    )
     return plan if plan.actions else None
 
 

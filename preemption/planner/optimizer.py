@@ -85,67 +85,131 @@ def make_plan(
     deadline = started + time_limit_s
     to_run = inst.to_run()
     ffd, ffd_left = _around_pinned(inst, to_run, first_fit_decreasing)
+    ffd_packs = not ffd_left
     warnings: list[str] = []
     stats: dict[str, object] = {"vms": len(inst.vms), "nodes": len(inst.nodes), "to_run": len(to_run)}
-    candidates: list[tuple[str, Placement]] = []
     plans: dict[str, Plan] = {}
     errors: list[str] = []
     known = _viable(inst, hint, warnings) if hint else None
     if optimizer == "ffd":
-        if not ffd_left:
-            candidates.append(("ffd", ffd))
-        elif known is not None:
-            warnings.append("first-fit decreasing cannot pack the VMs to run: the hint placement is used")
-            candidates.append(("hint", known))
-        else:
-            raise NoViablePlacementError(explain(inst, proven=False) + " (first-fit decreasing)")
+        candidates = _ffd_candidates(inst, ffd if ffd_packs else None, known, warnings)
     else:
-        # Fast heuristic starts (each viable), ranked by the cost of their own plans.
-        starts: list[tuple[str, Placement]] = []
-        for name, (placed, left) in (("keep-in-place", keep_in_place(inst)), ("sticky", sticky_pack(inst))):
-            if not left:
-                starts.append((name, placed))
-        if known is not None:
-            starts += [("hint", known), ("hint+home", move_home(inst, known))]
-        if not starts and ffd_left:
-            placed, left = _around_pinned(inst, to_run, pack)
-            if not left:
-                starts.append(("pack", move_home(inst, placed)))
-        for name, placed in starts:
-            plan = _sequenced(inst, placed, name, errors)
-            if plan is not None:
-                plans[name] = plan
-        starts.sort(key=lambda s: plans[s[0]].cost if s[0] in plans else float("inf"))
-        hints = [p for _, p in starts] + ([] if ffd_left else [ffd])
+        starts = _heuristic_starts(inst, known, ffd_packs, plans, errors)
         stats["heuristics_seconds"] = round(time.perf_counter() - started, 3)
-        result = cpsat_placement(
-            inst,
-            deadline=deadline - sequencing_reserve(inst, time_limit_s),
-            hints=hints,
-            workers=workers,
-            reduce=bool(hints),
-            extra_candidates=6 if hints else 16,
+        reserve = sequencing_reserve(inst, time_limit_s)
+        candidates = _cpsat_candidates(
+            inst, starts, ffd if ffd_packs else None, stats, warnings, deadline - reserve, time_limit_s, workers
         )
-        placement, status = result.placement, result.status
-        stats.update(
-            {"cpsat_status": status, "cpsat_bound": result.bound, **{f"cpsat_{k}": v for k, v in result.stats.items()}}
-        )
-        if placement is not None:
-            candidates.append(("cpsat", placement))
-        elif status == "INFEASIBLE" and result.full:
-            raise NoViablePlacementError(explain(inst, proven=True))
-        else:
-            msg = f"CP-SAT found no placement within the {time_limit_s:g} s budget (status {status}): falling back"
-            warnings.append(msg)
-            log.get("planner").warning("cpsat_fallback", status=status, time_limit_s=time_limit_s)
-        candidates += starts
-        if not ffd_left:
-            candidates.append(("ffd", ffd))
-        if not candidates:
-            raise NoViablePlacementError(explain(inst, proven=False))
-        # Variants of the first two placements with the VMs that would wait moved to roomier nodes.
-        candidates += [(f"{name}+early", pull_early(inst, p)) for name, p in candidates[:2]]
+    slowest = _sequence_candidates(inst, candidates, plans, errors, stats, deadline)
+    # Cheapest first; on a tie, the earlier candidate (CP-SAT's before the heuristics').
+    ranked = [plans[name] for name, _ in candidates if name in plans]
+    best = min(ranked, key=lambda p: p.cost, default=None)
+    if best is None:
+        # A placement exists but no candidate could be ordered (e.g. FFD's only placement has a
+        # migration cycle with no pivot): a sequencing failure, which callers tell from a bug.
+        raise SequencingError("no viable sequence of actions for any placement found: " + "; ".join(errors))
+    if optimizer == "cpsat" and len(best.pools) > 1:
+        best = _improve(inst, best, stats, deadline, slowest)
+    stats["seconds"] = round(time.perf_counter() - started, 3)
+    log.get("planner").info(
+        "plan", cost=best.cost, pools=len(best.pools), placement_by=best.optimizer, seconds=stats["seconds"]
+    )
+    return Plan(
+        pools=best.pools,
+        placement=best.placement,
+        cost=best.cost,
+        optimizer=best.optimizer,
+        warnings=tuple(warnings),
+        stats=stats,
+    )
 
+
+def _ffd_candidates(
+    inst: Instance, ffd: Placement | None, known: Placement | None, warnings: list[str]
+) -> list[tuple[str, Placement]]:
+    """`--optimizer ffd`: FFD's placement (None when it cannot pack), else the hint's, else no plan."""
+    if ffd is not None:
+        return [("ffd", ffd)]
+    if known is not None:
+        warnings.append("first-fit decreasing cannot pack the VMs to run: the hint placement is used")
+        return [("hint", known)]
+    raise NoViablePlacementError(explain(inst, proven=False) + " (first-fit decreasing)")
+
+
+def _heuristic_starts(
+    inst: Instance, known: Placement | None, ffd_packs: bool, plans: dict[str, Plan], errors: list[str]
+) -> list[tuple[str, Placement]]:
+    """Fast heuristic starts (each viable), their plans put in `plans`, ranked by those plans' cost."""
+    starts: list[tuple[str, Placement]] = []
+    for name, (placed, left) in (("keep-in-place", keep_in_place(inst)), ("sticky", sticky_pack(inst))):
+        if not left:
+            starts.append((name, placed))
+    if known is not None:
+        starts += [("hint", known), ("hint+home", move_home(inst, known))]
+    if not starts and not ffd_packs:
+        placed, left = _around_pinned(inst, inst.to_run(), pack)
+        if not left:
+            starts.append(("pack", move_home(inst, placed)))
+    for name, placed in starts:
+        plan = _sequenced(inst, placed, name, errors)
+        if plan is not None:
+            plans[name] = plan
+    starts.sort(key=lambda s: plans[s[0]].cost if s[0] in plans else float("inf"))
+    return starts
+
+
+def _cpsat_candidates(
+    inst: Instance,
+    starts: list[tuple[str, Placement]],
+    ffd: Placement | None,
+    stats: dict[str, object],
+    warnings: list[str],
+    deadline: float,
+    time_limit_s: float,
+    workers: int,
+) -> list[tuple[str, Placement]]:
+    """CP-SAT's placement (until `deadline`, from the starts), then the starts, FFD's and early variants."""
+    hints = [p for _, p in starts] + ([] if ffd is None else [ffd])
+    result = cpsat_placement(
+        inst,
+        deadline=deadline,
+        hints=hints,
+        workers=workers,
+        reduce=bool(hints),
+        extra_candidates=6 if hints else 16,
+    )
+    placement, status = result.placement, result.status
+    stats.update(
+        {"cpsat_status": status, "cpsat_bound": result.bound, **{f"cpsat_{k}": v for k, v in result.stats.items()}}
+    )
+    candidates: list[tuple[str, Placement]] = []
+    if placement is not None:
+        candidates.append(("cpsat", placement))
+    elif status == "INFEASIBLE" and result.full:
+        raise NoViablePlacementError(explain(inst, proven=True))
+    else:
+        msg = f"CP-SAT found no placement within the {time_limit_s:g} s budget (status {status}): falling back"
+        warnings.append(msg)
+        log.get("planner").warning("cpsat_fallback", status=status, time_limit_s=time_limit_s)
+    candidates += starts
+    if ffd is not None:
+        candidates.append(("ffd", ffd))
+    if not candidates:
+        raise NoViablePlacementError(explain(inst, proven=False))
+    # Variants of the first two placements with the VMs that would wait moved to roomier nodes.
+    candidates += [(f"{name}+early", pull_early(inst, p)) for name, p in candidates[:2]]
+    return candidates
+
+
+def _sequence_candidates(
+    inst: Instance,
+    candidates: list[tuple[str, Placement]],
+    plans: dict[str, Plan],
+    errors: list[str],
+    stats: dict[str, object],
+    deadline: float,
+) -> float:
+    """Put in `plans` the plan of every candidate not planned yet, while the budget lasts; the slowest's seconds."""
     skipped = 0
     slowest = 0.0  # the longest candidate so far: one more is started only if it fits the budget
     for name, placement in candidates:
@@ -163,39 +227,28 @@ def make_plan(
         stats["candidates_skipped"] = skipped  # the budget ran out before their plans
     for name, plan in plans.items():
         stats[f"cost_{name}"] = plan.cost
-    # Cheapest first; on a tie, the earlier candidate (CP-SAT's before the heuristics').
-    ranked = [plans[name] for name, _ in candidates if name in plans]
-    best = min(ranked, key=lambda p: p.cost, default=None)
-    if best is None:
-        # A placement exists but no candidate could be ordered (e.g. FFD's only placement has a
-        # migration cycle with no pivot): a sequencing failure, which callers tell from a bug.
-        raise SequencingError("no viable sequence of actions for any placement found: " + "; ".join(errors))
-    if optimizer == "cpsat" and len(best.pools) > 1:
-        # The deferral leaves time for the improvement phase and its validation.
-        best = _defer_dear_actions(inst, best, stats, deadline - 2 * slowest - 0.01)
-        stats["cost_before_pull"] = best.cost
-        t0 = time.perf_counter()
-        # It stops early enough to validate its result within the budget (a validation takes
-        # less than the slowest candidate's sequencing and validation).
-        pulled = pull_forward(inst, best, deadline - slowest - 0.01)
-        if pulled is not best:
-            validate(inst, pulled)
-            stats[f"cost_{best.optimizer}_pulled"] = pulled.cost
-            stats["pulled_forward"] = pulled.stats["pulled_forward"]
-            best = pulled
-        stats["pull_seconds"] = round(time.perf_counter() - t0, 3)
-    stats["seconds"] = round(time.perf_counter() - started, 3)
-    log.get("planner").info(
-        "plan", cost=best.cost, pools=len(best.pools), placement_by=best.optimizer, seconds=stats["seconds"]
-    )
-    return Plan(
-        pools=best.pools,
-        placement=best.placement,
-        cost=best.cost,
-        optimizer=best.optimizer,
-        warnings=tuple(warnings),
-        stats=stats,
-    )
+    return slowest
+
+
+def _improve(inst: Instance, best: Plan, stats: dict[str, object], deadline: float, slowest: float) -> Plan:
+    """The improvement phase on the cheapest plan: dear actions deferred, then actions pulled forward.
+
+    `slowest` (one candidate's sequencing and validation) is the time kept to validate the result.
+    """
+    # The deferral leaves time for the improvement phase and its validation.
+    best = _defer_dear_actions(inst, best, stats, deadline - 2 * slowest - 0.01)
+    stats["cost_before_pull"] = best.cost
+    t0 = time.perf_counter()
+    # It stops early enough to validate its result within the budget (a validation takes
+    # less than the slowest candidate's sequencing and validation).
+    pulled = pull_forward(inst, best, deadline - slowest - 0.01)
+    if pulled is not best:
+        validate(inst, pulled)
+        stats[f"cost_{best.optimizer}_pulled"] = pulled.cost
+        stats["pulled_forward"] = pulled.stats["pulled_forward"]
+        best = pulled
+    stats["pull_seconds"] = round(time.perf_counter() - t0, 3)
+    return best
 
 
 def _around_pinned(

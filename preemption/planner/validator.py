@@ -20,9 +20,10 @@ replays every pool from the starting configuration and checks that
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 
 from preemption.planner.instance import Instance
-from preemption.planner.plan import Plan, plan_cost
+from preemption.planner.plan import Plan, PlanAction, plan_cost
 from vjob.errors import VjobError
 from vjob.model import Action, VJobState
 
@@ -39,95 +40,147 @@ class PlanInvalidError(VjobError):
 
 def validate(inst: Instance, plan: Plan) -> None:
     """Raise PlanInvalidError listing every problem found; return None for a sound plan."""
-    problems: list[str] = []
-    vms = inst.vm_by_id
-    nodes = inst.node_by_id
-    state = {v.id: v.state for v in inst.vms}
-    where = {v.id: v.host for v in inst.vms}  # running host, or holder of the sleeping state
-    used_cpu: dict[str, int] = defaultdict(int)
-    used_mem: dict[str, int] = defaultdict(int)
-    for v in inst.vms:
-        if v.state is VJobState.RUNNING and v.host is not None:
-            used_cpu[v.host] += v.cpu
-            used_mem[v.host] += v.mem
-    suspend_pool: dict[str, set[int]] = defaultdict(set)
-    resume_pool: dict[str, set[int]] = defaultdict(set)
-
+    replay = _Replay(inst)
     for i, pool in enumerate(plan.pools):
+        replay.pool(i, pool)
+    problems = replay.problems
+    _check_end(inst, plan, replay)
+    if not problems:
+        expected = plan_cost(plan.pools, {v.id: v.mem for v in inst.vms})
+        if expected != plan.cost:
+            problems.append(f"cost {plan.cost} announced, the cost model gives {expected}")
+    if problems:
+        raise PlanInvalidError(problems)
+
+
+class _Replay:
+    """The configuration as the pools change it, from the starting one, and the problems met on the way."""
+
+    def __init__(self, inst: Instance) -> None:
+        self.problems: list[str] = []
+        self.vms = inst.vm_by_id
+        self.nodes = inst.node_by_id
+        self.state = {v.id: v.state for v in inst.vms}
+        self.where = {v.id: v.host for v in inst.vms}  # running host, or holder of the sleeping state
+        self.used_cpu: dict[str, int] = defaultdict(int)
+        self.used_mem: dict[str, int] = defaultdict(int)
+        for v in inst.vms:
+            if v.state is VJobState.RUNNING and v.host is not None:
+                self.used_cpu[v.host] += v.cpu
+                self.used_mem[v.host] += v.mem
+        self.suspend_pool: dict[str, set[int]] = defaultdict(set)
+        self.resume_pool: dict[str, set[int]] = defaultdict(set)
+
+    def pool(self, i: int, pool: Sequence[PlanAction]) -> None:
+        """Pool `i`: each action checked and applied, the room on the receiving nodes, then the moves."""
         touched: set[str] = set()
-        arriving_cpu: dict[str, int] = defaultdict(int)
-        arriving_mem: dict[str, int] = defaultdict(int)
         leaving: list[tuple[str, str]] = []
         arrivals: list[tuple[str, str]] = []
         for a in pool:
-            tag = f"pool {i}: {a.kind.value} {a.vm}"
-            vm = vms.get(a.vm)
-            if vm is None:
-                problems.append(f"{tag}: unknown vm")
-                continue
-            if a.vm in touched:
-                problems.append(f"{tag}: a second action on the same VM in one pool")
-                continue
-            touched.add(a.vm)
-            for n in (a.src, a.dst):
-                if n is not None and n not in nodes:
-                    problems.append(f"{tag}: unknown node {n!r}")
-            if a.kind is Action.RUN:
-                ok = state[a.vm] is VJobState.WAITING
-                arrivals.append((a.vm, a.dst or ""))
-                state[a.vm] = VJobState.RUNNING
-            elif a.kind is Action.RESUME:
-                ok = state[a.vm] is VJobState.SLEEPING and where[a.vm] == a.src
-                arrivals.append((a.vm, a.dst or ""))
-                resume_pool[vm.vjob].add(i)
-                state[a.vm] = VJobState.RUNNING
-            elif a.kind is Action.MIGRATE:
-                ok = state[a.vm] is VJobState.RUNNING and where[a.vm] == a.src and a.src != a.dst
-                leaving.append((a.vm, a.src or ""))
-                arrivals.append((a.vm, a.dst or ""))
-            else:  # stop, suspend
-                ok = state[a.vm] is VJobState.RUNNING and where[a.vm] == a.src
-                leaving.append((a.vm, a.src or ""))
-                if a.kind is Action.SUSPEND:
-                    suspend_pool[vm.vjob].add(i)
-                    state[a.vm] = VJobState.SLEEPING
-                else:
-                    state[a.vm] = VJobState.TERMINATED
-            if not ok:
-                problems.append(f"{tag}: the VM is not {_expected(a.kind)} at {a.src!r} before this pool")
-            if vm.pinned and a.dst is not None and a.dst != vm.host:
-                problems.append(f"{tag}: the VM is pinned to {vm.host}, the plan moves it to {a.dst}")
+            self._action(i, a, touched, leaving, arrivals)
+        self._check_room(i, arrivals)
+        self._move(leaving, arrivals)
+
+    def _action(
+        self,
+        i: int,
+        a: PlanAction,
+        touched: set[str],
+        leaving: list[tuple[str, str]],
+        arrivals: list[tuple[str, str]],
+    ) -> None:
+        """One action of pool `i`: its VM and nodes known, one action per VM, the VM ready for it, pins kept."""
+        problems = self.problems
+        tag = f"pool {i}: {a.kind.value} {a.vm}"
+        vm = self.vms.get(a.vm)
+        if vm is None:
+            problems.append(f"{tag}: unknown vm")
+            return
+        if a.vm in touched:
+            problems.append(f"{tag}: a second action on the same VM in one pool")
+            return
+        touched.add(a.vm)
+        for n in (a.src, a.dst):
+            if n is not None and n not in self.nodes:
+                problems.append(f"{tag}: unknown node {n!r}")
+        if not self._apply(i, a, vm.vjob, leaving, arrivals):
+            problems.append(f"{tag}: the VM is not {_expected(a.kind)} at {a.src!r} before this pool")
+        if vm.pinned and a.dst is not None and a.dst != vm.host:
+            problems.append(f"{tag}: the VM is pinned to {vm.host}, the plan moves it to {a.dst}")
+
+    def _apply(
+        self, i: int, a: PlanAction, vjob: str, leaving: list[tuple[str, str]], arrivals: list[tuple[str, str]]
+    ) -> bool:
+        """The action's new state for its VM, its arrival and departure; whether the VM was ready for it."""
+        state, where = self.state, self.where
+        if a.kind is Action.RUN:
+            ok = state[a.vm] is VJobState.WAITING
+            arrivals.append((a.vm, a.dst or ""))
+            state[a.vm] = VJobState.RUNNING
+        elif a.kind is Action.RESUME:
+            ok = state[a.vm] is VJobState.SLEEPING and where[a.vm] == a.src
+            arrivals.append((a.vm, a.dst or ""))
+            self.resume_pool[vjob].add(i)
+            state[a.vm] = VJobState.RUNNING
+        elif a.kind is Action.MIGRATE:
+            ok = state[a.vm] is VJobState.RUNNING and where[a.vm] == a.src and a.src != a.dst
+            leaving.append((a.vm, a.src or ""))
+            arrivals.append((a.vm, a.dst or ""))
+        else:  # stop, suspend
+            ok = state[a.vm] is VJobState.RUNNING and where[a.vm] == a.src
+            leaving.append((a.vm, a.src or ""))
+            if a.kind is Action.SUSPEND:
+                self.suspend_pool[vjob].add(i)
+                state[a.vm] = VJobState.SLEEPING
+            else:
+                state[a.vm] = VJobState.TERMINATED
+        return ok
+
+    def _check_room(self, i: int, arrivals: list[tuple[str, str]]) -> None:
+        """Every node receiving VMs in pool `i` holds them on top of all it holds during the pool."""
+        vms, nodes = self.vms, self.nodes
+        arriving_cpu: dict[str, int] = defaultdict(int)
+        arriving_mem: dict[str, int] = defaultdict(int)
         for vm_id, node in arrivals:
             if node in nodes:
                 arriving_cpu[node] += vms[vm_id].cpu
                 arriving_mem[node] += vms[vm_id].mem
         for node in arriving_cpu.keys() | arriving_mem.keys():
-            cpu = used_cpu[node] + arriving_cpu[node]
-            mem = used_mem[node] + arriving_mem[node]
+            cpu = self.used_cpu[node] + arriving_cpu[node]
+            mem = self.used_mem[node] + arriving_mem[node]
             if cpu > nodes[node].cpu or mem > nodes[node].mem:
-                problems.append(
+                self.problems.append(
                     f"pool {i}: node {node} receives VMs while holding cpu {cpu}/{nodes[node].cpu}, "
                     f"mem {mem}/{nodes[node].mem} MB"
                 )
+
+    def _move(self, leaving: list[tuple[str, str]], arrivals: list[tuple[str, str]]) -> None:
+        """The end of a pool: the leaving VMs' load off their nodes, the arrivals' on theirs."""
+        vms, nodes, where = self.vms, self.nodes, self.where
         for vm_id, node in leaving:
             if node in nodes:
-                used_cpu[node] -= vms[vm_id].cpu
-                used_mem[node] -= vms[vm_id].mem
+                self.used_cpu[node] -= vms[vm_id].cpu
+                self.used_mem[node] -= vms[vm_id].mem
         for vm_id, node in arrivals:
             if node in nodes:
-                used_cpu[node] += vms[vm_id].cpu
-                used_mem[node] += vms[vm_id].mem
+                self.used_cpu[node] += vms[vm_id].cpu
+                self.used_mem[node] += vms[vm_id].mem
                 where[vm_id] = node
         for vm_id, node in leaving:
-            if state[vm_id] is VJobState.SLEEPING and node in nodes:
+            if self.state[vm_id] is VJobState.SLEEPING and node in nodes:
                 where[vm_id] = node  # the suspended state stays on the node that wrote it
 
-    for vjob, pools in suspend_pool.items():
+
+def _check_end(inst: Instance, plan: Plan, replay: _Replay) -> None:
+    """After the last pool: each vjob's suspends and resumes in one pool, viable nodes, the target reached."""
+    problems, state, where = replay.problems, replay.state, replay.where
+    for vjob, pools in replay.suspend_pool.items():
         if len(pools) > 1:
             problems.append(f"vjob {vjob}: its suspends are split over pools {sorted(pools)}")
-    for vjob, pools in resume_pool.items():
+    for vjob, pools in replay.resume_pool.items():
         if len(pools) > 1:
             problems.append(f"vjob {vjob}: its resumes are split over pools {sorted(pools)}")
+    used_cpu, used_mem = replay.used_cpu, replay.used_mem
     for n in inst.nodes:
         if used_cpu[n.id] > n.cpu or used_mem[n.id] > n.mem:
             problems.append(
@@ -142,15 +195,10 @@ def validate(inst: Instance, plan: Plan) -> None:
     extra = set(plan.placement) - {v.id for v in inst.vms if inst.target_of(v) is VJobState.RUNNING}
     if extra:
         problems.append(f"placement names VMs that are not to run: {', '.join(sorted(extra))}")
-    if not problems:
-        expected = plan_cost(plan.pools, {v.id: v.mem for v in inst.vms})
-        if expected != plan.cost:
-            problems.append(f"cost {plan.cost} announced, the cost model gives {expected}")
-    if problems:
-        raise PlanInvalidError(problems)
 
 
 def _expected(kind: Action) -> str:
+    """The state and place a VM must be in for an action of `kind`, as the problem message says it."""
     return {
         Action.RUN: "waiting",
         Action.RESUME: "sleeping with its state",

@@ -33,20 +33,90 @@ does not start at all until it is within the cap again.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
 
 import numpy as np
 
 from vjob.errors import InputError
 
-POLICIES = ("vjob", "fcfs-easy", "mms", "mms-block", "ubis")
+
+class Order(Enum):
+    """Whom a policy serves first (the queue order of the one pass)."""
+
+    SUBMIT = "submit"
+    """fcfs-easy: submission order."""
+    PRIVILEGED_FIRST = "privileged-first"
+    """mms, mms-block: interactive jobs within the cap, then everyone else (`mms_order`)."""
+    UBIS = "ubis"
+    """ubis: the UBIS priority, highest first (`ubis_order`)."""
+    TIERS = "tiers"
+    """vjob: privileged, checkpointed, (interactive,) the rest (`vjob_order`)."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What the agent and every simulator loop ask of a policy, resolved once by name (the
+    string branches these fields replace drifted apart between the live pass and the replays)."""
+
+    name: str
+    order: Order
+    preempts: bool
+    """Interactive jobs within the cap may checkpoint running batch jobs."""
+    blocks_behind_interactive: bool
+    """Nothing backfills while an interactive job holds the reservation."""
+    victims_by_cost: bool
+    """Victims by cost (earlier preemptions, nodes on the image, checkpoint size) and the head
+    guard, rather than by lowest UBIS priority."""
+    exact_ubis: bool
+    """The order needs each job's UBIS priority recomputed at every pass."""
+
+
+POLICIES: dict[str, Policy] = {
+    p.name: p
+    for p in (
+        Policy(
+            "vjob", Order.TIERS, preempts=True, blocks_behind_interactive=False, victims_by_cost=True, exact_ubis=False
+        ),
+        Policy(
+            "fcfs-easy",
+            Order.SUBMIT,
+            preempts=False,
+            blocks_behind_interactive=False,
+            victims_by_cost=False,
+            exact_ubis=False,
+        ),
+        Policy(
+            "mms",
+            Order.PRIVILEGED_FIRST,
+            preempts=False,
+            blocks_behind_interactive=False,
+            victims_by_cost=False,
+            exact_ubis=False,
+        ),
+        Policy(
+            "mms-block",
+            Order.PRIVILEGED_FIRST,
+            preempts=False,
+            blocks_behind_interactive=True,
+            victims_by_cost=False,
+            exact_ubis=False,
+        ),
+        Policy(
+            "ubis", Order.UBIS, preempts=True, blocks_behind_interactive=False, victims_by_cost=False, exact_ubis=True
+        ),
+    )
+}
+"""Every policy by name; the one table the agent, the simulator and the replays read."""
+
 CAP_MODES = ("preempt", "hard")
 
 
-def check_policy(name: str) -> str:
-    """`name` if it is a known policy, else an InputError listing the known ones."""
+def policy_named(name: str) -> Policy:
+    """The policy called `name`, or an InputError naming the value and the known ones."""
     if name not in POLICIES:
-        raise InputError(f"--policy = {name!r}: must be one of {', '.join(POLICIES)}")
-    return name
+        raise InputError(f"--policy = {name[:40]!r}: must be one of {', '.join(POLICIES)}")
+    return POLICIES[name]
 
 
 def check_cap_mode(name: str) -> str:
@@ -54,16 +124,6 @@ def check_cap_mode(name: str) -> str:
     if name not in CAP_MODES:
         raise InputError(f"--cap-mode = {name!r}: must be one of {', '.join(CAP_MODES)}")
     return name
-
-
-def blocks_behind_interactive(policy: str) -> bool:
-    """Whether nothing may backfill while an interactive job holds the reservation."""
-    return policy == "mms-block"
-
-
-def preempts(policy: str) -> bool:
-    """Whether interactive jobs may checkpoint batch jobs under `policy`."""
-    return policy in ("ubis", "vjob")
 
 
 def fcfs_order(submit: Sequence[float] | np.ndarray) -> np.ndarray:

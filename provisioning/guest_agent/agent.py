@@ -34,6 +34,7 @@ Standard library only: it runs with the guest's python3, and nothing of vjob is 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import ipaddress
 import json
@@ -225,17 +226,9 @@ def parse_job(data: object) -> Job:
     hostname = data.get("hostname", "vjob")
     if not isinstance(hostname, str) or not HOST_RE.fullmatch(hostname):
         raise JobError(f"hostname: {str(hostname)[:80]!r}: must match {HOST_RE.pattern}")
-    return Job(
-        argv=list(argv),
-        env=dict(env),
-        uid=ids["uid"],
-        gid=ids["gid"],
-        user=user,
-        home=check_path("home", data.get("home")),
-        cwd=check_cwd(data.get("cwd")),
-        hostname=hostname,
-        network=parse_network(data["network"]) if data.get("network") is not None else None,
-    )
+    home, cwd = check_path("home", data.get("home")), check_cwd(data.get("cwd"))
+    network = parse_network(data["network"]) if data.get("network") is not None else None
+    return Job(list(argv), dict(env), ids["uid"], ids["gid"], user, home, cwd, hostname, network)
 
 
 def ensure_user(job: Job, etc: Path = Path("/etc")) -> None:
@@ -284,8 +277,8 @@ def default_route(gateway: str) -> bytes:
     """The SIOCADDRT request for 0.0.0.0/0 via `gateway` (the kernel picks the interface whose
     network holds it)."""
     any_addr = _sockaddr("0.0.0.0").ljust(16, b"\0")
-    return struct.pack(_RTENTRY, 0, any_addr, _sockaddr(gateway).ljust(16, b"\0"), any_addr,
-                       _RTF_UP | _RTF_GATEWAY, 0, 0, 0, 0, 0, 0, 0, 0)  # fmt: skip
+    via = _sockaddr(gateway).ljust(16, b"\0")
+    return struct.pack(_RTENTRY, 0, any_addr, via, any_addr, _RTF_UP | _RTF_GATEWAY, *[0] * 8)
 
 
 def _address(sock: socket.socket, name: str, ip: str, prefix: int) -> None:
@@ -301,10 +294,8 @@ def setup_nat(nat: Nat, etc: Path = Path("/etc")) -> str:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         name = interface_of(nat.mac)
         _address(sock, name, nat.ip, nat.prefix)
-        try:
+        with contextlib.suppress(FileExistsError):  # the agent runs once per boot: a route there is this one
             fcntl.ioctl(sock, _SIOCADDRT, default_route(nat.gateway))
-        except FileExistsError:  # the agent runs once per boot; a route already there is this one
-            pass
     resolv = etc / "resolv.conf"
     resolv.unlink(missing_ok=True)  # often a link to a resolver's runtime file: replaced, not followed
     resolv.write_text("".join(f"nameserver {ip}\n" for ip in nat.dns))
@@ -378,9 +369,10 @@ def setup_ssh(job: Job, net: Network, etc: Path = Path("/etc")) -> bool:
     # The job's own private network, host keys made at each VM's boot: nothing to pin.
     conf.write_text(f"Host {names}\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n")
     home_ssh = user_ssh_dir(job)
-    for fname, text, mode in (("id_ed25519", net.ssh_private, 0o600), ("id_ed25519.pub", net.ssh_public + "\n", 0o644),
-                              ("authorized_keys", net.ssh_public + "\n", 0o600)):  # fmt: skip
-        write_user_file(home_ssh / fname, text, mode, job.uid, job.gid)
+    public = net.ssh_public + "\n"
+    keys = {"id_ed25519": net.ssh_private, "id_ed25519.pub": public, "authorized_keys": public}
+    for fname, text in keys.items():
+        write_user_file(home_ssh / fname, text, 0o644 if fname.endswith(".pub") else 0o600, job.uid, job.gid)
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
     _run(["/usr/sbin/sshd", "-o", "UsePAM=no", "-o", f"HostKey={host_key}", "-o", "PasswordAuthentication=no"])
     return True
@@ -416,12 +408,10 @@ def _run(cmd: list[str]) -> None:
 def _raw_tty(path: str) -> int:
     """A serial port opened for writing, in raw mode: the job's bytes reach the host as written."""
     fd = os.open(path, os.O_WRONLY | os.O_NOCTTY)
-    try:
+    with contextlib.suppress(termios.error):
         attrs = termios.tcgetattr(fd)
         attrs[1] &= ~termios.OPOST  # no \n -> \r\n
         termios.tcsetattr(fd, termios.TCSANOW, attrs)
-    except termios.error:
-        pass
     return fd
 
 
@@ -449,11 +439,9 @@ def run_job(job: Job, script: Path, *, stdout: int, stderr: int) -> int:
     if not script.read_bytes().startswith(b"#!"):
         argv = ["/bin/sh", *argv]  # like a shell running a script without a #! line
     drop = {} if job.uid == 0 else {"user": job.uid, "group": job.gid, "extra_groups": [job.gid]}
+    streams = {"stdin": subprocess.DEVNULL, "stdout": stdout, "stderr": stderr}
     try:
-        child = subprocess.Popen(
-            argv, cwd=job.cwd, env=env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
-            start_new_session=True, **drop,
-        )  # fmt: skip
+        child = subprocess.Popen(argv, cwd=job.cwd, env=env, start_new_session=True, **streams, **drop)
     except OSError as exc:
         os.write(stderr, f"vjob: cannot start the job: {exc}\n".encode())
         return 127 if isinstance(exc, FileNotFoundError) else 126
@@ -491,10 +479,8 @@ def main() -> int:
     code = run_job(job, script, stdout=stdout, stderr=stderr)
     _say(f"job exited with status {code}")
     for fd in (stdout, stderr):
-        try:
+        with contextlib.suppress(termios.error):
             termios.tcdrain(fd)
-        except termios.error:
-            pass
     subprocess.run(["umount", "-l", job.cwd], check=False)
     tmp = control / ".exit.tmp"
     tmp.write_text(f"{code}\n")

@@ -33,6 +33,7 @@ docs/tune.md explains the split, the objectives and the array workers."""
 
 
 def register(sub: Any) -> None:
+    """Add `vjob tune` and its actions (run, worker, show, apply) to the `vjob` parser."""
     p = sub.add_parser(
         "tune",
         help="search the UBIS weights, cap and vjob knobs for a site's trace (Optuna)",
@@ -42,6 +43,14 @@ def register(sub: Any) -> None:
         epilog=EPILOG,
     )
     tsub = p.add_subparsers(dest="tune_command", metavar="ACTION", required=True)
+    _add_run(tsub)
+    _add_worker(tsub)
+    _add_show(tsub)
+    _add_apply(tsub)
+
+
+def _add_run(tsub: Any) -> None:
+    """`vjob tune run`: the set-up of a study (trace, objectives, search) and where its workers run."""
     run = tsub.add_parser(
         "run",
         help="create or resume a study and run its trials",
@@ -95,6 +104,9 @@ def register(sub: Any) -> None:
     run.add_argument("--no-progress", action="store_true", help="plain progress lines even on a terminal")
     run.set_defaults(func=_run)
 
+
+def _add_worker(tsub: Any) -> None:
+    """`vjob tune worker`: what an array task runs (study and database from the environment)."""
     worker = tsub.add_parser(
         "worker",
         help="join a study and run its trials (an array task runs this)",
@@ -112,6 +124,9 @@ def register(sub: Any) -> None:
     worker.add_argument("--no-progress", action="store_true", help="plain progress lines")
     worker.set_defaults(func=_worker)
 
+
+def _add_show(tsub: Any) -> None:
+    """`vjob tune show`: the Pareto front replayed on the held-back part."""
     show = tsub.add_parser(
         "show",
         help="the Pareto front on the held-back part, beside the defaults and MMS",
@@ -126,6 +141,9 @@ def register(sub: Any) -> None:
     show.add_argument("--json", action="store_true", help="print JSON instead of a table")
     show.set_defaults(func=_show)
 
+
+def _add_apply(tsub: Any) -> None:
+    """`vjob tune apply`: a trial's values written into vjob.toml."""
     app = tsub.add_parser(
         "apply",
         help="write a trial's values into vjob.toml (validated, rest kept)",
@@ -150,9 +168,9 @@ def _study_name(text: str | None) -> str:
 
 def _run(args: argparse.Namespace) -> int:
     require_extra("vjob tune", "optuna", "numba")
-    from simulator.tune import space as sp  # heavy: optuna (the tune package imports it)
+    from simulator.tune import space as sp  # heavy: pydantic (the [tune] section's model)
     from simulator.tune import study as st  # heavy: optuna
-    from simulator.tune.trials import Spec, jobs_per_part  # heavy: optuna
+    from simulator.tune.trials import Spec, jobs_per_part  # heavy: pydantic (the configuration)
 
     cfg = load_config(args)
     name = _study_name(args.study)
@@ -309,8 +327,8 @@ def _num(v: float | None) -> str:
 def _apply(args: argparse.Namespace) -> int:
     require_extra("vjob tune", "optuna")
     from simulator.tune import study as st  # heavy: optuna
-    from simulator.tune.space import WEIGHTS  # heavy: optuna
-    from simulator.tune.toml_edit import apply_file, set_values  # heavy: optuna
+    from simulator.tune.space import WEIGHTS  # heavy: pydantic (the configuration)
+    from simulator.tune.toml_edit import apply_file, set_values  # heavy: pydantic (validates the edit)
 
     path = getattr(args, "config", None)
     if not path:

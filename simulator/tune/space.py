@@ -1,6 +1,6 @@
 """The search space and the objectives of `vjob tune`, from [tune] and the command line.
 
-Why the bounds live in vjob.config (TUNE_BOUNDS) and not here: `vjob config check` must
+Why the bounds live in simulator.tune.config (TUNE_BOUNDS) and not here: `vjob config check` must
 refuse an inverted range in vjob.toml before any study starts, with the key named.
 """
 
@@ -11,7 +11,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from vjob.config import TUNE_BOUNDS, TUNE_OBJECTIVES, PriorityConfig, PriorityWeights, SchedulingConfig, TuneConfig
+from simulator.tune.config import TUNE_BOUNDS, TUNE_OBJECTIVES, TuneConfig
+from vjob.config import PriorityConfig, PriorityWeights, SchedulingConfig
 from vjob.errors import InputError
 
 WEIGHTS = tuple(PriorityWeights.model_fields)

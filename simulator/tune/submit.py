@@ -14,8 +14,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from plugins.slurm.config import SlurmConfig
 from simulator.tune.study import STORAGE_ENV
-from vjob.config import SlurmConfig
 from vjob.errors import InputError
 from vjob.proc import run
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from simulator.cli import read_trace
+from simulator.metrics import summary
+from simulator.replay import ClusterModel
 from simulator.setup import UbisSetup, apply
 from simulator.tune.space import configs, measure
 from simulator.workload import Workload
@@ -105,8 +107,7 @@ def evaluate(spec: Spec, params: dict[str, float], part: str = "train", policy: 
     """The summary (simulator.metrics.summary) of `params` replayed on `part` of the trace,
     with `objectives`: the spec's objectives measured on it."""
     # heavy: numba (the engine compiles its passes on import)
-    from simulator.engine import ClusterModel, simulate
-    from simulator.metrics import summary  # heavy: numba (metrics reads engine results)
+    from simulator.engine import simulate
 
     train, test = parts(spec)
     jobs = train if part == "train" else test

@@ -45,7 +45,7 @@ COMMANDS: dict[str, Command] = {
     "completion": Command("vjob.cli.completion", "print a bash or zsh completion script"),
     "status": Command("agent.status_cmd", "vjobs, VMs and recent preemptions"),
     "agent": Command("agent.cli", "run the vjob agent next to an RMS (observe, decide, act)"),
-    "run": Command("agent.run_cmd", "the in-job pilot: run this job inside a VM that survives checkpoints", "vm"),
+    "run": Command("pilot.cli", "the in-job pilot: run this job inside a VM that survives checkpoints", "vm"),
     "prio": Command("agent.prio_cmd", "UBIS priorities of pending jobs, per term (like sprio)"),
     "simulate": Command("simulator.cli", "replay a workload trace under a scheduling policy", "sim"),
     "trace": Command("simulator.cli", "generate and inspect workload traces", "sim"),

@@ -152,67 +152,6 @@ def release(store: Store, job_key: str) -> None:
         s.execute(delete(SubnetRecord).where(SubnetRecord.subnet_id == sid))
 
 
-def allocate_subnet(store: Store, site: str, job_key: str, *, first: int = 1) -> int:
-    """The subnetID of `job_key`, allocating the lowest free one (idempotent per job).
-
-    For a job's VMs use `assign`: a subnetID read here and used in a later transaction may
-    have been released and handed to another job in between.
-    """
-    check_name("site", site, SITE)
-    check_name("job_key", job_key)
-    for _ in range(_RETRIES):
-        try:
-            with store.session("allocate a subnetID") as s:
-                return _subnet(s, site, job_key, first)
-        except IntegrityError:
-            continue  # another master took it (or allocated for this job): look again
-    raise StoreError(f"could not allocate a subnetID for {job_key} after {_RETRIES} tries")
-
-
-def allocate_vm_id(store: Store, subnet_id: int, vm_name: str, *, job_key: str | None = None, first: int = 1) -> int:
-    """The vmID of `vm_name` in `subnet_id`, allocating the lowest free one (idempotent).
-
-    Kept for callers that allocate VM by VM; `assign` does a whole job at once. The subnet's
-    row is locked and its owner checked in the same transaction as the insert: with `job_key`
-    a subnet that now belongs to another job is refused; without it, the VM joins whichever
-    job holds `subnet_id` now (the row records that job, so release still frees it).
-    """
-    check_name("vm_name", vm_name)
-    if job_key is not None:
-        check_name("job_key", job_key)
-    for _ in range(_RETRIES):
-        try:
-            with store.session("allocate a vmID") as s:
-                owner = s.scalar(
-                    select(SubnetRecord.job_key).where(SubnetRecord.subnet_id == subnet_id).with_for_update()
-                )
-                if owner is None or (job_key is not None and owner != job_key):
-                    held = "is not allocated" if owner is None else f"belongs to job {owner!r}"
-                    raise VjobError(f"subnet {subnet_id} {held}: no vmID for VM {vm_name!r}")
-                row = s.scalar(select(VMIdRecord).where(VMIdRecord.vm_name == vm_name))
-                if row is not None:
-                    if row.job_key != owner:
-                        raise VjobError(
-                            f"vm_name = {vm_name!r}: already holds a network identity of job {row.job_key!r}"
-                        )
-                    return row.vm_id
-                used = list(s.scalars(select(VMIdRecord.vm_id).where(VMIdRecord.subnet_id == subnet_id)))
-                vm_id = _lowest_free(used, first, VM_IDS - 1)  # 255 is the broadcast address
-                if vm_id is None:
-                    raise ExhaustedError(f"no free vmID left in subnet {subnet_id} for VM {vm_name}")
-                s.add(VMIdRecord(subnet_id=subnet_id, vm_id=vm_id, vm_name=vm_name, job_key=owner, allocated_at=now()))
-                s.flush()
-                return vm_id
-        except IntegrityError:
-            continue
-    raise StoreError(f"could not allocate a vmID for {vm_name} after {_RETRIES} tries")
-
-
-def release_subnet(store: Store, job_key: str) -> None:
-    """Former name of `release`."""
-    release(store, job_key)
-
-
 def _subnet(s: Session, site: str, job_key: str, first: int) -> int:
     """The job's subnetID, its row locked; allocated (lowest free from `first`) if it has none."""
     sid = s.scalar(select(SubnetRecord.subnet_id).where(SubnetRecord.job_key == job_key).with_for_update())

@@ -123,23 +123,6 @@ def record_resume(store: Store, rms: str, rms_job_id: str, *, at: float | None =
         )
 
 
-def add_preempted_seconds(store: Store, rms: str, rms_job_id: str, seconds: float) -> None:
-    """Pn += 1 and Pt += seconds in one atomic statement (when the duration is known)."""
-    _check_key(rms, rms_job_id)
-    if not seconds >= 0:  # also refuses NaN
-        raise VjobError(f"preempted seconds = {seconds}: must be >= 0")
-    with store.session() as s:
-        s.execute(
-            update(JobRecord)
-            .where(_where(rms, rms_job_id))
-            .values(
-                preempt_count=JobRecord.preempt_count + 1,
-                preempted_seconds=JobRecord.preempted_seconds + seconds,
-                updated_at=now(),
-            )
-        )
-
-
 def get(store: Store, rms: str, rms_job_id: str) -> JobRecord | None:
     _check_key(rms, rms_job_id)
     with store.session() as s:

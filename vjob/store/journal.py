@@ -67,8 +67,9 @@ def open_switch(
     action runs; returns the switch id and the action ids in the order given."""
     stamp = now()
     with store.session() as s:
-        switch = SwitchRecord(reason=reason, state="running", plan_json=json.dumps(plan), created_at=stamp,
-                              updated_at=stamp)  # fmt: skip
+        switch = SwitchRecord(
+            reason=reason, state="running", plan_json=json.dumps(plan), created_at=stamp, updated_at=stamp
+        )
         s.add(switch)
         s.flush()
         rows = [

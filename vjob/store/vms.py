@@ -25,8 +25,18 @@ def remember(store: Store, rms: str, job: Job, *, vm: str, node: str, image: str
         row = s.scalars(select(VMRecord).where(VMRecord.name == vm)).first()
         stamp = now()
         if row is None:
-            s.add(VMRecord(name=vm, job_id=job_pk, node=node, image=image or "-", memory_mb=max(1, memory_mb),
-                           state="running", created_at=stamp, updated_at=stamp))  # fmt: skip
+            s.add(
+                VMRecord(
+                    name=vm,
+                    job_id=job_pk,
+                    node=node,
+                    image=image or "-",
+                    memory_mb=max(1, memory_mb),
+                    state="running",
+                    created_at=stamp,
+                    updated_at=stamp,
+                )
+            )
         elif row.job_id == job_pk and row.node != node:
             row.node = node
             row.updated_at = stamp

@@ -12,7 +12,7 @@ from the job id and believes no other); rank 0 runs the user's script, the other
 `vm1`, `vm2`… (provisioning.network gives the MACs, addresses and host file); every VM has a
 copy of the working directory on its job disk, only rank 0's is copied back at the end.
 
-With per-node pilots (`[agent] multinode_pilots = "per-node"`, agent.member_leader) the VMs of
+With per-node pilots (`[agent] multinode_pilots = "per-node"`, pilot.members.leader) the VMs of
 ranks 1… are `MemberVM`s: their member pilot builds, boots, pauses, saves and restores them on
 its own node at this pilot's word; the cut is still provisioning.coordinated's, through them.
 """
@@ -23,8 +23,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agent.member_leader import MemberVM
-from agent.pilot import DriverVM
+from pilot.members.leader import MemberVM
+from pilot.vm import DriverVM
 from provisioning import network
 from vjob import log
 from vjob.errors import VjobError
@@ -78,8 +78,10 @@ class JobVMs:
         ]
         for rank, remote in enumerate(remotes, start=1):
             if (remote.name, remote.node) != (names[rank], nodes[rank]):
-                raise VjobError(f"member pilot of rank {rank}: {remote.name} on {remote.node}, expected "
-                                f"{names[rank]} on {nodes[rank]}")  # fmt: skip
+                raise VjobError(
+                    f"member pilot of rank {rank}: {remote.name} on {remote.node}, expected "
+                    f"{names[rank]} on {nodes[rank]}"
+                )
             self.members[rank] = remote
         self.leader = self.members[0]
         self.name = self.leader.name
@@ -93,8 +95,10 @@ class JobVMs:
         from provisioning.coordinated import Member  # heavy: libvirt-python (the driver)
 
         froms = list(from_nodes) if len(from_nodes) == len(self.members) else [m.node for m in self.members]
-        return [Member(m.name, m.node, from_node=f, handle=m if isinstance(m, MemberVM) else None)
-                for m, f in zip(self.members, froms, strict=True)]  # fmt: skip
+        return [
+            Member(m.name, m.node, from_node=f, handle=m if isinstance(m, MemberVM) else None)
+            for m, f in zip(self.members, froms, strict=True)
+        ]
 
     def _handles(self) -> list[Any]:
         """Each VM's cut steps: a member pilot's VM through its link, the others through the driver."""
@@ -152,8 +156,11 @@ class JobVMs:
         for _m, h in saved + live:  # also VMs paused by a pilot killed before any save: they run again
             h.unpause()
         if saved:
-            _log.warning("half-done checkpoint undone: the job runs on", saved=[m.name for m, _ in saved],
-                         paused=[m.name for m, _ in live])  # fmt: skip
+            _log.warning(
+                "half-done checkpoint undone: the job runs on",
+                saved=[m.name for m, _ in saved],
+                paused=[m.name for m, _ in live],
+            )
 
     def boot(self) -> None:
         saved = [h for h in self._handles() if h.state() == VMState.SAVED]
@@ -165,8 +172,9 @@ class JobVMs:
         try:
             for rank, m in enumerate(self.members):  # every job disk first: the VMs then boot together
                 if isinstance(m, MemberVM):
-                    m.define(self._describe(rank) if self._describe else {},
-                             lambda r=rank, mm=m: self._place_disk(r, mm))  # fmt: skip
+                    m.define(
+                        self._describe(rank) if self._describe else {}, lambda r=rank, mm=m: self._place_disk(r, mm)
+                    )
                 else:
                     self.driver.define(self._spec_factory(rank, m.name, m.node), m.node)
             for m in reversed(self.members):  # the script's VM last
@@ -189,8 +197,12 @@ class JobVMs:
         cut = coordinated.checkpoint(self.driver, self._coordinated())
         snap = cut.snapshots[self.leader.name]
         self._remove_network()
-        _log.info("multi-node job saved", vms=len(self.members), consistent=cut.consistent,
-                  pause_to_saved_s=round(cut.pause_to_saved_s, 3))  # fmt: skip
+        _log.info(
+            "multi-node job saved",
+            vms=len(self.members),
+            consistent=cut.consistent,
+            pause_to_saved_s=round(cut.pause_to_saved_s, 3),
+        )
         return Path(snap.memory_path), sum(int(s.size_bytes) for s in cut.snapshots.values())
 
     def restore(self, saved_on: str, member_nodes: Sequence[str] = ()) -> None:
@@ -199,8 +211,11 @@ class JobVMs:
         self._ensure_network()
         froms = list(member_nodes) or self.nodes()  # each state where its VM is, unless told
         resumed = coordinated.restore(self.driver, self._coordinated(froms))
-        _log.info("multi-node job restored", vms=len(self.members),
-                  restore_to_running_s=round(resumed.restore_to_running_s, 3))  # fmt: skip
+        _log.info(
+            "multi-node job restored",
+            vms=len(self.members),
+            restore_to_running_s=round(resumed.restore_to_running_s, 3),
+        )
 
     def delete(self) -> None:
         for m in self.members:

@@ -7,7 +7,7 @@ checkpoint is one cut only if every VM is paused before any is saved, which only
 (rank 0's pilot) can see. So a member never saves on its own SIGTERM (Slurm signals every
 step of a requeued job at once); it waits for the leader's PAUSE and SAVE. If the leader is
 gone, it saves its VM only when the VM is already paused — then the VM is at the cut, and the
-job's next pilot finishes that cut (agent.pilot_multinode.JobVMs._finish_cut); a running VM is
+job's next pilot finishes that cut (pilot.multinode.JobVMs._finish_cut); a running VM is
 left running for the next pilot to adopt.
 """
 
@@ -19,14 +19,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent import member_workdir
-from agent.member_link import Link, LinkError
-from agent.pilot import DriverVM
+from pilot.members import workdir as member_workdir
+from pilot.members.link import Link, LinkError
+from pilot.vm import DriverVM
 from provisioning import integrity, network, transfer
 from provisioning.vm_types import check_name
 from vjob import log
 from vjob.errors import VjobError
-from vjob.model import VMState
 
 _log = log.get("pilot")
 SETUP_TIMEOUT_S = 120.0
@@ -130,13 +129,21 @@ class Member:
             snap = h.save(
                 job_id=job_id if isinstance(job_id, int) else None, bypass_cache=msg.get("bypass_cache") is True
             )
-            return {"memory_path": str(snap.memory_path), "size_bytes": snap.size_bytes, "sha256": snap.sha256,
-                    "kind": snap.kind, "created_at": snap.created_at,
-                    "overlay_path": str(snap.overlay_path) if snap.overlay_path else ""}  # fmt: skip
+            return {
+                "memory_path": str(snap.memory_path),
+                "size_bytes": snap.size_bytes,
+                "sha256": snap.sha256,
+                "kind": snap.kind,
+                "created_at": snap.created_at,
+                "overlay_path": str(snap.overlay_path) if snap.overlay_path else "",
+            }
         if op == "restore":
             network.ensure_bridge(d.connection(self.node), self.subnet_id)
-            h.restore(from_node=str(msg.get("from_node") or self.node), paused=msg.get("paused") is True,
-                      bypass_cache=msg.get("bypass_cache") is True)  # fmt: skip
+            h.restore(
+                from_node=str(msg.get("from_node") or self.node),
+                paused=msg.get("paused") is True,
+                bypass_cache=msg.get("bypass_cache") is True,
+            )
             return {}
         if op == "unpause":
             h.unpause()
@@ -145,8 +152,12 @@ class Member:
             job_cwd = str(msg.get("cwd", ""))
             self.same_workdir = member_workdir.sees_probe(self.workdir, job_cwd, msg.get("probe"), msg.get("nonce"))
             if not self.same_workdir[0]:
-                _log.warning("member: not the batch step's working directory", vm=self.vm, node=self.node,
-                             why=self.same_workdir[1])  # fmt: skip
+                _log.warning(
+                    "member: not the batch step's working directory",
+                    vm=self.vm,
+                    node=self.node,
+                    why=self.same_workdir[1],
+                )
             return {"same": self.same_workdir[0], "why": self.same_workdir[1]}
         if op == "define":
             net = msg.get("job", {}).get("network") if isinstance(msg.get("job"), dict) else None
@@ -186,8 +197,11 @@ class Member:
     def _sent_disk(self, expected: object) -> None:
         """The job disk the leader built and sent (its node lacks the working directory), checked
         here against what the leader built before the VM may use it; a copy that differs is removed."""
-        if not isinstance(expected, dict) or not isinstance(expected.get("size_bytes"), int) or \
-                not isinstance(expected.get("sha256"), str):  # fmt: skip
+        if (
+            not isinstance(expected, dict)
+            or not isinstance(expected.get("size_bytes"), int)
+            or not isinstance(expected.get("sha256"), str)
+        ):
             raise VjobError("define.disk: must be {size_bytes: int, sha256: str}")
         disk = self.driver.job_disk_path(self.vm, self.node)
         host = self.driver.host(self.node)
@@ -196,8 +210,7 @@ class Member:
         except VjobError as exc:
             transfer.remove(transfer.Endpoint(disk, host))
             raise VjobError(f"the job disk the leader sent is refused ({exc}); removed here") from None
-        _log.info("member: job disk received from the leader", vm=self.vm, node=self.node,
-                  bytes=expected["size_bytes"])  # fmt: skip
+        _log.info("member: job disk received from the leader", vm=self.vm, node=self.node, bytes=expected["size_bytes"])
 
     def _leader_gone(self, why: str) -> None:
         """No leader to finish the cut: a paused VM is at the cut and is saved; a running one is
@@ -207,21 +220,26 @@ class Member:
         try:
             if self.handle.paused():
                 snap = self.handle.save(job_id=None, bypass_cache=False)
-                _log.warning("member: leader gone with the VM paused: saved at the cut", vm=self.vm,
-                             node=self.node, bytes=snap.size_bytes, why=why)  # fmt: skip
+                _log.warning(
+                    "member: leader gone with the VM paused: saved at the cut",
+                    vm=self.vm,
+                    node=self.node,
+                    bytes=snap.size_bytes,
+                    why=why,
+                )
                 return
             state = self.handle.state()
         except VjobError as exc:
             _log.error("member: leader gone, the VM could not be saved", vm=self.vm, error=str(exc), why=why)
             return
-        _log.warning("member: leader gone; the VM is not paused, left as it is", vm=self.vm, node=self.node,
-                     state=state.value if state is not None else None, why=why)  # fmt: skip
+        _log.warning(
+            "member: leader gone; the VM is not paused, left as it is",
+            vm=self.vm,
+            node=self.node,
+            state=state.value if state is not None else None,
+            why=why,
+        )
 
 
 def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
-
-
-def state_of(value: object) -> VMState | None:
-    """A member's `state` answer as a VMState (None: no such VM there)."""
-    return None if value is None else VMState(str(value))

@@ -26,12 +26,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from plugins.member_launch import LEADER_ENV, TOKEN_ENV
 from vjob.errors import VjobError
 
-TOKEN_ENV = "VJOB_MEMBER_TOKEN"
-"""The environment variable of a member pilot holding the leader's one-time token (hex)."""
-LEADER_ENV = "VJOB_MEMBER_LEADER"
-"""host:port of the leader's listener, in a member pilot's environment."""
 MAX_FRAME = 1 << 20
 """A message's largest size: a job description without its script is a few KiB."""
 HANDSHAKE_FRAME = 4096
@@ -49,10 +46,6 @@ class LinkError(VjobError):
 class LinkClosed(LinkError):
     """The other end closed or reset the connection (a leader over its limit of strangers being
     handshaken closes a new one at once: the member tries again)."""
-
-
-def new_token() -> str:
-    return secrets.token_hex(32)
 
 
 def _key(token: str, label: bytes, *parts: bytes) -> bytes:
@@ -81,8 +74,9 @@ class Link:
     _closed: bool = field(default=False, repr=False)
 
     def _mac(self, from_leader: bool, seq: int, body: bytes) -> bytes:
-        return hmac.new(self.session, (b"L" if from_leader else b"M") + struct.pack("!Q", seq) + body,
-                        hashlib.sha256).digest()  # fmt: skip
+        return hmac.new(
+            self.session, (b"L" if from_leader else b"M") + struct.pack("!Q", seq) + body, hashlib.sha256
+        ).digest()
 
     def send(self, msg: dict[str, Any], timeout: float = 30.0) -> None:
         body = json.dumps(msg, separators=(",", ":")).encode()

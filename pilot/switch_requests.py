@@ -12,7 +12,7 @@ node, SAVED with the memory state, FINISHED), or with `request_error` when it co
 a request already answered is never carried out twice, so the agent may repeat a request after
 a crash (agent.recover) without the VM moving twice.
 
-A multi-node job (agent.pilot_multinode) is one cut of all its VMs: `suspend` saves them all
+A multi-node job (pilot.multinode) is one cut of all its VMs: `suspend` saves them all
 (provisioning.coordinated), a `resume` where they slept restores them all, `stop` deletes them
 all; a `migrate` or a `resume` on (or from) another node would move its VMs one by one and is
 refused with a `request_error` that says so.
@@ -21,18 +21,39 @@ refused with a `request_error` that says so.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
+from pilot.settings import PilotSettings
+from pilot.signals import Signals
+from pilot.vm import DriverVM
 from vjob.errors import VjobError
-from vjob.pilot_files import CheckpointRequest, PilotState, RequestKind
-
-if TYPE_CHECKING:
-    from agent.pilot import Pilot
+from vjob.pilot_files import CheckpointRequest, PilotDir, PilotState, PilotStatus, RequestKind
 
 EXIT_STOPPED = 0
 
 
-def carry_out(pilot: Pilot, req: CheckpointRequest) -> int | None:
+class SwitchedPilot(Protocol):
+    """What a switch request needs of its pilot (pilot.pilot.Pilot, the one that carries it out):
+    its state, settings, signals, directory and VM, and its public verbs. Why a protocol: the
+    pilot calls `carry_out` from its loop, so this module must not import it back."""
+
+    status: PilotStatus | None
+    s: PilotSettings
+    signals: Signals
+    pdir: PilotDir
+    vm: DriverVM
+    log: Any
+
+    def save(self, request_id: str, nodes: tuple[str, ...] = ()) -> None: ...
+
+    def set_state(self, state: PilotState, **changes: Any) -> None: ...
+
+    def say(self, text: str) -> None: ...
+
+    def retail(self) -> None: ...
+
+
+def carry_out(pilot: SwitchedPilot, req: CheckpointRequest) -> int | None:
     """Carry out one switch request; returns the pilot's exit status when the job ends, else None."""
     st = pilot.status
     assert st is not None
@@ -40,7 +61,7 @@ def carry_out(pilot: Pilot, req: CheckpointRequest) -> int | None:
         return None  # answered already (or being slept on): nothing to do twice
     try:
         if req.kind is RequestKind.SUSPEND:
-            pilot._save(req.request_id, req.nodes)
+            pilot.save(req.request_id, req.nodes)
             return _sleep(pilot, req.request_id)
         if req.kind is RequestKind.MIGRATE:
             _migrate(pilot, req)
@@ -53,18 +74,18 @@ def carry_out(pilot: Pilot, req: CheckpointRequest) -> int | None:
         return None
 
 
-def _refuse(pilot: Pilot, request_id: str, error: str) -> None:
+def _refuse(pilot: SwitchedPilot, request_id: str, error: str) -> None:
     assert pilot.status is not None
     pilot.log.error("switch request failed", request=request_id, error=error)
-    pilot._move(pilot.status.state, request_id=request_id, request_error=error[:2000])
+    pilot.set_state(pilot.status.state, request_id=request_id, request_error=error[:2000])
 
 
-def _sleep(pilot: Pilot, suspend_id: str) -> int | None:
+def _sleep(pilot: SwitchedPilot, suspend_id: str) -> int | None:
     """Asleep after a `suspend`: wait for a resume or a stop; a withdrawn request wakes the VM
     where it slept (the switch was rolled back); SIGTERM ends the pilot with the VM saved."""
     while True:
         if pilot.signals.terminate.wait(pilot.s.poll_s):
-            pilot._say("ended by the resource manager while asleep: VM state kept")
+            pilot.say("ended by the resource manager while asleep: VM state kept")
             return 0
         try:
             req = pilot.pdir.read_request()
@@ -72,7 +93,7 @@ def _sleep(pilot: Pilot, suspend_id: str) -> int | None:
             pilot.log.warning("unreadable request while asleep", error=str(exc))
             continue
         if req is None:
-            pilot._say("suspend withdrawn: resuming the VM where it slept")
+            pilot.say("suspend withdrawn: resuming the VM where it slept")
             _resume(pilot, pilot.vm.node, pilot.vm.node, "")
             return None
         if req.request_id == suspend_id:
@@ -91,15 +112,15 @@ def _sleep(pilot: Pilot, suspend_id: str) -> int | None:
             _refuse(pilot, req.request_id, str(exc))
 
 
-def _resume(pilot: Pilot, node: str, saved_on: str, request_id: str) -> None:
+def _resume(pilot: SwitchedPilot, node: str, saved_on: str, request_id: str) -> None:
     """Restore the sleeping VM on `node` from its state on `saved_on` (a copy when they differ)."""
     assert pilot.status is not None
     local = saved_on == node
-    several = len(pilot.vm.nodes()) > 1  # a multi-node job (agent.pilot_multinode): one cut for all its VMs
+    several = len(pilot.vm.nodes()) > 1  # a multi-node job (pilot.multinode): one cut for all its VMs
     if several and (node != pilot.vm.node or not local):
         raise VjobError(_one_by_one(pilot, f"a resume on {node}" + ("" if local else f" from {saved_on}")))
-    pilot._say(f"resuming VM {pilot.vm.name} on {node}" + ("" if local else f" (state copied from {saved_on})"))
-    pilot._move(PilotState.RESTORING)
+    pilot.say(f"resuming VM {pilot.vm.name} on {node}" + ("" if local else f" (state copied from {saved_on})"))
+    pilot.set_state(PilotState.RESTORING)
     t0 = time.monotonic()
     if several:
         pilot.vm.restore(saved_on, pilot.status.member_nodes)
@@ -108,24 +129,32 @@ def _resume(pilot: Pilot, node: str, saved_on: str, request_id: str) -> None:
     took = time.monotonic() - t0
     _moved_to(pilot, node)
     st = pilot.status
-    pilot._move(PilotState.RUNNING, node=node, uri=pilot.vm.uri, memory_path="", restores=st.restores + 1,
-                local_restores=st.local_restores + (1 if local else 0), restore_seconds=took,
-                request_id=request_id, request_error="")  # fmt: skip
+    pilot.set_state(
+        PilotState.RUNNING,
+        node=node,
+        uri=pilot.vm.uri,
+        memory_path="",
+        restores=st.restores + 1,
+        local_restores=st.local_restores + (1 if local else 0),
+        restore_seconds=took,
+        request_id=request_id,
+        request_error="",
+    )
     pilot.log.info("resumed", node=node, local=local, seconds=round(took, 3))
 
 
-def _migrate(pilot: Pilot, req: CheckpointRequest) -> None:
+def _migrate(pilot: SwitchedPilot, req: CheckpointRequest) -> None:
     src = pilot.vm.node
     if len(pilot.vm.nodes()) > 1:
         raise VjobError(_one_by_one(pilot, f"a live migration to {req.node}"))
-    pilot._say(f"migrating VM {pilot.vm.name} live from {src} to {req.node}")
+    pilot.say(f"migrating VM {pilot.vm.name} live from {src} to {req.node}")
     pilot.vm.driver.migrate(pilot.vm.name, src, req.node)
     _moved_to(pilot, req.node)
-    pilot._move(PilotState.RUNNING, node=req.node, uri=pilot.vm.uri, request_id=req.request_id, request_error="")
+    pilot.set_state(PilotState.RUNNING, node=req.node, uri=pilot.vm.uri, request_id=req.request_id, request_error="")
     pilot.log.info("migrated", source=src, destination=req.node)
 
 
-def _one_by_one(pilot: Pilot, what: str) -> str:
+def _one_by_one(pilot: SwitchedPilot, what: str) -> str:
     """Why a multi-node job refuses to move: its VMs are one job whose snapshot is one
     consistent cut (provisioning.coordinated); moving one VM (its leader) while the others stay
     would split it, and a pilot has no way to place every VM of a plan's single action."""
@@ -137,15 +166,15 @@ def _one_by_one(pilot: Pilot, what: str) -> str:
     )
 
 
-def _stop(pilot: Pilot, request_id: str) -> int:
+def _stop(pilot: SwitchedPilot, request_id: str) -> int:
     """The vjob is terminated by the plan: its VM (running or asleep) is deleted, the job ends."""
-    pilot._say(f"stopped by a context switch: deleting VM {pilot.vm.name}")
+    pilot.say(f"stopped by a context switch: deleting VM {pilot.vm.name}")
     pilot.vm.delete()
-    pilot._move(PilotState.FINISHED, memory_path="", request_id=request_id, request_error="")
+    pilot.set_state(PilotState.FINISHED, memory_path="", request_id=request_id, request_error="")
     return EXIT_STOPPED
 
 
-def _moved_to(pilot: Pilot, node: str) -> None:
+def _moved_to(pilot: SwitchedPilot, node: str) -> None:
     """The VM now lives on `node`: the pilot's handle and the output copy follow it there."""
     pilot.vm.node = node
     pilot.vm.uri = pilot.vm.driver.uri(node)

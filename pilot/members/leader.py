@@ -1,7 +1,7 @@
 """The leader's side of per-node pilots: it starts one member pilot per other node and drives
 each member's VM through it (`MemberVM`, a provisioning.coordinated handle).
 
-Why the leader starts the members itself (by its RMS's launcher, agent.member_launch: Slurm
+Why the leader starts the members itself (by its RMS's launcher, pilot.members.launch: Slurm
 `srun --relative=1`, OAR `oarsh`, PBS `pbsdsh`) rather than the job script or the RMS: only the
 leader knows the job's layout (ranks, names, the network), and the token it makes here reaches
 its members only (srun's environment, oarsh's stdin, PBS's job cookie; never a command line),
@@ -14,18 +14,21 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import os
 import queue
 import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agent import member_launch, member_link, member_workdir
-from agent.member_launch import Secret, Started
-from agent.member_link import Link, LinkError
+from pilot.members import link as member_link
+from pilot.members import workdir as member_workdir
+from pilot.members.launch import launcher, member_command
+from pilot.members.link import Link, LinkError
+from plugins.member_launch import Secret, Started, new_token
 from provisioning.vm_types import DriverError, Snapshot
 from vjob import log
 from vjob.errors import VjobError
@@ -38,9 +41,19 @@ HANDSHAKE_TIMEOUT_S = 10.0
 """How long one connection may take to prove the token (a member answers in milliseconds)."""
 MAX_HANDSHAKES = 32
 """Connections handshaken at once; more are closed on arrival (the port is anyone's to reach)."""
-STEP_TIMEOUTS_S = {"pause": 30.0, "unpause": 30.0, "state": 30.0, "cpu": 30.0, "setup": 30.0, "boot": 300.0,
-                   "delete": 120.0, "forget": 120.0, "remove_network": 60.0, "define": 1800.0,
-                   "workdir": 30.0}  # fmt: skip
+STEP_TIMEOUTS_S = {
+    "pause": 30.0,
+    "unpause": 30.0,
+    "state": 30.0,
+    "cpu": 30.0,
+    "setup": 30.0,
+    "boot": 300.0,
+    "delete": 120.0,
+    "forget": 120.0,
+    "remove_network": 60.0,
+    "define": 1800.0,
+    "workdir": 30.0,
+}
 """Per request; a save's and a restore's come from `operation_timeout_s` (copies included)."""
 MEMBER_JOB_FIELDS = ("uid", "gid", "user", "home", "cwd", "hostname", "network")
 """The job description's fields a member pilot receives (member_job): never env, args, script."""
@@ -89,10 +102,16 @@ class MemberVM:
     def save(self, *, job_id: int | None, bypass_cache: bool) -> Snapshot:
         a = self.call("save", job_id=job_id, bypass_cache=bypass_cache)
         try:
-            return Snapshot(vm=self.name, node=self.node, kind=str(a["kind"]), memory_path=Path(str(a["memory_path"])),
-                            overlay_path=Path(str(a["overlay_path"])) if a.get("overlay_path") else None,
-                            size_bytes=int(a["size_bytes"]), sha256=str(a["sha256"]),
-                            created_at=float(a["created_at"]))  # fmt: skip
+            return Snapshot(
+                vm=self.name,
+                node=self.node,
+                kind=str(a["kind"]),
+                memory_path=Path(str(a["memory_path"])),
+                overlay_path=Path(str(a["overlay_path"])) if a.get("overlay_path") else None,
+                size_bytes=int(a["size_bytes"]),
+                sha256=str(a["sha256"]),
+                created_at=float(a["created_at"]),
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise DriverError("save", self.name, self.node, f"the member's answer lacks {exc}") from None
 
@@ -117,12 +136,13 @@ class MemberVM:
     def _fallen_back(self) -> bool:
         """Whether the member is lost and the leader's driver undoes what it left half done."""
         if self.lost and self.fallback is not None:
-            _log.warning("member pilot lost: its VM through the leader's driver", vm=self.name, node=self.node,
-                         lost=self.lost)  # fmt: skip
+            _log.warning(
+                "member pilot lost: its VM through the leader's driver", vm=self.name, node=self.node, lost=self.lost
+            )
             return True
         return False
 
-    # -- what agent.pilot_multinode.JobVMs asks of every member --------------------------------
+    # -- what pilot.multinode.JobVMs asks of every member --------------------------------
     def active(self) -> bool:
         return self.state() is VMState.RUNNING
 
@@ -130,7 +150,7 @@ class MemberVM:
         """The member builds its VM's job disk and defines it; the job's ssh key travels sealed.
 
         A member whose node lacks this pilot's working directory (no shared filesystem: it does
-        not see the probe left there, agent.member_workdir) gets the job disk `place_disk` builds
+        not see the probe left there, pilot.members.workdir) gets the job disk `place_disk` builds
         here and sends (Driver.place_job_disk, the leader mode's code), checked again on arrival."""
         job = member_job(description.get("job") or {})
         net = dict(job.get("network") or {})
@@ -150,8 +170,12 @@ class MemberVM:
         why = str(seen.get("why", ""))[:300]
         if place_disk is None:
             raise DriverError("define", self.name, self.node, f"no job disk for the member: {why}")
-        _log.info("member lacks the working directory: its job disk built here and sent", vm=self.name,
-                  node=self.node, why=why)  # fmt: skip
+        _log.info(
+            "member lacks the working directory: its job disk built here and sent",
+            vm=self.name,
+            node=self.node,
+            why=why,
+        )
         self.call("define", **{**description, "job": job, "disk": place_disk()})
 
     def boot(self) -> None:
@@ -189,27 +213,31 @@ class Members:
 
     def __init__(self, nodes: Sequence[str], *, host: str = "", secret: Secret | None = None) -> None:
         """`nodes`: the other nodes, in rank order (rank 1 first); `secret`: the RMS's
-        (member_launch.leader_secret), a fresh token by default; `host`: the address to listen
+        (its launcher's leader_secret), a fresh token by default; `host`: the address to listen
         on and advertise (`[agent] member_address`), else `leader_address` toward rank 1's node."""
         self.nodes = list(nodes)
-        self.secret = secret or Secret(member_link.new_token())
+        self.secret = secret or Secret(new_token())
         self.token = self.secret.token
         ip = ipaddress.ip_address(host or leader_address(self.nodes[0]))
         family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
         try:
             self.listener = socket.create_server((str(ip), 0), family=family, backlog=128)
         except OSError as exc:
-            raise VjobError(f"the leader cannot listen on {ip} ([agent] member_address, or the route toward "
-                            f"{self.nodes[0]}): {exc.strerror}") from None  # fmt: skip
+            raise VjobError(
+                f"the leader cannot listen on {ip} ([agent] member_address, or the route toward "
+                f"{self.nodes[0]}): {exc.strerror}"
+            ) from None
         port = self.listener.getsockname()[1]
         self.address = f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
         self.links: dict[str, Link] = {}
         self.steps: list[Started] = []
 
-    def launch(self, rms: str, *, config: str | None = None, node_file: Sequence[str] = ()) -> None:
-        """One member per other node, by the RMS's launcher (agent.member_launch)."""
-        self.steps = member_launch.start(rms, self.nodes, self.address, self.secret, config=config,
-                                         node_file=node_file)  # fmt: skip
+    def launch(self, rms: str, *, config: str | None = None, environ: Mapping[str, str] | None = None) -> None:
+        """One member per other node, by the RMS's launcher (pilot.members.launch); `environ`:
+        the job's environment the launcher reads (default this process's)."""
+        command = member_command(rms, config)
+        job_env = os.environ if environ is None else environ
+        self.steps = launcher(rms).start(self.nodes, self.address, self.secret, command, job_env)
         _log.info("member pilots started", rms=rms, nodes=self.nodes, leader=self.address)
 
     def _ended(self) -> str:
@@ -263,8 +291,9 @@ class Members:
                     continue
                 if not pending.acquire(blocking=False):
                     if not over:  # said once: a flood must not flood the job's output too
-                        _log.warning("connections to the leader closed: too many handshakes at once",
-                                     limit=MAX_HANDSHAKES)  # fmt: skip
+                        _log.warning(
+                            "connections to the leader closed: too many handshakes at once", limit=MAX_HANDSHAKES
+                        )
                     over += 1
                     sock.close()
                     continue
@@ -350,6 +379,9 @@ def leader_address(toward: str) -> str:
         fallback = socket.gethostbyname(socket.gethostname())
     except OSError:
         fallback = "127.0.0.1"
-    _log.warning("no route toward the first member node: the leader listens on its host name's address",
-                 node=toward[:64], address=fallback)  # fmt: skip
+    _log.warning(
+        "no route toward the first member node: the leader listens on its host name's address",
+        node=toward[:64],
+        address=fallback,
+    )
     return fallback

@@ -9,7 +9,7 @@ with O_EXCL|O_NOFOLLOW under a descriptor of its own working directory and remov
 job disk is built from that directory; the member opens its own current directory (never a path
 the user could point elsewhere: the kernel's name for it, `os.getcwd`, opened O_NOFOLLOW) and
 reads the probe with O_NOFOLLOW, so neither side follows a user's symlink, whoever it runs as.
-The same question the driver asks of a VM directory (`Driver._shares_dir`), of the job's files.
+The same question the driver asks of a VM directory (`disk_placement.shares_dir`), of the job's files.
 """
 
 from __future__ import annotations

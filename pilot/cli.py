@@ -1,0 +1,342 @@
+"""`vjob run`: the pilot, as a job's command inside its RMS allocation (see pilot.pilot).
+
+    #!/bin/bash
+    #SBATCH -N1 --exclusive
+    #VJOB os=debian-tiny
+    vjob run                      # or: vjob run --os debian-tiny --payload work.sh
+
+A real job (docs/realjobs.md) runs an unchanged script in a Debian guest of the catalogue:
+
+    vjob run --os debian12 --script job.sh -- arg1 arg2
+    vjob run --os debian12 --script - --base64 < job.b64     # what job_submit.lua's wrapper does
+
+The job id and node come from the RMS's environment (the variables its adapter declares,
+plugins.job_environment: SLURM_JOB_ID and SLURMD_NODENAME; PBS and OAR equivalents), or
+--job-id/--node. The OS image comes from --os, $VJOB_OS, or the
+`#VJOB os=NAME` line of the job's script (already validated by job_submit.lua at submission).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from pilot.job import job_description, job_nodes, member_job, read_script, restart_count, script_args, script_image
+from pilot.members import workdir as member_workdir
+from pilot.members.launch import launcher
+from pilot.members.leader import Members
+from pilot.members.link import connect
+from pilot.members.member import Member
+from pilot.multinode import JobVMs, network_of
+from pilot.output import empty_file
+from pilot.pilot import Pilot
+from pilot.settings import PilotSettings
+from pilot.specs import (
+    REAL_MIN_MEMORY_MIB,
+    TINY_IMAGE,
+    check_image,
+    guest_spec,
+    memory_ceiling,
+    open_driver,
+    partner_hold_s,
+    real_spec,
+    user_provisioning,
+)
+from pilot.vm import DriverVM
+from plugins import RMS_PACKAGES, job_environment
+from plugins.member_launch import LEADER_ENV, TOKEN_ENV
+from provisioning import images, job_disk, network, safe_dirs
+from provisioning.vm_types import Nic
+from vjob.cli import load_config
+from vjob.config import Config, ProvisioningConfig
+from vjob.errors import InputError, UsageError
+from vjob.pilot_files import PilotDir, pilot_root, vm_name, vm_names
+from vjob.rms import JobEnvironment
+
+RUN_EPILOG = """\
+examples:
+  vjob run                                         in a job script: image from #VJOB os= or $VJOB_OS
+  vjob run --os debian12 --script job.sh -- a b     the unchanged job.sh in a Debian guest, args a b
+  vjob run --os debian-tiny --payload work.sh       the counter guest runs work.sh
+  vjob run --rms pbs --memory 512 --script job.sh   under PBS, a 512 MiB guest
+
+The job id and node come from the RMS's environment (e.g. SLURM_JOB_ID, SLURMD_NODENAME);
+see docs/realjobs.md."""
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "run",
+        help="the in-job pilot: run this job inside a VM that survives checkpoints",
+        description="Run as a job's command inside its RMS allocation: start the job's VM (the tiny\n"
+        "counter guest, or a catalogue image running the job's script unchanged), resume it from its\n"
+        "snapshot after a requeue, save it when the agent checkpoints the job, and exit with the\n"
+        "script's status. Normally started by the RMS hook (job_submit.lua, the PBS hook), not by hand.",
+        epilog=RUN_EPILOG,
+    )
+    p.add_argument(
+        "--rms", choices=sorted(RMS_PACKAGES), default="slurm", help="the RMS running this job (default slurm)"
+    )
+    p.add_argument("--job-id", help="the RMS job id (default: from the job's environment)")
+    p.add_argument("--node", help="the RMS node name (default: from the job's environment)")
+    p.add_argument(
+        "--nodes",
+        help="a multi-node job's nodes, comma-separated (default: the job's node list: one VM per node;"
+        " the counter guest is one VM unless --nodes names several)",
+    )
+    p.add_argument("--os", dest="os_image", help="OS image (default: $VJOB_OS or the script's #VJOB os= line)")
+    p.add_argument(
+        "--memory",
+        type=int,
+        default=128,
+        metavar="MIB",
+        help="VM memory in MiB (default 128, at least 72; a real image gets at least 256)",
+    )
+    p.add_argument("--payload", metavar="FILE", help="shell script the guest runs instead of its counter")
+    p.add_argument(
+        "--script", metavar="FILE", help="real image: the job's script, run unchanged in the guest ('-': stdin)"
+    )
+    p.add_argument("--base64", action="store_true", help="the script is base64 (the Slurm wrapper's encoding)")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="-- then the script's arguments")
+    p.add_argument(
+        "--member",
+        action="store_true",
+        help="a member pilot of a multi-node job, started by the first node's pilot (Slurm: srun, the leader's"
+        f" address and token in ${LEADER_ENV} and ${TOKEN_ENV}; OAR: oarsh, one line on"
+        " stdin; PBS: pbsdsh, --leader and --nonce, the token from $PBS_JOBCOOKIE)",
+    )
+    p.add_argument(
+        "--leader", metavar="HOST:PORT", help="with --member under PBS: the leader's address (put there by its pbsdsh)"
+    )
+    p.add_argument(
+        "--nonce", metavar="HEX", help="with --member under PBS: the nonce the job's token is derived from (not secret)"
+    )
+    p.add_argument(
+        "--orphan-resume",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="after a save the agent asked for, resume here if not requeued within S seconds (default 30)",
+    )
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    cfg = load_config(args)
+    env = job_environment(args.rms)
+    job_id = args.job_id or env.job_id_from(os.environ)
+    if not job_id:
+        raise UsageError(f"vjob run: no job id: run inside a {args.rms} job (${env.job_id}) or give --job-id")
+    node = args.node or os.environ.get(env.node_name) or socket.gethostname().split(".")[0]
+    if args.member:
+        return _run_member(cfg, args, node)
+    image = args.os_image or os.environ.get("VJOB_OS") or script_image(env) or TINY_IMAGE
+    if args.memory < 72:
+        raise InputError(f"--memory {args.memory}: must be at least 72 MiB (the guest kernel's floor)")
+    payload = None
+    if args.payload:
+        try:
+            payload = Path(args.payload).read_text()
+        except OSError as exc:
+            raise InputError(f"--payload {args.payload}: cannot read: {exc.strerror}") from None
+    name = vm_name(args.rms, job_id)
+    if image == TINY_IMAGE:
+        return _run_tiny(args, cfg, env, job_id, node, name, payload)
+    return _run_real(args, cfg, env, job_id, node, name, image)
+
+
+def _run_real(
+    args: argparse.Namespace, cfg: Config, env: JobEnvironment, job_id: str, node: str, name: str, image: str
+) -> int:
+    """A catalogue image running the job's unchanged script: one VM, or one per node."""
+    local = check_image(image, cfg, node)
+    prov = user_provisioning(cfg.provisioning)
+    script = read_script(args.script, args.base64)
+    workdir = Path.cwd()
+    job_disk.measure(workdir, prov.stage_limit_mb * 2**20)  # refused before anything starts
+    job = job_description(script, script_args(args.args), node)
+    settings = PilotSettings(
+        rms=args.rms,
+        job_id=job_id,
+        node=node,
+        image=image,
+        memory_mb=max(args.memory, REAL_MIN_MEMORY_MIB),
+        orphan_resume_s=args.orphan_resume,
+        restart_count=restart_count(bool(args.job_id), env),
+        workdir=workdir,
+        partner_hold_s=partner_hold_s(cfg),
+    )
+    driver = open_driver(cfg, prov)
+    nodes = job_nodes(args.rms, args.nodes, node)
+    if len(nodes) > 1:
+        try:
+            return _run_multinode(args, cfg, prov, driver, settings, job, local, nodes)
+        finally:
+            driver.close()
+    try:
+
+        def spec() -> Any:
+            disk = driver.job_disk_path(name, node)
+            safe_dirs.ensure_dir(disk.parent, 0o711)
+            job_disk.build(
+                workdir,
+                job,
+                disk,
+                limit_bytes=prov.stage_limit_mb * 2**20,
+                free_bytes=prov.job_disk_free_mb * 2**20,
+            )
+            own = real_spec(local, name, settings.memory_mb, disk, cpu_model=prov.cpu_model)
+            return dataclasses.replace(own, max_memory_mib=memory_ceiling(cfg, settings.memory_mb))
+
+        vm = DriverVM(driver, name, node, spec)
+        return Pilot(settings, PilotDir(pilot_root(cfg), args.rms, job_id), vm).run()
+    finally:
+        driver.close()
+
+
+def _run_tiny(
+    args: argparse.Namespace, cfg: Config, env: JobEnvironment, job_id: str, node: str, name: str, payload: str | None
+) -> int:
+    """The counter guest: one VM unless --nodes names several."""
+    settings = PilotSettings(
+        rms=args.rms,
+        job_id=job_id,
+        node=node,
+        image=TINY_IMAGE,
+        memory_mb=args.memory,
+        orphan_resume_s=args.orphan_resume,
+        restart_count=restart_count(bool(args.job_id), env),
+        partner_hold_s=partner_hold_s(cfg),
+    )
+    driver = open_driver(cfg)
+    qemu_user = cfg.provisioning.qemu_user
+    try:
+        # The counter guest is one VM unless --nodes names several (it has no network stack; a
+        # multi-node counter job is how the test driver exercises pilot.multinode).
+        nodes = job_nodes(args.rms, args.nodes, node) if args.nodes else [node]
+        if len(nodes) > 1:
+            subnet = network.pilot_subnet_id(args.rms, job_id)
+            vms = JobVMs(
+                driver,
+                name,
+                nodes,
+                subnet,
+                lambda _rank, vm, _node: guest_spec(TINY_IMAGE, vm, args.memory, payload, qemu_user=qemu_user),
+            )
+            return Pilot(settings, PilotDir(pilot_root(cfg), args.rms, job_id), vms).run()  # type: ignore[arg-type]
+        vm = DriverVM(
+            driver,
+            name,
+            node,
+            lambda: dataclasses.replace(
+                guest_spec(TINY_IMAGE, name, args.memory, payload, qemu_user=qemu_user),
+                max_memory_mib=memory_ceiling(cfg, args.memory),
+            ),
+        )
+        return Pilot(settings, PilotDir(pilot_root(cfg), args.rms, job_id), vm).run()
+    finally:
+        driver.close()
+
+
+def _run_multinode(
+    args: argparse.Namespace,
+    cfg: Config,
+    prov: ProvisioningConfig,
+    driver: Any,
+    settings: PilotSettings,
+    job: job_disk.JobDescription,
+    local: images.LocalImage,
+    nodes: list[str],
+) -> int:
+    """One VM per node on the job's network (pilot.multinode); the first runs the script."""
+    name = vm_name(args.rms, settings.job_id)
+    names = vm_names(args.rms, settings.job_id, len(nodes))
+    addresses = network.pilot_addresses(args.rms, settings.job_id, names)
+    keys: list[tuple[str, str]] = []
+
+    def key() -> tuple[str, str]:
+        if not keys:  # one key for the job, made at its first boot only
+            keys.append(network.job_ssh_key(f"vjob-{args.rms}-{settings.job_id}"))
+        return keys[0]
+
+    def spec(rank: int, vm: str, node: str) -> Any:
+        ssh = key()
+        disk = driver.job_disk_path(vm, node)
+        safe_dirs.ensure_dir(disk.parent, 0o711)
+        mine = dataclasses.replace(job, hostname=f"vm{rank}", network=network_of(addresses, rank, ssh))
+        job_disk.build(
+            settings.workdir or Path.cwd(),
+            mine,
+            disk,
+            limit_bytes=prov.stage_limit_mb * 2**20,
+            free_bytes=prov.job_disk_free_mb * 2**20,
+        )
+        nics = (Nic(addresses[rank].mac, network.bridge_name(addresses[rank].subnet_id)),)
+        return dataclasses.replace(real_spec(local, vm, settings.memory_mb, disk, cpu_model=prov.cpu_model), nics=nics)
+
+    pdir = PilotDir(pilot_root(cfg), args.rms, settings.job_id)
+    if cfg.agent.multinode_pilots == "leader":
+        vms = JobVMs(driver, name, nodes, addresses[0].subnet_id, spec)
+        return Pilot(settings, pdir, vms).run()  # type: ignore[arg-type]
+    secret = launcher(args.rms).leader_secret(os.environ)  # refuses an RMS without a launcher
+
+    def describe(rank: int) -> dict[str, Any]:
+        """What member `rank` builds its VM from: never the script, which only rank 0 runs."""
+        ssh = key()
+        mine = dataclasses.replace(job, script=b"", hostname=f"vm{rank}", network=network_of(addresses, rank, ssh))
+        fields = {k: v for k, v in mine.__dict__.items() if k not in ("script", "skipped")}
+        return {"image": settings.image, "memory_mb": settings.memory_mb, "job": fields}
+
+    replay = empty_file(sys.stdout)  # before the members' first log lines reach the job's output
+    members = Members(nodes[1:], host=cfg.agent.member_address, secret=secret)
+    try:
+        members.launch(args.rms, config=getattr(args, "config", None) or os.environ.get("VJOB_CONFIG"))
+        members.join()
+        remotes = members.vms(names[1:], addresses[0].subnet_id, driver, prov.operation_timeout_s)
+        vms = JobVMs(driver, name, nodes, addresses[0].subnet_id, spec, remotes, describe)
+        return Pilot(settings, pdir, vms, replay=replay).run()  # type: ignore[arg-type]
+    finally:
+        members.close()
+
+
+def _run_member(cfg: Config, args: argparse.Namespace, node: str) -> int:
+    """A member pilot: connect to its leader, learnt the way its RMS's launcher passes it
+    (pilot.members.launch), then obey it (pilot.members.member)."""
+    call = launcher(args.rms).calling(os.environ, node, leader=args.leader or "", nonce=args.nonce or "", stdin_fd=0)
+    node = call.node
+    os.environ.pop(TOKEN_ENV, None)  # nothing this process starts needs it
+    prov = user_provisioning(cfg.provisioning)
+    link = connect(call.leader, call.token, node)
+    driver = open_driver(cfg, prov)
+
+    def spec(msg: dict[str, Any], vm: str, rank: int, workdir: Path | None) -> Any:
+        """`workdir` None: the leader built and sent the job disk (pilot.members.workdir)."""
+        job = member_job(msg.get("job"))
+        local = check_image(str(msg.get("image", "")), cfg, node)
+        memory = msg.get("memory_mb")
+        if not isinstance(memory, int) or isinstance(memory, bool) or not REAL_MIN_MEMORY_MIB <= memory <= 1 << 22:
+            raise InputError(f"memory_mb = {str(memory)[:20]!r}: must be MiB, at least {REAL_MIN_MEMORY_MIB}")
+        disk = driver.job_disk_path(vm, node)
+        safe_dirs.ensure_dir(disk.parent, 0o711)
+        if workdir is not None:
+            job_disk.build(
+                workdir,
+                job,
+                disk,
+                limit_bytes=prov.stage_limit_mb * 2**20,
+                free_bytes=prov.job_disk_free_mb * 2**20,
+            )
+        if local is None or job.network is None:
+            raise InputError(f"image = {msg.get('image')!r}: a member pilot runs a real image on the job's network")
+        nics = (Nic(str(job.network["mac"]), str(msg["bridge"])),)
+        return dataclasses.replace(real_spec(local, vm, memory, disk, cpu_model=prov.cpu_model), nics=nics)
+
+    try:
+        return Member(link, driver, node, spec, member_workdir.own_workdir()).serve()
+    finally:
+        driver.close()

@@ -1,0 +1,169 @@
+"""The kernel's sections about how this site runs vjob: the store, the log, the agent daemon and
+the VM provisioning (its images, overlays and snapshots).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from vjob.config.section import Section
+from vjob.secrets import raw_at_in_userinfo
+
+
+class DatabaseConfig(Section):
+    url: str = ""
+    """Any SQLAlchemy URL; empty means SQLite at <data_dir>/vjob.sqlite. A `@`, `:` or `/` in
+    the password is percent-encoded (`%40`, `%3A`, `%2F`)."""
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        # Issue 39, item 13: a raw '@' made the password's tail the host name, quoted in the
+        # driver's error on every tick. Refused here, once, without the value (see _describe).
+        if raw_at_in_userinfo(value):
+            raise ValueError(
+                "the user name or password holds a raw '@', so the URL would be cut at it and the "
+                "rest taken for the host name; write each '@' in it as %40"
+            )
+        return value
+
+    connect_timeout_s: float = Field(5.0, gt=0, le=300)
+    """How long to wait for a database server before reporting it unreachable."""
+    busy_timeout_s: float = Field(30.0, gt=0, le=600)
+    """SQLite: how long a writer waits for another process's write lock."""
+
+
+class LoggingConfig(Section):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    """The least severe level that is logged."""
+    format: Literal["auto", "console", "json"] = "auto"
+    """auto: readable on a terminal, one JSON object per line otherwise."""
+
+
+class AgentConfig(Section):
+    interval_s: float = Field(10.0, gt=0, le=3600)
+    """Seconds between two observe-decide-act rounds (a new interactive job wakes it at once)."""
+    rms: Literal["slurm", "pbs", "oar", "sim"] = "slurm"
+    """The resource manager `vjob agent` and `vjob status` use when not given --rms."""
+    metrics_port: int = Field(0, ge=0, le=65535)
+    """Prometheus metrics port (TCP); 0 disables the exporter."""
+    metrics_address: str = "127.0.0.1"
+    """IP address the Prometheus exporter listens on: 127.0.0.1 (this host only), an interface's
+    address, or 0.0.0.0 / :: for every interface (then restrict the port with a firewall)."""
+
+    @field_validator("metrics_address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        try:
+            return str(ipaddress.ip_address(value))
+        except ValueError:
+            raise ValueError(f"{value[:80]!r}: must be an IPv4 or IPv6 address, e.g. 127.0.0.1 or 0.0.0.0") from None
+
+    command_timeout_s: float = Field(30.0, gt=0, le=600)
+    """Timeout of one RMS command (squeue, qstat, oarstat...)."""
+    checkpoint_timeout_s: float = Field(120.0, gt=0, le=3600)
+    """How long a switch waits for a victim's pilot to save its VM before withdrawing: the
+    floor, to which checkpoint_timeout_per_gib_s adds per GiB of the VM's memory."""
+    checkpoint_timeout_per_gib_s: float = Field(10.0, ge=0, le=600)
+    """Seconds added to checkpoint_timeout_s per GiB of the victim VM's memory (a save writes
+    about 5 s/GiB on a local disk: 2x that by default), so a big VM is not withdrawn mid-save."""
+    checkpoint_timeout_max_s: float = Field(7200.0, gt=0, le=86400)
+    """The longest a switch waits for one save, whatever the VM's memory; at least
+    checkpoint_timeout_s. While a switch waits, the agent's lease keeper feeds systemd's
+    watchdog, so the unit's WatchdogSec need not exceed it."""
+    cleanup_after_s: float = Field(3600.0, ge=0)
+    """A vjob the RMS no longer knows (cancelled, timed out) keeps its saved VM this long, then
+    the agent deletes it (its memory state and disk overlay hold user data)."""
+    pilot_dir: str = ""
+    """Where pilots and the agent exchange state and checkpoint requests (one directory per
+    job); empty means <data_dir>/pilots. Must be shared by the agent and the compute nodes."""
+    multinode_pilots: Literal["leader", "per-node"] = "leader"
+    """A multi-node vjob's VMs: "leader", the first node's pilot drives every VM (through each
+    node's libvirt); "per-node", it starts a member pilot on every other node (srun, oarsh, pbsdsh) that
+    builds, boots, saves and restores its own node's VM at the leader's word (docs/multinode.md)."""
+    member_address: str = ""
+    """The IP address a per-node job's leader pilot listens on and gives its member pilots: one of
+    the first node's addresses the other nodes reach. Empty: the source address of this node's
+    route toward the first member node (its name resolved; no packet sent), else the address of
+    the node's host name. Set it where that route is not the one members come back by."""
+
+    @field_validator("member_address")
+    @classmethod
+    def _member_address(cls, value: str) -> str:
+        if not value:
+            return value
+        try:
+            return str(ipaddress.ip_address(value))
+        except ValueError:
+            raise ValueError(
+                f"{value[:80]!r}: must be an IP address of this node (IPv4 or IPv6), e.g. "
+                "10.1.0.5, or empty to take the route toward the member nodes"
+            ) from None
+
+    lease_s: float = Field(30.0, ge=5, le=3600)
+    """The agent's lease on its cluster in the store: one agent per RMS acts at a time; a
+    standby (e.g. on the second controller of an HA pair) takes over this long after the active
+    agent dies. Renewed every third of it, also by a thread while a switch waits for saves (an
+    agent that loses it stops acting); keep it well above the hosts' clock skew."""
+
+    @model_validator(mode="after")
+    def _timeouts(self) -> AgentConfig:
+        if self.checkpoint_timeout_max_s < self.checkpoint_timeout_s:
+            raise ValueError(
+                f"checkpoint_timeout_max_s = {self.checkpoint_timeout_max_s:g} is below "
+                f"checkpoint_timeout_s = {self.checkpoint_timeout_s:g}: the cap must be at least the floor"
+            )
+        return self
+
+    def checkpoint_timeout_for(self, memory_mb: float) -> float:
+        """How long to wait for the save of a VM of `memory_mb` MiB: the floor plus
+        checkpoint_timeout_per_gib_s per GiB, at most checkpoint_timeout_max_s."""
+        gib = max(0.0, float(memory_mb)) / 1024
+        return min(self.checkpoint_timeout_max_s, self.checkpoint_timeout_s + self.checkpoint_timeout_per_gib_s * gib)
+
+
+class ProvisioningConfig(Section):
+    image_dir: str = ""
+    """Where the OS image catalogue keeps base images; empty means <data_dir>/images. `{node}`
+    is replaced by the node name (one directory per node when nodes share a filesystem)."""
+    head_node: str = "head"
+    """The node holding the catalogue: the root of the image distribution tree."""
+    snapshot_dir: str = ""
+    """VM memory states and snapshot copies of overlays; empty means <data_dir>/snapshots (mode
+    0700). `{node}` is replaced by the node name."""
+    nodes: dict[str, str] = Field(default_factory=dict)
+    """libvirt URI per node name, e.g. {n1 = "qemu:///system"}."""
+    default_uri: str = "qemu:///system"
+    """libvirt URI of a node not listed in `nodes`."""
+    copy_method: Literal["local", "rsync", "scp"] = "local"
+    """How images and snapshots travel between nodes."""
+    operation_timeout_s: float = Field(300.0, gt=0)
+    """Timeout of one VM operation (save, restore, migrate)."""
+    vm_dir: str = ""
+    """Per-VM disk overlays and console logs; empty means <data_dir>/vms. `{node}` is replaced
+    by the node name (one directory per node when nodes share a filesystem)."""
+    hosts: dict[str, str] = Field(default_factory=dict)
+    """ssh host per node for rsync/scp copies; a node not listed is reached by its name, and
+    `""` means this machine (no ssh). `$VJOB_SSH_CONFIG` names an ssh config file (ssh -F)."""
+    migrate_uris: dict[str, str] = Field(default_factory=dict)
+    """QEMU migration URI per destination node (e.g. tcp://10.0.0.2:49152); default: libvirt's."""
+    domain_type: Literal["auto", "qemu", "kvm"] = "auto"
+    """libvirt domain type on qemu:// nodes: "auto" uses KVM only where a probe boot proved it
+    works (answer cached per host), "qemu" (TCG) always, "kvm" always."""
+    cpu_model: str = "qemu64"
+    """CPU model every real-job VM gets (KVM and TCG alike), so that a saved VM restores on any
+    host of the site; "" lets libvirt choose (then a state may not restore elsewhere)."""
+    qemu_user: str = "libvirt-qemu"
+    """The user QEMU runs as; VM overlays are owned by it (mode 0600) and never relabelled."""
+    free_page_reporting: bool = True
+    """Free page reporting on every VM's balloon: the guest hands the memory it frees back to
+    QEMU, so a checkpoint writes it as zero pages (16–27 % fewer bytes, docs/provisioning.md).
+    A state restores with the balloon it was saved with, whatever this says."""
+    stage_limit_mb: int = Field(2048, ge=1)
+    """Largest working directory (MiB of files) a real job may stage into its VM's job disk;
+    a job over it is refused before anything starts (docs/realjobs.md)."""
+    job_disk_free_mb: int = Field(4096, ge=64)
+    """Room on a job disk for what the job writes (sparse: costs nothing until written)."""
