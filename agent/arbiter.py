@@ -23,14 +23,26 @@ rule a function of its own so that a test holds each:
   measurements predate the switch);
 - RULE_ONE_LIVE_SWITCH: the remap step runs only when the control loop carried out (or
   journalled) no switch this tick (`remap_follows`, decided once consolidation has answered).
+
+The control loop and the remap step answer later in the tick than the pass (they measure the
+VMs after its preemptions and releases, and the remap step waits for the control loop's
+outcome), so their proposals reach the arbiter in a second stage, against the tick's plan:
+`consolidation` takes the control loop's proposed switch or drops it (RULE_PREEMPTION_FIRST,
+RULE_STORE_DOWN), `remap_moves` the remap step's moves (RULE_ONE_LIVE_SWITCH, and RULE_CLAIMS:
+a move of a vjob the pass suspends, or onto a node it gives away, is refused with its reason).
+A step is asked for its proposal only when the plan could take it: proposing measures the VMs.
+The deadline duty answers first, before the pass acts: `deadline_checkpoints` refuses its
+checkpoints of the pass's victims (RULE_CLAIMS), each with its reason.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Protocol, TypeVar
 
-from preemption.remap.claims import PassClaims, claims
+from preemption.remap.claims import PassClaims, allowed_moves, claims
+from preemption.remap.live import Move
 from preemption.scheduling.tick import Decision, Preemption, Release
 
 RULES = (
@@ -139,4 +151,74 @@ def remap_follows(plan: TickPlan, consolidated: bool) -> bool:
     return plan.remap and not consolidated
 
 
-__all__ = ["RULES", "Proposals", "TickPlan", "arbitrate", "remap_follows"]
+Switch = TypeVar("Switch")
+"""The control loop's proposed switch (agent.consolidate.Proposal): the arbiter only takes or drops it."""
+
+
+class MovesProposal(Protocol):
+    """The remap step's proposal (agent.remap_step.Proposal, a dataclass): its moves, and the
+    moves refused so far with why."""
+
+    @property
+    def moves(self) -> Sequence[Move]: ...
+
+    @property
+    def refused(self) -> Sequence[tuple[Move, str]]: ...
+
+
+Moves = TypeVar("Moves", bound=MovesProposal)
+
+
+class CheckpointsProposal(Protocol):
+    """The deadline duty's proposal (agent.deadline.DeadlineProposal, a dataclass): the jobs it
+    would checkpoint, and the checkpoints refused so far with why."""
+
+    @property
+    def checkpoints(self) -> Sequence[str]: ...
+
+    @property
+    def refused(self) -> Mapping[str, str]: ...
+
+
+Checkpoints = TypeVar("Checkpoints", bound=CheckpointsProposal)
+
+
+def deadline_checkpoints(plan: TickPlan, proposal: Checkpoints) -> Checkpoints:
+    """RULE_CLAIMS, on the deadline duty's proposal: its checkpoint of a victim of the pass's
+    preemptions is refused, with why (the pass saves that VM; looked at again next tick)."""
+    refused = {j: plan.deadline_refused[j] for j in proposal.checkpoints if j in plan.deadline_refused}
+    if not refused:
+        return proposal
+    return replace(proposal, refused={**proposal.refused, **refused})
+
+
+def consolidation(plan: TickPlan, proposal: Switch | None) -> Switch | None:
+    """RULE_PREEMPTION_FIRST (and RULE_STORE_DOWN), on the control loop's proposal: its switch
+    is carried out only in a tick whose plan lets the loop consolidate."""
+    return proposal if plan.consolidate else None
+
+
+def remap_moves(plan: TickPlan, consolidated: bool, proposal: Moves) -> Moves | None:
+    """RULE_ONE_LIVE_SWITCH and RULE_CLAIMS, on the remap step's proposal: none after a switch
+    of the control loop (`consolidated`); of its moves, those of a vjob the pass suspends or
+    onto a node it gives away are refused, with their reasons (preemption.remap.claims)."""
+    if not remap_follows(plan, consolidated):
+        return None
+    keep, dropped = allowed_moves(proposal.moves, plan.remap_claims)
+    if not dropped:
+        return proposal
+    return replace(proposal, moves=tuple(keep), refused=(*proposal.refused, *dropped))
+
+
+__all__ = [
+    "RULES",
+    "CheckpointsProposal",
+    "MovesProposal",
+    "Proposals",
+    "TickPlan",
+    "arbitrate",
+    "consolidation",
+    "deadline_checkpoints",
+    "remap_follows",
+    "remap_moves",
+]

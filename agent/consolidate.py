@@ -32,6 +32,11 @@ that carried it out.
 
 Scope: the vjobs that have a pilot (running, or asleep after a live suspend). Starting a new
 job stays the RMS's decision; the loop packs, relieves and wakes the vjobs it already holds.
+
+A step is two halves with the agent's arbiter between them (agent.arbiter, one plan per tick):
+`propose` measures and plans (the switch it wants, or None), `carry_out` journals and executes
+the switch the arbiter took; the agent asks for a proposal only when its interval has passed
+and the tick's plan lets it consolidate.
 """
 
 from __future__ import annotations
@@ -246,8 +251,22 @@ def fcfs_queue(obs: Observation, vjobs: Iterable[str]) -> list[str]:
     return sorted(set(vjobs), key=lambda j: (j not in submitted, submitted.get(j, 0.0), j))
 
 
-def step(ports: Ports, obs: Observation, state: ControlState) -> ExecutionReport | None:
-    """One control step: decide from the measured state, plan, and carry the switch out live."""
+@dataclass(frozen=True)
+class Proposal:
+    """The switch the control loop proposes this tick (agent.arbiter decides whether it is
+    carried out), with what carrying it out needs."""
+
+    plan: Plan
+    queue: list[str]
+    """The FCFS queue the decision was taken in (for `vjob status`)."""
+    requests: Plan | MembersMoved
+    """The plan as the pilots take it (agent.pilot_coalesce), or why they cannot: a multi-node
+    vjob would move VM by VM (refused, journalled)."""
+
+
+def propose(ports: Ports, obs: Observation, state: ControlState) -> Proposal | None:
+    """Measure, decide and plan (no switch): the plan the step wants carried out, or None when
+    there is nothing to change (the status then says why)."""
     state.last_step = time.time()
     if state.sampler is None:
         from provisioning.profiling import node_sampler  # heavy: libvirt-python, only when the loop is on
@@ -288,10 +307,19 @@ def step(ports: Ports, obs: Observation, state: ControlState) -> ExecutionReport
         jobs=sorted({a.vjob for a in plan.actions}),
         unmeasured=list(state.unmeasured),
     )
-
     try:
-        requests = coalesce(plan, state.members)
+        return Proposal(plan, queue, coalesce(plan, state.members))
     except MembersMoved as refused:
+        return Proposal(plan, queue, refused)
+
+
+def carry_out(ports: Ports, obs: Observation, state: ControlState, proposal: Proposal) -> ExecutionReport | None:
+    """The proposed switch, carried out live and journalled; a refused one journalled as failed
+    (once: the same refusal again is only logged). The report of the switch, or None when
+    nothing was carried out nor journalled (the remap step may then run: agent.arbiter)."""
+    plan, queue, requests = proposal.plan, proposal.queue, proposal.requests
+    if isinstance(requests, MembersMoved):
+        refused = requests
         ports.log.error("consolidation refused: a multi-node vjob would move VM by VM", error=str(refused))
         if str(refused) == state.refused:
             publish(ports, state, record(state, queue, "refused", str(refused)))
@@ -387,17 +415,19 @@ __all__ = [
     "STATUS_NAME",
     "Allotment",
     "ControlState",
+    "Proposal",
     "Sampler",
     "allotments",
+    "carry_out",
     "fcfs_queue",
     "forgotten_sizes",
     "measured_mib",
     "members_of",
     "observed_vms",
+    "propose",
     "publish",
     "record",
     "root_size",
-    "step",
     "vjob_reasons",
     "vm_demand",
 ]

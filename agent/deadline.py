@@ -2,15 +2,18 @@
 hooks, and act on running vjobs predicted to miss their deadline.
 
 Pure decisions come from preemption.deadline; this module only holds the state between ticks
-(the recent outcomes and headrooms behind an adaptive or cdf X) and performs the actions.
+(the recent outcomes and headrooms behind an adaptive or cdf X) and proposes the actions
+(`DeadlineKeeper.propose`); the arbiter (agent.arbiter) refuses some, and agent.deadline_actions
+carries the rest out.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from agent.deadline_threshold import publish_problem, threshold_path, unwritable
@@ -57,6 +60,40 @@ class JobDeadline:
     decision: str
     done_s: float = 0.0
     """Bare seconds of its work done (run time / slowdown): kept when it is checkpointed."""
+
+
+class Step(StrEnum):
+    """What the duty proposes to do to one job this tick."""
+
+    CANCEL_PARKED = "cancel_parked"
+    """A job it checkpointed for its deadline that cannot make it even alone: cancel it."""
+    CANCEL = "cancel"
+    CHECKPOINT = "checkpoint"
+    """Checkpoint its VM (the preemption path), or requeue it where it has none."""
+
+
+@dataclass(frozen=True)
+class DeadlineAction:
+    job_id: str
+    step: Step
+    row: JobDeadline
+
+
+@dataclass(frozen=True)
+class DeadlineProposal:
+    """What the duty proposes this tick: every evaluated job (its status) and the actions on
+    them, in the view's order; the arbiter (agent.arbiter.deadline_checkpoints) refuses some."""
+
+    rows: tuple[JobDeadline, ...]
+    actions: tuple[DeadlineAction, ...]
+    now: float
+    refused: Mapping[str, str] = field(default_factory=dict)
+    """job → why the arbiter refuses its checkpoint this tick (RULE_CLAIMS)."""
+
+    @property
+    def checkpoints(self) -> tuple[str, ...]:
+        """The jobs it proposes to checkpoint."""
+        return tuple(a.job_id for a in self.actions if a.step is Step.CHECKPOINT)
 
 
 @dataclass
@@ -311,20 +348,13 @@ class DeadlineKeeper:
                 usable.sort(key=lambda n: (busy.get(n, 0), n))
         return out
 
-    def tick(
-        self,
-        view: ClusterView,
-        adapter: RMSAdapter,
-        *,
-        act: bool,
-        checkpoint: Callable[[str, str], bool] | None = None,
-        store: Store | None = None,
-    ) -> list[JobDeadline]:
-        """Learn, publish X, evaluate every job with a deadline; act on the running ones over X:
-        cancel, or (action = checkpoint) checkpoint them. `checkpoint(job_id, reason)` is the
-        agent's preemption path (agent.act.checkpoint_vjob): the VM is saved by its pilot, the
-        job requeue-held and released later, so it resumes where it was. It answers False for a
-        job without a VM (nothing to save): that one is requeued through the RMS and restarts."""
+    def propose(
+        self, view: ClusterView, adapter: RMSAdapter, *, act: bool, store: Store | None = None
+    ) -> DeadlineProposal:
+        """Learn, publish X, evaluate every job with a deadline; propose (`act`: the store up)
+        to act on the running ones over X — cancel, or (action = checkpoint) checkpoint them —
+        and to cancel a job it holds for its deadline that can no longer make it. Acting is
+        agent.deadline_actions.carry_out's, after the arbiter."""
         now = time.time()
         self.load_observations(store)
         self.learn_kinds(view, adapter)
@@ -340,6 +370,7 @@ class DeadlineKeeper:
                     _log.info("the deadline threshold is published again", path=str(path))
                 self.publish_error = ""
         rows = []
+        actions = []
         busy = _sharing(view)
         self.unpark(view)
         for job in view.jobs:
@@ -350,28 +381,12 @@ class DeadlineKeeper:
                 continue
             rows.append(row)
             if act and job.id in self.parked and row.decision == Held.CANCEL.value:
-                self.cancel_parked(job.id, row, adapter)
+                actions.append(DeadlineAction(job.id, Step.CANCEL_PARKED, row))
             if not act or job.id in self.acted or row.decision == Continuation.CONTINUE.value:
                 continue
-            try:
-                if row.decision == Continuation.CANCEL.value:
-                    adapter.cancel(job.id)
-                elif checkpoint is not None and checkpoint(job.id, _reason(row, self.x)):
-                    self.parked[job.id] = (row.done_s, now)  # held until a placement with x < X exists
-                elif adapter.abilities.requeue_hold:
-                    adapter.requeue_hold(job.id)
-                    adapter.release(job.id)
-                else:
-                    continue
-            except VjobError as exc:
-                _log.error("deadline action failed, retrying next tick", job=job.id, error=str(exc))
-                continue
-            self.acted.add(job.id)
-            _log.info(
-                "deadline: job predicted to miss", job=job.id, x=round(row.x or 0, 3), X=self.x, action=row.decision
-            )
-        self.write_status(rows, now)
-        return rows
+            step = Step.CANCEL if row.decision == Continuation.CANCEL.value else Step.CHECKPOINT
+            actions.append(DeadlineAction(job.id, step, row))
+        return DeadlineProposal(tuple(rows), tuple(actions), now)
 
     def publish_failed(self, why: str) -> None:
         """Admission the operator turned on is off in fact: counted every time, logged as an
@@ -398,23 +413,6 @@ class DeadlineKeeper:
             job = jobs.get(job_id)
             if job is None or (job.state is JobState.RUNNING and (job.start_time or 0) > at):
                 del self.parked[job_id]
-
-    def cancel_parked(self, job_id: str, row: JobDeadline, adapter: RMSAdapter) -> None:
-        """A job held for its deadline that cannot make it even alone: cancelled, not kept to
-        its deadline with its saved state (the simulator cancels such a waiting job too)."""
-        try:
-            adapter.cancel(job_id)
-        except VjobError as exc:
-            _log.error("deadline cancel failed, retrying next tick", job=job_id, error=str(exc))
-            return
-        del self.parked[job_id]
-        self.given_up.add(job_id)
-        _log.info(
-            "deadline: checkpointed job can no longer make it anywhere: cancelled",
-            job=job_id,
-            x=round(row.x or 0, 3),
-            X=self.x,
-        )
 
     def write_status(self, rows: list[JobDeadline], now: float) -> None:
         doc: dict[str, Any] = {
@@ -481,9 +479,3 @@ def _sharing(view: ClusterView) -> dict[str, int]:
         for node in job.allocated_nodes:
             sharing[node] = sharing.get(node, 0) + 1
     return sharing
-
-
-def _reason(row: JobDeadline, threshold: float | None) -> str:
-    """The journal's reason for a deadline checkpoint (what `vjob status` shows of the switch)."""
-    x, limit = row.x or 0.0, threshold or 0.0
-    return f"deadline: job {row.job_id} predicted to miss its deadline (x = {x:.2f} >= X = {limit:.2f})"

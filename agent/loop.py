@@ -34,8 +34,16 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent import act, consolidate, remap_step
-from agent.arbiter import Proposals, TickPlan, arbitrate, remap_follows
+from agent import act, consolidate, deadline_actions, remap_step
+from agent.arbiter import (
+    Proposals,
+    TickPlan,
+    arbitrate,
+    consolidation,
+    deadline_checkpoints,
+    remap_follows,
+    remap_moves,
+)
 from agent.deadline import DeadlineKeeper
 from agent.lease import Lease
 from agent.metrics import AgentMetrics
@@ -43,7 +51,6 @@ from agent.observe import Observation, observe
 from agent.ports import Ports, StoreLink
 from agent.recover import recover
 from plugins import make_adapter
-from preemption.remap.claims import PassClaims
 from preemption.scheduling.tick import Decision, decide
 from vjob import log
 from vjob.config import Config
@@ -229,9 +236,11 @@ class Agent:
                     report.released.append(rel.job_id)
             switched = None
             if plan.consolidate and time.time() - self.control.last_step >= self.cfg.planner.interval_s:
-                switched = consolidate.step(self.ports, obs, self.control)  # re-plan from the measured demand
+                switch = consolidation(plan, consolidate.propose(self.ports, obs, self.control))  # measured demand
+                if switch is not None:
+                    switched = consolidate.carry_out(self.ports, obs, self.control, switch)
             if remap_follows(plan, switched is not None):
-                self._remap(obs, plan.remap_claims)  # on this tick's observation
+                self._remap(obs, plan, consolidated=switched is not None)  # on this tick's observation
         except StoreError as exc:
             self.ports.store.failed(exc)
             self._recovered = False  # the journal may hold a switch cut short: look again
@@ -253,36 +262,37 @@ class Agent:
         )
 
     def _deadline(self, obs: Observation, plan: TickPlan, report: TickReport) -> None:
-        """The deadline duty (agent.deadline); its failure never stops the tick."""
+        """The deadline duty: it proposes (agent.deadline), the arbiter refuses its checkpoints
+        of the pass's victims, the rest is carried out (agent.deadline_actions); its failure
+        never stops the tick."""
         try:
-            self.deadline.tick(
-                obs.view,
+            store = self.ports.store() if plan.journals else None
+            proposal = self.deadline.propose(obs.view, self.adapter, act=plan.journals, store=store)
+            deadline_actions.carry_out(
+                self.deadline,
+                deadline_checkpoints(plan, proposal),  # a victim of this tick's preemptions is the pass's
                 self.adapter,
-                act=plan.journals,
-                checkpoint=lambda j, why: self._deadline_checkpoint(obs, j, why, report, plan),
-                store=self.ports.store() if plan.journals else None,
+                checkpoint=lambda j, why: self._deadline_checkpoint(obs, j, why, report),
             )
         except VjobError as exc:  # never let the deadline duty stop the tick
             self.log.error("deadline evaluation failed", error=str(exc))
 
-    def _deadline_checkpoint(
-        self, obs: Observation, job_id: str, reason: str, report: TickReport, plan: TickPlan
-    ) -> bool:
-        """The deadline duty's checkpoint: the preemption path (agent.act.checkpoint_vjob), for
-        a job the arbiter leaves it (a victim of this tick's preemptions is theirs)."""
-        refused = plan.deadline_refused.get(job_id)
-        if refused:
-            raise VjobError(refused)
+    def _deadline_checkpoint(self, obs: Observation, job_id: str, reason: str, report: TickReport) -> bool:
+        """The deadline duty's checkpoint: the preemption path (agent.act.checkpoint_vjob)."""
         saved = act.checkpoint_vjob(self.ports, job_id, obs, reason)
         if saved:
             report.checkpointed.append(job_id)
         return saved
 
-    def _remap(self, obs: Observation, pass_claims: PassClaims) -> None:
-        """The remapping step (agent.remap_step); its failure never stops the tick (a store
+    def _remap(self, obs: Observation, plan: TickPlan, *, consolidated: bool = False) -> None:
+        """The remapping step (agent.remap_step): its moves proposed, passed by the arbiter
+        (agent.arbiter.remap_moves), carried out. Its failure never stops the tick (a store
         failure excepted: the tick's own handling applies)."""
         try:
-            remap_step.step(self.ports, obs, self.remap, pass_claims)
+            proposal = remap_step.propose(self.ports, obs, self.remap, plan.remap_claims)
+            taken = remap_moves(plan, consolidated, proposal)
+            if taken is not None:
+                remap_step.carry_out(self.ports, obs, self.remap, taken)
         except StoreError:
             raise
         except VjobError as exc:

@@ -25,6 +25,10 @@ bounded) until this step has sent the partner's VM home and writes it a `release
 
 Scope: vjobs of one VM. A pilot refuses to migrate a job of several VMs VM by VM
 (pilot.switch_requests), so those are not remapped yet (the pure parts handle several VMs).
+
+A look is two halves with the agent's arbiter between them (agent.arbiter, one plan per tick):
+`propose` profiles and decides (the moves it wants), `carry_out` migrates the moves the arbiter
+let through, sets the balloons, releases the pilots of ended swapped vjobs and publishes.
 """
 
 from __future__ import annotations
@@ -154,9 +158,24 @@ def placements(obs: Observation, moved_to: Mapping[str, str], counts: Mapping[st
     return out
 
 
-def step(ports: Ports, obs: Observation, state: RemapState, claims: PassClaims | None = None) -> ExecutionReport | None:
-    """One remapping look: homeward moves every tick; profiles and swaps every τ. `claims`: what
-    the vjob policy pass acts on in this tick — nothing of it is moved (preemption.remap.claims)."""
+@dataclass(frozen=True)
+class Proposal:
+    """The moves the remap step proposes this tick (agent.arbiter checks them against the
+    pass's claims), with what carrying them out needs."""
+
+    moves: tuple[Move, ...]
+    every: tuple[Placement, ...]
+    """Every remappable-or-not placement seen this tick (for the balloons and releases)."""
+    moved_to: Mapping[str, str]
+    """VM → the destination the journal last moved it to."""
+    refused: tuple[tuple[Move, str], ...] = ()
+    """Moves the arbiter refused, with why (agent.arbiter: RULE_CLAIMS)."""
+
+
+def propose(ports: Ports, obs: Observation, state: RemapState, claims: PassClaims | None = None) -> Proposal:
+    """The moves of one remapping look: homeward moves every tick; profiles and swaps every τ.
+    `claims`: what the vjob policy pass acts on in this tick — nothing of it is moved
+    (preemption.remap.claims), nor decided on."""
     claims = claims or PassClaims()
     cfg = ports.cfg.remap
     if state.farm is None:
@@ -198,16 +217,26 @@ def step(ports: Ports, obs: Observation, state: RemapState, claims: PassClaims |
         jobs = running_jobs(priced, profiles, node_sc, farm, params, cfg.migrate_bandwidth_mb_s)
         state.decisions = decide_swaps(jobs, farm, params)
         moves = moves_for(state.decisions, places)
+    return Proposal(tuple(moves), tuple(every), moved_to)
+
+
+def carry_out(ports: Ports, obs: Observation, state: RemapState, proposal: Proposal) -> ExecutionReport | None:
+    """The moves as one journalled switch, then the moved VMs' balloons, the pilots of ended
+    swapped vjobs released, and the summary published (every look, moves or not)."""
+    for m, why in proposal.refused:
+        state.skipped[m.job] = why
+    moves, every, moved_to = list(proposal.moves), list(proposal.every), proposal.moved_to
     state.moves = moves
     report = None
     moved: list[Move] = []
     if moves:
-        state.report = report = _carry_out(ports, obs, moves)
+        state.report = report = _migrate(ports, obs, moves)
         for m in moves:
             state.samples.pop(m.vm, None)  # its next window starts on the new host
         done = {(a.vm, a.dst) for a in report.done}
         moved = [m for m in moves if (m.vm, m.dst) in done]
     if moved:
+        farm = state.farm or {}  # loaded by `propose`
         node_sc = node_subclusters(obs.view.nodes, farm)
         state.targets = set_memory(ports, state, targets_after(moved, every, node_sc, farm))
     state.released = release(ports, obs, every, moved_to, moved)
@@ -325,7 +354,7 @@ def _profile(
     return out
 
 
-def _carry_out(ports: Ports, obs: Observation, moves: Sequence[Move]) -> ExecutionReport:
+def _migrate(ports: Ports, obs: Observation, moves: Sequence[Move]) -> ExecutionReport:
     """The moves as one journalled switch of `migrate` actions through the pilots; each VM
     moved is then recorded on its new host in the store."""
     actions = tuple(PlanAction(Action.MIGRATE, m.vm, m.job, m.src, m.dst) for m in moves)
@@ -364,12 +393,14 @@ def summary(state: RemapState) -> dict[str, Any]:
 __all__ = [
     "STATUS_NAME",
     "MemoryControl",
+    "Proposal",
     "RemapState",
     "Sampler",
+    "carry_out",
     "libvirt_sampler",
     "placements",
+    "propose",
     "publish",
     "set_memory",
-    "step",
     "summary",
 ]

@@ -122,8 +122,9 @@ def _fsync(path: Path) -> None:
 def _start_paused(driver: Driver, name: str, image: Path, files: guest.GuestFiles, mib: int) -> float:
     """Seconds for libvirt to start a guest like the bench's paused, with nothing to load."""
     driver.delete(name, NODE)
-    driver.define(VMSpec(name, image, memory_mib=mib, kernel=files.kernel, initrd=files.initrd,
-                         cmdline=files.cmdline), NODE)  # fmt: skip
+    driver.define(
+        VMSpec(name, image, memory_mib=mib, kernel=files.kernel, initrd=files.initrd, cmdline=files.cmdline), NODE
+    )
     dom = driver.connection(NODE).lookupByName(name)
     try:
         started = time.perf_counter()
@@ -150,8 +151,14 @@ def measure(
     for name in names:
         driver.delete(name, NODE)
         driver.console_log(name, NODE).unlink(missing_ok=True)  # an old log would show old counters
-        spec = VMSpec(name, image, memory_mib=mib, kernel=files.kernel, initrd=files.initrd,
-                      cmdline=f"{files.cmdline} vjob_fill={fill} vjob_churn={churned}")  # fmt: skip
+        spec = VMSpec(
+            name,
+            image,
+            memory_mib=mib,
+            kernel=files.kernel,
+            initrd=files.initrd,
+            cmdline=f"{files.cmdline} vjob_fill={fill} vjob_churn={churned}",
+        )
         driver.config.free_page_reporting = balloon == "reporting"  # the domain XML vjob writes with it
         driver.define(spec, NODE)
         driver.boot(name, NODE)
@@ -211,8 +218,19 @@ def measure(
     }
 
 
-NUMERIC = ["state_bytes", "save_s", "restore_s", "copy_s", "hash_s", "start_s", "pause_to_saved_s", "ratio_to_copy",
-           "checkpoint_s_per_gib", "copy_s_per_gib", "written_gib_per_guest_gib"]  # fmt: skip
+NUMERIC = [
+    "state_bytes",
+    "save_s",
+    "restore_s",
+    "copy_s",
+    "hash_s",
+    "start_s",
+    "pause_to_saved_s",
+    "ratio_to_copy",
+    "checkpoint_s_per_gib",
+    "copy_s_per_gib",
+    "written_gib_per_guest_gib",
+]
 
 
 def summarize(runs: list[dict]) -> dict:
@@ -245,8 +263,7 @@ def main() -> None:
     )
     parser.add_argument("--churn", type=float, default=0.25, help="share of each guest's RAM touched, then freed")
     parser.add_argument("--reps", type=int, default=3, help="repetitions of every configuration, interleaved")
-    parser.add_argument("--node-dir", default="",
-                        help="a private libvirtd kept here (others may stop the shared one)")  # fmt: skip
+    parser.add_argument("--node-dir", default="", help="a private libvirtd kept here (others may stop the shared one)")
     args = parser.parse_args()
     counts = [int(s) for s in args.vms.split(",")]
     modes = [m for m in args.modes.split(",") if m]
@@ -290,9 +307,23 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     load_end = os.getloadavg()[0]
     rows = [summarize(runs[c]) for c in configs]
-    table = Table("VMs", "mode", "balloon", "state", "save", "restore", "copy (min–max)", "sha256", "start",
-                  "ckpt s/GiB", "copy s/GiB", "(save+restore)/copy (min–max)", "written/GiB", "continued",
-                  title=f"medians of {args.reps} interleaved repetitions")  # fmt: skip
+    table = Table(
+        "VMs",
+        "mode",
+        "balloon",
+        "state",
+        "save",
+        "restore",
+        "copy (min–max)",
+        "sha256",
+        "start",
+        "ckpt s/GiB",
+        "copy s/GiB",
+        "(save+restore)/copy (min–max)",
+        "written/GiB",
+        "continued",
+        title=f"medians of {args.reps} interleaved repetitions",
+    )
     for r in rows:
         table.add_row(
             f"{r['vms']} x {args.mib} MiB",

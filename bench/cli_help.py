@@ -28,8 +28,16 @@ def main() -> None:
     floor = best_of([sys.executable, "-c", "pass"])
     help_s = best_of([sys.executable, "-m", "vjob.cli", "--help"])
     print(f"vjob --help: {help_s:.3f} s; bare interpreter: {floor:.3f} s")
-    print(json.dumps({"bench": "cli_help", "help_s": round(help_s, 3), "python_s": round(floor, 3),
-                      "ratio": round(help_s / floor, 2)}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "bench": "cli_help",
+                "help_s": round(help_s, 3),
+                "python_s": round(floor, 3),
+                "ratio": round(help_s / floor, 2),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -117,11 +117,32 @@ def _pilot(
     base: Path, work: Path, job_id: str, memory: int, out: Path, rounds: int, vms: int
 ) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "vjob.cli", "--config", str(base / "vjob.toml"), "run", "--job-id", job_id,
-         "--node", "node1", "--nodes", _nodes(vms), "--os", IMAGE, "--memory", str(memory),
-         "--script", "job.sh", "--", str(rounds)],
-        cwd=work, stdout=out.open("wb"), stderr=out.with_suffix(".err").open("wb"),
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "vjob.cli",
+            "--config",
+            str(base / "vjob.toml"),
+            "run",
+            "--job-id",
+            job_id,
+            "--node",
+            "node1",
+            "--nodes",
+            _nodes(vms),
+            "--os",
+            IMAGE,
+            "--memory",
+            str(memory),
+            "--script",
+            "job.sh",
+            "--",
+            str(rounds),
+        ],
+        cwd=work,
+        stdout=out.open("wb"),
+        stderr=out.with_suffix(".err").open("wb"),
+    )
 
 
 def _wait_for(path: Path, pattern: bytes, timeout_s: float, pilot: subprocess.Popen[bytes]) -> float:

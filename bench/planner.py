@@ -149,8 +149,10 @@ def main() -> None:
     if args.experiment_only:
         with Progress(console=console) as progress:
             figures = experiment(args.experiment_seeds, progress)
-        print(f"cluster experiment (simulated), completion of the set: FCFS {figures['fcfs_min']} min, "
-              f"Entropy loop {figures['entropy_min']} min")  # fmt: skip
+        print(
+            f"cluster experiment (simulated), completion of the set: FCFS {figures['fcfs_min']} min, "
+            f"Entropy loop {figures['entropy_min']} min"
+        )
         print(json.dumps({"bench": "planner", "experiment": figures}))
         return
     sizes = [int(s) for s in args.sizes.split(",")]

@@ -135,16 +135,35 @@ class LiveSite:
         """The multi-node jobs started (their VMs `<vm>-<rank>` and bridge to clean up)."""
 
     # -- pilots ------------------------------------------------------------------------------
-    def pilot(self, job: str, node: str, payload: Path | None = None, *, script: MpiScript | None = None,
-              nodes: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:  # fmt: skip
+    def pilot(
+        self,
+        job: str,
+        node: str,
+        payload: Path | None = None,
+        *,
+        script: MpiScript | None = None,
+        nodes: tuple[str, ...] = (),
+    ) -> subprocess.Popen[bytes]:
         """Start vjob `job`'s pilot on `node` (what the RMS does when the job starts there);
         the guest runs `payload` (a shell script) instead of its counter when given. With
         `script` and several `nodes`: a multi-node pilot of a catalogue image, one VM per node,
         running the script unchanged from its directory."""
         for n in self.nodes:  # a VM of that name left by an earlier run would be adopted
             self.driver.delete(vm_name(RMS, job), n)
-        cmd = [sys.executable, "-m", "vjob.cli", "--config", str(self.config), "run", "--job-id", job,
-               "--node", node, "--memory", str(self.memory_mib)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "vjob.cli",
+            "--config",
+            str(self.config),
+            "run",
+            "--job-id",
+            job,
+            "--node",
+            node,
+            "--memory",
+            str(self.memory_mib),
+        ]
         cmd += ["--payload", str(payload)] if payload else []
         cwd = REPO
         if script is not None:
@@ -154,8 +173,9 @@ class LiveSite:
             cwd = script.cwd
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
         with open(self.work / f"pilot-{job}.out", "ab") as out:
-            proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL)  # fmt: skip
+            proc = subprocess.Popen(
+                cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
         self.procs[job] = proc
         return proc
 
@@ -205,8 +225,9 @@ class LiveSite:
         return PilotRequestPerformer(lambda a: self.pdir(a.vjob), timeout_s=timeout_s, start_job=start_job)
 
     def executor(self) -> Executor:
-        return Executor(self.performer(), self.store, pipeline_interval_s=0.1, tag=EXECUTOR_TAG,
-                        job_key=lambda a: f"{RMS}:{a.vjob}")  # fmt: skip
+        return Executor(
+            self.performer(), self.store, pipeline_interval_s=0.1, tag=EXECUTOR_TAG, job_key=lambda a: f"{RMS}:{a.vjob}"
+        )
 
     def close(self) -> None:
         """Pilots killed outright (a SIGTERM would save every VM first), then every VM deleted."""
@@ -339,8 +360,11 @@ class Workload:
                 out.append(ObservedVM(vm, vjob, VJobState.WAITING, None, self.site.memory_mib, 1, 1))
             elif st.state is PilotState.SAVED:
                 mem = self.memory.get(vm, self.site.memory_mib) if measured else self.site.memory_mib
-                out.append(ObservedVM(vm, vjob, VJobState.SLEEPING, st.saved_node, mem, 1,
-                                      self.demand.get(vm, 1) if measured else 1))  # fmt: skip
+                out.append(
+                    ObservedVM(
+                        vm, vjob, VJobState.SLEEPING, st.saved_node, mem, 1, self.demand.get(vm, 1) if measured else 1
+                    )
+                )
             else:
                 running.append((vm, vjob, st))
         on_node: dict[str, Mapping[str, DomainSample]] = {}
@@ -383,11 +407,13 @@ def experiment(site: LiveSite, tag: str, *, measured: bool, args: argparse.Names
     work = Workload(site, tag, args)
     nodes = tuple(NodeSpec(n, 1, 1024) for n in site.nodes)
     performer = PilotRequestPerformer(
-        lambda a: site.pdir(work.job(a.vm)), timeout_s=120,
+        lambda a: site.pdir(work.job(a.vm)),
+        timeout_s=120,
         start_job=lambda a: site.pilot(work.job(a.vm), a.dst or "", work.payload[work.job(a.vm)]),
-    )  # fmt: skip
-    executor = Executor(performer, site.store, pipeline_interval_s=0.1, tag=EXECUTOR_TAG,
-                        job_key=lambda a: f"{RMS}:{work.job(a.vm)}")  # fmt: skip
+    )
+    executor = Executor(
+        performer, site.store, pipeline_interval_s=0.1, tag=EXECUTOR_TAG, job_key=lambda a: f"{RMS}:{work.job(a.vm)}"
+    )
     actions: dict[str, int] = {}
     switches = failed = steps = overloaded = 0
     switch_s = 0.0
@@ -412,11 +438,19 @@ def experiment(site: LiveSite, tag: str, *, measured: bool, args: argparse.Names
             for a in plan.actions:
                 actions[a.kind.value] = actions.get(a.kind.value, 0) + 1
         time.sleep(args.interval)
-    return {"completion_s": round(time.monotonic() - t0, 1), "switches": switches, "failed_switches": failed,
-            "switch_s": round(switch_s, 1), "actions": actions, "steps": steps, "overloaded_steps": overloaded,
-            "busy_readings": sum(u >= 0.5 for u in work.used), "readings": len(work.used),
-            "starved_readings": sum(u < 0.5 <= w for u, w in zip(work.used, work.wanted, strict=True)),
-            "max_core_share": round(max(work.used, default=0.0), 2)}  # fmt: skip
+    return {
+        "completion_s": round(time.monotonic() - t0, 1),
+        "switches": switches,
+        "failed_switches": failed,
+        "switch_s": round(switch_s, 1),
+        "actions": actions,
+        "steps": steps,
+        "overloaded_steps": overloaded,
+        "busy_readings": sum(u >= 0.5 for u in work.used),
+        "readings": len(work.used),
+        "starved_readings": sum(u < 0.5 <= w for u, w in zip(work.used, work.wanted, strict=True)),
+        "max_core_share": round(max(work.used, default=0.0), 2),
+    }
 
 
 # -- the cluster experiment with multi-node vjobs running an MPI ring -------------------------
@@ -474,8 +508,9 @@ def mpi_experiment(site: LiveSite, tag: str, *, measured: bool, args: argparse.N
         site.pilot(a.vjob, where[0], script=scripts[a.vjob], nodes=where)
 
     performer = PilotRequestPerformer(lambda a: site.pdir(a.vjob), timeout_s=args.action_timeout, start_job=start)
-    executor = Executor(performer, site.store, pipeline_interval_s=0.1, tag=EXECUTOR_TAG,
-                        job_key=lambda a: f"{RMS}:{a.vjob}")  # fmt: skip
+    executor = Executor(
+        performer, site.store, pipeline_interval_s=0.1, tag=EXECUTOR_TAG, job_key=lambda a: f"{RMS}:{a.vjob}"
+    )
     state = consolidate.ControlState(sampler=node_sampler(site.driver.connection))
     actions: dict[str, int] = {}
     requests: dict[str, int] = {}
@@ -502,8 +537,9 @@ def mpi_experiment(site: LiveSite, tag: str, *, measured: bool, args: argparse.N
         before = dict(state.samples)
         # what the RMS allocated each job (per VM): what root weighs a VM it has not measured by
         allotted = tuple(Job(id=j, user="root", rms=RMS, memory_mb=site.memory_mib) for j in pilots)
-        observed = consolidate.observed_vms(Observation(ClusterView(now=time.time(), jobs=allotted), pilots, {}, True),
-                                            state, busy=0.5)  # fmt: skip
+        observed = consolidate.observed_vms(
+            Observation(ClusterView(now=time.time(), jobs=allotted), pilots, {}, True), state, busy=0.5
+        )
         for vm, now in state.samples.items():
             prev = before.get(vm)
             if prev is not None and now.t > prev.t:
@@ -514,8 +550,10 @@ def mpi_experiment(site: LiveSite, tag: str, *, measured: bool, args: argparse.N
             observed = [dataclasses.replace(o, demand=o.vcpus, mem=site.memory_mib) for o in observed]
         for job in queue:
             if job not in pilots:
-                observed += [ObservedVM(vm, job, VJobState.WAITING, None, site.memory_mib, 1, 1)
-                             for vm in member_names(vm_name(RMS, job), args.vms)]  # fmt: skip
+                observed += [
+                    ObservedVM(vm, job, VJobState.WAITING, None, site.memory_mib, 1, 1)
+                    for vm in member_names(vm_name(RMS, job), args.vms)
+                ]
         present = {o.vjob for o in observed}
         decision = control.decide(nodes, observed, [j for j in queue if j in present])
         steps += 1
@@ -530,32 +568,54 @@ def mpi_experiment(site: LiveSite, tag: str, *, measured: bool, args: argparse.N
                 actions[a.kind.value] = actions.get(a.kind.value, 0) + 1
             for a in asked.actions:
                 requests[a.kind.value] = requests.get(a.kind.value, 0) + 1
-            switches.append({"t": round(t1 - t0, 1), "s": round(time.monotonic() - t1, 1), "state": report.state,
-                             "overloaded": list(decision.overloaded),
-                             "requests": [f"{a.kind.value} {a.vjob}" for a in asked.actions]})  # fmt: skip
-            print(f"{t1 - t0:7.1f} s  {report.state:<7} {', '.join(switches[-1]['requests'])}"
-                  f"{'  (overloaded: ' + ', '.join(decision.overloaded) + ')' if decision.overloaded else ''}",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            switches.append(
+                {
+                    "t": round(t1 - t0, 1),
+                    "s": round(time.monotonic() - t1, 1),
+                    "state": report.state,
+                    "overloaded": list(decision.overloaded),
+                    "requests": [f"{a.kind.value} {a.vjob}" for a in asked.actions],
+                }
+            )
+            print(
+                f"{t1 - t0:7.1f} s  {report.state:<7} {', '.join(switches[-1]['requests'])}"
+                f"{'  (overloaded: ' + ', '.join(decision.overloaded) + ')' if decision.overloaded else ''}",
+                file=sys.stderr,
+                flush=True,
+            )
         time.sleep(args.interval)
     rings = {}
     for job in queue:
         text = (site.work / f"pilot-{job}.out").read_text(errors="replace")
-        rings[job] = {"stages": stages[job], "finished_s": finished[job], "pilot": site.state(job).state.value,
-                      **mpi.ring_outcome(text, len(stages[job]))}  # fmt: skip
-    return {"completion_s": round(time.monotonic() - t0, 1), "rings": rings,
-            "all_rings_right": all(r["ok"] for r in rings.values()), "switches": switches,
-            "failed_switches": sum(s["state"] != "done" for s in switches), "actions": actions,
-            "requests": requests, "steps": steps, "overloaded_steps": overloaded,
-            "busy_readings": sum(u >= 0.5 for u in used), "readings": len(used),
-            "starved_readings": sum(u < 0.5 <= w for u, w in zip(used, wanted, strict=True)),
-            "max_core_share": round(max(used, default=0.0), 2)}  # fmt: skip
+        rings[job] = {
+            "stages": stages[job],
+            "finished_s": finished[job],
+            "pilot": site.state(job).state.value,
+            **mpi.ring_outcome(text, len(stages[job])),
+        }
+    return {
+        "completion_s": round(time.monotonic() - t0, 1),
+        "rings": rings,
+        "all_rings_right": all(r["ok"] for r in rings.values()),
+        "switches": switches,
+        "failed_switches": sum(s["state"] != "done" for s in switches),
+        "actions": actions,
+        "requests": requests,
+        "steps": steps,
+        "overloaded_steps": overloaded,
+        "busy_readings": sum(u >= 0.5 for u in used),
+        "readings": len(used),
+        "starved_readings": sum(u < 0.5 <= w for u, w in zip(used, wanted, strict=True)),
+        "max_core_share": round(max(used, default=0.0), 2),
+    }
 
 
 def mpi_image(site: LiveSite) -> dict[str, Any]:
     """The site image with Open MPI in the site's catalogue (from the build cache when there)."""
     cfg = vconfig.load(site.config)
-    built = image_build.build(Catalogue(site.store, cfg.provisioning, data_dir=site.data), mpi.IMAGE,
-                              packages=mpi.PACKAGES)  # fmt: skip
+    built = image_build.build(
+        Catalogue(site.store, cfg.provisioning, data_dir=site.data), mpi.IMAGE, packages=mpi.PACKAGES
+    )
     return {"image_mb": round(built.size_bytes / 2**20, 1), "build_s": round(built.build_s, 1), "cached": built.cached}
 
 
@@ -563,8 +623,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repetitions", type=int, default=3)
     p.add_argument("--memory", type=int, default=96, help="MiB per guest (default 96)")
-    p.add_argument("--experiment", action="store_true",
-                   help="instead of the action times: the cluster experiment, FCFS then the loop")  # fmt: skip
+    p.add_argument(
+        "--experiment",
+        action="store_true",
+        help="instead of the action times: the cluster experiment, FCFS then the loop",
+    )
     p.add_argument("--vjobs", type=int, default=3, help="experiment: vjobs (default 3)")
     p.add_argument("--vms", type=int, default=1, help="experiment: VMs per vjob (default 1)")
     p.add_argument("--stages", type=int, default=4, help="experiment: stages per VM (default 4)")
@@ -574,12 +637,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="experiment: the random workload's seed")
     p.add_argument("--interval", type=float, default=5.0, help="experiment: seconds between control steps")
     p.add_argument("--horizon", type=float, default=1800.0, help="experiment: give up after this many seconds")
-    p.add_argument("--program", choices=("shell", "mpi-ring"), default="shell",
-                   help="experiment: one-VM pilots (shell stages) or multi-node pilots (an MPI ring)")  # fmt: skip
+    p.add_argument(
+        "--program",
+        choices=("shell", "mpi-ring"),
+        default="shell",
+        help="experiment: one-VM pilots (shell stages) or multi-node pilots (an MPI ring)",
+    )
     p.add_argument("--work", type=int, default=1_000_000, help="mpi-ring: steps of a compute stage, per rank")
     p.add_argument("--node-memory", type=int, default=1024, help="experiment: MiB each node is declared")
-    p.add_argument("--action-timeout", type=float, default=600.0,
-                   help="mpi-ring: seconds a pilot may take to start, save or restore its VMs")  # fmt: skip
+    p.add_argument(
+        "--action-timeout",
+        type=float,
+        default=600.0,
+        help="mpi-ring: seconds a pilot may take to start, save or restore its VMs",
+    )
     args = p.parse_args(argv)
     if args.program == "mpi-ring" and (args.vms != 2 or not args.experiment):
         p.error("--program mpi-ring: with --experiment and --vms 2 (one VM on each node)")
@@ -617,22 +688,52 @@ def main(argv: list[str] | None = None) -> int:
     if args.experiment:
         fcfs, loop = result["fcfs"]["completion_s"], result["loop"]["completion_s"]
         print(f"completion of the set: FCFS {fcfs:.0f} s, loop {loop:.0f} s ({loop / fcfs - 1:+.1%})")
-        print(json.dumps({"bench": "planner_live", "experiment": {**result, "reduction": round(1 - loop / fcfs, 4),
-                          "vjobs": args.vjobs, "vms_per_vjob": args.vms, "stages": args.stages,
-                          "iterations": args.iterations, "idle_s": args.idle, "interval_s": args.interval,
-                          "workload": args.workload, "seed": args.seed, "program": args.program,
-                          "work": args.work, "node_memory_mib": args.node_memory},
-                          "memory_mib": args.memory, "load_avg_1min": load}))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "bench": "planner_live",
+                    "experiment": {
+                        **result,
+                        "reduction": round(1 - loop / fcfs, 4),
+                        "vjobs": args.vjobs,
+                        "vms_per_vjob": args.vms,
+                        "stages": args.stages,
+                        "iterations": args.iterations,
+                        "idle_s": args.idle,
+                        "interval_s": args.interval,
+                        "workload": args.workload,
+                        "seed": args.seed,
+                        "program": args.program,
+                        "work": args.work,
+                        "node_memory_mib": args.node_memory,
+                    },
+                    "memory_mib": args.memory,
+                    "load_avg_1min": load,
+                }
+            )
+        )
         return 0
     figures: dict[str, Any] = {}
     print(f"{'action':<15}{'mean s':>9}{'min s':>9}{'max s':>9}")
     for kind in KINDS:
         values = [r[kind] for r in runs]
-        figures[kind] = {"mean_s": round(statistics.mean(values), 3), "min_s": round(min(values), 3),
-                         "max_s": round(max(values), 3)}  # fmt: skip
+        figures[kind] = {
+            "mean_s": round(statistics.mean(values), 3),
+            "min_s": round(min(values), 3),
+            "max_s": round(max(values), 3),
+        }
         print(f"{kind:<15}{figures[kind]['mean_s']:>9.2f}{figures[kind]['min_s']:>9.2f}{figures[kind]['max_s']:>9.2f}")
-    print(json.dumps({"bench": "planner_live", "repetitions": args.repetitions, "memory_mib": args.memory,
-                      "load_avg_1min": load, "actions": figures}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "bench": "planner_live",
+                "repetitions": args.repetitions,
+                "memory_mib": args.memory,
+                "load_avg_1min": load,
+                "actions": figures,
+            }
+        )
+    )
     return 0
 
 

@@ -80,11 +80,17 @@ def run(site: Any, args: argparse.Namespace) -> dict[str, Any]:
         work.payload[job].write_text(live.stage_payload(pattern, args.iterations, args.idle))
     nodes = tuple(NodeSpec(n, 1, 1024) for n in site.nodes)
     performer = PilotRequestPerformer(
-        lambda a: site.pdir(work.job(a.vm)), timeout_s=120,
+        lambda a: site.pdir(work.job(a.vm)),
+        timeout_s=120,
         start_job=lambda a: site.pilot(work.job(a.vm), a.dst or "", work.payload[work.job(a.vm)]),
-    )  # fmt: skip
-    executor = Executor(performer, site.store, pipeline_interval_s=0.1, tag=EXECUTOR_TAG,
-                        job_key=lambda a: f"{live.RMS}:{work.job(a.vm)}")  # fmt: skip
+    )
+    executor = Executor(
+        performer,
+        site.store,
+        pipeline_interval_s=0.1,
+        tag=EXECUTOR_TAG,
+        job_key=lambda a: f"{live.RMS}:{work.job(a.vm)}",
+    )
     steps: list[dict[str, Any]] = []
     switches: list[dict[str, Any]] = []
     finished: dict[str, float] = {}
@@ -117,9 +123,15 @@ def run(site: Any, args: argparse.Namespace) -> dict[str, Any]:
             raise VjobError(f"relief bench: not finished within {args.horizon} s")
         present = {o.vjob for o in observed}
         decision = control.decide(nodes, observed, [j for j in ("v0", "v1") if j in present])
-        step = {"t": round(now, 1), "overloaded": list(decision.overloaded),
-                "vms": {vm.rsplit("-", 1)[-1]: f"{o.state.value[0]}{o.host or '-'}:{o.demand}"
-                        for o in observed for vm in [o.vm]}}  # fmt: skip
+        step = {
+            "t": round(now, 1),
+            "overloaded": list(decision.overloaded),
+            "vms": {
+                vm.rsplit("-", 1)[-1]: f"{o.state.value[0]}{o.host or '-'}:{o.demand}"
+                for o in observed
+                for vm in [o.vm]
+            },
+        }
         plan = control.plan_for(decision, optimizer="cpsat", time_limit_s=2.0)
         if plan is not None:
             t1 = time.monotonic()
@@ -127,10 +139,17 @@ def run(site: Any, args: argparse.Namespace) -> dict[str, Any]:
             kinds: dict[str, int] = {}
             for a in plan.actions:
                 kinds[a.kind.value] = kinds.get(a.kind.value, 0) + 1
-            switches.append({"t": round(t1 - t0, 1), "end": round(time.monotonic() - t0, 1),
-                             "s": round(time.monotonic() - t1, 1), "state": report.state,
-                             "overloaded": list(decision.overloaded), "actions": kinds,
-                             "pools": len(plan.pools)})  # fmt: skip
+            switches.append(
+                {
+                    "t": round(t1 - t0, 1),
+                    "end": round(time.monotonic() - t0, 1),
+                    "s": round(time.monotonic() - t1, 1),
+                    "state": report.state,
+                    "overloaded": list(decision.overloaded),
+                    "actions": kinds,
+                    "pools": len(plan.pools),
+                }
+            )
             step["switch"] = switches[-1]
         steps.append(step)
         print(json.dumps(step), file=sys.stderr, flush=True)
@@ -155,8 +174,9 @@ def _all_finished(site: Any, work: Any, vjob: str) -> bool:
     return True
 
 
-def _figures(steps: list[dict[str, Any]], switches: list[dict[str, Any]], finished: dict[str, float], work: Any,
-             end: float) -> dict[str, Any]:  # fmt: skip
+def _figures(
+    steps: list[dict[str, Any]], switches: list[dict[str, Any]], finished: dict[str, float], work: Any, end: float
+) -> dict[str, Any]:
     first_over = next((s["t"] for s in steps if s["overloaded"]), None)
     relief = next((sw for sw in switches if sw["overloaded"] and sw["state"] == "done"), None)
     over_steps = sum(bool(s["overloaded"]) for s in steps)
@@ -191,13 +211,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iterations", type=int, default=200_000, help="steps of a compute stage")
     p.add_argument("--interval", type=float, default=5.0, help="seconds between control steps")
     p.add_argument("--horizon", type=float, default=1200.0, help="give up after this many seconds")
-    p.add_argument("--hogs", type=int, default=0,
-                   help="CPU-bound processes to run beside the guests: an oversubscribed host (default 0)")  # fmt: skip
-    p.add_argument("--second-libvirtd", action="store_true",
-                   help="node b on the second libvirtd (default: both nodes on the system libvirtd)")  # fmt: skip
-    p.add_argument("--own-libvirtd", type=Path, metavar="DIR",
-                   help="both nodes on a libvirtd of this run's own, its state in DIR (others' tests restart "
-                        "the system one)")  # fmt: skip
+    p.add_argument(
+        "--hogs",
+        type=int,
+        default=0,
+        help="CPU-bound processes to run beside the guests: an oversubscribed host (default 0)",
+    )
+    p.add_argument(
+        "--second-libvirtd",
+        action="store_true",
+        help="node b on the second libvirtd (default: both nodes on the system libvirtd)",
+    )
+    p.add_argument(
+        "--own-libvirtd",
+        type=Path,
+        metavar="DIR",
+        help="both nodes on a libvirtd of this run's own, its state in DIR (others' tests restart the system one)",
+    )
     args = p.parse_args(argv)
     # SIGTERM ends the run through the clean-up below (pilots killed, VMs deleted).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -227,13 +257,28 @@ def main(argv: list[str] | None = None) -> int:
             libvirtd.stop(system)
     load = [round(load0, 2), round(os.getloadavg()[0], 2)]
     relief = result["relief"]["actions"] if result["relief"] else "nothing"
-    print(f"overload first seen at {result['first_overload_s']} s, relieved after {result['relieved_after_s']} s "
-          f"by {relief}; set done in {result['completion_s']} s")  # fmt: skip
-    print(json.dumps({"bench": "planner_relief", **result, "vms_per_vjob": args.vms, "idle_s": args.idle,
-                      "x_stages": args.x_stages, "y_stages": args.y_stages, "iterations": args.iterations,
-                      "interval_s": args.interval, "memory_mib": args.memory, "second_libvirtd": args.second_libvirtd,
-                      "hogs": args.hogs,
-                      "load_avg_1min": load}))  # fmt: skip
+    print(
+        f"overload first seen at {result['first_overload_s']} s, relieved after {result['relieved_after_s']} s "
+        f"by {relief}; set done in {result['completion_s']} s"
+    )
+    print(
+        json.dumps(
+            {
+                "bench": "planner_relief",
+                **result,
+                "vms_per_vjob": args.vms,
+                "idle_s": args.idle,
+                "x_stages": args.x_stages,
+                "y_stages": args.y_stages,
+                "iterations": args.iterations,
+                "interval_s": args.interval,
+                "memory_mib": args.memory,
+                "second_libvirtd": args.second_libvirtd,
+                "hogs": args.hogs,
+                "load_avg_1min": load,
+            }
+        )
+    )
     return 0
 
 

@@ -52,10 +52,30 @@ PY
 
 def _vjob_run(base: Path, work: Path, job_id: str, memory: int, out: Path, *args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "vjob.cli", "--config", str(base / "vjob.toml"), "run", "--job-id", job_id,
-         "--node", "n1", "--os", "debian12", "--memory", str(memory), "--script", "job.sh", "--", *args],
-        cwd=work, stdout=out.open("ab"), stderr=(out.with_suffix(".err")).open("ab"),
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "vjob.cli",
+            "--config",
+            str(base / "vjob.toml"),
+            "run",
+            "--job-id",
+            job_id,
+            "--node",
+            "n1",
+            "--os",
+            "debian12",
+            "--memory",
+            str(memory),
+            "--script",
+            "job.sh",
+            "--",
+            *args,
+        ],
+        cwd=work,
+        stdout=out.open("ab"),
+        stderr=(out.with_suffix(".err")).open("ab"),
+    )
 
 
 def _wait_for(path: Path, text: bytes, timeout_s: float) -> float:
@@ -156,10 +176,26 @@ def main() -> int:
         out = base / "out"
         t0 = time.monotonic()
         pilot = subprocess.Popen(
-            [sys.executable, "-m", "vjob.cli", "--config", str(base / "vjob.toml"), "run", "--job-id", "bench",
-             "--node", "n1", "--os", "debian12", "--script", "job.sh"],
-            cwd=work, stdout=out.open("wb"), stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "vjob.cli",
+                "--config",
+                str(base / "vjob.toml"),
+                "run",
+                "--job-id",
+                "bench",
+                "--node",
+                "n1",
+                "--os",
+                "debian12",
+                "--script",
+                "job.sh",
+            ],
+            cwd=work,
+            stdout=out.open("wb"),
+            stderr=subprocess.DEVNULL,
+        )
         first = None
         while pilot.poll() is None or first is None:
             if first is None and out.stat().st_size > 0:

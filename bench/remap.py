@@ -103,13 +103,17 @@ def combined(farm: Farm, jobs: int, seeds: list[int], load: float, params: Remap
 
 def show_combined(res: dict[str, Any], frac: float) -> None:
     print(f"\npaper farm, offered load {res['load']}, {frac:.0%} interactive (means of the streams)")
-    print(f"{'configuration':22} {'throughput':>16} {'makespan':>16} {'mean wait':>16} {'wait inter.':>12} "
-          f"{'wait batch':>11} {'migr.':>6} {'preempt.':>8}")  # fmt: skip
+    print(
+        f"{'configuration':22} {'throughput':>16} {'makespan':>16} {'mean wait':>16} {'wait inter.':>12} "
+        f"{'wait batch':>11} {'migr.':>6} {'preempt.':>8}"
+    )
     for c, m in res["mean"].items():
         ch = res["change_pct"][c]
         cells = [f"{m[f]:9,.1f} {ch[f]:+5.1f}%" for f in ("throughput_jobs_h", "makespan_s", "mean_wait_s")]
-        print(f"{c:22} {cells[0]:>16} {cells[1]:>16} {cells[2]:>16} {m['mean_wait_interactive_s']:12,.1f} "
-              f"{m['mean_wait_batch_s']:11,.1f} {m['migrations']:6.1f} {m['preemptions']:8.1f}")  # fmt: skip
+        print(
+            f"{c:22} {cells[0]:>16} {cells[1]:>16} {cells[2]:>16} {m['mean_wait_interactive_s']:12,.1f} "
+            f"{m['mean_wait_batch_s']:11,.1f} {m['migrations']:6.1f} {m['preemptions']:8.1f}"
+        )
 
 
 def show(res: dict[str, Any], title: str) -> None:
@@ -182,10 +186,14 @@ def main() -> None:
         out = [combined(farm, args.jobs, seeds, float(x), params, args.vjob) for x in args.loads.split(",")]
         for res in out:
             show_combined(res, args.vjob)
-        by_load = {str(r["load"]): {c: {f: round(v, 1) for f, v in m.items()} for c, m in r["mean"].items()}
-                   for r in out}  # fmt: skip
-        print(json.dumps({"bench": "remap_vjob", "jobs": args.jobs, "seeds": seeds, "interactive": args.vjob,
-                          "by_load": by_load}))  # fmt: skip
+        by_load = {
+            str(r["load"]): {c: {f: round(v, 1) for f, v in m.items()} for c, m in r["mean"].items()} for r in out
+        }
+        print(
+            json.dumps(
+                {"bench": "remap_vjob", "jobs": args.jobs, "seeds": seeds, "interactive": args.vjob, "by_load": by_load}
+            )
+        )
         return
     if args.big_only:
         print(

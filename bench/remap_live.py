@@ -99,9 +99,15 @@ def run(driver: Driver, spec: VMSpec, slow_quota: float, remap: bool, tau: float
             continue
         try:
             last, ds = profile_and_decide(
-                prof, VM, last, "slow", farm, {"slow": 0, "fast": 1}, params,
+                prof,
+                VM,
+                last,
+                "slow",
+                farm,
+                {"slow": 0, "fast": 1},
+                params,
                 migrate_s=migration_cost_s(spec.memory_mib, 110.0),
-            )  # fmt: skip
+            )
         except (DriverError, KeyError):  # the payload ended and the guest powered off meanwhile
             continue
         decisions += [{"kind": d.kind, "reason": d.reason, "gain_s": round(d.gain_s, 1)} for d in ds]
@@ -131,8 +137,9 @@ def main() -> None:
     files = guest.build(payload=PAYLOAD.format(n=args.iterations))
     try:
         with bench_nodes("vjob-remap-live", {"a": system.uri, "b": second.uri}, vms=[VM]) as bench:
-            spec = VMSpec(VM, bench.image, memory_mib=128, kernel=files.kernel, initrd=files.initrd,
-                          cmdline=files.cmdline)  # fmt: skip
+            spec = VMSpec(
+                VM, bench.image, memory_mib=128, kernel=files.kernel, initrd=files.initrd, cmdline=files.cmdline
+            )
             stay = run(bench.driver, spec, args.slow_quota, False, args.tau, args.timeout)
             print(f"stays on the slow node: {stay}")
             moved = run(bench.driver, spec, args.slow_quota, True, args.tau, args.timeout)

@@ -62,8 +62,15 @@ def main() -> None:
             driver = bench.driver
             try:
                 for ceiling in ceilings:
-                    spec = VMSpec(VM, bench.image, memory_mib=args.asked_mib, max_memory_mib=ceiling,
-                                  kernel=files.kernel, initrd=files.initrd, cmdline=files.cmdline)  # fmt: skip
+                    spec = VMSpec(
+                        VM,
+                        bench.image,
+                        memory_mib=args.asked_mib,
+                        max_memory_mib=ceiling,
+                        kernel=files.kernel,
+                        initrd=files.initrd,
+                        cmdline=files.cmdline,
+                    )
                     driver.define(spec, "a")
                     t0 = time.monotonic()
                     driver.boot(VM, "a")
@@ -85,11 +92,15 @@ def main() -> None:
     finally:
         libvirtd.stop(system)
     base = rows[0]["booted"]["available"]
-    print(json.dumps({
-        "asked_mib": args.asked_mib,
-        "rows": rows,
-        "memtotal_lost_mib": {r["ceiling_mib"]: base - r["booted"]["available"] for r in rows},
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "asked_mib": args.asked_mib,
+                "rows": rows,
+                "memtotal_lost_mib": {r["ceiling_mib"]: base - r["booted"]["available"] for r in rows},
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

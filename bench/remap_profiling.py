@@ -34,8 +34,7 @@ def main() -> None:
     files = guest.build()
     with bench_nodes("vjob-bench-prof", {"a": args.uri}, vms=[VM]) as bench:
         driver = bench.driver
-        spec = VMSpec(VM, bench.image, memory_mib=128, kernel=files.kernel, initrd=files.initrd,
-                      cmdline=files.cmdline)  # fmt: skip
+        spec = VMSpec(VM, bench.image, memory_mib=128, kernel=files.kernel, initrd=files.initrd, cmdline=files.cmdline)
         driver.delete(VM, "a")
         driver.define(spec, "a")
         driver.boot(VM, "a")

@@ -144,25 +144,43 @@ def run(
             else:
                 before = last
                 last, ds = profile_and_decide(
-                    prof, VM, last, "small", farm, {"small": 0, "big": 1}, params,
-                    memory_mb=spec.memory_mib, migrate_s=migration_cost_s(spec.memory_mib, 110.0),
-                )  # fmt: skip
+                    prof,
+                    VM,
+                    last,
+                    "small",
+                    farm,
+                    {"small": 0, "big": 1},
+                    params,
+                    memory_mb=spec.memory_mib,
+                    migrate_s=migration_cost_s(spec.memory_mib, 110.0),
+                )
                 w = window(before, last)
         except (DriverError, KeyError):  # the payload ended and the guest powered off meanwhile
             continue
         out = None if w.swap_out_pages_s is None else round(w.swap_out_pages_s)
-        windows.append({"node": node, "t": round(last.t - started, 1), "swap_in_pages_s": round(w.swap_in_pages_s),
-                        "swap_out_pages_s": out})  # fmt: skip
-        decisions += [{"kind": d.kind, "reason": d.reason, "dst": list(d.dst), "gain_s": round(d.gain_s, 1)}
-                      for d in ds]  # fmt: skip
+        windows.append(
+            {
+                "node": node,
+                "t": round(last.t - started, 1),
+                "swap_in_pages_s": round(w.swap_in_pages_s),
+                "swap_out_pages_s": out,
+            }
+        )
+        decisions += [
+            {"kind": d.kind, "reason": d.reason, "dst": list(d.dst), "gain_s": round(d.gain_s, 1)} for d in ds
+        ]
         if ds:
             t0 = time.monotonic()
             at_pass = passes(console(driver))
             live = driver.migrate(VM, "a", "b", live=MOVES[move])
             balloon(driver, "b", spec.memory_mib)
             node = "b"
-            moved = {"after_s": round(t0 - started, 1), "migrate_s": round(time.monotonic() - t0, 2), "pass": at_pass,
-                     "live": live}  # fmt: skip
+            moved = {
+                "after_s": round(t0 - started, 1),
+                "migrate_s": round(time.monotonic() - t0, 2),
+                "pass": at_pass,
+                "live": live,
+            }
             prof = Profiler(driver.connection("b"))
             last = prof.sample([VM])[VM]
     found = RESULT_RE.findall(console(driver))
@@ -197,8 +215,14 @@ def main() -> None:
     try:
         with bench_nodes("vjob-remap-thrash", nodes, vms=[VM], disk_mib=256, timeout_s=180) as bench:
             driver = bench.driver
-            spec = VMSpec(VM, bench.image, memory_mib=args.memory_mib, kernel=files.kernel, initrd=files.initrd,
-                          cmdline=f"{files.cmdline} {NO_TIMER_CHECK}")  # fmt: skip
+            spec = VMSpec(
+                VM,
+                bench.image,
+                memory_mib=args.memory_mib,
+                kernel=files.kernel,
+                initrd=files.initrd,
+                cmdline=f"{files.cmdline} {NO_TIMER_CHECK}",
+            )
             try:
                 if not args.only_remap:
                     stay = run(driver, spec, args.small_mib, False, args.tau, args.timeout)

@@ -96,15 +96,27 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--move", choices=("auto", "live", "paused"), default="auto")
     parser.add_argument("--passes-after", type=int, default=2)
-    parser.add_argument("--payload", choices=("thrash", "dirty"), default="thrash",
-                        help="dirty: the control, a guest writing memory hard with no swap and no balloon")  # fmt: skip
-    parser.add_argument("--boot-mib", type=int, default=256,
-                        help="memory at boot; 128: no balloon to inflate on a (it swaps all the same)")  # fmt: skip
+    parser.add_argument(
+        "--payload",
+        choices=("thrash", "dirty"),
+        default="thrash",
+        help="dirty: the control, a guest writing memory hard with no swap and no balloon",
+    )
+    parser.add_argument(
+        "--boot-mib",
+        type=int,
+        default=256,
+        help="memory at boot; 128: no balloon to inflate on a (it swaps all the same)",
+    )
     parser.add_argument("--node-dir", default="/var/tmp/vjob-node20")
     parser.add_argument("--ports", default="49360-49379", help="the second node's migration ports")
     parser.add_argument("--vm-suffix", default="", help="a VM name of its own, to run beside another soak")
-    parser.add_argument("--free-page-reporting", choices=("on", "off"), default="on" if REPORTING else "off",
-                        help="free page reporting on the balloon (provisioning.free_page_reporting)")  # fmt: skip
+    parser.add_argument(
+        "--free-page-reporting",
+        choices=("on", "off"),
+        default="on" if REPORTING else "off",
+        help="free page reporting on the balloon (provisioning.free_page_reporting)",
+    )
     args = parser.parse_args()
     low, high = (int(p) for p in args.ports.split("-"))
 
@@ -118,11 +130,18 @@ def main() -> None:
     files = guest.build(payload=text.format(work=112, passes=10_000) + f"# soak {args.vm_suffix}\n")
     runs: list[dict[str, Any]] = []
     try:
-        with bench_nodes("vjob-remap-soak", {"a": system.uri, "b": second.uri}, vms=[bench.VM], disk_mib=256,
-                         timeout_s=180) as on:  # fmt: skip
+        with bench_nodes(
+            "vjob-remap-soak", {"a": system.uri, "b": second.uri}, vms=[bench.VM], disk_mib=256, timeout_s=180
+        ) as on:
             on.driver.config.free_page_reporting = args.free_page_reporting == "on"
-            spec = VMSpec(bench.VM, on.image, memory_mib=args.boot_mib, kernel=files.kernel, initrd=files.initrd,
-                          cmdline=f"{files.cmdline} {bench.NO_TIMER_CHECK}")  # fmt: skip
+            spec = VMSpec(
+                bench.VM,
+                on.image,
+                memory_mib=args.boot_mib,
+                kernel=files.kernel,
+                initrd=files.initrd,
+                cmdline=f"{files.cmdline} {bench.NO_TIMER_CHECK}",
+            )
             for i in range(1, args.runs + 1):
                 t0 = time.monotonic()
                 row: dict[str, Any] = {"run": i}
@@ -130,8 +149,17 @@ def main() -> None:
                     if args.payload == "dirty":
                         out = dirty_run(on.driver, spec, args.move, 5.0, args.passes_after)
                     else:
-                        out = bench.run(on.driver, spec, 128, remap=True, tau=5.0, timeout=120.0,
-                                        passes_after_move=args.passes_after, move=args.move, big_mib=256)  # fmt: skip
+                        out = bench.run(
+                            on.driver,
+                            spec,
+                            128,
+                            remap=True,
+                            tau=5.0,
+                            timeout=120.0,
+                            passes_after_move=args.passes_after,
+                            move=args.move,
+                            big_mib=256,
+                        )
                     row["moved"] = out["moved"]
                 except Exception as exc:  # noqa: BLE001 - a run that fails is what is counted
                     row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
@@ -152,17 +180,21 @@ def main() -> None:
         libvirtd.stop(second)
         libvirtd.stop(system)
     bad = [r for r in runs if not r["ok"]]
-    print(json.dumps({
-        "bench": "remap_thrash_soak",
-        "move": args.move,
-        "boot_mib": args.boot_mib,
-        "payload": args.payload,
-        "free_page_reporting": args.free_page_reporting,
-        "runs": len(runs),
-        "crashes": sum(1 for r in runs if r["crash"]),
-        "failures": len(bad),
-        "failed_runs": [{k: r.get(k) for k in ("run", "crash", "error")} for r in bad],
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "bench": "remap_thrash_soak",
+                "move": args.move,
+                "boot_mib": args.boot_mib,
+                "payload": args.payload,
+                "free_page_reporting": args.free_page_reporting,
+                "runs": len(runs),
+                "crashes": sum(1 for r in runs if r["crash"]),
+                "failures": len(bad),
+                "failed_runs": [{k: r.get(k) for k in ("run", "crash", "error")} for r in bad],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -110,8 +110,11 @@ def outside_up() -> subprocess.Popen[bytes]:
     _ip("link", "add", "vjnat-o0", "type", "veth", "peer", "name", "vjnat-o1", "netns", OUTSIDE_NS)
     _ip("addr", "add", f"{HOST_SIDE}/24", "dev", "vjnat-o0")
     _ip("link", "set", "vjnat-o0", "up")
-    for cmd in (["addr", "add", f"{OUTSIDE}/24", "dev", "vjnat-o1"], ["link", "set", "vjnat-o1", "up"],
-                ["link", "set", "lo", "up"]):  # fmt: skip
+    for cmd in (
+        ["addr", "add", f"{OUTSIDE}/24", "dev", "vjnat-o1"],
+        ["link", "set", "vjnat-o1", "up"],
+        ["link", "set", "lo", "up"],
+    ):
         _ip("netns", "exec", OUTSIDE_NS, "ip", *cmd)
     server = subprocess.Popen(["ip", "netns", "exec", OUTSIDE_NS, sys.executable, "-I", "-c", SERVER])
     time.sleep(1)
@@ -176,8 +179,9 @@ def main() -> None:
 def run(manager: Manager, driver: Driver, args: argparse.Namespace, bar: progress.Progress) -> dict[str, Any]:
     store = manager.ports.store
     job = leased_job(manager, "be5a11e0a7a1", COMMAND, vm_count=1, memory_mb=384)
-    (ident,) = identity.assign(store, site="a", job_key=job.key, vm_names=job.vm_names, mac_prefix="52:54:00",
-                               network="10.0.0.0/8")  # fmt: skip
+    (ident,) = identity.assign(
+        store, site="a", job_key=job.key, vm_names=job.vm_names, mac_prefix="52:54:00", network="10.0.0.0/8"
+    )
     assert manager.ports.vms.nat is not None
     nat_ip = str(manager.ports.vms.nat.address(ident.subnet_id, ident.vm_id))
     vm = job.vm_names[0]

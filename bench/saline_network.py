@@ -98,8 +98,9 @@ def main() -> None:
 def run(manager: Manager, driver: Driver, args: argparse.Namespace, bar: progress.Progress) -> dict[str, Any]:
     store = manager.ports.store
     job = leased_job(manager, "be5a11e0e7a1", COMMAND, vm_count=2, memory_mb=384)
-    ids = identity.assign(store, site="a", job_key=job.key, vm_names=job.vm_names, mac_prefix="52:54:00",
-                          network="10.0.0.0/8")  # fmt: skip
+    ids = identity.assign(
+        store, site="a", job_key=job.key, vm_names=job.vm_names, mac_prefix="52:54:00", network="10.0.0.0/8"
+    )
     bridge = network.bridge_name(ids[0].subnet_id, network.SALINE_FAMILY)
     job = journal.record(store, job.key, "submitted", oar_job_id="1")
     out: dict[str, Any] = {"bridge": bridge, "ips": [i.ip for i in ids], "macs": [i.mac for i in ids]}

@@ -46,10 +46,13 @@ def _workers(url: str, study: str, count: int) -> tuple[float, float]:
     cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     procs = [
-        subprocess.Popen([*VJOB, "tune", "worker", "--study", study, "--storage", url, "--no-progress"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.Popen(
+            [*VJOB, "tune", "worker", "--study", study, "--storage", url, "--no-progress"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         for _ in range(count)
-    ]  # fmt: skip
+    ]
     for p in procs:
         if p.wait() != 0:
             raise SystemExit(f"worker of {study} failed ({p.returncode})")
@@ -62,11 +65,27 @@ def scaling(tmp: Path, trials: int, jobs: int) -> dict[str, dict[str, float]]:
     out = {}
     for count in (1, 2, 4):
         url = f"sqlite:///{tmp / f'scale{count}.sqlite'}"
-        _vjob("tune", "run", *TRACES["lublin"], *SETUP, "--max-jobs", str(jobs), "--trials", str(trials),
-              "--study", "scale", "--storage", url, "--no-defaults", "--submit", "none")  # fmt: skip
+        _vjob(
+            "tune",
+            "run",
+            *TRACES["lublin"],
+            *SETUP,
+            "--max-jobs",
+            str(jobs),
+            "--trials",
+            str(trials),
+            "--study",
+            "scale",
+            "--storage",
+            url,
+            "--no-defaults",
+            "--submit",
+            "none",
+        )
         seconds, cpu = _workers(url, "scale", count)
-        done = len(optuna.load_study(study_name="scale", storage=url).get_trials(
-            states=(optuna.trial.TrialState.COMPLETE,)))  # fmt: skip
+        done = len(
+            optuna.load_study(study_name="scale", storage=url).get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+        )
         load = os.getloadavg()[0]
         out[str(count)] = {
             "seconds": seconds,
@@ -75,8 +94,10 @@ def scaling(tmp: Path, trials: int, jobs: int) -> dict[str, dict[str, float]]:
             "trials_per_hour": done / seconds * 3600,
             "load": load,
         }
-        print(f"{count} worker(s): {done} trials in {seconds:.1f} s, {done / seconds * 3600:,.0f} trials/h, "
-              f"{cpu:.1f} CPU s (machine load average {load:.1f} on {os.cpu_count()} cores)")  # fmt: skip
+        print(
+            f"{count} worker(s): {done} trials in {seconds:.1f} s, {done / seconds * 3600:,.0f} trials/h, "
+            f"{cpu:.1f} CPU s (machine load average {load:.1f} on {os.cpu_count()} cores)"
+        )
     base = out["1"]["trials_per_hour"]
     for v in out.values():
         v["ratio"] = v["trials_per_hour"] / base
@@ -88,8 +109,22 @@ def goal(tmp: Path, trials: int, jobs: int, png_dir: Path) -> dict[str, dict[str
     for name, trace in TRACES.items():
         url = f"sqlite:///{tmp / f'goal-{name}.sqlite'}"
         started = time.perf_counter()
-        _vjob("tune", "run", *trace, *SETUP, "--max-jobs", str(jobs), "--trials", str(trials), "--study", name,
-              "--storage", url, "--submit", "none")  # fmt: skip
+        _vjob(
+            "tune",
+            "run",
+            *trace,
+            *SETUP,
+            "--max-jobs",
+            str(jobs),
+            "--trials",
+            str(trials),
+            "--study",
+            name,
+            "--storage",
+            url,
+            "--submit",
+            "none",
+        )
         _workers(url, name, 2)  # wall and CPU seconds: tune_seconds below
         tuned_s = time.perf_counter() - started
         doc = json.loads(_vjob("tune", "show", name, "--storage", url, "--json", "--png", str(png_dir / f"{name}.png")))

@@ -154,8 +154,11 @@ def main(argv: list[str] | None = None) -> int:
                 v = _parallel([lambda i=i, f=files: vm(f, accel, scratch, i) for i in range(k + 1)])
                 row = {"kind": kind, "colocated": k, "bare_s": sum(b) / len(b), "vm_s": sum(v) / len(v)}
                 rows.append(row)
-                print(f"{kind:4s} +{k} co-located: bare {row['bare_s']:7.2f} s  vm {row['vm_s']:7.2f} s  "
-                      f"ratio {row['vm_s'] / row['bare_s']:6.2f}", file=sys.stderr)  # fmt: skip
+                print(
+                    f"{kind:4s} +{k} co-located: bare {row['bare_s']:7.2f} s  vm {row['vm_s']:7.2f} s  "
+                    f"ratio {row['vm_s'] / row['bare_s']:6.2f}",
+                    file=sys.stderr,
+                )
     model = fit_vo_model(rows, source=f"bench/vo_overhead.py ({accel})")
     doc = {"accel": accel, "cores": os.cpu_count(), "measurements": rows, "model": model.to_dict()}
     if a.out:

@@ -27,8 +27,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _show(env: dict[str, str], job: str) -> dict[str, str]:
-    out = subprocess.run(["scontrol", "-o", "show", "job", job], env=env, capture_output=True, text=True,
-                         timeout=30, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        ["scontrol", "-o", "show", "job", job], env=env, capture_output=True, text=True, timeout=30, check=True
+    ).stdout
     return dict(re.findall(r"(\w+)=(\S*)", out))
 
 
@@ -50,10 +51,16 @@ def test_a_dry_run_tick_reports_victims_and_changes_nothing(slurm_cluster, tmp_p
     srun = None
     try:
         for _ in range(4):  # 4 x 2 nodes: the 8-node cluster is full
-            batch.append(subprocess.run(
-                ["sbatch", "--parsable", "-N2", "--exclusive", "--output=/dev/null", "--wrap", "sleep 600"],
-                env=env, capture_output=True, text=True, timeout=30, check=True,
-            ).stdout.strip())  # fmt: skip
+            batch.append(
+                subprocess.run(
+                    ["sbatch", "--parsable", "-N2", "--exclusive", "--output=/dev/null", "--wrap", "sleep 600"],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
+                    check=True,
+                ).stdout.strip()
+            )
         # The cluster is shared with other tests: wait for their jobs to end.
         wait_for(lambda: all(_show(env, j)["JobState"] == "RUNNING" for j in batch), 600, "the batch jobs running")
         root = pilot_root(cfg)
@@ -61,14 +68,29 @@ def test_a_dry_run_tick_reports_victims_and_changes_nothing(slurm_cluster, tmp_p
             node = _show(env, job)["BatchHost"]
             pdir = PilotDir(root, "slurm", job)
             pdir.ensure()
-            pdir.write_state(PilotStatus(job_id=job, vm=pdir.vm, node=node, uri="test:///default",
-                                         state=PilotState.RUNNING, since=time.time()))  # fmt: skip
-        srun = subprocess.Popen(["srun", "-N2", "--exclusive", "/bin/true"], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+            pdir.write_state(
+                PilotStatus(
+                    job_id=job,
+                    vm=pdir.vm,
+                    node=node,
+                    uri="test:///default",
+                    state=PilotState.RUNNING,
+                    since=time.time(),
+                )
+            )
+        srun = subprocess.Popen(
+            ["srun", "-N2", "--exclusive", "/bin/true"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
 
         def interactive() -> str | None:
-            out = subprocess.run(["squeue", "-h", "-t", "PD", "-o", "%i"], env=env, capture_output=True,
-                                 text=True, timeout=30, check=True).stdout  # fmt: skip
+            out = subprocess.run(
+                ["squeue", "-h", "-t", "PD", "-o", "%i"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=True,
+            ).stdout
             return next((j for j in out.split() if "interactive" in _show(env, j).get("AdminComment", "")), None)
 
         wait_for(lambda: interactive() is not None, 30, "the interactive srun pending")
@@ -77,10 +99,24 @@ def test_a_dry_run_tick_reports_victims_and_changes_nothing(slurm_cluster, tmp_p
         before = {j: _show(env, j) for j in [*batch, inter]}
 
         r = subprocess.run(
-            [sys.executable, "-m", "vjob.cli", "agent", "--dry-run", "--once", "--rms", "slurm", "--config",
-             str(cfg_path)],
-            cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "vjob.cli",
+                "agent",
+                "--dry-run",
+                "--once",
+                "--rms",
+                "slurm",
+                "--config",
+                str(cfg_path),
+            ],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert r.returncode == 0, r.stderr
         events = [json.loads(line) for line in (r.stdout + r.stderr).splitlines() if line.startswith("{")]
         would = [e for e in events if e.get("event") == "dry run: would do"]

@@ -70,8 +70,10 @@ def _tell(sc: Scenario) -> None:
     for job in sc.jobs:
         st = sc.pilot(job)
         what = "no state" if st is None else f"{st.state.value} {st.vm} {st.member_nodes} {st.message[:200]!r}"
-        print(f"pilot {job}: {what}; history {[(h['state'], round(h['at'], 1)) for h in (st.history if st else [])]}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"pilot {job}: {what}; history {[(h['state'], round(h['at'], 1)) for h in (st.history if st else [])]}",
+            file=sys.stderr,
+        )
         try:
             output = (sc.work / "out" / f"{job}.out").read_text(errors="replace").splitlines()
         except OSError:
@@ -81,8 +83,14 @@ def _tell(sc: Scenario) -> None:
 
 
 def _rms_states(sc: Scenario) -> dict[str, str]:
-    res = subprocess.run(["squeue", "-h", "-o", "%i %T %r", "-j", ",".join(sc.jobs)], env=sc.env,
-                         capture_output=True, text=True, timeout=30, check=True)  # fmt: skip
+    res = subprocess.run(
+        ["squeue", "-h", "-o", "%i %T %r", "-j", ",".join(sc.jobs)],
+        env=sc.env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     return {line.split()[0]: line.split(maxsplit=1)[1] for line in res.stdout.splitlines()}
 
 
@@ -100,8 +108,11 @@ def test_interactive_job_preempts_batch_vjobs_which_resume_and_continue(scenario
     assert sorted(resumed) == sorted(victims)
     for v in victims:  # the resumed guests go on counting
         log = Path(sc.pilot(v).console_log)
-        wait_for(lambda log=log, v=v: len(split_counters(log, sc.pilot(v).console_bytes_at_save)[1]) >= 2, 120,
-                 f"job {v}'s guest counting after its resume")  # fmt: skip
+        wait_for(
+            lambda log=log, v=v: len(split_counters(log, sc.pilot(v).console_bytes_at_save)[1]) >= 2,
+            120,
+            f"job {v}'s guest counting after its resume",
+        )
     out = sc.outcome(started_s, victims, resumed)
     assert out.work_lost_s == 0
     for v in victims:
@@ -165,8 +176,13 @@ def _kill_mid_switch(scenario, *, kill_delay_s: float) -> None:
     sc.start_agent()
     sc.submit_batch()
     sc.wait_guests_counting()
-    srun = subprocess.Popen(["srun", "-N4", "--exclusive", "/bin/true"], env=sc.env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    srun = subprocess.Popen(
+        ["srun", "-N4", "--exclusive", "/bin/true"],
+        env=sc.env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for(lambda: _switch_running(sc.data / "vjob.sqlite"), 120, "a switch in progress", interval=0.05)
         time.sleep(kill_delay_s)

@@ -37,8 +37,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _status(pdir: PilotDir, **changes: object) -> dict[str, object]:
-    st = PilotStatus(job_id=pdir.job_id, vm=pdir.vm, node="node1", uri="qemu:///system",
-                     state=PilotState.SAVED, since=time.time())  # fmt: skip
+    st = PilotStatus(
+        job_id=pdir.job_id, vm=pdir.vm, node="node1", uri="qemu:///system", state=PilotState.SAVED, since=time.time()
+    )
     return {**st.to_json(), **changes}
 
 
@@ -51,9 +52,18 @@ def pdir(tmp_path: Path) -> PilotDir:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("since", None), ("since", float("inf")), ("since", "yesterday"), ("memory_mb", -1), ("vm", "x; rm -rf /"),
-     ("state", "pwned"), ("saved_nodes", "node1"), ("history", [1] * 5), ("node", "a\nb")],
-)  # fmt: skip
+    [
+        ("since", None),
+        ("since", float("inf")),
+        ("since", "yesterday"),
+        ("memory_mb", -1),
+        ("vm", "x; rm -rf /"),
+        ("state", "pwned"),
+        ("saved_nodes", "node1"),
+        ("history", [1] * 5),
+        ("node", "a\nb"),
+    ],
+)
 def test_a_state_file_with_a_bad_field_is_an_input_error_naming_it(pdir: PilotDir, field: str, value: object) -> None:
     data = _status(pdir, **{field: value})
     pdir.state_file.write_text(json.dumps(data).replace("Infinity", "1e999"))
@@ -170,8 +180,10 @@ class _NeverCalled:
 @pytest.mark.slurm
 def test_a_standby_agent_takes_over_when_the_active_one_is_killed(slurm_cluster, tmp_path: Path) -> None:
     config = tmp_path / "vjob.toml"
-    config.write_text(f'data_dir = "{tmp_path / "data"}"\n[agent]\ninterval_s = 1\nlease_s = 5\n'
-                      f'[slurm]\nconf = "{slurm_cluster.conf}"\n')  # fmt: skip
+    config.write_text(
+        f'data_dir = "{tmp_path / "data"}"\n[agent]\ninterval_s = 1\nlease_s = 5\n'
+        f'[slurm]\nconf = "{slurm_cluster.conf}"\n'
+    )
     env = {**os.environ, **slurm_cluster.env, "VJOB_CONFIG": str(config)}
     subprocess.run([sys.executable, "-m", "vjob.cli", "db", "upgrade"], env=env, check=True, capture_output=True)
     store = Store(f"sqlite:///{tmp_path / 'data' / 'vjob.sqlite'}")
@@ -209,8 +221,9 @@ DOMAIN_XML = """<domain type='qemu'><name>{name}</name><memory unit='MiB'>64</me
 
 @pytest.mark.slurm
 @pytest.mark.libvirt
-def test_a_forged_state_file_never_makes_the_agent_delete_a_vm(slurm_cluster, slurm_adapter, libvirt_system,
-                                                               tmp_path: Path) -> None:  # fmt: skip
+def test_a_forged_state_file_never_makes_the_agent_delete_a_vm(
+    slurm_cluster, slurm_adapter, libvirt_system, tmp_path: Path
+) -> None:
     """The reproduced attack: a finished job's directory names another job's VM, with `since` far
     in the past. The agent ignores the file (its VM name is derived from the job id), waits
     cleanup_after_s by its own clock, and deletes only VMs the store records for that job."""
@@ -220,8 +233,13 @@ def test_a_forged_state_file_never_makes_the_agent_delete_a_vm(slurm_cluster, sl
     conn = libvirt.open(libvirt_system)
     dom = conn.defineXML(DOMAIN_XML.format(name=victim_vm))
     try:
-        cfg = parse({"data_dir": str(tmp_path / "data"), "agent": {"cleanup_after_s": 3600},
-                     "provisioning": {"default_uri": libvirt_system}})  # fmt: skip
+        cfg = parse(
+            {
+                "data_dir": str(tmp_path / "data"),
+                "agent": {"cleanup_after_s": 3600},
+                "provisioning": {"default_uri": libvirt_system},
+            }
+        )
         Store(cfg.database_url).upgrade()
         root = cfg.data_path / "pilots"
         forged = PilotDir(root, "slurm", "777002")  # a job Slurm does not know
@@ -270,9 +288,14 @@ def _saved_dirs(root: Path, *job_ids: str, uid: int | None = None) -> list[Pilot
 
 @pytest.mark.parametrize(
     ("field", "raw", "match"),
-    [("since", "1" + "0" * 400, "since"), ("cpu_at", "9" * 4000, "cpu_at"), ("memory_mb", "9" * 5000, "not valid JSON"),
-     ("save_seconds", "-" + "9" * 400, "save_seconds"), ("pid", "1" + "0" * 400, "pid")],
-)  # fmt: skip
+    [
+        ("since", "1" + "0" * 400, "since"),
+        ("cpu_at", "9" * 4000, "cpu_at"),
+        ("memory_mb", "9" * 5000, "not valid JSON"),
+        ("save_seconds", "-" + "9" * 400, "save_seconds"),
+        ("pid", "1" + "0" * 400, "pid"),
+    ],
+)
 def test_huge_numbers_are_an_input_error_not_a_crash(pdir: PilotDir, field: str, raw: str, match: str) -> None:
     """10**400 overflowed math.isfinite; a 5000-digit integer made json.loads raise a bare ValueError."""
     pdir.state_file.write_text(_raw_status(pdir, field, raw))
@@ -328,10 +351,18 @@ def test_a_directory_of_a_job_the_rms_does_not_know_is_read_only_when_root_owns_
 
 @pytest.mark.parametrize(
     ("field", "value", "match"),
-    [("at", "inf", "at"), ("at", 1e308 * 10, "at"), ("nodes", "node1", "nodes"), ("nodes", ["a b"], "nodes"),
-     ("request_id", 5, "request_id"), ("reason", ["x"], "reason"), ("reason", "r" * 5000, "reason"),
-     ("kind", ["suspend"], "kind"), ("nodes", [f"n{i}" for i in range(5000)], "nodes")],
-)  # fmt: skip
+    [
+        ("at", "inf", "at"),
+        ("at", 1e308 * 10, "at"),
+        ("nodes", "node1", "nodes"),
+        ("nodes", ["a b"], "nodes"),
+        ("request_id", 5, "request_id"),
+        ("reason", ["x"], "reason"),
+        ("reason", "r" * 5000, "reason"),
+        ("kind", ["suspend"], "kind"),
+        ("nodes", [f"n{i}" for i in range(5000)], "nodes"),
+    ],
+)
 def test_a_hostile_request_file_is_an_input_error_naming_the_field(
     pdir: PilotDir, field: str, value: object, match: str
 ) -> None:
@@ -368,9 +399,17 @@ def shared_root() -> Iterator[Path]:
 def _as(user: str, code: str) -> subprocess.CompletedProcess[str]:
     """Run `code` as `user` (a real account: the kernel decides what it may do)."""
     path = f"{REPO}:{sysconfig.get_paths()['purelib']}"  # the venv's interpreter may be under /root
-    return subprocess.run(["/usr/bin/python3", "-c", code], user=user, group=pwd.getpwnam(user).pw_gid,
-                          extra_groups=[], cwd="/", env={"PATH": os.environ["PATH"], "PYTHONPATH": path},
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    return subprocess.run(
+        ["/usr/bin/python3", "-c", code],
+        user=user,
+        group=pwd.getpwnam(user).pw_gid,
+        extra_groups=[],
+        cwd="/",
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": path},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 _PILOT_START = """
@@ -422,13 +461,31 @@ def test_an_unusable_pilot_root_is_a_one_line_job_error(tmp_path: Path) -> None:
     """The pilot cannot make its directory (here the pilot root is a file): `vjob run` fails the
     job with one line naming the directory, not a traceback."""
     (tmp_path / "not-a-dir").write_text("")
-    (tmp_path / "vjob.toml").write_text(f'data_dir = "{tmp_path / "data"}"\n[agent]\npilot_dir = '
-                                        f'"{tmp_path / "not-a-dir"}"\n[provisioning]\n'
-                                        'default_uri = "test:///default"\n')  # fmt: skip
+    (tmp_path / "vjob.toml").write_text(
+        f'data_dir = "{tmp_path / "data"}"\n[agent]\npilot_dir = '
+        f'"{tmp_path / "not-a-dir"}"\n[provisioning]\n'
+        'default_uri = "test:///default"\n'
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    run = subprocess.run([sys.executable, "-m", "vjob.cli", "--config", str(tmp_path / "vjob.toml"), "run",
-                          "--job-id", "5003", "--node", "node1"], cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=120)  # fmt: skip
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vjob.cli",
+            "--config",
+            str(tmp_path / "vjob.toml"),
+            "run",
+            "--job-id",
+            "5003",
+            "--node",
+            "node1",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 1, run.stdout + run.stderr
     assert "Traceback" not in run.stdout + run.stderr
     failed = [ln for ln in (run.stdout + run.stderr).splitlines() if ln.startswith("vjob: failed:")]

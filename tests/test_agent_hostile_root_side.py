@@ -25,6 +25,7 @@ from agent.metrics import AgentMetrics
 from agent.observe import Observation
 from agent.status_cmd import collect
 from provisioning.profiling import DomainSample
+from tests.agent_steps import control_step
 from vjob.config import Config
 from vjob.config import load as load_config_file
 from vjob.model import ClusterView, Job, Node, VJobState
@@ -38,8 +39,9 @@ DAEMON, NOBODY = 1, 65534
 
 
 def _state(job: str, node: str, **changes: object) -> PilotStatus:
-    base = PilotStatus(job_id=job, vm=f"vjob-slurm-{job}", node=node, uri="test:///default",
-                       state=PilotState.RUNNING, since=1.0)  # fmt: skip
+    base = PilotStatus(
+        job_id=job, vm=f"vjob-slurm-{job}", node=node, uri="test:///default", state=PilotState.RUNNING, since=1.0
+    )
     return PilotStatus(**(base.to_json() | {"state": base.state} | changes))
 
 
@@ -87,7 +89,9 @@ def test_status_never_shows_a_squatters_forged_row(site: tuple[Config, Store, Pa
 
     data = collect(cfg, "slurm")
     assert sorted((v["job"], v["node"], v["pilot"]) for v in data["vjobs"]) == [
-        ("10", "node2", "running"), ("8", "node1", "running")]  # fmt: skip
+        ("10", "node2", "running"),
+        ("8", "node1", "running"),
+    ]
     refused = [e for e in data["errors"] if "the agent ignores this state" in e]
     assert any("slurm-8:" in e and f"uid {NOBODY}" in e for e in refused)
     assert any("slurm-9:" in e for e in refused)
@@ -126,10 +130,12 @@ def test_a_pilots_claimed_size_never_weighs_an_unmeasured_vm(
     agent = _agent(cfg, store)
     state = ControlState(sampler=_sampler({"vjob-slurm-6": 3000}))
     pilots = {"5": _state("5", "n1", memory_mb=claim_mib, vcpus=claim_vcpus), "6": _state("6", "n1")}
-    jobs = (Job(id="5", user="mallory", rms="slurm", submit_time=1.0, memory_mb=512, cores=1),
-            Job(id="6", user="bob", rms="slurm", submit_time=2.0, memory_mb=3072, cores=1))  # fmt: skip
+    jobs = (
+        Job(id="5", user="mallory", rms="slurm", submit_time=1.0, memory_mb=512, cores=1),
+        Job(id="6", user="bob", rms="slurm", submit_time=2.0, memory_mb=3072, cores=1),
+    )
     view = ClusterView(now=0, nodes=(Node("n1", 2, 4096),), jobs=jobs)
-    assert consolidate.step(agent.ports, Observation(view, pilots, {}, True), state) is None
+    assert control_step(agent.ports, Observation(view, pilots, {}, True), state) is None
     assert state.decision is not None and state.decision.overloaded == ()
     assert state.decision.selection.target == {"5": VJobState.RUNNING, "6": VJobState.RUNNING}
     assert state.unmeasured == ("vjob-slurm-5",)
@@ -147,8 +153,9 @@ def test_a_small_claim_never_makes_an_unmeasured_vm_weigh_less_than_root_knows()
         Job(id="7", user="c", rms="slurm", memory_mb=3072),
     )
     view = ClusterView(now=0, nodes=(Node("n1", 4, 8192),), jobs=jobs)
-    got = {o.vjob: (o.mem, o.vcpus, o.demand) for o in observed_vms(Observation(view, pilots, {}, True), state,
-                                                                     busy=0.5)}  # fmt: skip
+    got = {
+        o.vjob: (o.mem, o.vcpus, o.demand) for o in observed_vms(Observation(view, pilots, {}, True), state, busy=0.5)
+    }
     assert got == {"1": (3072, 2, 2), "2": (2048, 1, 1), "7": (100, 1, 1)}
     state.memory["vjob-slurm-1"] = 5000  # root measured more before losing sight of it
     (one,) = [o for o in observed_vms(Observation(view, pilots, {}, True), state, busy=0.5) if o.vjob == "1"]
@@ -166,13 +173,13 @@ def test_a_vjob_the_rms_does_not_list_never_comes_before_one_it_does(site: tuple
     mib = {f"vjob-slurm-{j}": 700 for j in ("0", "3", "5")}
     state = ControlState(sampler=_sampler(mib))
     pilots = {j: _state(j, "n1") for j in ("0", "3", "5")}
-    view = ClusterView(now=0, nodes=(Node("n1", 4, 1024),), jobs=(Job(id="5", user="bob", rms="slurm",
-                                                                         submit_time=100.0),))  # fmt: skip
-    report = consolidate.step(agent.ports, Observation(view, pilots, {}, True), state)
+    view = ClusterView(
+        now=0, nodes=(Node("n1", 4, 1024),), jobs=(Job(id="5", user="bob", rms="slurm", submit_time=100.0),)
+    )
+    report = control_step(agent.ports, Observation(view, pilots, {}, True), state)
     assert report is not None  # the suspends fail: no pilot runs here to answer them
     assert state.decision is not None
-    assert state.decision.selection.target == {"5": VJobState.RUNNING, "0": VJobState.SLEEPING,
-                                               "3": VJobState.SLEEPING}  # fmt: skip
+    assert state.decision.selection.target == {"5": VJobState.RUNNING, "0": VJobState.SLEEPING, "3": VJobState.SLEEPING}
     assert consolidate.fcfs_queue(Observation(view, pilots, {}, True), pilots) == ["5", "0", "3"]
     assert state.plan is not None and sorted(a.vm for a in state.plan.actions) == ["vjob-slurm-0", "vjob-slurm-3"]
 

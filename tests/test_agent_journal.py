@@ -13,13 +13,23 @@ from vjob.store.schema import ActionRecord, SwitchRecord
 def journal_switch(store: Store, reason: str, *jobs: str, state: str = "running") -> int:
     """A switch suspending one VM per job, journalled like the executor does (all planned)."""
     with store.session() as s:
-        sw = SwitchRecord(reason=reason, state=state, plan_json=json.dumps({"cost": 128}), created_at=now(),
-                          updated_at=now())  # fmt: skip
+        sw = SwitchRecord(
+            reason=reason, state=state, plan_json=json.dumps({"cost": 128}), created_at=now(), updated_at=now()
+        )
         s.add(sw)
         s.flush()
         for job in jobs:
-            s.add(ActionRecord(switch_id=sw.id, pool=0, action="suspend", vm_name=f"vjob-slurm-{job}",
-                               job_key=f"slurm:{job}", source=f"node{job}", state="planned"))  # fmt: skip
+            s.add(
+                ActionRecord(
+                    switch_id=sw.id,
+                    pool=0,
+                    action="suspend",
+                    vm_name=f"vjob-slurm-{job}",
+                    job_key=f"slurm:{job}",
+                    source=f"node{job}",
+                    state="planned",
+                )
+            )
         return sw.id
 
 

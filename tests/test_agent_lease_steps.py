@@ -52,14 +52,31 @@ class _Adapter:
 
 
 def _setup(store: Store, tmp_path: Path, memory_mb: int, **agent_cfg: Any) -> tuple[Agent, Observation, PilotDir]:
-    job = Job(id=JOB, user="root", job_class=JobClass.BATCH, rms="slurm", memory_mb=memory_mb, state=JobState.RUNNING,
-              allocated_nodes=("n1",), start_time=time.time() - 60, submit_time=time.time() - 120)  # fmt: skip
+    job = Job(
+        id=JOB,
+        user="root",
+        job_class=JobClass.BATCH,
+        rms="slurm",
+        memory_mb=memory_mb,
+        state=JobState.RUNNING,
+        allocated_nodes=("n1",),
+        start_time=time.time() - 60,
+        submit_time=time.time() - 120,
+    )
     cfg = parse({"data_dir": str(tmp_path / "data"), "agent": {"pilot_dir": str(tmp_path / "pilots"), **agent_cfg}})
     agent = Agent(cfg, _Adapter((job,)), rms="slurm", metrics=AgentMetrics(), owner="A")  # type: ignore[arg-type]
     agent.ports.store.opened = store
     view = ClusterView(now=time.time(), jobs=(job,), nodes=(Node("n1", 64, 1 << 20), Node("n2", 64, 1 << 20)))
-    st = PilotStatus(job_id=JOB, vm=VM, node="n1", uri="qemu:///system", state=PilotState.RUNNING,
-                     since=time.time(), memory_mb=memory_mb, image="debian12")  # fmt: skip
+    st = PilotStatus(
+        job_id=JOB,
+        vm=VM,
+        node="n1",
+        uri="qemu:///system",
+        state=PilotState.RUNNING,
+        since=time.time(),
+        memory_mb=memory_mb,
+        image="debian12",
+    )
     store_jobs.track(store, job)
     pdir = PilotDir(agent.ports.root, "slurm", JOB)
     pdir.ensure()
@@ -75,7 +92,7 @@ def _pilot(pdir: PilotDir, answer_when: Callable[[], bool]) -> contextlib.Abstra
 
 def _migrate(agent: Agent, obs: Observation) -> Any:
     with agent.ports.lease.keeping():
-        return remap_step._carry_out(agent.ports, obs, [Move(JOB, VM, "n1", "n2", "home")])
+        return remap_step._migrate(agent.ports, obs, [Move(JOB, VM, "n1", "n2", "home")])
 
 
 def _open_live_suspend(store: Store) -> int:

@@ -46,11 +46,28 @@ def _agent(store: Store, tmp_path: Path, **agent_cfg: Any) -> tuple[Agent, Holdi
 
 
 def _observation(memory_mb: int) -> tuple[Observation, PilotStatus]:
-    job = Job(id=JOB, user="root", job_class=JobClass.BATCH, rms="slurm", memory_mb=memory_mb, state=JobState.RUNNING,
-              allocated_nodes=("n1",), start_time=time.time() - 60, submit_time=time.time() - 120)  # fmt: skip
+    job = Job(
+        id=JOB,
+        user="root",
+        job_class=JobClass.BATCH,
+        rms="slurm",
+        memory_mb=memory_mb,
+        state=JobState.RUNNING,
+        allocated_nodes=("n1",),
+        start_time=time.time() - 60,
+        submit_time=time.time() - 120,
+    )
     view = ClusterView(now=time.time(), jobs=(job,), nodes=(Node("n1", 64, 1 << 20),))
-    st = PilotStatus(job_id=JOB, vm=f"vjob-slurm-{JOB}", node="n1", uri="qemu:///system", state=PilotState.RUNNING,
-                     since=time.time(), memory_mb=memory_mb, image="debian12")  # fmt: skip
+    st = PilotStatus(
+        job_id=JOB,
+        vm=f"vjob-slurm-{JOB}",
+        node="n1",
+        uri="qemu:///system",
+        state=PilotState.RUNNING,
+        since=time.time(),
+        memory_mb=memory_mb,
+        image="debian12",
+    )
     return Observation(view=view, pilots={JOB: st}, sleeping={}, store_ok=True), st
 
 

@@ -69,9 +69,15 @@ class ScriptedRMS:
         self.table = {j.id: j for j in jobs}
         self.node_list = list(nodes)
         self.calls: list[tuple[str, str]] = []
-        self.abilities = Abilities(priority=PriorityKnob(0, 1000), requeue_hold=True, hold_release=True,
-                                   suspend=False, pin_nodes=True, start_now=False,
-                                   environment=job_environment("slurm"))  # fmt: skip
+        self.abilities = Abilities(
+            priority=PriorityKnob(0, 1000),
+            requeue_hold=True,
+            hold_release=True,
+            suspend=False,
+            pin_nodes=True,
+            start_now=False,
+            environment=job_environment("slurm"),
+        )
 
     def jobs(self) -> list[Job]:
         return list(self.table.values())
@@ -104,16 +110,26 @@ class ScriptedRMS:
 @pytest.fixture
 def site(tmp_path: Path) -> Iterator[tuple[Config, Path]]:
     uris = {n: make_test_node(tmp_path / "nodes", n) for n in NODES}
-    prov = {"default_uri": "test:///default", "nodes": uris, "vm_dir": str(tmp_path / "vms" / "{node}"),
-            "snapshot_dir": str(tmp_path / "snap" / "{node}")}  # fmt: skip
+    prov = {
+        "default_uri": "test:///default",
+        "nodes": uris,
+        "vm_dir": str(tmp_path / "vms" / "{node}"),
+        "snapshot_dir": str(tmp_path / "snap" / "{node}"),
+    }
     conf = tmp_path / "vjob.toml"
     conf.write_text(
         f'data_dir = "{tmp_path / "data"}"\n[provisioning]\ndefault_uri = "test:///default"\n'
         f'vm_dir = "{prov["vm_dir"]}"\nsnapshot_dir = "{prov["snapshot_dir"]}"\n'
         "[provisioning.nodes]\n" + "".join(f'{n} = "{u}"\n' for n, u in uris.items())
     )
-    cfg = parse({"data_dir": str(tmp_path / "data"), "provisioning": prov, "priority": {"interactive_cap": 1.0},
-                 "agent": {"checkpoint_timeout_s": 60, "cleanup_after_s": 0}})  # fmt: skip
+    cfg = parse(
+        {
+            "data_dir": str(tmp_path / "data"),
+            "provisioning": prov,
+            "priority": {"interactive_cap": 1.0},
+            "agent": {"checkpoint_timeout_s": 60, "cleanup_after_s": 0},
+        }
+    )
     Store(cfg.database_url).upgrade()
     yield cfg, conf
 
@@ -125,12 +141,36 @@ def _paths(cfg: Config) -> Driver:
 def test_a_two_vm_vjob_is_read_chosen_checkpointed_in_one_cut_recorded_and_cleaned_up(site) -> None:
     cfg, conf = site
     now = time.time()
-    batch = Job(JOB, USER, rms="slurm", nodes=2, state=JobState.RUNNING, allocated_nodes=NODES, submit_time=now - 60,
-                start_time=now - 50)  # fmt: skip
+    batch = Job(
+        JOB,
+        USER,
+        rms="slurm",
+        nodes=2,
+        state=JobState.RUNNING,
+        allocated_nodes=NODES,
+        submit_time=now - 60,
+        start_time=now - 50,
+    )
     interactive = Job("82", USER, JobClass.INTERACTIVE, rms="slurm", nodes=2, submit_time=now)
     rms = ScriptedRMS([batch], [Node(n, 2, 4096) for n in NODES])
-    cmd = [sys.executable, "-m", "vjob.cli", "--config", str(conf), "run", "--job-id", JOB, "--node", "node1",
-           "--nodes", ",".join(NODES), "--memory", "128", "--orphan-resume", "600"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "vjob.cli",
+        "--config",
+        str(conf),
+        "run",
+        "--job-id",
+        JOB,
+        "--node",
+        "node1",
+        "--nodes",
+        ",".join(NODES),
+        "--memory",
+        "128",
+        "--orphan-resume",
+        "600",
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     pilot = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     pdir = PilotDir(cfg.data_path / "pilots", "slurm", JOB)
@@ -192,8 +232,14 @@ def test_a_two_vm_vjob_is_read_chosen_checkpointed_in_one_cut_recorded_and_clean
 def _write(root: Path, job: str, **fields: object) -> PilotDir:
     pdir = PilotDir(root, "slurm", job)
     pdir.ensure()
-    base = PilotStatus(job_id=job, vm=f"vjob-slurm-{job}", node="node1", uri="test:///default",
-                       state=PilotState.RUNNING, since=time.time())  # fmt: skip
+    base = PilotStatus(
+        job_id=job,
+        vm=f"vjob-slurm-{job}",
+        node="node1",
+        uri="test:///default",
+        state=PilotState.RUNNING,
+        since=time.time(),
+    )
     pdir.state_file.write_text(json.dumps({**base.to_json(), **fields}))
     return pdir
 
@@ -246,9 +292,19 @@ def test_a_restarted_agent_finishes_a_two_vm_checkpoint_with_one_requeue_hold(si
     memory.write_bytes(b"state")
     pdir = PilotDir(cfg.data_path / "pilots", "slurm", JOB)
     pdir.ensure()
-    pdir.write_state(PilotStatus(job_id=JOB, vm=VMS[0], node="node1", uri="test:///default", state=PilotState.SAVED,
-                                 since=time.time(), request_id="r1", memory_path=str(memory),
-                                 member_nodes=list(NODES)))  # fmt: skip
+    pdir.write_state(
+        PilotStatus(
+            job_id=JOB,
+            vm=VMS[0],
+            node="node1",
+            uri="test:///default",
+            state=PilotState.SAVED,
+            since=time.time(),
+            request_id="r1",
+            memory_path=str(memory),
+            member_nodes=list(NODES),
+        )
+    )
     planned = [journal.PlannedAction(0, "suspend", vm, f"slurm:{JOB}", node, None) for vm, node in PLACED]
     switch, ids = journal.open_switch(store, "interactive job 82", {"cost": 256}, planned)
     for action in ids:

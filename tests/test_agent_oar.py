@@ -47,8 +47,10 @@ def test_an_agent_tick_over_oar_acts_on_pending_held_and_running_jobs(oar_cluste
     user = oar_cluster.user
     cli = OarCommands(timeout_s=30)
     site_b = oar_cluster.properties("b")
-    big = cli.submit(SubmitRequest(command=["sleep", "300"], resource="/resource_id=2", walltime="0:10:00",
-                                   properties=site_b), user=user)  # fmt: skip
+    big = cli.submit(
+        SubmitRequest(command=["sleep", "300"], resource="/resource_id=2", walltime="0:10:00", properties=site_b),
+        user=user,
+    )
     victim = small = ""
     try:
         _wait(cli, big, user, {"Running"})
@@ -68,9 +70,17 @@ def test_an_agent_tick_over_oar_acts_on_pending_held_and_running_jobs(oar_cluste
         store_jobs.record_preemption(store, "oar", victim, at=time.time() - 60)
         pdir = PilotDir(cfg.data_path / "pilots", "oar", victim)
         pdir.ensure()
-        pdir.write_state(PilotStatus(job_id=victim, vm=pdir.vm, node="127.0.0.1", uri="qemu:///system",
-                                     state=PilotState.SAVED, since=time.time() - 60,
-                                     saved_nodes=["127.0.0.1"]))  # fmt: skip
+        pdir.write_state(
+            PilotStatus(
+                job_id=victim,
+                vm=pdir.vm,
+                node="127.0.0.1",
+                uri="qemu:///system",
+                state=PilotState.SAVED,
+                since=time.time() - 60,
+                saved_nodes=["127.0.0.1"],
+            )
+        )
 
         adapter = OarAdapter(cli)
         assert adapter.abilities.priority is None and not adapter.abilities.requeue_hold

@@ -48,18 +48,26 @@ def test_agent_with_its_database_down_logs_retries_and_slurm_keeps_running(slurm
     with log.open("w") as out:
         agent = subprocess.Popen(
             [sys.executable, "-m", "vjob.cli", "--config", str(config), "agent", "--rms", "slurm"],
-            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         wait_for(lambda: len(failures()) >= 2, 120, "the agent logging its store failure twice")
         job = subprocess.run(
             ["sbatch", "--parsable", "--output=/dev/null", "-N1", "--wrap", "echo hello from slurm"],
-            env=env, capture_output=True, text=True, timeout=30, check=True,
-        ).stdout.strip()  # fmt: skip
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout.strip()
 
         def done() -> bool:
-            out = subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True, text=True,
-                                 timeout=30, check=False).stdout  # fmt: skip
+            out = subprocess.run(
+                ["scontrol", "show", "job", job], env=env, capture_output=True, text=True, timeout=30, check=False
+            ).stdout
             return "JobState=COMPLETED" in out
 
         wait_for(done, 60, f"job {job} completed by Slurm while the agent's database is down")
@@ -85,12 +93,19 @@ def test_one_tick_sets_the_site_factor_of_pending_jobs_to_their_rank(slurm_clust
     Store(config.database_url).upgrade()
     env = slurm_cluster.env
     # Pending (not before an hour from now), not held: its priority is multifactor + site factor.
-    held = subprocess.run(["sbatch", "--parsable", "--begin=now+3600", "-N1", "--wrap", "true"], env=env,
-                          capture_output=True, text=True, timeout=30, check=True).stdout.strip()  # fmt: skip
+    held = subprocess.run(
+        ["sbatch", "--parsable", "--begin=now+3600", "-N1", "--wrap", "true"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout.strip()
 
     def priority() -> int:
-        out = subprocess.run(["squeue", "-h", "-o", "%Q", "-j", held], env=env, capture_output=True, text=True,
-                             timeout=30, check=True).stdout  # fmt: skip
+        out = subprocess.run(
+            ["squeue", "-h", "-o", "%Q", "-j", held], env=env, capture_output=True, text=True, timeout=30, check=True
+        ).stdout
         return int(out.strip())
 
     try:
@@ -120,14 +135,28 @@ def test_the_saved_vm_of_a_job_slurm_no_longer_knows_is_deleted_after_two_ticks(
     )
     Store(config.database_url).upgrade()
     env = slurm_cluster.env
-    alive = subprocess.run(["sbatch", "--parsable", "--begin=now+3600", "-N1", "--wrap", "true"], env=env,
-                           capture_output=True, text=True, timeout=30, check=True).stdout.strip()  # fmt: skip
+    alive = subprocess.run(
+        ["sbatch", "--parsable", "--begin=now+3600", "-N1", "--wrap", "true"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout.strip()
     dirs = {}
     for job in (alive, "99999"):
         dirs[job] = PilotDir(tmp_path / "data" / "pilots", "slurm", job)
         dirs[job].ensure()
-        dirs[job].write_state(PilotStatus(job_id=job, vm=f"vjob-slurm-{job}", node="node1", uri="test:///default",
-                                          state=PilotState.SAVED, since=0.0))  # fmt: skip
+        dirs[job].write_state(
+            PilotStatus(
+                job_id=job,
+                vm=f"vjob-slurm-{job}",
+                node="node1",
+                uri="test:///default",
+                state=PilotState.SAVED,
+                since=0.0,
+            )
+        )
     try:
         agent = Agent(config, slurm_adapter, rms="slurm")
         assert agent.tick().cleaned == []  # one tick without the job is not enough

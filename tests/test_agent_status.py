@@ -20,6 +20,7 @@ from agent.remap_step import STATUS_NAME, RemapState, publish
 from agent.status_cmd import collect
 from preemption.planner import NoViablePlacementError
 from provisioning.profiling import DomainSample
+from tests.agent_steps import control_step
 from tests.test_agent_journal import journal_switch
 from vjob.config import load as load_config_file
 from vjob.model import ClusterView, Job, Node
@@ -93,8 +94,16 @@ def test_status_shows_why_the_remapping_left_a_vjob_alone(tmp_path: Path):
     cfg = load_config_file(config)
     pdir = PilotDir(tmp_path / "data" / "pilots", "slurm", "7")
     pdir.ensure()
-    pdir.write_state(PilotStatus(job_id="7", vm="vjob-slurm-7", node="node1", uri="qemu:///system",
-                                 state=PilotState.RUNNING, since=time.time()))  # fmt: skip
+    pdir.write_state(
+        PilotStatus(
+            job_id="7",
+            vm="vjob-slurm-7",
+            node="node1",
+            uri="qemu:///system",
+            state=PilotState.RUNNING,
+            since=time.time(),
+        )
+    )
     agent = Agent(cfg, object(), rms="slurm", metrics=AgentMetrics())  # type: ignore[arg-type]
     why = "several VMs: a pilot migrates no job VM by VM (not remapped yet)"
     publish(agent.ports, RemapState(skipped={"7": why, "8": "the vjob policy suspends it this tick"}))
@@ -133,13 +142,24 @@ def test_status_shows_the_control_loops_last_decision_and_plan(tmp_path: Path, m
     # One node of 1 GiB holds vjobs 5 and 6, 700 MiB each as root measures them: overloaded, no
     # room elsewhere, so FCFS keeps 5 (submitted first) and 6 must sleep.
     mib = {"vjob-slurm-5": 700, "vjob-slurm-6": 700}
-    state = ControlState(sampler=lambda node: {vm: DomainSample(vm, 0.0, 0, 1, memory_kib=m * 1024)
-                                               for vm, m in mib.items()})  # fmt: skip
-    pilots = {j: PilotStatus(job_id=j, vm=f"vjob-slurm-{j}", node="n1", uri="test:///default", since=1.0,
-                             state=PilotState.RUNNING, memory_mb=1) for j in ("5", "6")}  # fmt: skip
+    state = ControlState(
+        sampler=lambda node: {vm: DomainSample(vm, 0.0, 0, 1, memory_kib=m * 1024) for vm, m in mib.items()}
+    )
+    pilots = {
+        j: PilotStatus(
+            job_id=j,
+            vm=f"vjob-slurm-{j}",
+            node="n1",
+            uri="test:///default",
+            since=1.0,
+            state=PilotState.RUNNING,
+            memory_mb=1,
+        )
+        for j in ("5", "6")
+    }
     jobs = (Job(id="5", user="a", rms="slurm", submit_time=1.0), Job(id="6", user="b", rms="slurm", submit_time=2.0))
     view = ClusterView(now=0, nodes=(Node("n1", 2, 1024),), jobs=jobs)
-    report = consolidate.step(agent.ports, Observation(view, pilots, {}, True), state)
+    report = control_step(agent.ports, Observation(view, pilots, {}, True), state)
     assert report is not None and report.state == "failed"  # no pilot runs here to answer the suspend
 
     data = collect(cfg, "slurm")  # what `vjob status --json` prints (the text below runs the command)
@@ -162,7 +182,7 @@ def test_status_shows_the_control_loops_last_decision_and_plan(tmp_path: Path, m
 
     # The next step: 6 measured small now, both fit: nothing to do, and the record says so.
     mib["vjob-slurm-6"] = 200
-    assert consolidate.step(agent.ports, Observation(view, pilots, {}, True), state) is None
+    assert control_step(agent.ports, Observation(view, pilots, {}, True), state) is None
     ctl = collect(cfg, "slurm")["control"]
     assert ctl["plan"]["outcome"] == "no change" and ctl["plan"]["actions"] == [] and ctl["overloaded"] == {}
     assert ctl["vjobs"]["6"]["target"] == "running" and ctl["at"] == state.last_step
@@ -175,7 +195,7 @@ def test_status_shows_the_control_loops_last_decision_and_plan(tmp_path: Path, m
 
     monkeypatch.setattr(consolidate, "plan_for", no_plan)
     with pytest.raises(NoViablePlacementError):
-        consolidate.step(agent.ports, Observation(view, pilots, {}, True), state)
+        control_step(agent.ports, Observation(view, pilots, {}, True), state)
     plan = collect(cfg, "slurm")["control"]["plan"]
     assert (plan["outcome"], plan["why"]) == ("no plan", "no viable placement of the running vjobs")
     store.close()

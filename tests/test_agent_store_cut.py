@@ -107,8 +107,17 @@ class _Adapter(HoldingAdapter):
 
     def jobs(self) -> list[Job]:
         state = JobState.PENDING if JOB in self.held else JobState.RUNNING
-        return [Job(id=JOB, user="root", job_class=JobClass.BATCH, rms="slurm", memory_mb=1024, state=state,
-                    allocated_nodes=() if JOB in self.held else ("n1",))]  # fmt: skip
+        return [
+            Job(
+                id=JOB,
+                user="root",
+                job_class=JobClass.BATCH,
+                rms="slurm",
+                memory_mb=1024,
+                state=state,
+                allocated_nodes=() if JOB in self.held else ("n1",),
+            )
+        ]
 
     def nodes(self) -> list[Node]:
         return [Node("n1", 64, 1 << 20)]

@@ -47,8 +47,9 @@ def test_install_deadline_rule_print_takes_the_configured_file(
     args = _parser().parse_args(["--config", str(conf), "oar", "install-deadline-rule", "--print"])
     assert args.func(args) == 0
     assert "open(my $fh, '<', '/srv/vjob/x.threshold')" in capsys.readouterr().out
-    given = _parser().parse_args(["--config", str(conf), "oar", "install-deadline-rule", "--print",
-                                  "--threshold-file", "/elsewhere/t"])  # fmt: skip
+    given = _parser().parse_args(
+        ["--config", str(conf), "oar", "install-deadline-rule", "--print", "--threshold-file", "/elsewhere/t"]
+    )
     assert given.func(given) == 0 and "'/elsewhere/t'" in capsys.readouterr().out
     conf.write_text("")
     with pytest.raises(UsageError, match=r"--threshold-file: required, or set \[deadline\] threshold_file"):

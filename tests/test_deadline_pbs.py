@@ -100,6 +100,10 @@ def test_the_staleness_limit_comes_from_the_file(hook: Hook) -> None:
 @pytest.mark.parametrize(("given", "expected"), [("1764100000", 1764100000.0), ("$(reboot)", None), ("", None)])
 def test_the_pbs_adapter_reads_the_deadline_the_hook_checked(given: str, expected: float | None) -> None:
     """`VJOB_DEADLINE` reaches Job.deadline (the agent's continuation check, `vjob status`)."""
-    record = {"Job_Id": "12.pbs-01", "Job_Owner": "ann@pbs-01", "job_state": "Q",
-              "Variable_List": {"PBS_O_HOME": "/home/ann", "VJOB_DEADLINE": given}}  # fmt: skip
+    record = {
+        "Job_Id": "12.pbs-01",
+        "Job_Owner": "ann@pbs-01",
+        "job_state": "Q",
+        "Variable_List": {"PBS_O_HOME": "/home/ann", "VJOB_DEADLINE": given},
+    }
     assert to_job(record, Conventions(), source="test").deadline == expected

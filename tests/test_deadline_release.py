@@ -136,8 +136,15 @@ def test_a_parked_job_that_runs_again_is_judged_as_any_running_job() -> None:
     keeper = _keeper(0.0)
     keeper.parked["7"] = (100.0, now - 60)
     keeper.given_up.add("9")
-    rerun = Job(id="7", user="u", state=JobState.RUNNING, walltime=600, deadline=now + 9000, start_time=now - 10,
-                allocated_nodes=("n2",))  # fmt: skip
+    rerun = Job(
+        id="7",
+        user="u",
+        state=JobState.RUNNING,
+        walltime=600,
+        deadline=now + 9000,
+        start_time=now - 10,
+        allocated_nodes=("n2",),
+    )
     cancelled = Job(id="9", user="u", state=JobState.HELD, walltime=600, deadline=now + 60)
     view = ClusterView(now=now, jobs=(rerun, cancelled))
     keeper.unpark(view)
@@ -150,9 +157,15 @@ def test_a_parked_job_that_runs_again_is_judged_as_any_running_job() -> None:
 
 @pytest.mark.parametrize(
     ("text", "kind"),
-    [("vjob:kind=cpu", "cpu"), ("vjob:deadline=1764100000,vjob:kind=io", "io"), ("run 3; vjob:kind=mem", "mem"),
-     ("", None), ("no kind here", None), ("xvjob:kind=cpu", None)],
-)  # fmt: skip
+    [
+        ("vjob:kind=cpu", "cpu"),
+        ("vjob:deadline=1764100000,vjob:kind=io", "io"),
+        ("run 3; vjob:kind=mem", "mem"),
+        ("", None),
+        ("no kind here", None),
+        ("xvjob:kind=cpu", None),
+    ],
+)
 def test_the_job_kind_comes_from_its_comment(text: str, kind: str | None) -> None:
     assert job_kind(text) == kind
 

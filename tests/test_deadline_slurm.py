@@ -20,6 +20,7 @@ from agent.status_cmd import collect
 from devkit.devcluster import JOB_SUBMIT_LUA, DevCluster
 from plugins.slurm.adapter import SlurmAdapter
 from preemption.deadline.threshold_file import THRESHOLD_NAME, read_threshold, write_threshold
+from tests.agent_steps import deadline_duty
 from tests.services import wait_for
 from vjob.config import parse
 from vjob.errors import CommandError
@@ -139,7 +140,7 @@ def test_the_agent_publishes_X_and_cancels_a_running_job_predicted_to_miss(
         wait_for(lambda j=j: slurm_adapter.job(j).state is JobState.RUNNING, 30, f"job {j} running")
     keeper = DeadlineKeeper(cfg, "slurm")
     view = ClusterView(now=time.time(), jobs=tuple(slurm_adapter.jobs()))
-    rows = {r.job_id: r for r in keeper.tick(view, slurm_adapter, act=True)}
+    rows = {r.job_id: r for r in deadline_duty(keeper, view, slurm_adapter, act=True)}
     assert keeper.kinds[typed] == "cpu" and keeper.kinds[doomed] is None
     assert rows[typed].decision == "continue" and 0.2 < (rows[typed].x or 0) < 0.3
     published = read_threshold(cluster.etc / THRESHOLD_NAME, now=time.time())
@@ -166,9 +167,12 @@ def _filler(cluster: DevCluster, node: str) -> str:
     """A one-CPU job on `node`: the neighbour that slows a vjob beside it (the VO model)."""
     out = subprocess.run(
         ["sbatch", "--parsable", "--output=/dev/null", "--job-name=vjobfill", f"--nodelist={node}", "--time=10"],
-        input="#!/bin/sh\nsleep 600\n", capture_output=True, text=True, timeout=30,
+        input="#!/bin/sh\nsleep 600\n",
+        capture_output=True,
+        text=True,
+        timeout=30,
         env={"PATH": "/usr/bin:/bin", **cluster.env},
-    )  # fmt: skip
+    )
     return _job_id(out)
 
 
@@ -179,10 +183,15 @@ def test_with_action_checkpoint_the_agent_requeues_a_job_that_can_still_make_it(
         {
             "data_dir": str(tmp_path),
             "slurm": {"conf": str(cluster.conf)},
-            "deadline": {"admission": "static", "static_x": 0.0, "x_min": 0.0, "action": "checkpoint",
-                         "checkpoint_s": 0},
+            "deadline": {
+                "admission": "static",
+                "static_x": 0.0,
+                "x_min": 0.0,
+                "action": "checkpoint",
+                "checkpoint_s": 0,
+            },
         }
-    )  # fmt: skip
+    )
     # beside a neighbour on node1, 10 min at the VM slowdown (1.10 + 0.08) is 11.8 min for 11.5
     # min left: x > 0 = X; alone (1.10, 11 min) it would make it, so it is put back in the
     # queue instead of cancelled (no VM: requeued, it restarts)
@@ -192,8 +201,8 @@ def test_with_action_checkpoint_the_agent_requeues_a_job_that_can_still_make_it(
     wait_for(lambda: slurm_adapter.job(job_id).state is JobState.RUNNING, 30, "the job running")
     wait_for(lambda: slurm_adapter.job(jobs[0]).state is JobState.RUNNING, 30, "its neighbour running")
     keeper = DeadlineKeeper(cfg, "slurm")
-    rows = {r.job_id: r for r in keeper.tick(ClusterView(now=time.time(), jobs=tuple(slurm_adapter.jobs())),
-                                             slurm_adapter, act=True)}  # fmt: skip
+    view = ClusterView(now=time.time(), jobs=tuple(slurm_adapter.jobs()))
+    rows = {r.job_id: r for r in deadline_duty(keeper, view, slurm_adapter, act=True)}
     assert rows[job_id].decision == "checkpoint" and rows[job_id].x is not None and rows[job_id].x > 0
     wait_for(lambda: slurm_adapter.job_fields(job_id).get("Restarts", "0") != "0", 30, "the job requeued")
     assert slurm_adapter.job(job_id).state in (JobState.PENDING, JobState.RUNNING)
@@ -217,10 +226,15 @@ def test_a_vjob_checkpointed_for_its_deadline_is_released_only_where_it_makes_it
             "data_dir": str(tmp_path / "data"),
             "slurm": {"conf": str(cluster.conf)},
             "agent": {"checkpoint_timeout_s": 60},
-            "deadline": {"admission": "static", "static_x": 0.0, "x_min": 0.0, "action": "checkpoint",
-                         "checkpoint_s": 0},
+            "deadline": {
+                "admission": "static",
+                "static_x": 0.0,
+                "x_min": 0.0,
+                "action": "checkpoint",
+                "checkpoint_s": 0,
+            },
         }
-    )  # fmt: skip
+    )
     Store(cfg.database_url).upgrade()
     jobs.append(_filler(cluster, "node1"))
     # three jobs on node1 (1.10 + 2 × 0.08 = 1.26): 10 min of work needs 12.6 min; alone 11 min
@@ -244,8 +258,15 @@ def test_a_vjob_checkpointed_for_its_deadline_is_released_only_where_it_makes_it
                 asked[j] = req.reason
                 memory = pdir.path / "memory.save"
                 memory.write_bytes(b"saved")
-                pdir.write_state(running.moved(PilotState.SAVED, request_id=req.request_id, memory_path=str(memory),
-                                               saved_node="node1", saved_nodes=["node1"]))  # fmt: skip
+                pdir.write_state(
+                    running.moved(
+                        PilotState.SAVED,
+                        request_id=req.request_id,
+                        memory_path=str(memory),
+                        saved_node="node1",
+                        saved_nodes=["node1"],
+                    )
+                )
 
     thread = threading.Thread(target=pilot, daemon=True)
     thread.start()
@@ -280,7 +301,15 @@ def test_a_vjob_checkpointed_for_its_deadline_is_released_only_where_it_makes_it
 def _stand_in_pilot(agent: Agent, job_id: str, node: str) -> tuple[PilotDir, PilotStatus]:
     pdir = agent.ports.pilot_dir(job_id)
     pdir.ensure()
-    running = PilotStatus(job_id=job_id, vm=pdir.vm, node=node, uri="test:///default", state=PilotState.RUNNING,
-                          since=time.time(), image="debian-tiny", memory_mb=64)  # fmt: skip
+    running = PilotStatus(
+        job_id=job_id,
+        vm=pdir.vm,
+        node=node,
+        uri="test:///default",
+        state=PilotState.RUNNING,
+        since=time.time(),
+        image="debian-tiny",
+        memory_mb=64,
+    )
     pdir.write_state(running)
     return pdir, running

@@ -69,13 +69,18 @@ def test_an_unwritable_threshold_file_is_an_error_at_startup_and_each_tick(tmp_p
     etc.mkdir()
     (etc / "slurm.conf").write_text("# the cluster's\n")
     config = tmp_path / "vjob.toml"
-    config.write_text(f'data_dir = "{tmp_path / "data"}"\n[slurm]\nconf = "{etc / "slurm.conf"}"\n'
-                      '[deadline]\nadmission = "static"\n')  # fmt: skip
+    config.write_text(
+        f'data_dir = "{tmp_path / "data"}"\n[slurm]\nconf = "{etc / "slurm.conf"}"\n[deadline]\nadmission = "static"\n'
+    )
     # The sandbox's read-only /etc, for this process only: a read-only bind mount of the directory.
-    script = (f'mount --bind "{etc}" "{etc}" && mount -o remount,bind,ro "{etc}" && '
-              f'exec "{sys.executable}" -c "$0" "$1"')  # fmt: skip
-    out = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, _AGENT, str(config)],
-                         capture_output=True, text=True, timeout=300, cwd=REPO)  # fmt: skip
+    script = f'mount --bind "{etc}" "{etc}" && mount -o remount,bind,ro "{etc}" && exec "{sys.executable}" -c "$0" "$1"'
+    out = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, _AGENT, str(config)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     errors = [e for e in seen["logged"] if e[0] == "error" and e[1] == "cannot publish the deadline threshold"]

@@ -19,6 +19,7 @@ from devkit.devcluster import DevCluster
 from plugins.slurm.adapter import SlurmAdapter
 from preemption.deadline import KINDS, VOModel, refit_vo_model
 from preemption.deadline.vo_learning import MAX_COLOCATED, MAX_SLOWDOWN, MIN_SAMPLES
+from tests.agent_steps import deadline_duty
 from tests.services import wait_for
 from vjob.config import parse
 from vjob.errors import CommandError, ConfigError, InputError
@@ -198,18 +199,25 @@ def test_the_agent_records_finished_jobs_refits_and_restarts_from_the_learned_mo
         )
         for i in range(n)
     ]
-    keeper.tick(_view(*running), _FinishedJobs(), act=False, store=store)  # type: ignore[arg-type]
+    deadline_duty(keeper, _view(*running), _FinishedJobs(), act=False, store=store)  # type: ignore[arg-type]
     assert set(keeper.watched) == {j.id for j in running}
     assert keeper.watched["0"] == (pytest.approx(1000.0 * prior_slowdown), 1)  # n0 shared by jobs 0 and 1
     done = [
-        Job(id=j.id, user="u", state=JobState.COMPLETED, walltime=1000.0, start_time=t0, end_time=t0 + 1400.0,
-            allocated_nodes=j.allocated_nodes)
+        Job(
+            id=j.id,
+            user="u",
+            state=JobState.COMPLETED,
+            walltime=1000.0,
+            start_time=t0,
+            end_time=t0 + 1400.0,
+            allocated_nodes=j.allocated_nodes,
+        )
         for j in running
-    ]  # fmt: skip
+    ]
     done[-1] = Job(
         id=done[-1].id, user="u", state=JobState.CANCELLED, walltime=1000.0, start_time=t0, end_time=t0 + 5.0
     )
-    keeper.tick(_view(), _FinishedJobs(*done[1:]), act=False, store=store)  # type: ignore[arg-type]
+    deadline_duty(keeper, _view(), _FinishedJobs(*done[1:]), act=False, store=store)  # type: ignore[arg-type]
     assert vo_observations.count(store) == n - 2  # the cancelled one ran no whole job, job 0 unknown
     assert not keeper.watched
     rows = {o.job_id: o for o in vo_observations.recent(store)}
@@ -227,7 +235,7 @@ def test_the_agent_records_finished_jobs_refits_and_restarts_from_the_learned_mo
 
     restarted = _keeper(tmp_path)
     assert restarted.vo.source == "default"
-    restarted.tick(_view(), _FinishedJobs(), act=False, store=store)  # type: ignore[arg-type]
+    deadline_duty(restarted, _view(), _FinishedJobs(), act=False, store=store)  # type: ignore[arg-type]
     assert restarted.vo.source == "learned" and restarted.slowdown == pytest.approx(keeper.slowdown)
     assert len(restarted.observations) == n - 2
 
@@ -236,9 +244,9 @@ def test_without_enough_observations_the_agent_keeps_the_prior(store: Store, tmp
     keeper = _keeper(tmp_path)
     t0 = time.time() - 100
     job = Job(id="7", user="u", state=JobState.RUNNING, walltime=50.0, start_time=t0)
-    keeper.tick(_view(job), _FinishedJobs(), act=False, store=store)  # type: ignore[arg-type]
+    deadline_duty(keeper, _view(job), _FinishedJobs(), act=False, store=store)  # type: ignore[arg-type]
     end = Job(id="7", user="u", state=JobState.COMPLETED, walltime=50.0, start_time=t0, end_time=t0 + 60.0)
-    keeper.tick(_view(), _FinishedJobs(end), act=False, store=store)  # type: ignore[arg-type]
+    deadline_duty(keeper, _view(), _FinishedJobs(end), act=False, store=store)  # type: ignore[arg-type]
     assert vo_observations.count(store) == 1
     assert keeper.vo is keeper.prior
 
@@ -254,11 +262,12 @@ def test_a_finished_job_looked_up_also_moves_the_adaptive_threshold(tmp_path: Pa
     keeper = DeadlineKeeper(cfg, "slurm")
     t0 = time.time() - 500
     job = Job(id="9", user="u", state=JobState.RUNNING, walltime=100.0, start_time=t0, deadline=t0 + 200)
-    keeper.tick(_view(job), _FinishedJobs(), act=False)  # type: ignore[arg-type]
+    deadline_duty(keeper, _view(job), _FinishedJobs(), act=False)  # type: ignore[arg-type]
     x0 = keeper.x
-    late = Job(id="9", user="u", state=JobState.COMPLETED, walltime=100.0, start_time=t0, end_time=t0 + 300,
-               deadline=t0 + 200)  # fmt: skip
-    keeper.tick(_view(), _FinishedJobs(late), act=False)  # type: ignore[arg-type]
+    late = Job(
+        id="9", user="u", state=JobState.COMPLETED, walltime=100.0, start_time=t0, end_time=t0 + 300, deadline=t0 + 200
+    )
+    deadline_duty(keeper, _view(), _FinishedJobs(late), act=False)  # type: ignore[arg-type]
     assert list(keeper.outcomes) == [False] and keeper.x is not None and x0 is not None and keeper.x < x0
     assert len(keeper.observations) == 1  # no store: kept in memory only
 
@@ -301,13 +310,21 @@ def test_a_real_agent_tick_records_a_finished_slurm_job(
         wait_for(
             lambda: any(j.id == job_id for j in slurm_adapter.jobs() if j.state is JobState.RUNNING), 60, "running"
         )
-        keeper.tick(
-            ClusterView(now=time.time(), jobs=tuple(slurm_adapter.jobs())), slurm_adapter, act=False, store=store
+        deadline_duty(
+            keeper,
+            ClusterView(now=time.time(), jobs=tuple(slurm_adapter.jobs())),
+            slurm_adapter,
+            act=False,
+            store=store,
         )
         assert job_id in keeper.watched
         wait_for(lambda: all(j.id != job_id for j in slurm_adapter.jobs()), 60, "the job finished")
-        keeper.tick(
-            ClusterView(now=time.time(), jobs=tuple(slurm_adapter.jobs())), slurm_adapter, act=False, store=store
+        deadline_duty(
+            keeper,
+            ClusterView(now=time.time(), jobs=tuple(slurm_adapter.jobs())),
+            slurm_adapter,
+            act=False,
+            store=store,
         )
         rows = [o for o in vo_observations.recent(store) if o.job_id == job_id]
         assert len(rows) == 1, rows
@@ -324,9 +341,16 @@ def test_a_real_agent_tick_records_a_finished_slurm_job(
 
 @pytest.mark.parametrize(
     ("key", "value"),
-    [("vo_min_samples", 0), ("vo_min_samples", "many"), ("vo_max_slowdown", 0.5), ("vo_max_slowdown", 1e9),
-     ("vo_observations", 0), ("vo_observations", 5001), ("checkpoint_s", -1)],
-)  # fmt: skip
+    [
+        ("vo_min_samples", 0),
+        ("vo_min_samples", "many"),
+        ("vo_max_slowdown", 0.5),
+        ("vo_max_slowdown", 1e9),
+        ("vo_observations", 0),
+        ("vo_observations", 5001),
+        ("checkpoint_s", -1),
+    ],
+)
 def test_a_bad_learning_bound_is_refused_naming_the_field_and_value(key: str, value: object) -> None:
     with pytest.raises(ConfigError, match=rf"deadline\.{key} = {re.escape(repr(value))}"):
         parse({"deadline": {key: value}})
@@ -338,19 +362,23 @@ def test_the_learning_bounds_come_from_the_configuration(tmp_path: Path) -> None
     cfg = parse(
         {
             "data_dir": str(tmp_path / "state"),
-            "deadline": {"admission": "static", "threshold_file": str(tmp_path / "thr"), "vo_min_samples": 3,
-                         "vo_max_slowdown": 1.5, "vo_observations": 3},
+            "deadline": {
+                "admission": "static",
+                "threshold_file": str(tmp_path / "thr"),
+                "vo_min_samples": 3,
+                "vo_max_slowdown": 1.5,
+                "vo_observations": 3,
+            },
         }
-    )  # fmt: skip
+    )
     keeper = DeadlineKeeper(cfg, "slurm")
     t0 = time.time() - 10_000
     ran = {"1": 1100.0, "2": 1300.0, "3": 5000.0, "4": 1200.0}  # job 1 drops out of the newest 3
     for job_id, actual in ran.items():
         job = Job(id=job_id, user="u", state=JobState.RUNNING, walltime=1000.0, start_time=t0)
-        keeper.tick(_view(job), _FinishedJobs(), act=False)  # type: ignore[arg-type]
-        end = Job(id=job_id, user="u", state=JobState.COMPLETED, walltime=1000.0, start_time=t0,
-                  end_time=t0 + actual)  # fmt: skip
-        keeper.tick(_view(), _FinishedJobs(end), act=False)  # type: ignore[arg-type]
+        deadline_duty(keeper, _view(job), _FinishedJobs(), act=False)  # type: ignore[arg-type]
+        end = Job(id=job_id, user="u", state=JobState.COMPLETED, walltime=1000.0, start_time=t0, end_time=t0 + actual)
+        deadline_duty(keeper, _view(), _FinishedJobs(end), act=False)  # type: ignore[arg-type]
         if job_id == "2":
             assert keeper.vo is keeper.prior  # two observations: fewer than vo_min_samples = 3
     assert [o.job_id for o in keeper.observations] == ["2", "3", "4"]

@@ -85,8 +85,9 @@ def _craft(
     if edit is not None:
         edit(raw)
     disk = tmp / "crafted.work.qcow2"
-    subprocess.run(["qemu-img", "convert", "-q", "-f", "raw", "-O", "qcow2", str(raw), str(disk)], check=True,
-                   timeout=60)  # fmt: skip
+    subprocess.run(
+        ["qemu-img", "convert", "-q", "-f", "raw", "-O", "qcow2", str(raw), str(disk)], check=True, timeout=60
+    )
     raw.unlink()
     return disk
 
@@ -133,8 +134,17 @@ def _submit_disk(manager: Manager, tmp_path: Path, disk: Path) -> journal.Saline
     """The disk passed open over the manager's socket, as `vjob besteffort submit` passes the
     one it builds, for the user `nobody`; then OAR starts the vjob's job."""
     sock = tmp_path / "sock" / "saline.sock"
-    request = {"op": "submit", "image": "real", "command": ["./run"], "vms": 1, "vcpus": 1, "memory": 128,
-               "walltime": "1:00:00", "site": None, "user": "nobody"}  # fmt: skip
+    request = {
+        "op": "submit",
+        "image": "real",
+        "command": ["./run"],
+        "vms": 1,
+        "vcpus": 1,
+        "memory": 128,
+        "walltime": "1:00:00",
+        "site": None,
+        "user": "nobody",
+    }
     fd = os.open(disk, os.O_RDONLY)
     try:
         with server.Server(manager, sock):
@@ -440,16 +450,20 @@ def _whoami() -> str:
     kinds = ["pipe" if v.startswith("pipe:") else "image" if v.endswith("/disk.raw") else v for v in links.values()]
     std = [links.get(fd, "closed") for fd in (0, 1, 2)]
     rest = sorted(kinds[3:]) if std == kinds[:3] else sorted(kinds)
-    return (f"uid={os.getuid()},{os.geteuid()} gid={os.getgid()} groups={os.getgroups()} dumpable={dumpable} "
-            f"std={std} others={rest}")  # fmt: skip
+    return (
+        f"uid={os.getuid()},{os.geteuid()} gid={os.getgid()} groups={os.getgroups()} dumpable={dumpable} "
+        f"std={std} others={rest}"
+    )
 
 
 def _expected_whoami() -> str:
     """`nobody`, no groups, not dumpable, /dev/null as its standard streams, and nothing open
     but the image and its pipe to root."""
     nobody = pwd.getpwnam("nobody")
-    return (f"uid={nobody.pw_uid},{nobody.pw_uid} gid={nobody.pw_gid} groups=[] dumpable=0 "
-            f"std={[os.devnull] * 3} others={['image', 'pipe']}")  # fmt: skip
+    return (
+        f"uid={nobody.pw_uid},{nobody.pw_uid} gid={nobody.pw_gid} groups=[] dumpable=0 "
+        f"std={[os.devnull] * 3} others={['image', 'pipe']}"
+    )
 
 
 def test_the_exit_status_is_read_as_the_user_and_cannot_be_traced(
@@ -505,8 +519,12 @@ def test_a_damaged_file_system_is_refused_never_a_crash(tmp_path: Path, features
     with open(raw, "wb") as fh:
         fh.truncate(4 << 20)
     fixed = ["-U", "0b39e39e-0000-4000-8000-000000000039", "-E", "hash_seed=0b39e39e-0000-4000-8000-000000000039"]
-    subprocess.run([MKFS, "-q", "-F", *fixed, *features, "-d", str(src), str(raw)], check=True, timeout=60,
-                   env={**os.environ, "E2FSPROGS_FAKE_TIME": "1700000000"})  # fmt: skip
+    subprocess.run(
+        [MKFS, "-q", "-F", *fixed, *features, "-d", str(src), str(raw)],
+        check=True,
+        timeout=60,
+        env={**os.environ, "E2FSPROGS_FAKE_TIME": "1700000000"},
+    )
     good = raw.read_bytes()
     places = [i for i, byte in enumerate(good) if byte]  # metadata, almost all of it
     rng = random.Random(39)
@@ -568,8 +586,9 @@ from provisioning import job_disk
 print(job_disk.read_exit(Path({str(tmp_path / "good.qcow2")!r}), Path({str(scratch)!r}), uid=nobody.pw_uid,
                          gid=nobody.pw_gid))
 """
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                          cwd=Path(__file__).parent.parent)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent.parent
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
     assert lines[0] == "5000" and ("twice" in lines[1] or "'../../" in lines[1]), lines
@@ -582,8 +601,9 @@ def _mkfs(tmp: Path, src: Path, size_mb: int, *features: str) -> Path:
     raw = tmp / "fs.raw"
     with open(raw, "wb") as fh:
         fh.truncate(size_mb << 20)
-    subprocess.run([MKFS, "-q", "-F", "-O", "^metadata_csum", *features, "-d", str(src), str(raw)], check=True,
-                   timeout=60)  # fmt: skip
+    subprocess.run(
+        [MKFS, "-q", "-F", "-O", "^metadata_csum", *features, "-d", str(src), str(raw)], check=True, timeout=60
+    )
     return raw
 
 
@@ -602,8 +622,9 @@ def _read_all(raw: Path, out: Path, limit: int = 64 << 20) -> ext4_tree.Tree:
 
 def _inode_offset(raw: Path, path: str, block_size: int) -> int:
     """Where debugfs says the inode at `path` lies in `raw` (`imap`: its block and offset)."""
-    said = subprocess.run([DEBUGFS, "-R", f"imap {path}", str(raw)], capture_output=True, text=True, check=True,
-                          timeout=60).stdout  # fmt: skip
+    said = subprocess.run(
+        [DEBUGFS, "-R", f"imap {path}", str(raw)], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
     found = re.search(r"located at block (\d+), offset 0x([0-9a-f]+)", said)
     assert found, said
     return int(found.group(1)) * block_size + int(found.group(2), 16)

@@ -147,15 +147,19 @@ def test_the_executor_suspends_a_multi_vm_job_in_one_cut_and_resumes_it_together
     coordinated path: every VM paused before any save; then both restored on swapped nodes."""
     seen_paused = _watch_saves(driver)
     performer = DriverPerformer(driver, lambda vm: pytest.fail(f"{vm}: nothing is booted in this test"))
-    suspend = Plan(pools=(tuple(PlanAction(Action.SUSPEND, m.vm, "job7", m.node) for m in MEMBERS),), placement={},
-                   cost=0)  # fmt: skip
+    suspend = Plan(
+        pools=(tuple(PlanAction(Action.SUSPEND, m.vm, "job7", m.node) for m in MEMBERS),), placement={}, cost=0
+    )
     report = Executor(performer, store, pipeline_interval_s=0.5).execute(suspend, reason="multi-VM cut")
     assert report.state == "done", report.summary()
     assert seen_paused and all(seen_paused)  # the second save began with the first VM paused too
     assert all(driver.state(m.vm, m.node) == VMState.SAVED for m in MEMBERS)
     swap = {"n1": "n2", "n2": "n1"}
-    resume = Plan(pools=(tuple(PlanAction(Action.RESUME, m.vm, "job7", m.node, swap[m.node]) for m in MEMBERS),),
-                  placement={}, cost=0)  # fmt: skip
+    resume = Plan(
+        pools=(tuple(PlanAction(Action.RESUME, m.vm, "job7", m.node, swap[m.node]) for m in MEMBERS),),
+        placement={},
+        cost=0,
+    )
     report = Executor(performer, store, pipeline_interval_s=0.5).execute(resume, reason="multi-VM resume")
     assert report.state == "done", report.summary()
     assert all(driver.state(m.vm, swap[m.node]) == VMState.RUNNING for m in MEMBERS)
@@ -190,13 +194,17 @@ def test_the_pbs_hook_saves_and_restores_a_multi_node_job_in_one_cut(
         return cuts[-1]
 
     monkeypatch.setattr(coordinated, "checkpoint", watched)
-    assert hook_vm.main(["--config", str(conf), "save", "vjob-pbs-77-0", "--node", "n1",
-                         "--also", "vjob-pbs-77-1@n2"]) == 0  # fmt: skip
+    assert (
+        hook_vm.main(["--config", str(conf), "save", "vjob-pbs-77-0", "--node", "n1", "--also", "vjob-pbs-77-1@n2"])
+        == 0
+    )
     assert len(cuts) == 1 and cuts[0].consistent and set(cuts[0].snapshots) == set(vms)
     assert all(drv.state(vm, node) == VMState.SAVED for vm, node in vms.items())
     assert len(list(hook_vm.pending_dir(cfg).glob("*.json"))) == 2
-    assert hook_vm.main(["--config", str(conf), "restore", "vjob-pbs-77-0", "--node", "n1",
-                         "--also", "vjob-pbs-77-1@n2"]) == 0  # fmt: skip
+    assert (
+        hook_vm.main(["--config", str(conf), "restore", "vjob-pbs-77-0", "--node", "n1", "--also", "vjob-pbs-77-1@n2"])
+        == 0
+    )
     assert all(drv.state(vm, node) == VMState.RUNNING for vm, node in vms.items())
     assert (
         hook_vm.main(["--config", str(conf), "save", "vjob-pbs-77-0", "--node", "n1", "--also", "vjob-pbs-77-0@n2"])
@@ -230,8 +238,12 @@ def test_a_corrupted_overlay_copy_is_caught_by_the_manifest_and_the_source_kept(
     the source's snapshot still verifies and restores."""
     image = tmp_path / "base.qcow2"
     subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(image), "64M"], check=True, timeout=30)
-    cfg = ProvisioningConfig(nodes=test_nodes, vm_dir=str(tmp_path / "vms" / "{node}"),
-                             snapshot_dir=str(tmp_path / "snap" / "{node}"), operation_timeout_s=30)  # fmt: skip
+    cfg = ProvisioningConfig(
+        nodes=test_nodes,
+        vm_dir=str(tmp_path / "vms" / "{node}"),
+        snapshot_dir=str(tmp_path / "snap" / "{node}"),
+        operation_timeout_s=30,
+    )
     with Driver(cfg, data_dir=tmp_path / "data") as drv:
         drv.define(VMSpec("job8-0", image), "n1")
         drv.boot("job8-0", "n1")
@@ -249,8 +261,11 @@ def test_a_corrupted_overlay_copy_is_caught_by_the_manifest_and_the_source_kept(
                 dst.path.write_bytes(bytes(data))
 
         monkeypatch.setattr(transfer, "copy", altering_copy)
-        with pytest.raises(SnapshotError, match=r"does not match the snapshot recorded at save time \(.*snapshot "
-                           r"\S+/n2/job8-0\.qcow2 is corrupt.*the snapshot on n1 is kept"):  # fmt: skip
+        with pytest.raises(
+            SnapshotError,
+            match=r"does not match the snapshot recorded at save time \(.*snapshot "
+            r"\S+/n2/job8-0\.qcow2 is corrupt.*the snapshot on n1 is kept",
+        ):
             drv.restore("job8-0", "n2", from_node="n1")
         assert not drv.overlay_path("job8-0", "n2").exists() and not drv.state_path("job8-0", "n2").exists()
         assert drv.state("job8-0", "n2") is None and drv.verify("job8-0", "n1")

@@ -132,8 +132,9 @@ def _start(
     def describe(rank: int) -> dict[str, Any]:
         return {"job": {"cwd": str(work), "network": {"ssh_private": f"secret key of rank {rank}"}}}
 
-    vms = JobVMs(driver, "job9", NODES, SUBNET, leader_spec or (lambda _r, vm, _n: VMSpec(vm, image)), remotes,
-                 describe)  # fmt: skip
+    vms = JobVMs(
+        driver, "job9", NODES, SUBNET, leader_spec or (lambda _r, vm, _n: VMSpec(vm, image)), remotes, describe
+    )
     return job, vms
 
 
@@ -160,8 +161,10 @@ def test_a_cut_and_a_restore_through_two_member_pilots(driver: Driver, image: Pa
         vms.boot()
         assert _all_running(driver)
         # each member built its own VM from what the leader sent; the secret arrived sealed and was opened
-        assert sorted(d["job"]["network"]["ssh_private"] for d in job.defined) == ["secret key of rank 1",
-                                                                                   "secret key of rank 2"]  # fmt: skip
+        assert sorted(d["job"]["network"]["ssh_private"] for d in job.defined) == [
+            "secret key of rank 1",
+            "secret key of rank 2",
+        ]
         seen: list[bool] = []
         real_save = MemberVM.save
 
@@ -332,8 +335,17 @@ def _job_disks(driver: Driver, image: Path, work: Path) -> tuple[Any, Any]:
     rank (as the leader mode builds them), a member's from the directory it was given."""
 
     def description(rank: int, cwd: Path) -> JobDescription:
-        return JobDescription(script=b"#!/bin/sh\ntrue\n", args=[], env={}, uid=0, gid=0, user="root",
-                              home="/root", cwd=str(cwd), hostname=f"vm{rank}")  # fmt: skip
+        return JobDescription(
+            script=b"#!/bin/sh\ntrue\n",
+            args=[],
+            env={},
+            uid=0,
+            gid=0,
+            user="root",
+            home="/root",
+            cwd=str(cwd),
+            hostname=f"vm{rank}",
+        )
 
     def build(wd: Path, rank: int, vm: str, node: str) -> VMSpec:
         disk = driver.job_disk_path(vm, node)
@@ -377,8 +389,14 @@ def test_a_member_without_the_working_directory_gets_its_job_disk_from_the_leade
     work.mkdir()
     (work / "data.txt").write_text("the leader's files\n")
     leader, member = _job_disks(driver, image, work)
-    job, vms = _start(driver, image, workdir=work, member_dirs={"n2": tmp_path / "missing", "n3": work},
-                      leader_spec=leader, member_spec=member)  # fmt: skip
+    job, vms = _start(
+        driver,
+        image,
+        workdir=work,
+        member_dirs={"n2": tmp_path / "missing", "n3": work},
+        leader_spec=leader,
+        member_spec=member,
+    )
     try:
         vms.boot()
         assert _all_running(driver)
@@ -412,8 +430,11 @@ def test_a_job_disk_altered_on_the_way_is_refused_by_the_member(
     monkeypatch.setattr(Driver, "place_job_disk", altered)
     job, vms = _start(driver, image, workdir=work, member_dirs={"n2": None}, leader_spec=leader, member_spec=member)
     try:
-        with pytest.raises(DriverError, match=r"job9-1 on node n2: the member refused: the job disk the leader sent is "
-                                              r"refused \(.*corrupt.*\); removed here"):  # fmt: skip
+        with pytest.raises(
+            DriverError,
+            match=r"job9-1 on node n2: the member refused: the job disk the leader sent is "
+            r"refused \(.*corrupt.*\); removed here",
+        ):
             vms.boot()
         assert not driver.job_disk_path("job9-1", "n2").exists()
         assert driver.state("job9-1", "n2") is None
@@ -484,10 +505,22 @@ def _sigterm_alone(driver: Driver, image: Path, tmp_path: Path, job: str, per_no
         members = Members(["n2"], host="127.0.0.1")
         env = {**os.environ, TOKEN_ENV: members.token, LEADER_ENV: members.address}
         proc = subprocess.Popen(
-            [sys.executable, "-c", MEMBER_PROCESS, driver.uri("n2"), str(tmp_path / "snap" / "{node}"),
-             str(tmp_path / "data"), str(image), str(work)],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=Path(__file__).parent.parent,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-c",
+                MEMBER_PROCESS,
+                driver.uri("n2"),
+                str(tmp_path / "snap" / "{node}"),
+                str(tmp_path / "data"),
+                str(image),
+                str(work),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=Path(__file__).parent.parent,
+        )
         try:
             members.join(timeout_s=60)
         except VjobError:
@@ -496,8 +529,15 @@ def _sigterm_alone(driver: Driver, image: Path, tmp_path: Path, job: str, per_no
                 f"the member process never joined: {proc.communicate(timeout=10)[0][-3000:]}"
             ) from None
         remotes = members.vms(names[1:], SUBNET, driver, 30)
-    vms = JobVMs(driver, job, nodes, SUBNET, lambda _r, vm, _n: VMSpec(vm, image), remotes,
-                 lambda _rank: {"job": {"cwd": str(work)}})  # fmt: skip
+    vms = JobVMs(
+        driver,
+        job,
+        nodes,
+        SUBNET,
+        lambda _r, vm, _n: VMSpec(vm, image),
+        remotes,
+        lambda _rank: {"job": {"cwd": str(work)}},
+    )
     pdir = PilotDir(tmp_path / "pilots", "slurm", job.removeprefix("job"))
     settings = PilotSettings(rms="slurm", job_id=job.removeprefix("job"), node="n1", poll_s=0.05)
     pilot = Pilot(settings, pdir, vms, out=io.StringIO(), err=io.StringIO())  # type: ignore[arg-type]
@@ -535,9 +575,15 @@ def _sigterm_alone(driver: Driver, image: Path, tmp_path: Path, job: str, per_no
             members.close(wait_s=10)
             member_out = proc.communicate(timeout=10)[0]
     state = pdir.read_state()
-    return {"code": code, "state": state.state if state else None, "cuts": cuts, "member_exit": proc.returncode
-            if proc else None, "member_out": member_out, "sigterm_to_exit_s": exited - sent["at"],
-            "saved": [driver.verify(vm, node).sha256 for vm, node in zip(names, nodes, strict=True)]}  # fmt: skip
+    return {
+        "code": code,
+        "state": state.state if state else None,
+        "cuts": cuts,
+        "member_exit": proc.returncode if proc else None,
+        "member_out": member_out,
+        "sigterm_to_exit_s": exited - sent["at"],
+        "saved": [driver.verify(vm, node).sha256 for vm, node in zip(names, nodes, strict=True)],
+    }
 
 
 def test_sigterm_alone_finishes_the_cut_through_a_member_that_ignores_its_own(

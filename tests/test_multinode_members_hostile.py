@@ -198,10 +198,16 @@ def test_the_member_link_carries_no_environment_and_no_arguments() -> None:
     names = ["job9-0", "job9-1"]
     addresses = network.pilot_addresses("slurm", "9", names)
     job = {
-        "args": [secret_arg], "env": {"API_TOKEN": secret_env, "PATH": "/usr/bin"}, "uid": os.getuid(),
-        "gid": os.getgid(), "user": "root", "home": "/root", "cwd": "/root/work", "hostname": "vm1",
+        "args": [secret_arg],
+        "env": {"API_TOKEN": secret_env, "PATH": "/usr/bin"},
+        "uid": os.getuid(),
+        "gid": os.getgid(),
+        "user": "root",
+        "home": "/root",
+        "cwd": "/root/work",
+        "hostname": "vm1",
         "network": network_of(addresses, 1, network.job_ssh_key("vjob-slurm-9")),
-    }  # fmt: skip
+    }
     vm = MemberVM(members.links["n2"], "job9-1", "n2", "test:///default", 30)
     try:
         vm.define({"image": "debian12", "memory_mb": 512, "job": job})

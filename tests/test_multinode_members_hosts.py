@@ -56,8 +56,17 @@ def test_a_member_on_a_host_without_the_directory_gets_its_job_disk_by_the_copy_
     leader_dir = tmp_path / "job"
     leader_dir.mkdir()
     (leader_dir / "input.txt").write_text("only on the leader's host\n")
-    job = JobDescription(script=b"#!/bin/sh\ntrue\n", args=[], env={}, uid=0, gid=0, user="root", home="/root",
-                         cwd=str(leader_dir), hostname="vm1")  # fmt: skip
+    job = JobDescription(
+        script=b"#!/bin/sh\ntrue\n",
+        args=[],
+        env={},
+        uid=0,
+        gid=0,
+        user="root",
+        home="/root",
+        cwd=str(leader_dir),
+        hostname="vm1",
+    )
     disk = driver.job_disk_path(VM, "b")
     built: dict[str, Any] = {}
 

@@ -109,7 +109,7 @@ def test_a_member_with_the_nonce_but_another_jobs_cookie_is_refused() -> None:
     def member(cookie: str) -> None:
         call = launcher("pbs").calling(
             {"PBS_JOBCOOKIE": cookie}, "n2", leader=members.address, nonce=secret.nonce, stdin_fd=0
-        )  # fmt: skip
+        )
         try:
             member_link.connect(call.leader, call.token, call.node, timeout=10).close()
         except LinkError as exc:
@@ -185,7 +185,11 @@ def test_per_node_under_an_rms_without_a_launcher_is_refused_by_name() -> None:
 
 def test_node_file_lines_keep_addresses_and_drop_domains() -> None:
     assert [member_launch.short_name(x) for x in ("n1.cluster.org\n", " 127.0.0.1", "localhost", "::1")] == [
-        "n1", "127.0.0.1", "localhost", "::1"]  # fmt: skip
+        "n1",
+        "127.0.0.1",
+        "localhost",
+        "::1",
+    ]
     assert pbs_launch.node_index("n2", ["n1.c", "n1.c", "n2.c"]) == 2
     with pytest.raises(InputError, match=r"node n9: not in \$PBS_NODEFILE"):
         pbs_launch.node_index("n9", ["n1.c"])
@@ -204,8 +208,14 @@ def test_srun_gets_one_step_for_all_other_nodes_and_the_token_in_its_environment
     (started,) = launcher("slurm").start(["n2", "n3"], "10.0.0.1:4000", secret, command, os.environ)
     assert started.nodes == ("n2", "n3") and started.proc.wait(10) == 0
     lines = record.read_text().splitlines()
-    assert lines[:6] == ["--ntasks-per-node=1", "--nodes=2", "--relative=1", "--kill-on-bad-exit=0", "--overlap",
-                         sys.executable]  # fmt: skip
+    assert lines[:6] == [
+        "--ntasks-per-node=1",
+        "--nodes=2",
+        "--relative=1",
+        "--kill-on-bad-exit=0",
+        "--overlap",
+        sys.executable,
+    ]
     assert lines[6:11] == ["-m", "vjob.cli", "run", "--member", "--rms"]
     assert f"{member_launch.TOKEN_ENV}={secret.token}" in lines and f"{member_launch.LEADER_ENV}=10.0.0.1:4000" in lines
 

@@ -69,10 +69,16 @@ def test_oarsh_starts_a_member_on_the_other_node_that_joins_its_leader(oar_clust
         path = f"PYTHONPATH={REPO}:{sysconfig.get_paths()['purelib']}"
         name = f"vjobmembers{uuid.uuid4().hex[:8]}"  # OAR's job ids restart with each test OAR
         started = time.monotonic()
-        job = cli.submit(SubmitRequest(command=["env", path, "/usr/bin/python3", str(work / "leader.py"),
-                                                str(work / "vjob.toml")], name=name,
-                                       resource="/host=2/core=1", walltime="0:05:00", directory=str(home)),
-                         user=user)  # fmt: skip
+        job = cli.submit(
+            SubmitRequest(
+                command=["env", path, "/usr/bin/python3", str(work / "leader.py"), str(work / "vjob.toml")],
+                name=name,
+                resource="/host=2/core=1",
+                walltime="0:05:00",
+                directory=str(home),
+            ),
+            user=user,
+        )
         state = ""
         while time.monotonic() - started < 150:
             found = cli.job(job, user=user)

@@ -77,9 +77,18 @@ def test_a_pilots_job_network_is_the_same_at_every_start_and_the_guest_accepts_i
     net = agent.parse_network(_pilot_network(1))
     assert (net.ip, net.leader, net.peers[0][1]) == (str(network.ip_address(a[0].subnet_id, 2)), False, "vm0")
     assert agent.parse_network(_pilot_network(0)).leader
-    job = job_disk.JobDescription(script=b"#!/bin/sh\n", args=[], env={}, uid=1000, gid=1000, user="ann",
-                                  home="/home/ann", cwd="/home/ann/w", hostname="vm0",
-                                  network=_pilot_network())  # fmt: skip
+    job = job_disk.JobDescription(
+        script=b"#!/bin/sh\n",
+        args=[],
+        env={},
+        uid=1000,
+        gid=1000,
+        user="ann",
+        home="/home/ann",
+        cwd="/home/ann/w",
+        hostname="vm0",
+        network=_pilot_network(),
+    )
     assert agent.parse_job(job.to_json()).network == agent.parse_network(_pilot_network())
 
 
@@ -133,8 +142,9 @@ def test_the_pilot_reads_the_allocations_nodes_from_the_rms(tmp_path: Path, monk
 def test_the_users_ssh_files_are_never_written_through_a_planted_link(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
-    job = agent.Job(argv=["s"], env={}, uid=1000, gid=1000, user="ann", home=str(home), cwd=str(tmp_path / "w"),
-                    hostname="vm0")  # fmt: skip
+    job = agent.Job(
+        argv=["s"], env={}, uid=1000, gid=1000, user="ann", home=str(home), cwd=str(tmp_path / "w"), hostname="vm0"
+    )
     ssh = agent.user_ssh_dir(job)
     agent.write_user_file(ssh / "authorized_keys", "ssh-ed25519 K\n", 0o600, 1000, 1000)
     st = (ssh / "authorized_keys").stat()

@@ -46,12 +46,27 @@ def pilot(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], PilotDir, Dri
         f'vm_dir = "{tmp_path / "vms" / "{node}"}"\nsnapshot_dir = "{tmp_path / "snap" / "{node}"}"\n'
         "[provisioning.nodes]\n" + "".join(f'{n} = "{u}"\n' for n, u in uris.items())
     )
-    cmd = [sys.executable, "-m", "vjob.cli", "--config", str(conf), "run", "--job-id", JOB,
-           "--node", "node1", "--nodes", ",".join(NODES), "--memory", "128"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "vjob.cli",
+        "--config",
+        str(conf),
+        "run",
+        "--job-id",
+        JOB,
+        "--node",
+        "node1",
+        "--nodes",
+        ",".join(NODES),
+        "--memory",
+        "128",
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    cfg = ProvisioningConfig(nodes=uris, vm_dir=str(tmp_path / "vms" / "{node}"),
-                             snapshot_dir=str(tmp_path / "snap" / "{node}"))  # fmt: skip
+    cfg = ProvisioningConfig(
+        nodes=uris, vm_dir=str(tmp_path / "vms" / "{node}"), snapshot_dir=str(tmp_path / "snap" / "{node}")
+    )
     paths = Driver(cfg, data_dir=tmp_path / "data")  # for its paths only: never connects
     yield proc, PilotDir(tmp_path / "data" / "pilots", "slurm", JOB), paths
     if proc.poll() is None:

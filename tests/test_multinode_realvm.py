@@ -48,8 +48,9 @@ def job(libvirt_system: str, libvirt_second_node: str, tiny_guest: guest.GuestFi
     for vm, node in VMS.items():
         for n in ("a", "b"):
             driver.delete(vm, n)
-        spec = VMSpec(vm, image, memory_mib=128, kernel=tiny_guest.kernel, initrd=tiny_guest.initrd,
-                      cmdline=tiny_guest.cmdline)  # fmt: skip
+        spec = VMSpec(
+            vm, image, memory_mib=128, kernel=tiny_guest.kernel, initrd=tiny_guest.initrd, cmdline=tiny_guest.cmdline
+        )
         driver.define(spec, node)
         driver.boot(vm, node)
     for vm, node in VMS.items():
@@ -92,5 +93,13 @@ def test_two_vms_saved_in_one_cut_and_resumed_on_other_nodes(job: Driver) -> Non
         assert guest_probe.boots(log) == 1
         assert driver.state(m.vm, m.node) == VMState.RUNNING
         assert driver.state(m.vm, m.from_node or "") is None
-    print(json.dumps({"figure": "coordinated", "vms": 2, "pause_to_saved_s": round(cut.pause_to_saved_s, 3),
-                      "restore_to_running_s": round(resumed.restore_to_running_s, 3)}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "figure": "coordinated",
+                "vms": 2,
+                "pause_to_saved_s": round(cut.pause_to_saved_s, 3),
+                "restore_to_running_s": round(resumed.restore_to_running_s, 3),
+            }
+        )
+    )

@@ -61,8 +61,9 @@ def test_size_and_hash_are_computed_on_the_host_holding_the_file(
     assert transfer.size(ep) == 5
     assert transfer.sha256(ep) == hashlib.sha256(b"hello").hexdigest()
     assert transfer.size(Endpoint(remote_dir / "absent", second_host.ssh_host)) is None
-    integrity.check_against("vm", "b", path, {"size_bytes": 5, "sha256": hashlib.sha256(b"hello").hexdigest()},
-                            second_host.ssh_host)  # fmt: skip
+    integrity.check_against(
+        "vm", "b", path, {"size_bytes": 5, "sha256": hashlib.sha256(b"hello").hexdigest()}, second_host.ssh_host
+    )
     with pytest.raises(SnapshotError, match="is corrupt"):
         integrity.check_against("vm", "b", path, {"size_bytes": 5, "sha256": "0" * 64}, second_host.ssh_host)
 

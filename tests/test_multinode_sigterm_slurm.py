@@ -66,8 +66,11 @@ def test_sigterm_alone_checkpoints_a_multinode_job_within_killwait(
         wait_for(first_ended, 120, "the pilot's exit on SIGTERM")  # before the restart truncates the output
         # printed now: the dev cluster is shared, and another session's fixture may stop it later
         print(json.dumps({**_figures(first_run, sent), "mode": mode}))
-        wait_for(lambda: _job(wrapped_cluster, job).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED"), 900,
-                 "the job's end")  # fmt: skip
+        wait_for(
+            lambda: _job(wrapped_cluster, job).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED"),
+            900,
+            "the job's end",
+        )
         text = out.read_text(errors="replace")
         assert _job(wrapped_cluster, job).get("JobState") == "COMPLETED", text[-4000:]
     finally:
@@ -91,7 +94,12 @@ def _figures(first_run: str, sent: float) -> dict[str, object]:
     if not cuts:
         return {"figure": "sigterm_alone", "cut": None}
     all_saved = datetime.fromisoformat(cuts[0]["timestamp"].replace("Z", "+00:00")).timestamp()  # logged once saved
-    return {"figure": "sigterm_alone", "vms": 2, "killwait_s": 5,
-            "sigterm_to_first_pause_s": round(min(cuts[0]["paused_at"].values()) - sent, 3),
-            "pause_to_saved_s": cuts[0]["pause_to_saved_s"], "sigterm_to_all_saved_s": round(all_saved - sent, 3),
-            "load": os.getloadavg()[0]}  # fmt: skip
+    return {
+        "figure": "sigterm_alone",
+        "vms": 2,
+        "killwait_s": 5,
+        "sigterm_to_first_pause_s": round(min(cuts[0]["paused_at"].values()) - sent, 3),
+        "pause_to_saved_s": cuts[0]["pause_to_saved_s"],
+        "sigterm_to_all_saved_s": round(all_saved - sent, 3),
+        "load": os.getloadavg()[0],
+    }

@@ -90,8 +90,9 @@ def _forget_vms(site: Path, job: str, nodes: int) -> None:
 
 def _job(cluster: DevCluster, job: str) -> dict[str, str]:
     """`scontrol show job`'s fields (the few this test reads hold no spaces)."""
-    text = subprocess.run(["scontrol", "show", "job", job], env={**os.environ, **cluster.env}, capture_output=True,
-                          text=True, timeout=30).stdout  # fmt: skip
+    text = subprocess.run(
+        ["scontrol", "show", "job", job], env={**os.environ, **cluster.env}, capture_output=True, text=True, timeout=30
+    ).stdout
     return dict(re.findall(r"(\w+)=(\S*)", text))
 
 
@@ -120,8 +121,14 @@ def submit(cluster: DevCluster, site: Path, mode: str, files: dict[str, str]) ->
     for name, text in files.items():
         (work / name).write_text(text)
     env = {**cluster.env, "PATH": f"{_shim(site)}:/usr/bin:/bin", "VJOB_CONFIG": str(conf)}
-    res = subprocess.run(["env", "-i", *(f"{k}={v}" for k, v in env.items()), "sbatch", "--parsable", "--requeue",
-                          "job.sh"], cwd=work, capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+    res = subprocess.run(
+        ["env", "-i", *(f"{k}={v}" for k, v in env.items()), "sbatch", "--parsable", "--requeue", "job.sh"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     assert res.returncode == 0, res.stderr
     return res.stdout.strip().split(";")[0], work
 
@@ -158,8 +165,12 @@ def test_an_mpi_ring_is_checkpointed_mid_run_and_finishes_on_other_nodes(
     out = work / f"slurm-{job}.out"
     cenv = {**os.environ, **wrapped_cluster.env}
     try:
-        wait_for(lambda: _printed(out, rb"^round %d " % CHECKPOINT_AT, wrapped_cluster, job), 900,
-                 f"the ring's round {CHECKPOINT_AT}", interval=1.0)  # fmt: skip
+        wait_for(
+            lambda: _printed(out, rb"^round %d " % CHECKPOINT_AT, wrapped_cluster, job),
+            900,
+            f"the ring's round {CHECKPOINT_AT}",
+            interval=1.0,
+        )
         # What the agent does (agent.act): ask the pilot for a checkpoint, wait for its answer, requeue.
         pdir = PilotDir(site / "pilots", "slurm", job)
         pdir.request_checkpoint("mn-test", "test")
@@ -169,8 +180,11 @@ def test_an_mpi_ring_is_checkpointed_mid_run_and_finishes_on_other_nodes(
         first_nodes = list(saved.member_nodes)
         first_run = out.read_text(errors="replace")  # the RMS truncates the output at the requeue
         _requeue_elsewhere(wrapped_cluster, job, first_nodes)
-        wait_for(lambda: _job(wrapped_cluster, job).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED"), 900,
-                 "the job's end")  # fmt: skip
+        wait_for(
+            lambda: _job(wrapped_cluster, job).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED"),
+            900,
+            "the job's end",
+        )
         text = out.read_text(errors="replace")
         fields = _job(wrapped_cluster, job)
         assert fields.get("JobState") == "COMPLETED", text[-4000:]
@@ -198,14 +212,25 @@ def test_an_mpi_ring_is_checkpointed_mid_run_and_finishes_on_other_nodes(
     assert memory["memory_kept"], text[-4000:]
     assert memory["boot_ids"] == dict(re.findall(r"^boot rank (\d+) (\S+)$", first_run, re.M)), first_run[-4000:]
     # per-node: the other VMs were set up, saved and restored by member pilots on their nodes.
-    set_up = [[json.loads(line).get("node") for line in t.splitlines() if '"member: set up"' in line]
-              for t in (first_run, text)]  # fmt: skip
+    set_up = [
+        [json.loads(line).get("node") for line in t.splitlines() if '"member: set up"' in line]
+        for t in (first_run, text)
+    ]
     if mode == "per-node":
         assert [sorted(s) for s in set_up] == [sorted(first_nodes[1:]), sorted(second_nodes[1:])], set_up
     else:
         assert set_up == [[], []], set_up
     restored = [json.loads(line) for line in text.splitlines() if '"multi-node job restored"' in line]
-    print(json.dumps({"figure": "multinode_slurm", "mode": mode, "vms": nodes,
-                      "pause_to_saved_s": cuts[0]["pause_to_saved_s"],
-                      "restore_to_running_s": restored[0]["restore_to_running_s"] if restored else None,
-                      "test_s": round(time.monotonic() - t0, 1), "load": os.getloadavg()[0]}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "figure": "multinode_slurm",
+                "mode": mode,
+                "vms": nodes,
+                "pause_to_saved_s": cuts[0]["pause_to_saved_s"],
+                "restore_to_running_s": restored[0]["restore_to_running_s"] if restored else None,
+                "test_s": round(time.monotonic() - t0, 1),
+                "load": os.getloadavg()[0],
+            }
+        )
+    )

@@ -208,8 +208,15 @@ def test_4_a_vm_defined_on_the_second_host_gets_its_job_disk_sent_and_checked(
     disk = driver.job_disk_path(vm, "b")  # built here, at the node's path, as the pilot does
     subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(disk), "16M"], check=True, timeout=30)
     built = transfer.sha256_file(disk)
-    spec = VMSpec(vm, work / "empty.qcow2", memory_mib=96, kernel=tiny_guest.kernel, initrd=tiny_guest.initrd,
-                  cmdline=tiny_guest.cmdline, job_disk=disk)  # fmt: skip
+    spec = VMSpec(
+        vm,
+        work / "empty.qcow2",
+        memory_mib=96,
+        kernel=tiny_guest.kernel,
+        initrd=tiny_guest.initrd,
+        cmdline=tiny_guest.cmdline,
+        job_disk=disk,
+    )
     real_copy = transfer.copy
 
     def altered_on_the_way(src: transfer.Endpoint, dst: transfer.Endpoint, **kw: object) -> None:

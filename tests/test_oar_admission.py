@@ -163,8 +163,13 @@ def test_oarsub_with_a_deadline_over_X_is_refused_and_the_rule_fails_open(oar_cl
     os.chmod(where, 0o755)
     path = where / THRESHOLD_NAME
     vjob = [sys.executable, "-m", "vjob.cli", "oar"]
-    done = subprocess.run([*vjob, "install-deadline-rule", "--threshold-file", str(path)], capture_output=True,
-                          text=True, timeout=60, check=True)  # fmt: skip
+    done = subprocess.run(
+        [*vjob, "install-deadline-rule", "--threshold-file", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     (new,) = deadline_rule.installed()
     assert f"vjob deadline rule #{new} installed, reading {path}" in done.stdout
     accepted: list[str] = []

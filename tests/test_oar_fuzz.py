@@ -173,7 +173,13 @@ def test_the_deadline_type_becomes_the_jobs_deadline_in_local_time() -> None:
     assert job_deadline(("deadline=2031-05-04", "deadline=2031-05-05 01:00")) == time.mktime(
         (2031, 5, 5, 1, 0, 0, 0, 0, -1)
     )
-    for bad in ("deadline=2031-13-01", "deadline=2031-02-31", "deadline=2031-05-04 25:00", "deadline=tomorrow",
-                "deadline=2031-05-04 10:20:30; rm -rf /", "deadline=2031-05-04\n"):  # fmt: skip
+    for bad in (
+        "deadline=2031-13-01",
+        "deadline=2031-02-31",
+        "deadline=2031-05-04 25:00",
+        "deadline=tomorrow",
+        "deadline=2031-05-04 10:20:30; rm -rf /",
+        "deadline=2031-05-04\n",
+    ):
         assert job_deadline((bad,)) is None, bad
     assert job_from_dict("8", {**job, "types": ["besteffort"]}, source="t").to_job().deadline is None

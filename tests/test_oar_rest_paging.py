@@ -22,8 +22,7 @@ from tests.services import wait_for
 
 
 def _job(i: int, state: str = "Running") -> dict[str, object]:
-    return {"id": i, "state": state, "owner": "alice", "name": f"j{i}", "events": [],
-            "assigned_resources": [i % 4 + 1]}  # fmt: skip
+    return {"id": i, "state": state, "owner": "alice", "name": f"j{i}", "events": [], "assigned_resources": [i % 4 + 1]}
 
 
 def test_a_listing_longer_than_one_page_is_complete() -> None:
@@ -67,8 +66,9 @@ def test_a_real_rest_listing_of_more_than_500_jobs_is_complete(oar_cluster, tmp_
     home = os.path.expanduser(f"~{oar_cluster.user}")
     env = {"PATH": os.environ["PATH"], "PWD": home, "HOME": home, "LANG": "C"}
     argv = ["oarsub", "--hold", "--array", str(PAGE + 1), "-n", "vjobpage", "-l", "/resource_id=1", "true"]
-    proc = subprocess.run(["runuser", "-u", oar_cluster.user, "--", *argv],
-                          capture_output=True, text=True, timeout=300, cwd=home, env=env)  # fmt: skip
+    proc = subprocess.run(
+        ["runuser", "-u", oar_cluster.user, "--", *argv], capture_output=True, text=True, timeout=300, cwd=home, env=env
+    )
     array = re.search(r"OAR_ARRAY_ID=(\d+)", proc.stdout)
     assert array, proc.stdout + proc.stderr
     try:

@@ -29,8 +29,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 def vjob(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "VJOB_CONFIG"}
-    return subprocess.run([sys.executable, "-m", "vjob.cli", *args], capture_output=True, text=True, env=env,
-                          cwd=cwd, timeout=60)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "vjob.cli", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=60
+    )
 
 
 def _unit(text: str) -> dict[str, dict[str, list[str]]]:

@@ -49,8 +49,9 @@ def test_a_bad_view_names_the_field_path(data: object, message: str) -> None:
 
 def test_a_bad_instance_names_the_field_path() -> None:
     with pytest.raises(InputError, match=r"i\.vms\[0\]\.state = 'paused': must be one of waiting, running, sleeping"):
-        Instance.from_dict({"nodes": [], "vms": [{"id": "v", "vjob": "j", "cpu": 1, "mem": 1, "state": "paused"}]},
-                           source="i")  # fmt: skip
+        Instance.from_dict(
+            {"nodes": [], "vms": [{"id": "v", "vjob": "j", "cpu": 1, "mem": 1, "state": "paused"}]}, source="i"
+        )
     with pytest.raises(InputError, match=r"i\.target\.j = 'gone'"):
         Instance.from_dict({"nodes": [], "vms": [], "target": {"j": "gone"}}, source="i")
 
@@ -70,11 +71,32 @@ def test_vjob_schema_prints_a_json_schema(name: str, capsys: pytest.CaptureFixtu
 
 _json = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(
-        ["now", "jobs", "nodes", "vms", "id", "user", "name", "cpus", "memory_mb", "state", "targets", "usage", "x"]),
-        inner, max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "now",
+                    "jobs",
+                    "nodes",
+                    "vms",
+                    "id",
+                    "user",
+                    "name",
+                    "cpus",
+                    "memory_mb",
+                    "state",
+                    "targets",
+                    "usage",
+                    "x",
+                ]
+            ),
+            inner,
+            max_size=5,
+        )
+    ),
     max_leaves=20,
-)  # fmt: skip
+)
 
 
 @settings(max_examples=1500, deadline=None)

@@ -44,15 +44,31 @@ GOOD, HOSTILE = "1", "2"
 
 
 def _good_state(job_id: str) -> PilotStatus:
-    return PilotStatus(job_id=job_id, vm=f"vjob-slurm-{job_id}", node="node1", uri="qemu:///system",
-                       state=PilotState.SAVED, since=time.time(), memory_path=f"/var/lib/vjob/{job_id}.state",
-                       saved_nodes=["node1"], history=[{"state": "saved", "at": 1.0, "node": "node1"}])  # fmt: skip
+    return PilotStatus(
+        job_id=job_id,
+        vm=f"vjob-slurm-{job_id}",
+        node="node1",
+        uri="qemu:///system",
+        state=PilotState.SAVED,
+        since=time.time(),
+        memory_path=f"/var/lib/vjob/{job_id}.state",
+        saved_nodes=["node1"],
+        history=[{"state": "saved", "at": 1.0, "node": "node1"}],
+    )
 
 
 VALID = json.dumps(_good_state(HOSTILE).to_json(), indent=1, sort_keys=True).encode()
-REQUEST = json.dumps({"request_id": "switch-1-action-2", "at": 1.5, "reason": "interactive job 9",
-                      "nodes": ["node1", "node2"], "kind": "resume", "node": "node2",
-                      "from_node": "node1"}).encode()  # fmt: skip
+REQUEST = json.dumps(
+    {
+        "request_id": "switch-1-action-2",
+        "at": 1.5,
+        "reason": "interactive job 9",
+        "nodes": ["node1", "node2"],
+        "kind": "resume",
+        "node": "node2",
+        "from_node": "node1",
+    }
+).encode()
 
 
 class Site:
@@ -67,8 +83,10 @@ class Site:
         self.hostile.ensure()
         cfg = parse({"data_dir": str(base / "data"), "agent": {"pilot_dir": str(self.root)}})
         self.agent = Agent(cfg, object(), rms="slurm", metrics=AgentMetrics())  # type: ignore[arg-type]
-        jobs = tuple(Job(id=j, user="root", rms="slurm", state=JobState.RUNNING, allocated_nodes=("node1",))
-                     for j in (GOOD, HOSTILE))  # fmt: skip
+        jobs = tuple(
+            Job(id=j, user="root", rms="slurm", state=JobState.RUNNING, allocated_nodes=("node1",))
+            for j in (GOOD, HOSTILE)
+        )
         self.view = ClusterView(now=time.time(), jobs=jobs, nodes=(Node("node1", 4, 4096),))
 
     def tick_with(self, data: bytes) -> None:
@@ -107,11 +125,16 @@ def _edits(base: bytes) -> st.SearchStrategy[bytes]:
 
 HUGE_INTS = st.sampled_from([10**400, -(10**30), 2**63, 2**63 - 1, -1, 0])
 JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers() | HUGE_INTS | st.floats() | st.text(max_size=40)
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | HUGE_INTS
+    | st.floats()
+    | st.text(max_size=40)
     | st.sampled_from(["/" + "a" * 300, "x" * 5000, "a\nb", "running", "node1", "\0", "inf", "nan", "1e400"]),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=12,
-)  # fmt: skip
+)
 """Any JSON value, with the ones that crashed the reader (issue 39) drawn often."""
 
 

@@ -33,8 +33,19 @@ def site(tmp_path: Path) -> Path:
 
 
 def _pilot(site: Path, job: str, node: str, *extra: str, restarts: str | None = None) -> subprocess.Popen[str]:
-    cmd = [sys.executable, "-m", "vjob.cli", "--config", str(site / "vjob.toml"), "run", "--job-id", job,
-           "--node", node, *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "vjob.cli",
+        "--config",
+        str(site / "vjob.toml"),
+        "run",
+        "--job-id",
+        job,
+        "--node",
+        node,
+        *extra,
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     if restarts is not None:
         env["SLURM_RESTART_COUNT"] = restarts

@@ -135,8 +135,12 @@ def test_the_address_formulas_take_exactly_16_and_8_bits() -> None:
     assert mac_for("52:54:00", 0, 0) == "52:54:00:00:00:00"
     assert mac_for("52:54:00", 65535, 255) == "52:54:00:ff:ff:ff"
     assert ip_for("10.0.0.0/8", 65535, 255) == "10.255.255.255"
-    for subnet, vm, field in ((-1, 1, "subnetID = -1"), (65536, 1, "subnetID = 65536"), (1, -1, "vmID = -1"),
-                              (1, 256, "vmID = 256")):  # fmt: skip
+    for subnet, vm, field in (
+        (-1, 1, "subnetID = -1"),
+        (65536, 1, "subnetID = 65536"),
+        (1, -1, "vmID = -1"),
+        (1, 256, "vmID = 256"),
+    ):
         limit = "0..65535" if field.startswith("subnet") else "0..255"
         with pytest.raises(InputError, match=f"{field}: must be in {limit}$"):
             mac_for("52:54:00", subnet, vm)

@@ -43,8 +43,11 @@ def _vjob(name: str, state: VJobState, hosts: tuple[str | None, ...], demand: in
 
 def test_idle_vms_measured_idle_let_a_waiting_vjob_run_where_requested_sizes_would_not():
     def observed(j1_demand: int) -> list[ObservedVM]:
-        return [*_vjob("j1", R, ("n1", "n1"), j1_demand), *_vjob("j2", R, ("n2", "n2"), 1),
-                *_vjob("j3", W, (None, None), 1)]  # fmt: skip
+        return [
+            *_vjob("j1", R, ("n1", "n1"), j1_demand),
+            *_vjob("j2", R, ("n2", "n2"), 1),
+            *_vjob("j3", W, (None, None), 1),
+        ]
 
     by_request = decide(NODES, observed(1), ["j1", "j2", "j3"])  # every VM weighs its vCPU
     assert by_request.selection.target["j3"] is W and not by_request.changes
@@ -88,11 +91,28 @@ def test_an_overloaded_node_is_relieved_by_migration():
     assert settled.overloaded == () and plan_for(settled) is None
 
 
-def _status(job: str, node: str, cpu_s: float = 0.0, *, memory_mb: int = 64, vcpus: int = 1,
-            state: PilotState = PilotState.RUNNING) -> PilotStatus:  # fmt: skip
+def _status(
+    job: str,
+    node: str,
+    cpu_s: float = 0.0,
+    *,
+    memory_mb: int = 64,
+    vcpus: int = 1,
+    state: PilotState = PilotState.RUNNING,
+) -> PilotStatus:
     # What the job's user controls: the pilot's own CPU counter, memory and size.
-    return PilotStatus(job_id=job, vm=f"vjob-slurm-{job}", node=node, uri="test:///default", state=state, since=1.0,
-                       memory_mb=memory_mb, vcpus=vcpus, cpu_seconds=cpu_s, cpu_at=10.0 if cpu_s else 0.0)  # fmt: skip
+    return PilotStatus(
+        job_id=job,
+        vm=f"vjob-slurm-{job}",
+        node=node,
+        uri="test:///default",
+        state=state,
+        since=1.0,
+        memory_mb=memory_mb,
+        vcpus=vcpus,
+        cpu_seconds=cpu_s,
+        cpu_at=10.0 if cpu_s else 0.0,
+    )
 
 
 def _obs(*pilots: PilotStatus, jobs: tuple[Job, ...] = ()) -> Observation:
@@ -122,9 +142,18 @@ class _Hypervisor:
 
     def __call__(self, node: str) -> dict[str, DomainSample]:
         self.calls.append(node)
-        return {vm: DomainSample(vm, self.t, int(cpu * 1e9), 1, memory_kib=mem, rss_kib=rss,
-                                 vcpu_delay_ns=None if wait is None else int(wait * 1e9))
-                for vm, (cpu, wait, mem, rss) in self.vms.get(node, {}).items()}  # fmt: skip
+        return {
+            vm: DomainSample(
+                vm,
+                self.t,
+                int(cpu * 1e9),
+                1,
+                memory_kib=mem,
+                rss_kib=rss,
+                vcpu_delay_ns=None if wait is None else int(wait * 1e9),
+            )
+            for vm, (cpu, wait, mem, rss) in self.vms.get(node, {}).items()
+        }
 
 
 def test_the_agent_measures_demand_through_libvirt_not_from_the_pilots_files():
@@ -164,8 +193,9 @@ def test_a_sleeping_vm_keeps_what_root_last_measured_and_its_window_restarts_at_
     hv.advance(5, {"vjob-slurm-1": (1.0, 0.0)})
     observed_vms(_obs(_status("1", "n1")), state, busy=0.5)
     (tmp_path / "mem").write_bytes(b"state")
-    asleep = replace(_status("1", "n1", memory_mb=16), state=PilotState.SAVED, saved_node="n1",
-                     memory_path=str(tmp_path / "mem"))  # fmt: skip
+    asleep = replace(
+        _status("1", "n1", memory_mb=16), state=PilotState.SAVED, saved_node="n1", memory_path=str(tmp_path / "mem")
+    )
     assert asleep.memory_saved
     (o,) = observed_vms(_obs(asleep), state, busy=0.5)
     assert (o.state, o.host, o.demand, o.mem) == (VJobState.SLEEPING, "n1", 1, 512)  # not the pilot's 16 MiB
@@ -256,12 +286,25 @@ class _Dom:
 
 # libvirt 9.0's bulk statistics of a real QEMU guest on this machine (1 vCPU, 256 MiB), recorded.
 QEMU_STATS = {
-    "state.state": 1, "cpu.time": 6723547000, "cpu.user": 5026788000, "cpu.system": 1696758000,
-    "balloon.current": 262144, "balloon.maximum": 262144, "balloon.swap_in": 0, "balloon.swap_out": 0,
-    "balloon.major_fault": 0, "balloon.minor_fault": 545, "balloon.unused": 195084, "balloon.rss": 203012,
-    "vcpu.current": 1, "vcpu.maximum": 1, "vcpu.0.state": 1, "vcpu.0.time": 6190000000, "vcpu.0.wait": 0,
+    "state.state": 1,
+    "cpu.time": 6723547000,
+    "cpu.user": 5026788000,
+    "cpu.system": 1696758000,
+    "balloon.current": 262144,
+    "balloon.maximum": 262144,
+    "balloon.swap_in": 0,
+    "balloon.swap_out": 0,
+    "balloon.major_fault": 0,
+    "balloon.minor_fault": 545,
+    "balloon.unused": 195084,
+    "balloon.rss": 203012,
+    "vcpu.current": 1,
+    "vcpu.maximum": 1,
+    "vcpu.0.state": 1,
+    "vcpu.0.time": 6190000000,
+    "vcpu.0.wait": 0,
     "vcpu.0.delay": 902258658,
-}  # fmt: skip
+}
 
 
 def test_libvirts_statistics_give_the_memory_held_and_the_time_the_vcpus_waited():

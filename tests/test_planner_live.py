@@ -31,6 +31,7 @@ from agent.recover import finish_live_switches
 from preemption.executor import Executor
 from preemption.planner import Instance, NodeSpec, Plan, PlanAction, VMSpec, control, make_plan, validate
 from provisioning.profiling import node_sampler
+from tests.agent_steps import control_step
 from tests.services import wait_for
 from tests.services.libvirt import make_test_node
 from vjob import log
@@ -65,8 +66,20 @@ def site(tmp_path: Path):
 
 def _pilot(site, job: str, node: str) -> subprocess.Popen[str]:
     path, procs = site
-    cmd = [sys.executable, "-m", "vjob.cli", "--config", str(path / "vjob.toml"), "run", "--job-id", job,
-           "--node", node, "--memory", str(MEM)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "vjob.cli",
+        "--config",
+        str(path / "vjob.toml"),
+        "run",
+        "--job-id",
+        job,
+        "--node",
+        node,
+        "--memory",
+        str(MEM),
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     procs.append(proc)
@@ -135,8 +148,13 @@ def test_a_planned_switch_runs_on_real_pilots_and_the_journal_shows_every_action
         assert action.dst is not None
         _pilot(site, action.vjob, action.dst)
 
-    executor = Executor(_performer(site, start_job=start_job), store, pipeline_interval_s=0.1, tag=EXECUTOR_TAG,
-                        job_key=lambda a: f"slurm:{a.vjob}")  # fmt: skip
+    executor = Executor(
+        _performer(site, start_job=start_job),
+        store,
+        pipeline_interval_s=0.1,
+        tag=EXECUTOR_TAG,
+        job_key=lambda a: f"slurm:{a.vjob}",
+    )
     report = executor.execute(plan, reason="live test")
     assert report.state == "done", report.summary()
     assert started == ["65"]
@@ -154,7 +172,11 @@ def test_a_planned_switch_runs_on_real_pilots_and_the_journal_shows_every_action
     sw = journal.load(store, report.switch_id)
     assert sw.state == "done" and sw.plan["executor"] == EXECUTOR_TAG
     assert sorted((x.action, x.rms_job_id) for x in sw.actions) == [
-        ("resume", "62"), ("run", "65"), ("stop", "64"), ("suspend", "61")]  # fmt: skip
+        ("resume", "62"),
+        ("run", "65"),
+        ("stop", "64"),
+        ("suspend", "61"),
+    ]
     assert all(x.state == "done" for x in sw.actions)
     times = journal.action_times(store, report.switch_id)
     by_kind = {x.action: times[x.id] for x in sw.actions}
@@ -165,8 +187,11 @@ def test_a_refused_action_fails_the_switch_and_the_vm_stays_where_it_is(site, st
     _pilot(site, "71", "node1")
     _running(site, "71")
     # libvirt's test driver cannot migrate: the pilot refuses, the switch fails at that pool.
-    plan = Plan(pools=((PlanAction(Action.MIGRATE, "vjob-slurm-71", "71", "node1", "node2"),),),
-                placement={"vjob-slurm-71": "node2"}, cost=MEM)  # fmt: skip
+    plan = Plan(
+        pools=((PlanAction(Action.MIGRATE, "vjob-slurm-71", "71", "node1", "node2"),),),
+        placement={"vjob-slurm-71": "node2"},
+        cost=MEM,
+    )
     report = Executor(_performer(site), store, tag=EXECUTOR_TAG).execute(plan)
     assert report.state == "failed"
     assert "the pilot refused" in report.failed[0][1] and "migrate" in report.failed[0][1]
@@ -217,8 +242,12 @@ def kill_stalled_executor(
     plan_file.write_text(json.dumps(plan.to_dict()))
     out = work / "executor.out"
     with open(out, "w") as fh:
-        proc = subprocess.Popen([sys.executable, "-c", script, str(pilots), db_url, str(plan_file)], cwd=REPO,
-                                stdout=fh, stderr=subprocess.STDOUT)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-c", script, str(pilots), db_url, str(plan_file)],
+            cwd=REPO,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+        )
     try:
         wait_for(lambda: "stalled" in out.read_text() or proc.poll() is not None, timeout_s, "executor stalled")
         assert proc.poll() is None, out.read_text()
@@ -239,14 +268,18 @@ def test_an_executor_killed_mid_switch_is_finished_by_the_recovery(site, store: 
     _asleep(site, "84")
     plan = Plan(
         pools=(
-            (PlanAction(Action.SUSPEND, "vjob-slurm-81", "81", "node1"),
-             PlanAction(Action.SUSPEND, "vjob-slurm-83", "83", "node2")),
-            (PlanAction(Action.RESUME, "vjob-slurm-82", "82", "node2", "node1"),
-             PlanAction(Action.RESUME, "vjob-slurm-84", "84", "node2", "node2")),
+            (
+                PlanAction(Action.SUSPEND, "vjob-slurm-81", "81", "node1"),
+                PlanAction(Action.SUSPEND, "vjob-slurm-83", "83", "node2"),
+            ),
+            (
+                PlanAction(Action.RESUME, "vjob-slurm-82", "82", "node2", "node1"),
+                PlanAction(Action.RESUME, "vjob-slurm-84", "84", "node2", "node2"),
+            ),
         ),
         placement={"vjob-slurm-82": "node1", "vjob-slurm-84": "node2"},
         cost=0,
-    )  # fmt: skip
+    )
     kill_stalled_executor(STALL, site[0], site[0] / "data" / "pilots", db_url, plan)
     (sw,) = journal.open_switches(store, rms="slurm")
     states = sorted((x.rms_job_id, x.state) for x in sw.actions)
@@ -257,8 +290,12 @@ def test_an_executor_killed_mid_switch_is_finished_by_the_recovery(site, store: 
     assert report.state == "done", report.summary()
     assert journal.load(store, sw.id).state == "done"
     assert all(x.state == "done" for x in journal.load(store, sw.id).actions)
-    for job, state, node in (("81", PilotState.SAVED, "node1"), ("82", PilotState.RUNNING, "node1"),
-                             ("83", PilotState.SAVED, "node2"), ("84", PilotState.RUNNING, "node2")):  # fmt: skip
+    for job, state, node in (
+        ("81", PilotState.SAVED, "node1"),
+        ("82", PilotState.RUNNING, "node1"),
+        ("83", PilotState.SAVED, "node2"),
+        ("84", PilotState.RUNNING, "node2"),
+    ):
         st = _st(site, job)
         assert (st.state, st.node if state is PilotState.RUNNING else st.saved_node) == (state, node), job
     assert _st(site, "82").restores == 1  # resumed once, though asked twice (before and after the crash)
@@ -298,21 +335,27 @@ def test_the_control_loop_relieves_an_overloaded_node_from_measured_demand(site,
         _pilot(site, job, "node1")
     for job in ("91", "92", "93"):
         _running(site, job)
-    cfg = parse({"data_dir": str(site[0] / "data"), "planner": {"interval_s": 30, "optimizer": "ffd"},
-                 "agent": {"checkpoint_timeout_s": 60}})  # fmt: skip
+    cfg = parse(
+        {
+            "data_dir": str(site[0] / "data"),
+            "planner": {"interval_s": 30, "optimizer": "ffd"},
+            "agent": {"checkpoint_timeout_s": 60},
+        }
+    )
     agent = Agent(cfg, _NoRMS(), rms="slurm", metrics=AgentMetrics())  # type: ignore[arg-type]
     agent.ports.store.opened = store
     view = ClusterView(now=time.time(), nodes=(Node("node1", 2, 1024),), jobs=())
     hv = mirror(site, "node1", {"91": 384, "92": 384, "93": 384})
 
     def observation() -> Observation:
-        return Observation(view, {j: replace(_st(site, j), cpu_seconds=0.0, memory_mb=1) for j in ("91", "92", "93")},
-                           {}, True)  # fmt: skip
+        return Observation(
+            view, {j: replace(_st(site, j), cpu_seconds=0.0, memory_mb=1) for j in ("91", "92", "93")}, {}, True
+        )
 
     state = ControlState(sampler=node_sampler(lambda _node: hv))
     consolidate.observed_vms(observation(), state, busy=0.5)  # first samples
     time.sleep(0.3)
-    report = consolidate.step(agent.ports, observation(), state)
+    report = control_step(agent.ports, observation(), state)
 
     assert state.decision is not None and state.decision.overloaded == ("node1",)
     assert state.decision.why == ("memory 1152 > 1024 MB",)
@@ -338,17 +381,32 @@ def test_the_agent_samples_each_node_through_the_provisioning_drivers_connection
     # node1's test driver holds no domain of that name (the pilot's file says one runs there):
     # root cannot find it, so it weighs what the RMS allocated (300 MiB, 2 CPUs) and is named,
     # never its pilot's claims (16 MiB, 1 vCPU: issue 39, item 9).
-    cfg = parse({"data_dir": str(site[0] / "data"), "planner": {"interval_s": 30},
-                 "provisioning": {"nodes": {"node1": make_test_node(site[0] / "own", "node1")}}})  # fmt: skip
+    cfg = parse(
+        {
+            "data_dir": str(site[0] / "data"),
+            "planner": {"interval_s": 30},
+            "provisioning": {"nodes": {"node1": make_test_node(site[0] / "own", "node1")}},
+        }
+    )
     agent = Agent(cfg, _NoRMS(), rms="slurm", metrics=AgentMetrics())  # type: ignore[arg-type]
     agent.ports.store.opened = store
-    claim = PilotStatus(job_id="95", vm="vjob-slurm-95", node="node1", uri="test:///default",
-                        state=PilotState.RUNNING, since=1.0, memory_mb=16, vcpus=1, cpu_at=1.0)  # fmt: skip
+    claim = PilotStatus(
+        job_id="95",
+        vm="vjob-slurm-95",
+        node="node1",
+        uri="test:///default",
+        state=PilotState.RUNNING,
+        since=1.0,
+        memory_mb=16,
+        vcpus=1,
+        cpu_at=1.0,
+    )
     job = Job(id="95", user="root", rms="slurm", memory_mb=300, cores=2)
-    obs = Observation(ClusterView(now=time.time(), nodes=(Node("node1", 2, 4096),), jobs=(job,)), {"95": claim}, {},
-                      True)  # fmt: skip
+    obs = Observation(
+        ClusterView(now=time.time(), nodes=(Node("node1", 2, 4096),), jobs=(job,)), {"95": claim}, {}, True
+    )
     state = ControlState()
-    assert consolidate.step(agent.ports, obs, state) is None  # 2 CPUs wanted on 2: nothing to do
+    assert control_step(agent.ports, obs, state) is None  # 2 CPUs wanted on 2: nothing to do
     assert state.sampler is not None and state.unmeasured == ("vjob-slurm-95",)
     assert state.decision is not None and [(v.cpu, v.mem) for v in state.decision.instance.vms] == [(2, 300)]
 
@@ -391,8 +449,13 @@ def test_the_loop_relieves_overloaded_nodes_with_vjobs_of_two_vms(site, store: S
         return out
 
     performer = PilotRequestPerformer(lambda a: _pdir(site, a.vm.removeprefix("vjob-slurm-")), timeout_s=60)
-    executor = Executor(performer, store, pipeline_interval_s=0.1, tag=EXECUTOR_TAG,
-                        job_key=lambda a: f"slurm:{a.vm.removeprefix('vjob-slurm-')}")  # fmt: skip
+    executor = Executor(
+        performer,
+        store,
+        pipeline_interval_s=0.1,
+        tag=EXECUTOR_TAG,
+        job_key=lambda a: f"slurm:{a.vm.removeprefix('vjob-slurm-')}",
+    )
 
     decision = control.decide(nodes, observed(), ["X", "Y"])
     assert [vm.cpu for vm in decision.instance.vms] == [1, 1, 1, 1]  # measured: all four compute

@@ -21,6 +21,7 @@ from preemption.decisions import fcfs_selection
 from preemption.planner import Plan, PlanAction, control
 from preemption.planner.instance import Instance, NodeSpec
 from provisioning.profiling import DomainSample
+from tests.agent_steps import control_step
 from vjob.config import parse
 from vjob.model import Action, ClusterView, Node, VJobState
 from vjob.pilot_files import PilotState, PilotStatus
@@ -73,8 +74,15 @@ def test_a_plan_that_moves_or_splits_a_multi_node_vjob_is_refused_naming_it(pool
 
 
 def _status(state: PilotState, **kw) -> PilotStatus:
-    base = {"job_id": "7", "vm": "v7-0", "node": "n1", "uri": "test:///default", "since": 1.0, "memory_mb": 1,
-            "vcpus": 3}  # fmt: skip
+    base = {
+        "job_id": "7",
+        "vm": "v7-0",
+        "node": "n1",
+        "uri": "test:///default",
+        "since": 1.0,
+        "memory_mb": 1,
+        "vcpus": 3,
+    }
     return PilotStatus(state=state, **(base | kw))
 
 
@@ -87,9 +95,11 @@ def test_a_multi_node_pilot_is_each_of_its_vms_measured_on_its_node():
     def sample(name: str, cpu_s: float, t: float) -> DomainSample:
         return DomainSample(name, t, int(cpu_s * 1e9), 1, memory_kib=300 * 1024)
 
-    readings = {"n1": [{"v7-0": sample("v7-0", 0, 0)}, {"v7-0": sample("v7-0", 9.5, 10)}],
-                "n2": [{"v7-1": sample("v7-1", 0, 0)}, {"v7-1": sample("v7-1", 0.1, 10)}],
-                "n3": [{}, {}]}  # fmt: skip
+    readings = {
+        "n1": [{"v7-0": sample("v7-0", 0, 0)}, {"v7-0": sample("v7-0", 9.5, 10)}],
+        "n2": [{"v7-1": sample("v7-1", 0, 0)}, {"v7-1": sample("v7-1", 0.1, 10)}],
+        "n3": [{}, {}],
+    }
     calls = {n: 0 for n in readings}
 
     def sampler(node: str) -> dict[str, DomainSample]:
@@ -110,8 +120,10 @@ def test_a_multi_node_pilot_is_each_of_its_vms_measured_on_its_node():
     asleep = _status(PilotState.SAVED, member_nodes=["n1", "n2", "n3"], saved_node="n1", memory_path=__file__)
     slept = observed_vms(Observation(obs.view, {"7": asleep}, {}, True), state, busy=0.5)
     assert [(o.vm, o.state, o.host, o.mem) for o in slept] == [
-        ("v7-0", VJobState.SLEEPING, "n1", 300), ("v7-1", VJobState.SLEEPING, "n2", 300),
-        ("v7-2", VJobState.SLEEPING, "n3", 1)]  # fmt: skip
+        ("v7-0", VJobState.SLEEPING, "n1", 300),
+        ("v7-1", VJobState.SLEEPING, "n2", 300),
+        ("v7-2", VJobState.SLEEPING, "n3", 1),
+    ]
 
 
 def test_the_planners_suspend_of_a_multi_node_vjob_is_one_request():
@@ -132,8 +144,14 @@ def test_a_refused_plan_is_journalled_failed_with_the_reason_and_nothing_done(st
     plan = _plan((PlanAction(S, "v8", "8", "n1"),), (PlanAction(MG, "v7-1", "7", "n2", "n1"),))
     with pytest.raises(MembersMoved) as err:
         coalesce(plan, M)
-    report = journal_refusal(store, plan, err.value, reason=f"consolidation refused: {err.value}", tag="t",
-                             job_key=lambda a: f"slurm:{a.vjob}")  # fmt: skip
+    report = journal_refusal(
+        store,
+        plan,
+        err.value,
+        reason=f"consolidation refused: {err.value}",
+        tag="t",
+        job_key=lambda a: f"slurm:{a.vjob}",
+    )
     assert report.state == "failed" and report.pools_done == 0 and not report.done
     assert [a.vm for a in report.not_started] == ["v8"] and [a.vm for a, _ in report.failed] == ["v7-1"]
     sw = journal.load(store, report.switch_id)
@@ -166,11 +184,13 @@ def test_the_control_step_refuses_a_plan_that_migrates_a_member_before_asking_an
     cfg = parse({"data_dir": str(tmp_path / "data"), "planner": {"interval_s": 30, "optimizer": "ffd"}})
     agent = Agent(cfg, _NoRMS(), rms="slurm", metrics=AgentMetrics())  # type: ignore[arg-type]
     agent.ports.store.opened = store
-    pilots = {"6": _status(PilotState.RUNNING, job_id="6", vm="v6", vcpus=1),
-              "7": _status(PilotState.RUNNING, member_nodes=["n1", "n2"], vcpus=2)}  # fmt: skip
+    pilots = {
+        "6": _status(PilotState.RUNNING, job_id="6", vm="v6", vcpus=1),
+        "7": _status(PilotState.RUNNING, member_nodes=["n1", "n2"], vcpus=2),
+    }
     view = ClusterView(now=0, nodes=tuple(Node(n, 2, 1024) for n in ("n1", "n2", "n3")), jobs=())
     state = ControlState(sampler=lambda node: readings.get(node, {}))
-    moved = consolidate.step(agent.ports, Observation(view, pilots, {}, True), state)
+    moved = control_step(agent.ports, Observation(view, pilots, {}, True), state)
     assert state.plan is not None and [(a.kind, a.vm) for a in state.plan.actions] == [(MG, "v6")]
     assert moved is not None and [a.vm for a, _ in moved.failed] == ["v6"] and not state.refused
 
@@ -184,7 +204,7 @@ def test_the_control_step_refuses_a_plan_that_migrates_a_member_before_asking_an
 
     monkeypatch.setattr(consolidate, "plan_for", unpinned)
     state = ControlState(sampler=lambda node: readings.get(node, {}))
-    report = consolidate.step(agent.ports, Observation(view, pilots, {}, True), state)
+    report = control_step(agent.ports, Observation(view, pilots, {}, True), state)
     assert state.plan is not None and [(a.kind, a.vm) for a in state.plan.actions] == [(MG, "v7-0")]
     assert report is not None and report.state == "failed" and not report.done
     assert "vjob 7: the plan migrates its VMs (v7-0 n1→" in report.failed[0][1]
@@ -193,5 +213,5 @@ def test_the_control_step_refuses_a_plan_that_migrates_a_member_before_asking_an
     assert [(a.action, a.vm_name, a.state) for a in sw.actions] == [("migrate", "v7-0", "failed")]
     assert not (tmp_path / "data" / "pilots").exists()  # no request written anywhere
     # the next step, same state: the same refusal is logged, not journalled again
-    assert consolidate.step(agent.ports, Observation(view, pilots, {}, True), state) is None
+    assert control_step(agent.ports, Observation(view, pilots, {}, True), state) is None
     assert [sw.id for sw in journal.recent(store)] == [report.switch_id, moved.switch_id]

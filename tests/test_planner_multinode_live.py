@@ -32,6 +32,7 @@ from agent.pilot_performer import PilotRequestPerformer
 from agent.recover import finish_live_switches
 from agent.status_cmd import read_control_status
 from provisioning.profiling import node_sampler
+from tests.agent_steps import control_step
 from tests.services import wait_for
 from tests.services.libvirt import make_test_node
 from tests.test_planner_live import MIRROR, _NoRMS
@@ -58,8 +59,22 @@ def site(tmp_path: Path) -> Iterator[Path]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     procs = []
     for job, nodes in (("78", "node1"), ("79", "node1,node2")):
-        cmd = [sys.executable, "-m", "vjob.cli", "--config", str(tmp_path / "vjob.toml"), "run", "--job-id", job,
-               "--node", "node1", "--nodes", nodes, "--memory", "128"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "vjob.cli",
+            "--config",
+            str(tmp_path / "vjob.toml"),
+            "run",
+            "--job-id",
+            job,
+            "--node",
+            "node1",
+            "--nodes",
+            nodes,
+            "--memory",
+            "128",
+        ]
         procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     yield tmp_path
     for proc in procs:
@@ -93,8 +108,13 @@ def test_the_loop_suspends_and_resumes_a_multi_node_vjob_as_one_request_each(sit
     _domain(hv["node1"], "vjob-slurm-78", 768)
     _domain(hv["node1"], MEMBERS[0], 384)
     _domain(hv["node2"], MEMBERS[1], 384)
-    cfg = parse({"data_dir": str(site / "data"), "planner": {"interval_s": 30, "optimizer": "ffd"},
-                 "agent": {"checkpoint_timeout_s": 60}})  # fmt: skip
+    cfg = parse(
+        {
+            "data_dir": str(site / "data"),
+            "planner": {"interval_s": 30, "optimizer": "ffd"},
+            "agent": {"checkpoint_timeout_s": 60},
+        }
+    )
     agent = Agent(cfg, _NoRMS(), rms="slurm", metrics=AgentMetrics())  # type: ignore[arg-type]
     agent.ports.store.opened = store
     view = ClusterView(now=time.time(), nodes=(Node("node1", 2, 1024), Node("node2", 2, 512)), jobs=())
@@ -106,14 +126,19 @@ def test_the_loop_suspends_and_resumes_a_multi_node_vjob_as_one_request_each(sit
     state = ControlState(sampler=node_sampler(lambda node: hv[node]))
     consolidate.observed_vms(observation(), state, busy=0.5)  # first samples
     time.sleep(0.3)
-    report = consolidate.step(agent.ports, observation(), state)
+    report = control_step(agent.ports, observation(), state)
 
     assert state.decision is not None and state.decision.overloaded == ("node1",)
     assert [(v.id, v.host, v.mem) for v in state.decision.instance.vms] == [
-        ("vjob-slurm-78", "node1", 768), (MEMBERS[0], "node1", 384), (MEMBERS[1], "node2", 384)]  # fmt: skip
+        ("vjob-slurm-78", "node1", 768),
+        (MEMBERS[0], "node1", 384),
+        (MEMBERS[1], "node2", 384),
+    ]
     assert state.unmeasured == () and state.members == {"79": tuple(zip(MEMBERS, ("node1", "node2"), strict=True))}
     assert state.plan is not None and sorted((a.kind, a.vm) for a in state.plan.actions) == [
-        (Action.SUSPEND, MEMBERS[0]), (Action.SUSPEND, MEMBERS[1])]  # fmt: skip
+        (Action.SUSPEND, MEMBERS[0]),
+        (Action.SUSPEND, MEMBERS[1]),
+    ]
     assert report is not None and report.state == "done", report.summary()
     sw = journal.load(store, report.switch_id)
     assert [(a.action, a.vm_name, a.state) for a in sw.actions] == [("suspend", MEMBERS[0], "done")]  # one request
@@ -124,9 +149,13 @@ def test_the_loop_suspends_and_resumes_a_multi_node_vjob_as_one_request_each(sit
     shown = read_control_status(cfg, errors)  # what `vjob status` shows of this step
     assert shown["vjobs"]["79"]["why"] == (
         "sleeps: #2 in the FCFS queue, measured 0 CPU, 768 MiB over 2 VM(s): no room on the nodes it is pinned "
-        "to (node1, node2) beside the 1 vjob(s) before it")  # fmt: skip
+        "to (node1, node2) beside the 1 vjob(s) before it"
+    )
     assert (shown["plan"]["outcome"], shown["plan"]["switch"], shown["overloaded"]) == (
-        "done", report.switch_id, {"node1": "memory 1152 > 1024 MB"})  # fmt: skip
+        "done",
+        report.switch_id,
+        {"node1": "memory 1152 > 1024 MB"},
+    )
     assert errors == []
 
     # The agent killed after the pilot answered but before the journal said so: the recovery
@@ -145,11 +174,15 @@ def test_the_loop_suspends_and_resumes_a_multi_node_vjob_as_one_request_each(sit
     _domain(hv["node1"], "vjob-slurm-78", 512)
     asleep = [o for o in consolidate.observed_vms(observation(), state, busy=0.5) if o.vjob == "79"]
     assert [(o.vm, o.state, o.host, o.mem) for o in asleep] == [
-        (MEMBERS[0], VJobState.SLEEPING, "node1", 384), (MEMBERS[1], VJobState.SLEEPING, "node2", 384)]  # fmt: skip
-    report = consolidate.step(agent.ports, observation(), state)
+        (MEMBERS[0], VJobState.SLEEPING, "node1", 384),
+        (MEMBERS[1], VJobState.SLEEPING, "node2", 384),
+    ]
+    report = control_step(agent.ports, observation(), state)
     assert report is not None and report.state == "done", report.summary()
     assert state.plan is not None and sorted((a.kind, a.vm, a.src, a.dst) for a in state.plan.actions) == [
-        (Action.RESUME, MEMBERS[0], "node1", "node1"), (Action.RESUME, MEMBERS[1], "node2", "node2")]  # fmt: skip
+        (Action.RESUME, MEMBERS[0], "node1", "node1"),
+        (Action.RESUME, MEMBERS[1], "node2", "node2"),
+    ]
     sw = journal.load(store, report.switch_id)
     assert [(a.action, a.vm_name, a.state) for a in sw.actions] == [("resume", MEMBERS[0], "done")]
     st = _st(site, "79")

@@ -166,13 +166,20 @@ def test_random_plans_never_move_a_pinned_vm(inst: Instance) -> None:
 
 
 def _status(job_id: str, vm: str, **kw: object) -> PilotStatus:
-    base = {"job_id": job_id, "vm": vm, "node": "n1", "uri": "test:///default", "since": 1.0, "memory_mb": 1,
-            "vcpus": 1}  # fmt: skip
+    base = {
+        "job_id": job_id,
+        "vm": vm,
+        "node": "n1",
+        "uri": "test:///default",
+        "since": 1.0,
+        "memory_mb": 1,
+        "vcpus": 1,
+    }
     return PilotStatus(state=PilotState.RUNNING, **(base | kw))  # type: ignore[arg-type]
 
 
 def test_the_control_loop_pins_a_multi_node_vjob_and_its_plan_coalesces() -> None:
-    # The agent's own path (agent.consolidate.step up to the executor): n1 holds vjob 6
+    # The agent's own path (agent.consolidate.propose up to the executor): n1 holds vjob 6
     # (1000 MiB) and 7's first VM (100 MiB) > 1024. The relief migrates v6, and the plan passes
     # the coalescing (nothing of 7 moves) instead of being refused.
     def sample(name: str, mib: int) -> DomainSample:
@@ -192,5 +199,7 @@ def test_the_control_loop_pins_a_multi_node_vjob_and_its_plan_coalesces() -> Non
     # Without n3, v6 has nowhere to go: the relief suspends vjob 7 whole, one request to its pilot.
     plan = control.plan_for(control.decide(nodes[:2], vms, ["6", "7"]))
     assert plan is not None and sorted((a.kind, a.vm) for a in plan.actions) == [
-        (Action.SUSPEND, "v7-0"), (Action.SUSPEND, "v7-1")]  # fmt: skip
+        (Action.SUSPEND, "v7-0"),
+        (Action.SUSPEND, "v7-1"),
+    ]
     assert coalesce(plan, state.members).actions == [PlanAction(Action.SUSPEND, "v7-0", "7", "n1")]

@@ -82,8 +82,9 @@ def test_room_a_vm_leaves_is_free_for_the_next_pool() -> None:
 def test_the_message_shows_five_problems_and_counts_the_rest() -> None:
     inst = Instance(TWO, (), {})
     for n, tail in ((5, ""), (6, " (and 1 more)"), (7, " (and 2 more)")):
-        plan = Plan(pools=(tuple(PlanAction(Action.RUN, f"x{k}", "a", None, "N1") for k in range(n)),),
-                    placement={}, cost=0)  # fmt: skip
+        plan = Plan(
+            pools=(tuple(PlanAction(Action.RUN, f"x{k}", "a", None, "N1") for k in range(n)),), placement={}, cost=0
+        )
         with pytest.raises(PlanInvalidError) as err:
             validate(inst, plan)
         shown = "; ".join(f"pool 0: run x{k}: unknown vm" for k in range(5))

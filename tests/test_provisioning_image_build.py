@@ -41,12 +41,26 @@ def test_package_names_are_matched_whole(store: Store, tmp_path: Path) -> None:
 
 
 def test_a_real_job_vm_has_its_job_disk_output_ports_and_a_pinned_cpu(tmp_path: Path) -> None:
-    spec = VMSpec(name="vjob-slurm-7", image=tmp_path / "i.qcow2", memory_mib=256, kernel=tmp_path / "k",
-                  initrd=tmp_path / "i", cmdline="root=/dev/vda", job_disk=tmp_path / "vm.job.qcow2",
-                  output_ports=True, cpu_model="qemu64")  # fmt: skip
+    spec = VMSpec(
+        name="vjob-slurm-7",
+        image=tmp_path / "i.qcow2",
+        memory_mib=256,
+        kernel=tmp_path / "k",
+        initrd=tmp_path / "i",
+        cmdline="root=/dev/vda",
+        job_disk=tmp_path / "vm.job.qcow2",
+        output_ports=True,
+        cpu_model="qemu64",
+    )
     logs = (tmp_path / "out.log", tmp_path / "err.log")
-    xml = domain_xml.domain_xml(spec, dom_type="qemu", overlay=tmp_path / "vm.qcow2", console_log=tmp_path / "c.log",
-                                job_disk=spec.job_disk, output_logs=logs)  # fmt: skip
+    xml = domain_xml.domain_xml(
+        spec,
+        dom_type="qemu",
+        overlay=tmp_path / "vm.qcow2",
+        console_log=tmp_path / "c.log",
+        job_disk=spec.job_disk,
+        output_logs=logs,
+    )
     root = ET.fromstring(xml)
     disks = {d.find("target").get("dev"): d.find("source").get("file") for d in root.iter("disk")}  # type: ignore[union-attr]
     assert disks == {"vda": str(tmp_path / "vm.qcow2"), "vdb": str(tmp_path / "vm.job.qcow2")}
@@ -55,8 +69,13 @@ def test_a_real_job_vm_has_its_job_disk_output_ports_and_a_pinned_cpu(tmp_path: 
     assert root.find("cpu/model").text == "qemu64"  # type: ignore[union-attr]
     # Restored on another node: each disk and log goes to that node's own path.
     other = tmp_path / "nodeb"
-    moved = domain_xml.retarget(xml, overlay=other / "vm.qcow2", console_log=other / "c.log",
-                                job_disk=other / "vm.job.qcow2", output_logs=(other / "o", other / "e"))  # fmt: skip
+    moved = domain_xml.retarget(
+        xml,
+        overlay=other / "vm.qcow2",
+        console_log=other / "c.log",
+        job_disk=other / "vm.job.qcow2",
+        output_logs=(other / "o", other / "e"),
+    )
     assert moved is not None
     root = ET.fromstring(moved)
     disks = {d.find("target").get("dev"): d.find("source").get("file") for d in root.iter("disk")}  # type: ignore[union-attr]

@@ -112,8 +112,9 @@ def test_add_list_distribute_verify_remove(tmp_path: Path, catalogue: Catalogue,
         catalogue.add("debian12", src, version="2024.1")
 
     seen: list[tuple[int, str, str]] = []
-    plan = catalogue.distribute("debian12", ["n1", "n2", "n3", "n4"], on_transfer=lambda t: seen.append(
-        (t.round, t.source, t.target)))  # fmt: skip
+    plan = catalogue.distribute(
+        "debian12", ["n1", "n2", "n3", "n4"], on_transfer=lambda t: seen.append((t.round, t.source, t.target))
+    )
     assert plan.rounds == 3 and len(seen) == 4
     for node in ("n1", "n2", "n3", "n4"):
         assert (tmp_path / "img" / node / "debian12-2024.1.qcow2").read_bytes() == src.read_bytes()
@@ -186,8 +187,9 @@ def test_image_commands(tmp_path: Path, config_file: Path, capsys: pytest.Captur
     plan = json.loads(capsys.readouterr().out)
     assert plan["tree"] == ["head", "n1", "n2", "n3"]
     assert [[(t["source"], t["target"]) for t in r] for r in plan["rounds"]] == [
-        [("head", "n1")], [("head", "n2"), ("n1", "n3")],
-    ]  # fmt: skip
+        [("head", "n1")],
+        [("head", "n2"), ("n1", "n3")],
+    ]
     assert not (tmp_path / "img" / "n1").exists()  # a dry run copies nothing
     assert main([*cfg, "image", "distribute", "centos", "--nodes", "n1,n2,n3"]) == 0
     out = capsys.readouterr().out

@@ -56,8 +56,12 @@ def test_deploy_demo_checkpoints_real_jobs_for_an_interactive_job_and_says_so(
     try:
         done = subprocess.run(
             [str(REPO / "deploy" / "demo"), "--work", str(work / "run"), "--plot", str(work / "timeline.png")],
-            cwd=REPO, capture_output=True, text=True, timeout=2300, check=False,
-        )  # fmt: skip
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=2300,
+            check=False,
+        )
         lines = done.stdout.strip().splitlines()
         said = f"stdout:\n{done.stdout[-3000:]}\nstderr (last lines):\n{done.stderr[-1500:]}"
         assert "Traceback" not in done.stderr, said
@@ -99,8 +103,15 @@ def test_the_jobs_span_follows_their_start_latency_and_never_changes_the_result(
     for submitted in (0.0, time.time() - 0.5):
         run = tmp_path / str(len(results))
         run.mkdir()
-        done = subprocess.run(["python3", "-", "0", "seed", f"{submitted:.3f}"], input=program, text=True,
-                              cwd=run, capture_output=True, timeout=120, check=True)  # fmt: skip
+        done = subprocess.run(
+            ["python3", "-", "0", "seed", f"{submitted:.3f}"],
+            input=program,
+            text=True,
+            cwd=run,
+            capture_output=True,
+            timeout=120,
+            check=True,
+        )
         assert progress_steps_of(done.stdout.splitlines()) == [1, 2, 3, 4, 5, 6]
         results.append((run / "result.txt").read_text())
         words = done.stdout.splitlines()[0].split()  # started L s after submission: steps spread over S s
@@ -114,8 +125,10 @@ def test_the_jobs_span_follows_their_start_latency_and_never_changes_the_result(
 
 def test_steps_around_the_resume(tmp_path: Path) -> None:
     out = tmp_path / "1.out"
-    out.write_text("start\nprogress 1/60 aa\nprogress 2/60 bb\nvjob: restoring VM vjob-slurm-1 locally on node1\n"
-                   "progress 3/60 cc\n")  # fmt: skip
+    out.write_text(
+        "start\nprogress 1/60 aa\nprogress 2/60 bb\nvjob: restoring VM vjob-slurm-1 locally on node1\n"
+        "progress 3/60 cc\n"
+    )
     assert steps_around_resume(out) == (2, 3)
     assert steps_around_resume(tmp_path / "missing.out") == (0, 0)
 
@@ -128,8 +141,15 @@ def test_the_remaining_run_time_leaves_out_the_time_spent_checkpointed() -> None
     t0 = 1000.0
     untouched = _history(("starting", 900), ("running", 910), ("finished", 1080))
     assert remaining_run_s(untouched, t0) == 80
-    victim = _history(("running", 910), ("saving", 1002), ("saved", 1003), ("starting", 1020),
-                      ("restoring", 1021), ("running", 1030), ("finished", 1120))  # fmt: skip
+    victim = _history(
+        ("running", 910),
+        ("saving", 1002),
+        ("saved", 1003),
+        ("starting", 1020),
+        ("restoring", 1021),
+        ("running", 1030),
+        ("finished", 1120),
+    )
     assert remaining_run_s(victim, t0) == 120 - 28
     assert remaining_run_s(_history(("running", 910), ("saved", 1003)), t0) is None
 
@@ -143,10 +163,21 @@ def test_the_no_preemption_wait_is_the_end_of_as_many_jobs_as_the_interactive_jo
 
 def _outcome(**changes: object) -> Outcome:
     base = Outcome(
-        interactive_start_s=3.0, victims=["1", "2"], resumed=["1", "2"], local_resumes=2, work_lost_s=0.0,
-        counters={}, preempt_counts={}, checkpoint_seconds={}, timeline=Timeline(), image="debian12",
-        outputs_identical=True, snapshots_in_store=2, nodes_with_image=4, no_preemption_wait_s=60.0,
-    )  # fmt: skip
+        interactive_start_s=3.0,
+        victims=["1", "2"],
+        resumed=["1", "2"],
+        local_resumes=2,
+        work_lost_s=0.0,
+        counters={},
+        preempt_counts={},
+        checkpoint_seconds={},
+        timeline=Timeline(),
+        image="debian12",
+        outputs_identical=True,
+        snapshots_in_store=2,
+        nodes_with_image=4,
+        no_preemption_wait_s=60.0,
+    )
     for key, value in changes.items():
         setattr(base, key, value)
     return base
@@ -175,9 +206,16 @@ def test_the_outcome_names_each_claim_it_fails() -> None:
 def test_a_guests_kernel_panic_is_named(tmp_path: Path) -> None:
     """A member VM that panicked while booting (seen under TCG at load 8) is named at once."""
     (tmp_path / "vjob-slurm-3-0.console.log").write_text("VJOB-GUEST: sshd started\n")
-    st = PilotStatus(job_id="3", vm="vjob-slurm-3-0", node="node5", uri="qemu:///system", state=PilotState.RUNNING,
-                     since=0.0, member_nodes=["node5", "node6"],
-                     console_log=str(tmp_path / "vjob-slurm-3-0.console.log"))  # fmt: skip
+    st = PilotStatus(
+        job_id="3",
+        vm="vjob-slurm-3-0",
+        node="node5",
+        uri="qemu:///system",
+        state=PilotState.RUNNING,
+        since=0.0,
+        member_nodes=["node5", "node6"],
+        console_log=str(tmp_path / "vjob-slurm-3-0.console.log"),
+    )
     assert guest_panic(st) == ""
     (tmp_path / "vjob-slurm-3-1.console.log").write_text(
         "[ 0.04] ..MP-BIOS bug: 8254 timer not connected to IO-APIC\n"

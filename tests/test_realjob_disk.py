@@ -24,9 +24,15 @@ from vjob.errors import InputError
 
 def _job(cwd: Path, **changes: object) -> job_disk.JobDescription:
     fields: dict[str, object] = dict(
-        script=b"#!/bin/sh\necho hi\n", args=["a b"], env={"X": "1"}, uid=os.getuid(), gid=os.getgid(),
-        user="alice", home="/home/alice", cwd=str(cwd),
-    )  # fmt: skip
+        script=b"#!/bin/sh\necho hi\n",
+        args=["a b"],
+        env={"X": "1"},
+        uid=os.getuid(),
+        gid=os.getgid(),
+        user="alice",
+        home="/home/alice",
+        cwd=str(cwd),
+    )
     fields.update(changes)
     return job_disk.JobDescription(**fields)  # type: ignore[arg-type]
 
@@ -98,11 +104,20 @@ def test_vjob_run_refuses_an_oversized_working_directory_with_exit_2(
     images.mkdir(parents=True)
     for suffix in ("qcow2", "vmlinuz", "initrd"):
         (images / f"debian12-1.{suffix}").write_bytes(b"x")
-    (images / "debian12.image.json").write_text(json.dumps({
-        "name": "debian12", "version": "1", "format": "qcow2", "path": str(images / "debian12-1.qcow2"),
-        "sha256": "0" * 64, "kernel": str(images / "debian12-1.vmlinuz"),
-        "initrd": str(images / "debian12-1.initrd"), "cmdline": "root=/dev/vda",
-    }))  # fmt: skip
+    (images / "debian12.image.json").write_text(
+        json.dumps(
+            {
+                "name": "debian12",
+                "version": "1",
+                "format": "qcow2",
+                "path": str(images / "debian12-1.qcow2"),
+                "sha256": "0" * 64,
+                "kernel": str(images / "debian12-1.vmlinuz"),
+                "initrd": str(images / "debian12-1.initrd"),
+                "cmdline": "root=/dev/vda",
+            }
+        )
+    )
     config = tmp_path / "vjob.toml"
     config.write_text(f'data_dir = "{tmp_path / "data"}"\n[provisioning]\nstage_limit_mb = 1\n')
     work = tmp_path / "work"
@@ -110,13 +125,15 @@ def test_vjob_run_refuses_an_oversized_working_directory_with_exit_2(
     (work / "big.bin").write_bytes(b"\1" * (2 * 2**20))
     (work / "job.sh").write_text("#!/bin/sh\necho hi\n")
     monkeypatch.chdir(work)
-    code = vjob_main(["--config", str(config), "run", "--job-id", "7", "--node", "n1", "--os", "debian12",
-                      "--script", "job.sh"])  # fmt: skip
+    code = vjob_main(
+        ["--config", str(config), "run", "--job-id", "7", "--node", "n1", "--os", "debian12", "--script", "job.sh"]
+    )
     assert code == 2
     assert "more than 1 MiB to stage" in capsys.readouterr().err
     assert sorted(p.name for p in work.iterdir()) == ["big.bin", "job.sh"]
-    unknown = vjob_main(["--config", str(config), "run", "--job-id", "7", "--node", "n1", "--os", "centos7",
-                         "--script", "job.sh"])  # fmt: skip
+    unknown = vjob_main(
+        ["--config", str(config), "run", "--job-id", "7", "--node", "n1", "--os", "centos7", "--script", "job.sh"]
+    )
     assert unknown == 2
     assert "OS image 'centos7': unknown on this node; known images: debian-tiny, debian12" in capsys.readouterr().err
 
@@ -125,9 +142,14 @@ def test_the_job_description_is_checked_on_both_sides(tmp_path: Path) -> None:
     good = _job(tmp_path).to_json()
     assert agent.parse_job(good).cwd == str(tmp_path)
     bad = {
-        "user": ("alice\n", "user"), "cwd": ("/etc", "system directory"), "home": ("rel/home", "absolute"),
-        "uid": (-1, "uid"), "env": ({"A=B": "x"}, "env"), "argv": ([], "argv"), "hostname": ("a b", "hostname"),
-    }  # fmt: skip
+        "user": ("alice\n", "user"),
+        "cwd": ("/etc", "system directory"),
+        "home": ("rel/home", "absolute"),
+        "uid": (-1, "uid"),
+        "env": ({"A=B": "x"}, "env"),
+        "argv": ([], "argv"),
+        "hostname": ("a b", "hostname"),
+    }
     for field, (value, message) in bad.items():
         with pytest.raises(agent.JobError, match=message):
             agent.parse_job({**good, field: value})
@@ -138,9 +160,18 @@ def test_the_job_description_is_checked_on_both_sides(tmp_path: Path) -> None:
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.dictionaries(st.sampled_from(["argv", "env", "uid", "gid", "user", "home", "cwd", "hostname", "x"]),
-                       st.one_of(st.none(), st.integers(), st.text(max_size=20), st.lists(st.text(max_size=5)),
-                                 st.dictionaries(st.text(max_size=5), st.text(max_size=5)))))  # fmt: skip
+@given(
+    st.dictionaries(
+        st.sampled_from(["argv", "env", "uid", "gid", "user", "home", "cwd", "hostname", "x"]),
+        st.one_of(
+            st.none(),
+            st.integers(),
+            st.text(max_size=20),
+            st.lists(st.text(max_size=5)),
+            st.dictionaries(st.text(max_size=5), st.text(max_size=5)),
+        ),
+    )
+)
 def test_any_job_json_is_a_job_or_a_job_error(data: dict[str, object]) -> None:
     try:
         agent.parse_job(data)

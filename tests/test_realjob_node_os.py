@@ -98,10 +98,11 @@ def test_the_docs_example_from_the_store(store: Store, tmp_path: Path) -> None:
         record_node_image(store, f"n{i}", "debian" if i < 6 else "centos")
     nodes = with_node_os([Node(name=f"n{i}", cpus=8, memory_mb=16384) for i in range(10)], node_os(store))
     jobs = (
-        Job(id="r1", user="alice", nodes=2, state=JobState.RUNNING, start_time=1699999400,
-            allocated_nodes=("n0", "n1")),
+        Job(
+            id="r1", user="alice", nodes=2, state=JobState.RUNNING, start_time=1699999400, allocated_nodes=("n0", "n1")
+        ),
         Job(id="b1", user="bob", nodes=3, os_image="debian", submit_time=1699992800),
-    )  # fmt: skip
+    )
     view = ClusterView(now=NOW, jobs=jobs, nodes=tuple(nodes), usage={"alice": 5000, "bob": 100})
     explanation = compute(view, parse({}).priority).explain("b1")
     terms = {t.term: round(t.weighted, 4) for t in explanation.terms}

@@ -44,8 +44,9 @@ def config(tmp_path: Path) -> Path:
 
 def run_filter(script: bytes, *args: str, config: Path) -> subprocess.CompletedProcess[bytes]:
     env = {**os.environ, "VJOB_CONFIG": str(config)}
-    return subprocess.run([sys.executable, str(FILTER), *args], input=script, capture_output=True, env=env,
-                          timeout=60, check=False)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, str(FILTER), *args], input=script, capture_output=True, env=env, timeout=60, check=False
+    )
 
 
 def _payload(wrapper: bytes) -> bytes:
@@ -79,8 +80,9 @@ def test_the_wrapper_runs_vjob_in_the_submission_directory_with_the_script_and_i
     workdir.mkdir()
     record = tmp_path / "record.json"
     env = {"PATH": f"{bindir}:/usr/bin:/bin", "PBS_O_WORKDIR": str(workdir), "RECORD": str(record)}
-    done = subprocess.run(["/bin/sh", str(wrapper), "a b", "c"], env=env, cwd=tmp_path, capture_output=True,
-                          timeout=60, check=False)  # fmt: skip
+    done = subprocess.run(
+        ["/bin/sh", str(wrapper), "a b", "c"], env=env, cwd=tmp_path, capture_output=True, timeout=60, check=False
+    )
     assert done.returncode == 3, done.stderr  # the pilot's status is the job's
     seen = json.loads(record.read_text())
     assert seen["argv"] == ["run", "--rms", "pbs", "--os", "debian12", "--script", "-", "--base64", "--", "a b", "c"]

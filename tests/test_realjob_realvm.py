@@ -69,8 +69,24 @@ def realjob_site(libvirt_system: str) -> Iterator[Path]:
 
 
 def _pilot(site: Path, work: Path, job: str, out: Path, err: Path) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "vjob.cli", "--config", str(site / "vjob.toml"), "run", "--job-id", job,
-           "--node", "n1", "--os", "debian12", "--script", "job.sh", "--", "arg"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "vjob.cli",
+        "--config",
+        str(site / "vjob.toml"),
+        "run",
+        "--job-id",
+        job,
+        "--node",
+        "n1",
+        "--os",
+        "debian12",
+        "--script",
+        "job.sh",
+        "--",
+        "arg",
+    ]
     return subprocess.Popen(cmd, cwd=work, stdout=out.open("wb"), stderr=err.open("wb"), stdin=subprocess.DEVNULL)
 
 

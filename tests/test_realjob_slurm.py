@@ -53,8 +53,15 @@ def wrapped_cluster(slurm_cluster: DevCluster) -> Iterator[DevCluster]:
 
 
 def _sbatch(cluster: DevCluster, script: str, *args: str, env: dict[str, str] | None = None) -> str:
-    res = subprocess.run(["sbatch", "--parsable", *args], input=script, capture_output=True, text=True, timeout=30,
-                         env={**os.environ, **cluster.env, **(env or {})}, check=False)  # fmt: skip
+    res = subprocess.run(
+        ["sbatch", "--parsable", *args],
+        input=script,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, **cluster.env, **(env or {})},
+        check=False,
+    )
     assert res.returncode == 0, res.stderr
     return res.stdout.strip().split(";")[0]
 
@@ -64,8 +71,13 @@ def test_the_wrapper_keeps_the_script_byte_for_byte(wrapped_cluster: DevCluster)
     job = _sbatch(wrapped_cluster, script, "--hold", "-o", "/dev/null")
     try:
         out = Path(tempfile.mkdtemp()) / "w.sh"
-        subprocess.run(["scontrol", "write", "batch_script", job, str(out)], env={**os.environ, **wrapped_cluster.env},
-                       check=True, capture_output=True, timeout=30)  # fmt: skip
+        subprocess.run(
+            ["scontrol", "write", "batch_script", job, str(out)],
+            env={**os.environ, **wrapped_cluster.env},
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
         wrapper = out.read_text()
         assert wrapper.startswith("#!/bin/sh\n# vjob wrapper (job_submit.lua)")
         assert 'exec vjob run --os debian12 --script - --base64 -- "$@"' in wrapper
@@ -75,8 +87,14 @@ def test_the_wrapper_keeps_the_script_byte_for_byte(wrapped_cluster: DevCluster)
         subprocess.run(["scancel", job], env={**os.environ, **wrapped_cluster.env}, timeout=30, check=False)
     tiny = _sbatch(wrapped_cluster, "#!/bin/sh\n#VJOB os=debian-tiny\nexec vjob run\n", "--hold", "-o", "/dev/null")
     subprocess.run(["scancel", tiny], env={**os.environ, **wrapped_cluster.env}, timeout=30, check=False)
-    refused = subprocess.run(["sbatch", "--comment=vjob:os=centos7"], input="#!/bin/sh\ntrue\n", text=True,
-                             capture_output=True, env={**os.environ, **wrapped_cluster.env}, timeout=30)  # fmt: skip
+    refused = subprocess.run(
+        ["sbatch", "--comment=vjob:os=centos7"],
+        input="#!/bin/sh\ntrue\n",
+        text=True,
+        capture_output=True,
+        env={**os.environ, **wrapped_cluster.env},
+        timeout=30,
+    )
     assert refused.returncode != 0
     assert "unknown OS image 'centos7'; known images: debian-tiny, debian12" in refused.stderr
 
@@ -122,11 +140,32 @@ def test_plain_sbatch_runs_the_unchanged_script_in_the_guest_across_a_requeue(wr
         (work / "input.txt").write_text("vjob-seed\n")
         for p in (work, work / "job.sh", work / "input.txt"):
             os.chown(p, user.pw_uid, user.pw_gid)
-        env = {**wrapped_cluster.env, "HOME": user.pw_dir, "PATH": f"{bindir}:/usr/bin:/bin",
-               "VJOB_CONFIG": str(site / "vjob.toml")}  # fmt: skip
-        res = subprocess.run(["runuser", "-u", USER, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items()),
-                              "sbatch", "--parsable", "--requeue", "job.sh"],
-                             cwd=work, capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+        env = {
+            **wrapped_cluster.env,
+            "HOME": user.pw_dir,
+            "PATH": f"{bindir}:/usr/bin:/bin",
+            "VJOB_CONFIG": str(site / "vjob.toml"),
+        }
+        res = subprocess.run(
+            [
+                "runuser",
+                "-u",
+                USER,
+                "--",
+                "env",
+                "-i",
+                *(f"{k}={v}" for k, v in env.items()),
+                "sbatch",
+                "--parsable",
+                "--requeue",
+                "job.sh",
+            ],
+            cwd=work,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
         assert res.returncode == 0, res.stderr
         job = res.stdout.strip().split(";")[0]
         out = work / f"slurm-{job}.out"
@@ -138,8 +177,9 @@ def test_plain_sbatch_runs_the_unchanged_script_in_the_guest_across_a_requeue(wr
         subprocess.run([*scontrol, "requeue", job], env=cenv, check=True, timeout=30, capture_output=True)
 
         def state() -> tuple[str, str]:
-            text = subprocess.run([*scontrol, "show", "job", job], env=cenv, capture_output=True, text=True,
-                                  timeout=30).stdout  # fmt: skip
+            text = subprocess.run(
+                [*scontrol, "show", "job", job], env=cenv, capture_output=True, text=True, timeout=30
+            ).stdout
             m = re.search(r"JobState=(\S+)", text)
             e = re.search(r"ExitCode=(\S+)", text)
             return (m.group(1) if m else "", e.group(1) if e else "")

@@ -58,9 +58,15 @@ def _job(job_id: str = "42", user: str = "alice") -> Job:
 
 def _pilot(job: Job, memory_path: Path | str, node: str = "node1") -> PilotStatus:
     return PilotStatus(
-        job_id=job.id, vm=vm_name("slurm", job.id), node=node, uri="qemu:///system", state=PilotState.SAVED,
-        since=time.time(), memory_path=str(memory_path), saved_node=node,
-    )  # fmt: skip
+        job_id=job.id,
+        vm=vm_name("slurm", job.id),
+        node=node,
+        uri="qemu:///system",
+        state=PilotState.SAVED,
+        since=time.time(),
+        memory_path=str(memory_path),
+        saved_node=node,
+    )
 
 
 def _root_state(tmp_path: Path, job: Job, node: str = "node1", data: bytes = b"QEMU state " * 1000) -> Path:
@@ -177,8 +183,10 @@ def test_vjob_status_lists_the_snapshots(agent: Agent, cfg: Config, store: Store
 # -- issue 39, item 4: the tick hashes nothing a user wrote ---------------------------------------
 def _manifest(path: Path, vm: str, size: int, digest: str) -> Path:
     """The save-time manifest the VM driver writes beside a state (provisioning.integrity)."""
-    integrity.write_manifest(path, {"vm": vm, "node": "node1", "kind": "memory", "size_bytes": size,
-                                    "sha256": digest, "created_at": time.time()})  # fmt: skip
+    integrity.write_manifest(
+        path,
+        {"vm": vm, "node": "node1", "kind": "memory", "size_bytes": size, "sha256": digest, "created_at": time.time()},
+    )
     return integrity.manifest_path(path)
 
 
@@ -203,9 +211,12 @@ def test_a_digest_root_did_not_take_is_not_recorded(agent: Agent, store: Store, 
     path = _root_state(tmp_path, job)
     size, vm, digest = path.stat().st_size, vm_name("slurm", job.id), "cd" * 32
     if problem != "no manifest":
-        manifest = _manifest(path, "vjob-slurm-43" if problem == "other VM" else vm,
-                             size + 1 if problem == "other size" else size,
-                             "zz" * 32 if problem == "not hex" else digest)  # fmt: skip
+        manifest = _manifest(
+            path,
+            "vjob-slurm-43" if problem == "other VM" else vm,
+            size + 1 if problem == "other size" else size,
+            "zz" * 32 if problem == "not hex" else digest,
+        )
         if problem == "user's manifest":
             os.chown(manifest, 12345, 12345)
     assert record_pilot_snapshots(agent.ports, store, [job], {job.id: _pilot(job, path)}) == 1

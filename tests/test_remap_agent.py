@@ -181,8 +181,9 @@ def test_after_the_home_moves_every_vm_is_on_its_own_node_or_a_lent_one(pairs: l
     alloc = {p.job: p.allocated for p in places}
     assert all(m.why == "home" and m.dst in alloc[m.job] for m in moves)
     moved = {m.vm: m.dst for m in moves}
-    after = [Placement(p.job, tuple((vm, moved.get(vm, h)) for vm, h in p.vms), p.allocated, p.memory_mb)
-             for p in places]  # fmt: skip
+    after = [
+        Placement(p.job, tuple((vm, moved.get(vm, h)) for vm, h in p.vms), p.allocated, p.memory_mb) for p in places
+    ]
     lent = {h for q in after for h in q.allocated if h not in q.hosts}
     for p in after:
         assert all(h in p.allocated or h in lent for h in p.hosts), p
@@ -262,13 +263,17 @@ def test_farm_file_for_the_agent_reads_the_paper_farm_and_ignores_kinds() -> Non
     ("text", "message"),
     [
         ("", "subcluster"),
-        ('[[subcluster]]\nname = "a b"\nnodes = 1\ncores_per_node = 1\nmemory_mb_per_node = 1\nfreq_ghz = 1.0\n',
-         r"subcluster\[0\]\.name = .a b."),
-        ('[[subcluster]]\nname = "a"\nnodes = 1\ncores_per_node = 1\nmemory_mb_per_node = 1\nfreq_ghz = 0\n',
-         "freq_ghz"),
+        (
+            '[[subcluster]]\nname = "a b"\nnodes = 1\ncores_per_node = 1\nmemory_mb_per_node = 1\nfreq_ghz = 1.0\n',
+            r"subcluster\[0\]\.name = .a b.",
+        ),
+        (
+            '[[subcluster]]\nname = "a"\nnodes = 1\ncores_per_node = 1\nmemory_mb_per_node = 1\nfreq_ghz = 0\n',
+            "freq_ghz",
+        ),
         ("[[subcluster]\n", "farm.toml"),
     ],
-)  # fmt: skip
+)
 def test_bad_farm_file_is_an_error_naming_the_field(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "farm.toml"
     path.write_text(text)

@@ -29,18 +29,20 @@ from pathlib import Path
 import pytest
 
 from agent import observe as agent_observe
+from agent.arbiter import TickPlan
 from agent.loop import Agent
 from agent.metrics import AgentMetrics
 from agent.observe import Observation
 from agent.pilot_performer import EXECUTOR_TAG, PilotRequestPerformer
 from agent.recover import finish_live_switches
-from agent.remap_step import RemapState, libvirt_sampler, step, summary
+from agent.remap_step import RemapState, libvirt_sampler, summary
 from agent.status_cmd import collect
 from preemption.planner.plan import Plan, PlanAction
 from preemption.remap.claims import PassClaims
 from provisioning.driver import Driver
 from provisioning.profiling import DomainSample
 from provisioning.vm_types import DriverError
+from tests.agent_steps import remap_look
 from tests.services import wait_for
 from tests.services.libvirt import make_test_node
 from vjob import log
@@ -101,19 +103,33 @@ def site(tmp_path: Path):
 
 
 def _cfg(path: Path, db_url: str) -> Config:
-    return parse({
-        "data_dir": str(path / "data"),
-        "database": {"url": db_url},
-        "agent": {"checkpoint_timeout_s": 60},
-        "remap": {"farm_file": str(path / "farm.toml"), "tau_s": 50, "beta": 20, "threshold_s": 10},
-    })  # fmt: skip
+    return parse(
+        {
+            "data_dir": str(path / "data"),
+            "database": {"url": db_url},
+            "agent": {"checkpoint_timeout_s": 60},
+            "remap": {"farm_file": str(path / "farm.toml"), "tau_s": 50, "beta": 20, "threshold_s": 10},
+        }
+    )
 
 
 def _pilot(site, job: str, node: str) -> subprocess.Popen[str]:
     path, procs = site
     conf = path / f"vjob-{job}.toml" if (path / f"vjob-{job}.toml").exists() else path / "vjob.toml"
-    cmd = [sys.executable, "-m", "vjob.cli", "--config", str(conf), "run", "--job-id", job,
-           "--node", node, "--memory", "128"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "vjob.cli",
+        "--config",
+        str(conf),
+        "run",
+        "--job-id",
+        job,
+        "--node",
+        node,
+        "--memory",
+        "128",
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     procs.append(proc)
@@ -142,8 +158,10 @@ class _Hypervisor:
     def __call__(self, node: str, vms: Sequence[str]) -> Mapping[str, DomainSample]:
         t = 50.0 * self.calls.get(node, 0)
         self.calls[node] = self.calls.get(node, 0) + 1
-        return {vm: DomainSample(vm, t, int(self.share[vm] * t * 1e9), 1, memory_kib=self.memory_mib[vm] * 1024)
-                for vm in vms}  # fmt: skip
+        return {
+            vm: DomainSample(vm, t, int(self.share[vm] * t * 1e9), 1, memory_kib=self.memory_mib[vm] * 1024)
+            for vm in vms
+        }
 
 
 def test_a_busy_vjob_on_a_slow_node_swaps_with_an_idle_one_journalled_stored_and_shown(site, store: Store, db_url: str):
@@ -165,27 +183,29 @@ def test_a_busy_vjob_on_a_slow_node_swaps_with_an_idle_one_journalled_stored_and
     # The balloon act on libvirt's test driver: the pilots' domains live in the pilots' processes,
     # so the agent's driver sees copies defined as a remappable pilot defines them (ceiling 3 GiB,
     # booted with the 128 MiB asked), one per node: whichever node a VM lands on, it is there.
-    memory = Driver(parse({"provisioning": {"nodes": {n: make_test_node(path / "nodes", n) for n in ("s1", "f1")}}})
-                    .provisioning, data_dir=path / "agent-libvirt")  # fmt: skip
+    memory = Driver(
+        parse({"provisioning": {"nodes": {n: make_test_node(path / "nodes", n) for n in ("s1", "f1")}}}).provisioning,
+        data_dir=path / "agent-libvirt",
+    )
     for n in ("s1", "f1"):
         for vm in ("vjob-slurm-11", "vjob-slurm-12"):
             memory.connection(n).defineXML(BALLOONED.format(name=vm)).create()
     # libvirt holds 512 MiB for 11's VM (its pilot's state file says 128): T^M is priced on 512.
     hypervisor = _Hypervisor({"vjob-slurm-11": 1.0, "vjob-slurm-12": 0.0}, {"vjob-slurm-11": 512, "vjob-slurm-12": 128})
     state = RemapState(sampler=hypervisor, memory=memory)
-    assert step(agent.ports, observation(jobs), state) is None  # the first samples: no window yet
+    assert remap_look(agent.ports, observation(jobs), state) is None  # the first samples: no window yet
     assert state.decisions == [] and set(state.samples) == {"vjob-slurm-11", "vjob-slurm-12"}
-    assert step(agent.ports, observation(jobs), state) is None  # τ has not passed: no new look
+    assert remap_look(agent.ports, observation(jobs), state) is None  # τ has not passed: no new look
     state.last_profile -= cfg.remap.tau_s  # τ later, but the vjob policy suspends 12 in this tick
-    assert step(agent.ports, observation(jobs), state, PassClaims(suspending=frozenset({"12"}))) is None
+    assert remap_look(agent.ports, observation(jobs), state, PassClaims(suspending=frozenset({"12"}))) is None
     assert state.decisions == [] and summary(state)["skipped"] == {"12": "the vjob policy suspends it this tick"}
     shown = {v["job"]: v["remap_skipped"] for v in collect(cfg, "slurm")["vjobs"]}  # why, in `vjob status`
     assert shown == {"11": None, "12": "the vjob policy suspends it this tick"}
     state.last_profile -= cfg.remap.tau_s  # τ later: 12, not sampled in the claimed tick, has no window yet
-    assert step(agent.ports, observation(jobs), state) is None and state.decisions == []
+    assert remap_look(agent.ports, observation(jobs), state) is None and state.decisions == []
     state.last_profile -= cfg.remap.tau_s
 
-    report = step(agent.ports, observation(jobs), state)
+    report = remap_look(agent.ports, observation(jobs), state)
     assert report is not None and report.state == "done", report
     (d,) = summary(state)["decisions"]
     assert d["kind"] == "swap" and set(d["jobs"]) == {"11", "12"}
@@ -196,9 +216,13 @@ def test_a_busy_vjob_on_a_slow_node_swaps_with_an_idle_one_journalled_stored_and
     sw = journal.load(store, report.switch_id)
     assert sw.state == "done" and sw.reason.startswith("remap: ") and sw.plan["executor"] == EXECUTOR_TAG
     assert sorted((a.action, a.rms_job_id, a.source, a.state) for a in sw.actions) == [
-        ("migrate", "11", "s1", "done"), ("migrate", "12", "f1", "done")]  # fmt: skip
+        ("migrate", "11", "s1", "done"),
+        ("migrate", "12", "f1", "done"),
+    ]
     assert [(m.rms_job_id, m.source, m.destination) for m in journal.migrations(store, "slurm")] in (
-        [("11", "s1", "f1"), ("12", "f1", "s1")], [("12", "f1", "s1"), ("11", "s1", "f1")])  # fmt: skip
+        [("11", "s1", "f1"), ("12", "f1", "s1")],
+        [("12", "f1", "s1"), ("11", "s1", "f1")],
+    )
     assert [v.node for v in store_vms.of_job(store, "slurm", "11")] == ["f1"]
     assert [v.node for v in store_vms.of_job(store, "slurm", "12")] == ["s1"]
     # Each moved VM got its new kind's memory per slot: 11 the fast kind's 4096 bounded by its
@@ -222,7 +246,7 @@ def test_a_busy_vjob_on_a_slow_node_swaps_with_an_idle_one_journalled_stored_and
     assert (status["12"]["node"], status["12"]["hosts"], status["12"]["migrations"]) == ("s1", ["s1"], ["f1->s1"])
 
     # Within τ again: nothing more (the bound and the threshold are the policy's tests).
-    assert step(agent.ports, observation(jobs), state) is None
+    assert remap_look(agent.ports, observation(jobs), state) is None
 
     # Job 12 ends (the RMS's SIGTERM): its VM is saved on s1, and 11's VM still runs on f1, 12's
     # own node. Its pilot does not end the job yet — the RMS would free f1 under 11's VM — but
@@ -231,28 +255,34 @@ def test_a_busy_vjob_on_a_slow_node_swaps_with_an_idle_one_journalled_stored_and
     wait_for(lambda: _st(site, "12").state is PilotState.SAVED, 60, "12 saved on SIGTERM")
     time.sleep(0.5)
     assert procs[1].poll() is None  # holding f1: the RMS still runs job 12
-    report = step(agent.ports, observation(jobs), state)
+    report = remap_look(agent.ports, observation(jobs), state)
     assert report is not None and report.state == "done", report
     assert state.released == ["12"]  # 11 went home in this step: nothing foreign on f1 any more
     out, _ = procs[1].communicate(timeout=20)
     assert procs[1].returncode == 0 and "holding f1" in out and "not released" not in out, out
     assert _st(site, "12").request_id == "release-vjob-slurm-12"
     assert [(m["vm"], m["src"], m["dst"], m["why"]) for m in summary(state)["moves"]] == [
-        ("vjob-slurm-11", "f1", "s1", "home")]  # fmt: skip
+        ("vjob-slurm-11", "f1", "s1", "home")
+    ]
     assert _st(site, "11").node == "s1"
     assert [v.node for v in store_vms.of_job(store, "slurm", "11")] == ["s1"]
     assert collect(cfg, "slurm")["vjobs"][0]["migrations"] == ["s1->f1", "f1->s1"]
     # Home on the slow kind: 11's balloon goes back down to its kind's 2048 (never below the 128 asked).
     assert [(t["job"], t["node"], t["mib"]) for t in summary(state)["memory"]] == [("11", "s1", 2048)]
-    assert step(agent.ports, observation(jobs[:1]), state) is None and state.released == []  # 12 gone from the RMS
+    # 12 gone from the RMS
+    assert remap_look(agent.ports, observation(jobs[:1]), state) is None and state.released == []
     assert memory.memory("vjob-slurm-11", "s1") == (2048, 3072)
     memory.close()
 
     # An agent killed right after journalling a remapping move: the next one finishes it from the journal.
     move = PlanAction(Action.MIGRATE, "vjob-slurm-11", "11", "s1", "f1")
     plan = Plan(pools=((move,),), placement={move.vm: "f1"}, cost=1, optimizer="remap")
-    journal.open_switch(store, "remap: 11 swap", plan.to_dict() | {"executor": EXECUTOR_TAG},
-                        [journal.PlannedAction(0, "migrate", move.vm, "slurm:11", "s1", "f1")])  # fmt: skip
+    journal.open_switch(
+        store,
+        "remap: 11 swap",
+        plan.to_dict() | {"executor": EXECUTOR_TAG},
+        [journal.PlannedAction(0, "migrate", move.vm, "slurm:11", "s1", "f1")],
+    )
     performer = PilotRequestPerformer(lambda a: PilotDir(path / "data" / "pilots", "slurm", a.vjob), timeout_s=60)
     (finished,) = finish_live_switches(store, "slurm", lambda _sw: performer, log.get("test"))
     assert finished.state == "done" and _st(site, "11").node == "f1"
@@ -351,5 +381,5 @@ def test_a_bad_farm_file_is_logged_and_the_tick_goes_on(tmp_path: Path) -> None:
     cfg = parse({"data_dir": str(tmp_path / "data"), "remap": {"farm_file": str(tmp_path / "none.toml")}})
     agent = Agent(cfg, _NoRMS(), rms="slurm", metrics=AgentMetrics())  # type: ignore[arg-type]
     view = ClusterView(now=time.time(), nodes=NODES, jobs=())
-    agent._remap(Observation(view, {}, {}, True), PassClaims())  # no exception: logged and counted
+    agent._remap(Observation(view, {}, {}, True), TickPlan(remap=True))  # no exception: logged and counted
     assert agent.metrics.errors.labels(kind="remap")._value.get() == 1

@@ -21,11 +21,12 @@ import pytest
 from agent.loop import Agent
 from agent.metrics import AgentMetrics
 from agent.observe import Observation
-from agent.remap_step import RemapState, step
+from agent.remap_step import RemapState
 from agent.status_cmd import collect
 from devkit import guest_probe
 from provisioning import guest
 from tests import bench_scripts
+from tests.agent_steps import remap_look
 from tests.test_remap_agent_live import FARM, _NoRMS
 from vjob import config as vconfig
 from vjob.model import ClusterView, Job, JobState, Node, VMState
@@ -40,8 +41,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def site(libvirt_system: str, libvirt_second_node: str, tiny_guest: guest.GuestFiles) -> Iterator[Any]:
-    live = bench_scripts.load("planner_live").LiveSite({"a": libvirt_system, "b": libvirt_second_node}, memory_mib=96,
-                             prefix="vjob-remap-agent-")  # fmt: skip
+    live = bench_scripts.load("planner_live").LiveSite(
+        {"a": libvirt_system, "b": libvirt_second_node}, memory_mib=96, prefix="vjob-remap-agent-"
+    )
     try:
         yield live
     finally:
@@ -69,12 +71,12 @@ def test_the_step_swaps_two_real_guests_by_crossing_live_migrations(site: Any) -
         return Observation(view, {j: site.state(j) for j in homes}, {}, True)
 
     state = RemapState()
-    assert step(agent.ports, observation(), state) is None  # first samples, through libvirt
+    assert remap_look(agent.ports, observation(), state) is None  # first samples, through libvirt
     assert {s.name for s in state.samples.values()} == {vm_name("slurm", j) for j in homes}
     assert all(s.cpu_time_ns > 0 for s in state.samples.values())
     time.sleep(2.5)
     before = {job: guest_probe.last_counter(site.console(job)) or 0 for job in homes}
-    report = step(agent.ports, observation(), state)
+    report = remap_look(agent.ports, observation(), state)
     assert report is not None and report.state == "done", report.summary() if report else state.decisions
     (d,) = state.decisions
     assert d.kind == "swap" and set(d.jobs) == set(homes)
@@ -89,7 +91,9 @@ def test_the_step_swaps_two_real_guests_by_crossing_live_migrations(site: Any) -
         assert seen == list(range(1, len(seen) + 1)) and guest_probe.boots(site.console(job)) == 1, job
     sw = journal.load(site.store, report.switch_id)
     assert sorted((a.rms_job_id, a.action, a.source, a.state) for a in sw.actions) == [
-        ("2501", "migrate", "a", "done"), ("2502", "migrate", "b", "done")]  # fmt: skip
+        ("2501", "migrate", "a", "done"),
+        ("2502", "migrate", "b", "done"),
+    ]
     times = journal.action_times(site.store, report.switch_id)
     status = {v["job"]: v for v in collect(cfg, "slurm")["vjobs"]}
     assert status["2501"]["hosts"] == ["b"] and status["2502"]["migrations"] == ["b->a"]

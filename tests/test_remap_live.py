@@ -42,8 +42,9 @@ def test_cpu_bound_guest_moves_to_the_free_fast_node_and_finishes_with_the_same_
     files = guest.build(payload=bench.PAYLOAD.format(n=ITERATIONS))
     nodes = {"a": libvirt_system, "b": libvirt_second_node}
     with bench_nodes("vjob-remap-live", nodes, vms=[bench.VM]) as on:
-        spec = VMSpec(bench.VM, on.image, memory_mib=128, kernel=files.kernel, initrd=files.initrd,
-                      cmdline=files.cmdline)  # fmt: skip
+        spec = VMSpec(
+            bench.VM, on.image, memory_mib=128, kernel=files.kernel, initrd=files.initrd, cmdline=files.cmdline
+        )
         out = bench.run(on.driver, spec, slow_quota=0.33, remap=True, tau=4.0, timeout=300.0)
         assert out["moved"] is not None, out
         assert [d["reason"] for d in out["decisions"]] == ["gain"]
@@ -63,8 +64,14 @@ def test_guest_driven_into_swap_is_moved_at_once_to_the_kind_with_more_memory_an
     files = guest.build(payload=bench.PAYLOAD.format(work=112, passes=10_000))
     nodes = {"a": libvirt_system, "b": libvirt_second_node}
     with bench_nodes("vjob-remap-thrash", nodes, vms=[bench.VM], disk_mib=256, timeout_s=180) as on:
-        spec = VMSpec(bench.VM, on.image, memory_mib=256, kernel=files.kernel, initrd=files.initrd,
-                      cmdline=f"{files.cmdline} {bench.NO_TIMER_CHECK}")  # fmt: skip
+        spec = VMSpec(
+            bench.VM,
+            on.image,
+            memory_mib=256,
+            kernel=files.kernel,
+            initrd=files.initrd,
+            cmdline=f"{files.cmdline} {bench.NO_TIMER_CHECK}",
+        )
         try:
             out = bench.run(on.driver, spec, 128, remap=True, tau=5.0, timeout=120.0, passes_after_move=1)
         except BaseException:

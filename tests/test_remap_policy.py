@@ -55,9 +55,16 @@ def _apply(jobs: list[RunningJob], free: dict[str, int], decisions: list[Decisio
             # adversarial: after a move every other sub-cluster looks much better, thrashing stays
             gains = {c: 60.0 for c in CLUSTERS if c != dst}
             by_id[jid] = RunningJob(
-                j.id, dst, j.slots, j.memory_mb_per_slot, gains, j.migrations + 1, j.thrashing,
-                j.remaining_s, j.migrate_s,
-            )  # fmt: skip
+                j.id,
+                dst,
+                j.slots,
+                j.memory_mb_per_slot,
+                gains,
+                j.migrations + 1,
+                j.thrashing,
+                j.remaining_s,
+                j.migrate_s,
+            )
     return list(by_id.values())
 
 

@@ -98,8 +98,10 @@ def test_agent_pipeline_swaps_a_thrashing_vm_onto_the_big_node_at_once_despite_t
     small node changes places with an idle VM of equal size on the big (slower) node, though the
     CPU model alone says it loses there."""
     t0, t1 = 0.0, 50.0
-    busy = (DomainSample("vm-t", t0, 0, 1, 0, 0, swap_out_kib=0),
-            DomainSample("vm-t", t1, int(45e9), 1, 4 * 2000 * 50, 0, swap_out_kib=4 * 1800 * 50))  # fmt: skip
+    busy = (
+        DomainSample("vm-t", t0, 0, 1, 0, 0, swap_out_kib=0),
+        DomainSample("vm-t", t1, int(45e9), 1, 4 * 2000 * 50, 0, swap_out_kib=4 * 1800 * 50),
+    )
     idle = (DomainSample("vm-i", t0, 0, 1, swap_out_kib=0), DomainSample("vm-i", t1, int(1e9), 1, swap_out_kib=0))
     profiles = {
         "t": profile_from_window(window(*busy), freq_ghz=FARM["small"].freq_ghz),

@@ -37,8 +37,15 @@ def _script(size: int) -> str:
 
 
 def _sbatch(env: dict[str, str], script: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["sbatch", "--parsable", "--hold", "-o", "/dev/null"], input=script, capture_output=True,
-                          text=True, timeout=120, env=env, check=False)  # fmt: skip
+    return subprocess.run(
+        ["sbatch", "--parsable", "--hold", "-o", "/dev/null"],
+        input=script,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
 
 
 def test_a_script_of_the_limit_is_wrapped_byte_for_byte_within_max_script_size(wrapping: dict[str, str]) -> None:
@@ -49,8 +56,13 @@ def test_a_script_of_the_limit_is_wrapped_byte_for_byte_within_max_script_size(w
     job = res.stdout.strip().split(";")[0]
     try:
         out = Path(tempfile.mkdtemp()) / "w.sh"
-        subprocess.run(["scontrol", "write", "batch_script", job, str(out)], env=wrapping, check=True,
-                       capture_output=True, timeout=60)  # fmt: skip
+        subprocess.run(
+            ["scontrol", "write", "batch_script", job, str(out)],
+            env=wrapping,
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
         wrapper = out.read_text()
         assert len(wrapper) < 4 << 20  # Slurm's default max_script_size
         body = wrapper.split("<<'VJOB_SCRIPT_END'\n", 1)[1].rsplit("VJOB_SCRIPT_END\n", 1)[0]
@@ -72,5 +84,6 @@ def test_an_unwrapped_script_is_not_bounded_by_vjob(wrapping: dict[str, str]) ->
     """No `#VJOB os=`: not wrapped, not vjob's to bound (Slurm's own max_script_size applies)."""
     res = _sbatch(wrapping, "#!/bin/sh\n#" + "x" * (LIMIT + 10) + "\n")
     assert res.returncode == 0, res.stderr
-    subprocess.run(["scancel", res.stdout.strip().split(";")[0]], env=wrapping, timeout=30, check=False,
-                   capture_output=True)  # fmt: skip
+    subprocess.run(
+        ["scancel", res.stdout.strip().split(";")[0]], env=wrapping, timeout=30, check=False, capture_output=True
+    )

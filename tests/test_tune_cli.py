@@ -157,9 +157,31 @@ def test_worker_killed_mid_trial_leaves_it_failed_and_the_study_usable(tmp_path:
 
 def test_simulate_sweep_varies_the_weights(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "grid"
-    argv = ["simulate", "--sweep", "--trace", str(LUBLIN), "--nodes", "256", "--max-jobs", "400", "--policy", "ubis",
-            "--interactive-frac", "0.2", "--interactive-mean-size", "30", "--weight", "w3=0.05,0.3",
-            "--weight", "interactive=0.3", "--no-plots", "--workers", "1", "--out", str(out)]  # fmt: skip
+    argv = [
+        "simulate",
+        "--sweep",
+        "--trace",
+        str(LUBLIN),
+        "--nodes",
+        "256",
+        "--max-jobs",
+        "400",
+        "--policy",
+        "ubis",
+        "--interactive-frac",
+        "0.2",
+        "--interactive-mean-size",
+        "30",
+        "--weight",
+        "w3=0.05,0.3",
+        "--weight",
+        "interactive=0.3",
+        "--no-plots",
+        "--workers",
+        "1",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     rows = json.loads((out / "sweep_mean.json").read_text())
     assert sorted(r["weights"] for r in rows) == ["w3=0.05 w7=0.3", "w3=0.3 w7=0.3"]  # two cells, not averaged
@@ -192,8 +214,12 @@ def test_apply_edits_only_its_lines(tmp_path: Path) -> None:
     )
     cfg.write_text(original)
     cfg.chmod(0o640)
-    updates = [("priority.weights", "usage", 0.25), ("priority.weights", "interactive", 0.4),
-               ("priority", "interactive_cap", 0.3), ("scheduling", "max_preemptions", 3)]  # fmt: skip
+    updates = [
+        ("priority.weights", "usage", 0.25),
+        ("priority.weights", "interactive", 0.4),
+        ("priority", "interactive_cap", 0.3),
+        ("scheduling", "max_preemptions", 3),
+    ]
     text = apply_file(cfg, updates)
     assert "weights.usage = 0.25   # w1, dotted\n" in text and 'policy = "ubis"  # kept\n' in text
     assert "weights.usage = 0.25   # w1, dotted\nweights.interactive = 0.4\n" in text  # written like its siblings

@@ -59,9 +59,13 @@ class SecondHost:
         """Two nodes sharing no VM or snapshot directory: "a" this host (`first_uri`), "b" the
         second one, reached by ssh and rsync; the same paths on both, other contents."""
         return ProvisioningConfig(
-            nodes={"a": first_uri, "b": self.uri}, hosts={"a": "", "b": self.ssh_host}, copy_method="rsync",
-            vm_dir=str(self.root / "vms"), snapshot_dir=str(self.root / "snapshots"), **extra,
-        )  # fmt: skip
+            nodes={"a": first_uri, "b": self.uri},
+            hosts={"a": "", "b": self.ssh_host},
+            copy_method="rsync",
+            vm_dir=str(self.root / "vms"),
+            snapshot_dir=str(self.root / "snapshots"),
+            **extra,
+        )
 
     def exists(self, path: Path) -> bool:
         res = subprocess.run(
@@ -108,8 +112,9 @@ def second_host(libvirt_second_node: str) -> Iterator[SecondHost]:
     root = Path(tempfile.mkdtemp(prefix="vjob-hosts-", dir="/var/tmp"))
     root.chmod(0o755)  # QEMU (libvirt-qemu) traverses it on both hosts
     pid = _libvirtd_pid()
-    subprocess.run(_ns(pid, "mount", "-t", "tmpfs", "-o", "mode=0755,size=2g", "vjob-hostb", str(root)),
-                   check=True, timeout=30)  # fmt: skip
+    subprocess.run(
+        _ns(pid, "mount", "-t", "tmpfs", "-o", "mode=0755,size=2g", "vjob-hostb", str(root)), check=True, timeout=30
+    )
     for key in ("host_key", "client_key"):
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(work / key)], check=True, timeout=30)
     (work / "authorized_keys").write_text((work / "client_key.pub").read_text())
