@@ -36,9 +36,11 @@ from pilot.multinode import JobVMs, network_of
 from pilot.output import empty_file
 from pilot.pilot import Pilot
 from pilot.settings import PilotSettings
+from pilot.sizing import VMSize, choose
 from pilot.specs import (
     REAL_MIN_MEMORY_MIB,
     TINY_IMAGE,
+    TINY_MEMORY_MIB,
     check_image,
     guest_spec,
     memory_ceiling,
@@ -48,10 +50,11 @@ from pilot.specs import (
     user_provisioning,
 )
 from pilot.vm import DriverVM
-from plugins import RMS_PACKAGES, job_environment
+from plugins import RMS_PACKAGES, job_allocations, job_environment
 from plugins.member_launch import LEADER_ENV, TOKEN_ENV
 from provisioning import images, job_disk, network, safe_dirs
 from provisioning.vm_types import Nic
+from vjob.allocation import MAX_CPUS, MAX_MEMORY_MIB
 from vjob.cli import load_config
 from vjob.config import Config, ProvisioningConfig
 from vjob.errors import InputError, UsageError
@@ -93,9 +96,16 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--memory",
         type=int,
-        default=128,
         metavar="MIB",
-        help="VM memory in MiB (default 128, at least 72; a real image gets at least 256)",
+        help="VM memory in MiB (default: a real image gets the job's memory on the node minus [provisioning]"
+        " vm_overhead_mib, or 256 where the RMS gives none; the counter guest 128, at least 72); capped by"
+        " the allocation",
+    )
+    p.add_argument(
+        "--cpus",
+        type=int,
+        metavar="N",
+        help="a real image's vCPUs (default: the CPUs the RMS allocated on the node); capped by the allocation",
     )
     p.add_argument("--payload", metavar="FILE", help="shell script the guest runs instead of its counter")
     p.add_argument(
@@ -136,7 +146,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.member:
         return _run_member(cfg, args, node)
     image = args.os_image or os.environ.get("VJOB_OS") or script_image(env) or TINY_IMAGE
-    if args.memory < 72:
+    if args.memory is not None and args.memory < 72:
         raise InputError(f"--memory {args.memory}: must be at least 72 MiB (the guest kernel's floor)")
     payload = None
     if args.payload:
@@ -150,12 +160,35 @@ def _run(args: argparse.Namespace) -> int:
     return _run_real(args, cfg, env, job_id, node, name, image)
 
 
+def _sizes(args: argparse.Namespace, prov: ProvisioningConfig, node: str, nodes: list[str]) -> dict[str, VMSize]:
+    """The VM of this `node` and of each of `nodes`, from what the RMS allocated there
+    (pilot.sizing; refused when one cannot fit)."""
+    allocs = job_allocations(args.rms, os.environ, node)
+    return {
+        n: choose(
+            allocs.get(n),
+            node=n,
+            asked_cpus=args.cpus,
+            asked_memory=args.memory,
+            overhead_mib=prov.vm_overhead_mib,
+            floor_mib=REAL_MIN_MEMORY_MIB,
+            default_mib=REAL_MIN_MEMORY_MIB,
+        )
+        for n in dict.fromkeys([node, *nodes])
+    }
+
+
 def _run_real(
     args: argparse.Namespace, cfg: Config, env: JobEnvironment, job_id: str, node: str, name: str, image: str
 ) -> int:
     """A catalogue image running the job's unchanged script: one VM, or one per node."""
-    local = check_image(image, cfg, node)
+    # Whether the RMS's output file is fresh or truncated by a requeue (the pilot then copies
+    # the guest's output again, pilot.pilot): looked at before the sizing's log lines reach it.
+    replay = empty_file(sys.stdout)
     prov = user_provisioning(cfg.provisioning)
+    nodes = job_nodes(args.rms, args.nodes, node)
+    sizes = _sizes(args, prov, node, nodes)  # a job no VM can honour is refused first, before anything starts
+    local = check_image(image, cfg, node)
     script = read_script(args.script, args.base64)
     workdir = Path.cwd()
     job_disk.measure(workdir, prov.stage_limit_mb * 2**20)  # refused before anything starts
@@ -165,17 +198,17 @@ def _run_real(
         job_id=job_id,
         node=node,
         image=image,
-        memory_mb=max(args.memory, REAL_MIN_MEMORY_MIB),
+        memory_mb=sizes[node].memory_mib,
+        vcpus=sizes[node].vcpus,
         orphan_resume_s=args.orphan_resume,
         restart_count=restart_count(bool(args.job_id), env),
         workdir=workdir,
         partner_hold_s=partner_hold_s(cfg),
     )
     driver = open_driver(cfg, prov)
-    nodes = job_nodes(args.rms, args.nodes, node)
     if len(nodes) > 1:
         try:
-            return _run_multinode(args, cfg, prov, driver, settings, job, local, nodes)
+            return _run_multinode(args, cfg, prov, driver, settings, job, local, nodes, sizes, replay)
         finally:
             driver.close()
     try:
@@ -190,11 +223,11 @@ def _run_real(
                 limit_bytes=prov.stage_limit_mb * 2**20,
                 free_bytes=prov.job_disk_free_mb * 2**20,
             )
-            own = real_spec(local, name, settings.memory_mb, disk, cpu_model=prov.cpu_model)
+            own = real_spec(local, name, settings.memory_mb, disk, cpu_model=prov.cpu_model, vcpus=settings.vcpus)
             return dataclasses.replace(own, max_memory_mib=memory_ceiling(cfg, settings.memory_mb))
 
         vm = DriverVM(driver, name, node, spec)
-        return Pilot(settings, PilotDir(pilot_root(cfg), args.rms, job_id), vm).run()
+        return Pilot(settings, PilotDir(pilot_root(cfg), args.rms, job_id), vm, replay=replay).run()
     finally:
         driver.close()
 
@@ -202,13 +235,16 @@ def _run_real(
 def _run_tiny(
     args: argparse.Namespace, cfg: Config, env: JobEnvironment, job_id: str, node: str, name: str, payload: str | None
 ) -> int:
-    """The counter guest: one VM unless --nodes names several."""
+    """The counter guest: one VM unless --nodes names several; a test device, not a user's job, so
+    it keeps --memory (default 128) and one vCPU whatever the allocation (pilot.sizing is for
+    real images)."""
+    memory = args.memory or TINY_MEMORY_MIB
     settings = PilotSettings(
         rms=args.rms,
         job_id=job_id,
         node=node,
         image=TINY_IMAGE,
-        memory_mb=args.memory,
+        memory_mb=memory,
         orphan_resume_s=args.orphan_resume,
         restart_count=restart_count(bool(args.job_id), env),
         partner_hold_s=partner_hold_s(cfg),
@@ -226,7 +262,7 @@ def _run_tiny(
                 name,
                 nodes,
                 subnet,
-                lambda _rank, vm, _node: guest_spec(TINY_IMAGE, vm, args.memory, payload, qemu_user=qemu_user),
+                lambda _rank, vm, _node: guest_spec(TINY_IMAGE, vm, memory, payload, qemu_user=qemu_user),
             )
             return Pilot(settings, PilotDir(pilot_root(cfg), args.rms, job_id), vms).run()  # type: ignore[arg-type]
         vm = DriverVM(
@@ -234,8 +270,8 @@ def _run_tiny(
             name,
             node,
             lambda: dataclasses.replace(
-                guest_spec(TINY_IMAGE, name, args.memory, payload, qemu_user=qemu_user),
-                max_memory_mib=memory_ceiling(cfg, args.memory),
+                guest_spec(TINY_IMAGE, name, memory, payload, qemu_user=qemu_user),
+                max_memory_mib=memory_ceiling(cfg, memory),
             ),
         )
         return Pilot(settings, PilotDir(pilot_root(cfg), args.rms, job_id), vm).run()
@@ -252,6 +288,8 @@ def _run_multinode(
     job: job_disk.JobDescription,
     local: images.LocalImage,
     nodes: list[str],
+    sizes: dict[str, VMSize],
+    replay: bool,
 ) -> int:
     """One VM per node on the job's network (pilot.multinode); the first runs the script."""
     name = vm_name(args.rms, settings.job_id)
@@ -277,12 +315,14 @@ def _run_multinode(
             free_bytes=prov.job_disk_free_mb * 2**20,
         )
         nics = (Nic(addresses[rank].mac, network.bridge_name(addresses[rank].subnet_id)),)
-        return dataclasses.replace(real_spec(local, vm, settings.memory_mb, disk, cpu_model=prov.cpu_model), nics=nics)
+        size = sizes[node]
+        own = real_spec(local, vm, size.memory_mib, disk, cpu_model=prov.cpu_model, vcpus=size.vcpus)
+        return dataclasses.replace(own, nics=nics)
 
     pdir = PilotDir(pilot_root(cfg), args.rms, settings.job_id)
     if cfg.agent.multinode_pilots == "leader":
         vms = JobVMs(driver, name, nodes, addresses[0].subnet_id, spec)
-        return Pilot(settings, pdir, vms).run()  # type: ignore[arg-type]
+        return Pilot(settings, pdir, vms, replay=replay).run()  # type: ignore[arg-type]
     secret = launcher(args.rms).leader_secret(os.environ)  # refuses an RMS without a launcher
 
     def describe(rank: int) -> dict[str, Any]:
@@ -290,9 +330,9 @@ def _run_multinode(
         ssh = key()
         mine = dataclasses.replace(job, script=b"", hostname=f"vm{rank}", network=network_of(addresses, rank, ssh))
         fields = {k: v for k, v in mine.__dict__.items() if k not in ("script", "skipped")}
-        return {"image": settings.image, "memory_mb": settings.memory_mb, "job": fields}
+        size = sizes[nodes[rank]]
+        return {"image": settings.image, "memory_mb": size.memory_mib, "vcpus": size.vcpus, "job": fields}
 
-    replay = empty_file(sys.stdout)  # before the members' first log lines reach the job's output
     members = Members(nodes[1:], host=cfg.agent.member_address, secret=secret)
     try:
         members.launch(args.rms, config=getattr(args, "config", None) or os.environ.get("VJOB_CONFIG"))
@@ -319,8 +359,15 @@ def _run_member(cfg: Config, args: argparse.Namespace, node: str) -> int:
         job = member_job(msg.get("job"))
         local = check_image(str(msg.get("image", "")), cfg, node)
         memory = msg.get("memory_mb")
-        if not isinstance(memory, int) or isinstance(memory, bool) or not REAL_MIN_MEMORY_MIB <= memory <= 1 << 22:
+        if (
+            not isinstance(memory, int)
+            or isinstance(memory, bool)
+            or not REAL_MIN_MEMORY_MIB <= memory <= MAX_MEMORY_MIB
+        ):
             raise InputError(f"memory_mb = {str(memory)[:20]!r}: must be MiB, at least {REAL_MIN_MEMORY_MIB}")
+        vcpus = msg.get("vcpus", 1)  # a leader of before the sizing sends none: one vCPU, as it had
+        if not isinstance(vcpus, int) or isinstance(vcpus, bool) or not 1 <= vcpus <= MAX_CPUS:
+            raise InputError(f"vcpus = {str(vcpus)[:20]!r}: must be 1..{MAX_CPUS}")
         disk = driver.job_disk_path(vm, node)
         safe_dirs.ensure_dir(disk.parent, 0o711)
         if workdir is not None:
@@ -334,7 +381,8 @@ def _run_member(cfg: Config, args: argparse.Namespace, node: str) -> int:
         if local is None or job.network is None:
             raise InputError(f"image = {msg.get('image')!r}: a member pilot runs a real image on the job's network")
         nics = (Nic(str(job.network["mac"]), str(msg["bridge"])),)
-        return dataclasses.replace(real_spec(local, vm, memory, disk, cpu_model=prov.cpu_model), nics=nics)
+        own = real_spec(local, vm, memory, disk, cpu_model=prov.cpu_model, vcpus=vcpus)
+        return dataclasses.replace(own, nics=nics)
 
     try:
         return Member(link, driver, node, spec, member_workdir.own_workdir()).serve()

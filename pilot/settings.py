@@ -17,6 +17,8 @@ class PilotSettings:
     node: str
     image: str = ""
     memory_mb: int = 128
+    vcpus: int = 1
+    """The VM's vCPUs (pilot.sizing: the CPUs the RMS allocated on this node)."""
     poll_s: float = 0.2
     orphan_resume_s: float = 30.0
     """After an agent-requested save, restore the VM if not requeued within this time."""

@@ -23,6 +23,8 @@ from vjob.pilot_files import USER_DATA_DIR
 
 TINY_IMAGE = "debian-tiny"
 """The tiny counter guest (provisioning.guest): the image vjob can always offer."""
+TINY_MEMORY_MIB = 128
+"""The counter guest's memory unless `vjob run --memory` says."""
 REAL_MIN_MEMORY_MIB = 256
 """A Debian guest with Python needs more than the counter guest's 128 MiB."""
 
@@ -101,8 +103,11 @@ def check_image(image: str, cfg: Config | None = None, node: str = "") -> images
     return local
 
 
-def real_spec(local: images.LocalImage, vm: str, memory_mib: int, disk: Path, *, cpu_model: str = "") -> Any:
-    """The VMSpec of a real job: the image's own kernel and initrd, its job disk, output ports."""
+def real_spec(
+    local: images.LocalImage, vm: str, memory_mib: int, disk: Path, *, cpu_model: str = "", vcpus: int = 1
+) -> Any:
+    """The VMSpec of a real job: the image's own kernel and initrd, its job disk, output ports;
+    `vcpus` and `memory_mib` as pilot.sizing chose them from the allocation."""
     from provisioning.driver import VMSpec  # heavy: libvirt-python
 
     return VMSpec(
@@ -110,6 +115,7 @@ def real_spec(local: images.LocalImage, vm: str, memory_mib: int, disk: Path, *,
         image=local.path,
         image_format=local.format,
         memory_mib=memory_mib,
+        vcpus=vcpus,
         kernel=local.kernel,
         initrd=local.initrd,
         cmdline=local.cmdline,

@@ -10,8 +10,10 @@ get an adapter by the RMS's name and learn what it can do from its `abilities`
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from types import ModuleType
 
+from vjob.allocation import Allocation
 from vjob.config import Config
 from vjob.errors import UsageError
 from vjob.rms import JobEnvironment, RMSAdapter
@@ -39,4 +41,13 @@ def job_environment(rms: str) -> JobEnvironment:
     return env
 
 
-__all__ = ["RMS_PACKAGES", "job_environment", "make_adapter", "rms_package"]
+def job_allocations(rms: str, environ: Mapping[str, str], node: str) -> dict[str, Allocation]:
+    """What `rms` gave the job on each of its nodes, read from the job's environment
+    (plugins/<rms>/allocation.py); empty when the environment says nothing of it."""
+    rms_package(rms)  # refuses an unknown RMS
+    reader = importlib.import_module(f"{RMS_PACKAGES[rms]}.allocation")
+    found: dict[str, Allocation] = reader.allocations(environ, node)
+    return found
+
+
+__all__ = ["RMS_PACKAGES", "job_allocations", "job_environment", "make_adapter", "rms_package"]

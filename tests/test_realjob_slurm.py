@@ -5,6 +5,7 @@ job_submit.lua wraps it, the pilot runs it in the guest as that user (qemu:///se
 privilege anywhere), Slurm requeues it mid-run (SIGTERM: the VM is saved) and starts it again
 (the VM is restored). The result must equal the chain computed here, slurm-<id>.out must hold
 every progress line, Slurm must record the script's `exit 3`, and the files belong to the user.
+The job asks `-c2 --mem=768M`: its guest has 2 vCPUs and 768 MiB minus the VM's overhead.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from vjob.config import ProvisioningConfig
 from vjob.store.db import Store
 
 pytestmark = [pytest.mark.slurm]
+SIZE_LINE = "echo \"size $(nproc) $(awk '/^MemTotal/ {print $2}' /proc/meminfo)\"\n"
+"""The guest's vCPUs and MemTotal (KiB), the first line of the sized job's output."""
 USER = "vjrun"
 REPO = Path(__file__).resolve().parents[1]
 
@@ -136,7 +139,8 @@ def test_plain_sbatch_runs_the_unchanged_script_in_the_guest_across_a_requeue(wr
         (site / "vjob.toml").chmod(0o644)
         bindir = _shim(site)
         work.mkdir()
-        (work / "job.sh").write_text(SCRIPT.replace("#!/bin/bash\n", "#!/bin/bash\n#SBATCH -N1\n#VJOB os=debian12\n"))
+        head = "#!/bin/bash\n#SBATCH -N1 -c2 --mem=768M\n#VJOB os=debian12\n" + SIZE_LINE
+        (work / "job.sh").write_text(SCRIPT.replace("#!/bin/bash\n", head))
         (work / "input.txt").write_text("vjob-seed\n")
         for p in (work, work / "job.sh", work / "input.txt"):
             os.chown(p, user.pw_uid, user.pw_gid)
@@ -192,6 +196,11 @@ def test_plain_sbatch_runs_the_unchanged_script_in_the_guest_across_a_requeue(wr
             f"{i}/{STEPS}" for i in range(1, STEPS + 1)
         ], text
         assert f"as {USER} in {work}" in text
+        # sized to the allocation (issue 33, item 1): 2 vCPUs, 768 MiB minus the VM's overhead
+        size = re.search(r"^size (\d+) (\d+)$", text, re.M)
+        assert size, text[-3000:]
+        guest_mib, overhead = int(size.group(2)) / 1024, ProvisioningConfig().vm_overhead_mib
+        assert int(size.group(1)) == 2 and 768 - overhead - 96 <= guest_mib <= 768 - overhead, size.group(0)
         assert (work / "result.txt").read_text() == expected_chain(b"vjob-seed") + "\n"
         assert (work / "result.txt").stat().st_uid == user.pw_uid
         assert out.stat().st_uid == user.pw_uid

@@ -87,3 +87,20 @@ def test_an_unwrapped_script_is_not_bounded_by_vjob(wrapping: dict[str, str]) ->
     subprocess.run(
         ["scancel", res.stdout.strip().split(";")[0]], env=wrapping, timeout=30, check=False, capture_output=True
     )
+
+
+def test_a_real_image_job_whose_memory_cannot_hold_a_vm_is_refused_with_the_numbers(
+    wrapping: dict[str, str],
+) -> None:
+    """Issue 33, item 1: --mem minus the VM's overhead below the guest's minimum."""
+    res = subprocess.run(
+        ["sbatch", "--parsable", "--hold", "-o", "/dev/null", "--mem=300M"],
+        input="#!/bin/sh\n#VJOB os=debian12\ntrue\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=wrapping,
+        check=False,
+    )
+    assert res.returncode != 0, res.stdout
+    assert "--mem=300M leaves" in res.stderr and "minimum of 256 MiB" in res.stderr, res.stderr

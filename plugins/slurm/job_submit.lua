@@ -19,6 +19,8 @@ What it does, in slurmctld, under the job lock -- so it only reads one small fil
     Why here and not SPANK or a TaskProlog: docs/slurm-agent.md, "Transparent submission".
     A script over MAX_WRAP_BYTES (1 MiB) is refused with the limit named: base64 in Lua
     under the job lock costs ~0.35 s a MiB, and the wrapped script must fit max_script_size;
+  * a real image's job whose --mem, minus the VM's overhead, is below the guest's minimum is
+    refused with the numbers (VM_OVERHEAD_MIB, REAL_MIN_MIB below; pilot.sizing);
   * wakes the vjob agent when it accepts an interactive job: rewrites the small file
     vjob-agent.wake next to this script, whose change the agent watches (vjob.agent), so that
     the agent checkpoints victims at once instead of at its next tick. The file must exist and
@@ -49,6 +51,12 @@ local MAX_SCRIPT_LINES = 200
 local MAX_WRAP_BYTES = 1048576
 local NO_VAL = 4294967294 -- Slurm's "not set" for 32-bit fields
 local COUNTER_IMAGE = "debian-tiny" -- the counter guest runs no script: never wrapped
+-- A real image's VM gets the job's memory on the node minus QEMU's overhead (pilot.sizing); a
+-- guest needs REAL_MIN_MIB. Keep VM_OVERHEAD_MIB at [provisioning] vm_overhead_mib (a test checks
+-- the default); the pilot refuses again at start with the configured figure.
+local VM_OVERHEAD_MIB = 256
+local REAL_MIN_MIB = 256 -- pilot.specs.REAL_MIN_MEMORY_MIB
+local MAX_MEM_MIB = 1099511627776 -- larger: Slurm's NO_VAL64 ("not set"), as Lua's double sees it
 local WRAP_MARK = "# vjob wrapper (job_submit.lua)"
 local B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 
@@ -218,6 +226,18 @@ local function largest_partition(job_desc, part_list)
    return best, table.concat(names, ",")
 end
 
+-- A real image's job whose --mem cannot hold a VM: the refusal's message, else nil. Only --mem
+-- (min_mem_per_node) is exact at submission; --mem-per-cpu depends on the CPUs each node gets,
+-- and --mem=0 means the whole node: the pilot checks those at start.
+local function memory_refusal(job_desc)
+   local mem = tonumber(job_desc.min_mem_per_node)
+   if not mem or mem <= 0 or mem >= MAX_MEM_MIB then return nil end
+   if mem - VM_OVERHEAD_MIB >= REAL_MIN_MIB then return nil end
+   return string.format("vjob: --mem=%dM leaves %d MiB for the VM after its overhead of %d MiB, below the "
+                        .. "guest's minimum of %d MiB: ask for at least --mem=%dM", mem, mem - VM_OVERHEAD_MIB,
+                        VM_OVERHEAD_MIB, REAL_MIN_MIB, REAL_MIN_MIB + VM_OVERHEAD_MIB)
+end
+
 -- Returns nil to accept, or the message telling the user why the job is refused.
 local function tag(job_desc, part_list)
    local min_nodes = tonumber(job_desc.min_nodes)
@@ -253,6 +273,8 @@ local function tag(job_desc, part_list)
          return string.format("vjob: the job script is %d bytes; vjob runs scripts of at most %d bytes (1 MiB) "
                               .. "in a VM: keep the data in a file the script reads", #job_desc.script, MAX_WRAP_BYTES)
       end
+      local too_small = memory_refusal(job_desc)
+      if too_small then return too_small end
       job_desc.script = wrap(job_desc.script, os_name)
    end
    local ok_d, refusal = pcall(check_deadline, job_desc)

@@ -167,3 +167,10 @@ class ProvisioningConfig(Section):
     a job over it is refused before anything starts (docs/realjobs.md)."""
     job_disk_free_mb: int = Field(4096, ge=64)
     """Room on a job disk for what the job writes (sparse: costs nothing until written)."""
+    vm_overhead_mib: int = Field(256, ge=0, le=65536)
+    """What a real job's VM costs beyond its guest RAM, taken off the job's memory on each node
+    before the guest gets the rest (pilot.sizing): QEMU's resident memory beyond guest RAM (its
+    code and heap, the TCG translation cache, device buffers). Measured by bench/vm_overhead.py
+    (debian12 under TCG, 2 vCPUs, the job holding most of guest RAM): 246.8 MiB at 512 MiB,
+    247.4 MiB at 1024 MiB, flat with the guest's size; rounded up to 256. KVM has no translation
+    cache: a KVM site may lower it (docs/realjobs.md, "Size")."""
