@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from agent.observe import Observation
-from agent.pilot_performer import checkpoint_timeout_for
+from agent.pilot_performer import checkpoint_timeout_for, wait_for
 from agent.ports import Ports
 from preemption.executor import Abandoned
 from preemption.planner import PlanAction, instance_from_view, make_plan
@@ -72,17 +72,24 @@ class PilotPerformer:
         request_id = f"{vm}@{time.time():.6f}"
         pdir.request_checkpoint(request_id, reason=self.reason, nodes=self.obs.view.job(job_id).allocated_nodes)
         timeout = checkpoint_timeout_for(self.ports.cfg, self.obs, job_id)  # scales with the VM's memory
-        deadline = time.monotonic() + timeout
-        while not pdir.saved_for(request_id):
+
+        def check_ours() -> None:
             if not self.ports.lease.valid():  # the lease's new holder finishes or undoes it (agent.recover)
                 raise Abandoned(f"job {job_id}: the agent lease was lost waiting for VM {vm}'s checkpoint")
-            if time.monotonic() > deadline:
-                # Too slow: withdraw the request; a pilot that saves anyway restores at once.
-                pdir.withdraw_request()
-                raise VjobError(
-                    f"job {job_id}: no checkpoint of VM {vm} on {node} within {timeout:.0f} s; request withdrawn"
-                )
-            time.sleep(0.1)
+
+        def timed_out() -> VjobError:
+            pdir.withdraw_request()  # too slow: a pilot that saves anyway restores at once
+            return VjobError(
+                f"job {job_id}: no checkpoint of VM {vm} on {node} within {timeout:.0f} s; request withdrawn"
+            )
+
+        wait_for(
+            lambda: pdir.saved_for(request_id) or None,
+            timeout_s=timeout,
+            poll_s=0.1,
+            check_ours=check_ours,
+            timed_out=timed_out,
+        )
         finish_checkpoint(self.ports, job_id)
         self.done.append(job_id)
 

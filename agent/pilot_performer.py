@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 from agent.observe import Observation
 from agent.ports import Ports
@@ -38,6 +39,32 @@ from vjob.pilot_files import PilotDir, PilotState, PilotStatus, RequestKind
 
 EXECUTOR_TAG = "pilot-requests"
 """The executor tag of live switches in the journal: agent.recover finishes them with this performer."""
+
+T = TypeVar("T")
+
+
+def wait_for(
+    answer: Callable[[], T | None],
+    *,
+    timeout_s: float,
+    poll_s: float,
+    check_ours: Callable[[], None],
+    timed_out: Callable[[], Exception],
+) -> T:
+    """Poll `answer` until it gives something, the one wait of every pilot request the agent
+    makes (a preemption's checkpoint, a switch's actions): `check_ours` raises Abandoned once
+    the lease is lost (the request stays, for the new holder), and past `timeout_s`
+    `timed_out()` is raised (the caller withdraws what it must first)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = answer()
+        if got is not None:
+            return got
+        check_ours()
+        if time.monotonic() > deadline:
+            raise timed_out()
+        time.sleep(poll_s)
+
 
 _KINDS = {
     Action.SUSPEND: RequestKind.SUSPEND,
@@ -105,19 +132,21 @@ class PilotRequestPerformer:
 
     def _wait(self, pdir: PilotDir, key: str, action: PlanAction) -> PilotStatus:
         timeout = self.timeout_for(action)
-        deadline = time.monotonic() + timeout
-        while True:
-            answer = pdir.answer_to(key)
-            if answer is not None:
-                return answer
-            self._check_ours(action)
-            if time.monotonic() > deadline:
-                if action.kind is Action.SUSPEND:
-                    pdir.withdraw_request()  # a pilot that saves anyway wakes its VM where it was
-                raise VjobError(
-                    f"{action.kind.value} {action.vm}: no answer from its pilot ({pdir.path}) within {timeout:.0f} s"
-                )
-            time.sleep(self.poll_s)
+
+        def timed_out() -> VjobError:
+            if action.kind is Action.SUSPEND:
+                pdir.withdraw_request()  # a pilot that saves anyway wakes its VM where it was
+            return VjobError(
+                f"{action.kind.value} {action.vm}: no answer from its pilot ({pdir.path}) within {timeout:.0f} s"
+            )
+
+        return wait_for(
+            lambda: pdir.answer_to(key),
+            timeout_s=timeout,
+            poll_s=self.poll_s,
+            check_ours=lambda: self._check_ours(action),
+            timed_out=timed_out,
+        )
 
     def _check_ours(self, action: PlanAction) -> None:
         """Stop waiting once the lease is lost: the request stays, the new holder's recovery
@@ -135,17 +164,21 @@ class PilotRequestPerformer:
         t0 = time.time()
         self.start_job(action)
         timeout = self.timeout_for(action)
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def running() -> bool | None:
             st = _state(pdir)
-            if st is not None and st.state is PilotState.RUNNING and st.node == action.dst and st.since >= t0:
-                return
             if st is not None and st.state is PilotState.FAILED and st.since >= t0:
                 raise VjobError(f"run {action.vm}: its pilot failed: {st.message}")
-            self._check_ours(action)
-            if time.monotonic() > deadline:
-                raise VjobError(f"run {action.vm}: not running on {action.dst} within {timeout:.0f} s")
-            time.sleep(self.poll_s)
+            ok = st is not None and st.state is PilotState.RUNNING and st.node == action.dst and st.since >= t0
+            return True if ok else None
+
+        wait_for(
+            running,
+            timeout_s=timeout,
+            poll_s=self.poll_s,
+            check_ours=lambda: self._check_ours(action),
+            timed_out=lambda: VjobError(f"run {action.vm}: not running on {action.dst} within {timeout:.0f} s"),
+        )
 
 
 def checkpoint_timeout_for(cfg: Config, obs: Observation, job_id: str) -> float:

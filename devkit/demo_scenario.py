@@ -353,6 +353,18 @@ class Scenario:
             time.sleep(0.5)
         return resumed
 
+    def _listed(self) -> list[str] | None:
+        """The batch jobs Slurm still lists (None when squeue failed: not known to be gone)."""
+        res = subprocess.run(
+            ["squeue", "-h", "-o", "%i", "-j", ",".join(self.jobs)],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        return res.stdout.split() if res.returncode == 0 else None
+
     def wait_finished(self, timeout_s: float | None = None) -> None:
         """Until Slurm no longer lists any of the batch jobs (the real jobs ran to their end).
         By default it waits 600 s or four times what the jobs have run so far, whichever is
@@ -361,15 +373,7 @@ class Scenario:
             timeout_s = max(600.0, 4 * (time.time() - self.submitted_at)) if self.submitted_at else 600.0
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            res = subprocess.run(
-                ["squeue", "-h", "-o", "%i", "-j", ",".join(self.jobs)],
-                env=self.env,
-                capture_output=True,
-                text=True,
-                timeout=30,
-                check=False,
-            )
-            if res.returncode == 0 and not res.stdout.split():
+            if self._listed() == []:
                 return
             time.sleep(1.0)
         raise VjobError(f"batch jobs not finished after {timeout_s:.0f} s: {self._describe()}")
@@ -465,15 +469,7 @@ class Scenario:
             subprocess.run(["scancel", *self.jobs], env=self.env, capture_output=True, timeout=30, check=False)
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
-                res = subprocess.run(
-                    ["squeue", "-h", "-o", "%i", "-j", ",".join(self.jobs)],
-                    env=self.env,
-                    capture_output=True,
-                    text=True,
-                    timeout=30,
-                    check=False,
-                )
-                if not res.stdout.split():
+                if not self._listed():
                     break
                 time.sleep(0.5)
         cfg = load(self.config)

@@ -136,6 +136,14 @@ def register(sub: Any) -> None:
     p.set_defaults(func=_run)
 
 
+def _build_disk(prov: ProvisioningConfig, workdir: Path, job: job_disk.JobDescription, disk: Path) -> None:
+    """The VM's job disk from `workdir`, within the site's staging limit and free-space margin:
+    one call for the one-node, leader and member VMs alike."""
+    job_disk.build(
+        workdir, job, disk, limit_bytes=prov.stage_limit_mb * 2**20, free_bytes=prov.job_disk_free_mb * 2**20
+    )
+
+
 def _run(args: argparse.Namespace) -> int:
     cfg = load_config(args)
     env = job_environment(args.rms)
@@ -216,13 +224,7 @@ def _run_real(
         def spec() -> Any:
             disk = driver.job_disk_path(name, node)
             safe_dirs.ensure_dir(disk.parent, 0o711)
-            job_disk.build(
-                workdir,
-                job,
-                disk,
-                limit_bytes=prov.stage_limit_mb * 2**20,
-                free_bytes=prov.job_disk_free_mb * 2**20,
-            )
+            _build_disk(prov, workdir, job, disk)
             own = real_spec(local, name, settings.memory_mb, disk, cpu_model=prov.cpu_model, vcpus=settings.vcpus)
             return dataclasses.replace(own, max_memory_mib=memory_ceiling(cfg, settings.memory_mb))
 
@@ -307,13 +309,7 @@ def _run_multinode(
         disk = driver.job_disk_path(vm, node)
         safe_dirs.ensure_dir(disk.parent, 0o711)
         mine = dataclasses.replace(job, hostname=f"vm{rank}", network=network_of(addresses, rank, ssh))
-        job_disk.build(
-            settings.workdir or Path.cwd(),
-            mine,
-            disk,
-            limit_bytes=prov.stage_limit_mb * 2**20,
-            free_bytes=prov.job_disk_free_mb * 2**20,
-        )
+        _build_disk(prov, settings.workdir or Path.cwd(), mine, disk)
         nics = (Nic(addresses[rank].mac, network.bridge_name(addresses[rank].subnet_id)),)
         size = sizes[node]
         own = real_spec(local, vm, size.memory_mib, disk, cpu_model=prov.cpu_model, vcpus=size.vcpus)
@@ -371,13 +367,7 @@ def _run_member(cfg: Config, args: argparse.Namespace, node: str) -> int:
         disk = driver.job_disk_path(vm, node)
         safe_dirs.ensure_dir(disk.parent, 0o711)
         if workdir is not None:
-            job_disk.build(
-                workdir,
-                job,
-                disk,
-                limit_bytes=prov.stage_limit_mb * 2**20,
-                free_bytes=prov.job_disk_free_mb * 2**20,
-            )
+            _build_disk(prov, workdir, job, disk)
         if local is None or job.network is None:
             raise InputError(f"image = {msg.get('image')!r}: a member pilot runs a real image on the job's network")
         nics = (Nic(str(job.network["mac"]), str(msg["bridge"])),)
