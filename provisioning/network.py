@@ -74,6 +74,17 @@ def ip_address(subnet_id: int, vm_id: int) -> ipaddress.IPv4Address:
     return ipaddress.IPv4Address((10 << 24) | (subnet_id << 8) | vm_id)
 
 
+GATEWAY_VM_ID = 254
+"""The node's own address on a job's network made by the node service (provisioning.node_service):
+the guests' default route and their NFS gateway. Pilot VMs take vmIDs below it."""
+
+
+def gateway_address(subnet_id: int) -> ipaddress.IPv4Address:
+    """The node's address on the job's network: the same on every node, so a guest resumed or
+    migrated elsewhere keeps its route and its NFS server's address."""
+    return ip_address(subnet_id, GATEWAY_VM_ID)
+
+
 def peers(addresses: Sequence[Address], *, hostname_prefix: str = "vm") -> list[Peer]:
     """The job's VMs with host names `<prefix><index>` in the order given (rank order: the first
     VM runs the user's script), all of one subnet."""

@@ -42,6 +42,7 @@ SECTION_OWNERS: dict[str, tuple[str, str]] = {
     "pbs": ("plugins.pbs.config", "PbsConfig"),
     "saline": ("saline_bew.config", "SalineConfig"),
     "tune": ("simulator.tune.config", "TuneConfig"),
+    "guest": ("provisioning.guest_config", "GuestConfig"),
 }
 """Section → (the module beside the code that reads it, its model), imported by name."""
 
@@ -136,6 +137,7 @@ class Config(Section):
     deadline: DeadlineConfig = DeadlineConfig()
     tune: OwnedSection = _owned("tune")
     remap: RemapConfig = RemapConfig()
+    guest: OwnedSection = _owned("guest")
 
     def __getattribute__(self, name: str) -> Any:
         value = super().__getattribute__(name)

@@ -1,0 +1,78 @@
+"""`[guest]`: what every vjob guest gets from the site — its filesystems and its network —
+declared once by the operator (composed into the one file by vjob.config.composed).
+
+Why a section of its own and not per-job options: a job's user controls its script and its
+`#VJOB` line, never which of the site's exports a guest may mount or how the guest reaches
+the network; the node-side service (provisioning.node_service) reads this and nothing the
+user wrote.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from vjob.config import Section
+
+ABSOLUTE_PATH_RE = re.compile(r"/(?:[A-Za-z0-9._+-]+/?)*")
+"""An absolute path of plain names (no spaces, quotes or glob characters): it goes into the
+NFS server's configuration and the guest's mount table."""
+MOUNT_OPTION_RE = re.compile(r"[a-z0-9_]+(?:=[A-Za-z0-9._-]+)?")
+
+
+class GuestMount(Section):
+    """One of the site's filesystems, as every guest sees it."""
+
+    source: str
+    """The directory as the node sees it (an NFS mount of the node at a real site; a plain
+    directory on the dev cluster), e.g. "/home"."""
+    target: str = ""
+    """Where it appears in the guest; empty means the same path as on the node."""
+    options: list[str] = Field(default_factory=list)
+    """Extra mount options for the guest's NFS client (e.g. "noatime", "rsize=1048576")."""
+
+    @field_validator("source", "target")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        if value and (not ABSOLUTE_PATH_RE.fullmatch(value) or "/../" in f"{value}/" or "/./" in f"{value}/"):
+            raise ValueError(f"{value[:80]!r}: an absolute path of plain names (no '..', spaces or quotes)")
+        return value.rstrip("/") or "/"
+
+    @field_validator("options")
+    @classmethod
+    def _options(cls, value: list[str]) -> list[str]:
+        for opt in value:
+            if not MOUNT_OPTION_RE.fullmatch(opt) or len(opt) > 64:
+                raise ValueError(f"{opt[:80]!r}: a mount option is name or name=value of letters, digits, . _ -")
+        return value
+
+    @property
+    def guest_path(self) -> str:
+        return self.target or self.source
+
+
+class GuestConfig(Section):
+    mounts: list[GuestMount] = Field(default_factory=list)
+    """The site's filesystems every guest mounts for its job's user, e.g.
+    `mounts = [{source = "/home"}, {source = "/scratch"}]`."""
+    network: Literal["nat", "bridge", "none"] = "nat"
+    """How guests reach the site network: "nat" through the node (default), "bridge" on the
+    operator's bridge named by `bridge`, "none" for the job's private network only."""
+    bridge: str = ""
+    """The operator's bridge when `network = "bridge"`."""
+    dns: list[str] = Field(default_factory=list)
+    """Name servers the guests use; empty means the node's own (/etc/resolv.conf, loopback
+    resolvers left out)."""
+
+    @field_validator("dns")
+    @classmethod
+    def _dns(cls, value: list[str]) -> list[str]:
+        for ip in value:
+            try:
+                ipaddress.IPv4Address(ip)
+            except ValueError:
+                raise ValueError(f"{ip[:60]!r}: an IPv4 address") from None
+        return value
