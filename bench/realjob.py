@@ -154,7 +154,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rebuild", action="store_true", help="build without the cache")
     parser.add_argument("--checkpoint", action="store_true", help="the checkpoint/restore figure instead")
-    parser.add_argument("--memory", type=int, default=1024, help="guest memory in MiB (--checkpoint; default 1024)")
+    parser.add_argument("--memory", type=int, default=1024, help="guest memory in MiB (default 1024)")
+    parser.add_argument("--cpus", type=int, default=1, help="the first-line guest's vCPUs (default 1)")
     parser.add_argument("--fill", type=int, default=600, help="MiB the job fills (--checkpoint; default 600)")
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="vjob-bench-realjob-", dir="/var/tmp"))
@@ -189,6 +190,10 @@ def main() -> int:
                 "n1",
                 "--os",
                 "debian12",
+                "--memory",
+                str(args.memory),
+                "--cpus",
+                str(args.cpus),
                 "--script",
                 "job.sh",
             ],
@@ -211,6 +216,8 @@ def main() -> int:
             "build_s": round(result.build_s, 1),
             "build_cached": result.cached,
             "domain_type": kvm_probe.cached("qemu64") or "qemu",
+            "vcpus": args.cpus,
+            "memory_mib": args.memory,
             "first_line_s": round(first, 2) if first is not None else None,
             "run_total_s": round(total, 2),
             "exit": pilot.returncode,

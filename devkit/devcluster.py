@@ -1,16 +1,17 @@
-"""The one-machine development cluster: munge, slurmctld, N slurmd, libvirtd and the vjob agent.
+"""The one-machine development cluster: munge, MariaDB + slurmdbd, slurmctld, N slurmd, libvirtd, the vjob agent.
 
 Why one cluster behind `deploy/devcluster`: tests, benchmarks and the demo all need the same
 cluster, brought up in about a second and torn down without touching anything this module did
 not start. Every daemon it starts leaves a pid file in the run directory; `down` stops exactly
 those pids (and munged only when `up` started it). Configuration files are generated from
 deploy/slurm/ into the run directory, so a checkout never writes under /etc. What each file
-holds is in devkit.devcluster_files; starting and stopping the daemons, in devkit.devcluster_daemons.
+holds is in devkit.devcluster_files; starting and stopping the daemons, in devkit.devcluster_daemons;
+the accounting (MariaDB, slurmdbd), in devkit.devcluster_accounting.
 
 Layout of the run directory (default /var/lib/vjob/devcluster, or $VJOB_DEVCLUSTER_DIR):
 etc/ (slurm.conf, job_submit.lua, vjob-images.list, vjob-agent.wake, vjob.toml, env), state/,
 spool/<node>/,
-run/ (pid files, started.json), log/ (daemon logs).
+run/ (pid files, started.json), log/ (daemon logs), mysql/ (MariaDB's datadir and socket).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from devkit import libvirtd
+from devkit.devcluster_accounting import Accounting
 from devkit.devcluster_daemons import (
     munge_ok,
     port_open,
@@ -182,17 +184,20 @@ class DevCluster:
         if self._start_munge(started):
             progress("munged started")
         timings["munge_s"] = time.monotonic() - t0
+        self._restart_without_accounting(progress)
         self._write_config(settings)
         started["nodes"] = settings.nodes
         started["port"] = settings.port
         self._save_started(started)
-        if not self._ctld_alive():
-            if port_open(settings.port):
-                raise UsageError(
-                    f"port {settings.port} is taken by another Slurm controller (another development cluster? "
-                    f"see `deploy/devcluster --dir DIR status`, or give this one --port); "
-                    f"the cluster in {self.root} cannot start"
-                )
+        ctld_alive = self._ctld_alive()
+        if not ctld_alive and port_open(settings.port):
+            raise UsageError(
+                f"port {settings.port} is taken by another Slurm controller (another development cluster? "
+                f"see `deploy/devcluster --dir DIR status`, or give this one --port); "
+                f"the cluster in {self.root} cannot start"
+            )
+        timings.update(Accounting(self.root, settings.port).start("vjobdev", progress))  # before slurmctld
+        if not ctld_alive:
             clean = not any((self.root / "state").iterdir())
             args = ["-f", str(self.conf)] + (["-c"] if clean else [])
             start_daemon(["/usr/sbin/slurmctld", *args], "slurmctld", self.log)
@@ -214,6 +219,16 @@ class DevCluster:
         self._save_started(started)
         timings["total_s"] = time.monotonic() - t0
         return {"run_dir": str(self.root), "env": self.env, "timings": timings, "status": self.status()}
+
+    def _restart_without_accounting(self, progress: Callable[[str], None]) -> None:
+        """A controller started before the cluster had slurmdbd (its slurm.conf says so) is
+        shut down with its slurmds, jobs kept: a reconfigure cannot switch accounting on."""
+        if not self._ctld_alive() or "accounting_storage/slurmdbd" in self.conf.read_text():
+            return
+        progress("restarting Slurm with accounting (slurmdbd)")
+        self.slurm.run("scontrol", ["shutdown"], timeout_s=15)
+        pidfiles = [self.run / "slurmctld.pid", *self.run.glob("slurmd-*.pid")]
+        wait_until(lambda: not any(proc.alive(read_pid(p)) for p in pidfiles), 30, "Slurm's daemons to stop")
 
     def _make_dirs(self, settings: Settings) -> None:
         """The run directory's tree, each part owned and moded for whoever writes there."""
@@ -278,15 +293,18 @@ class DevCluster:
         if started.get("libvirt_pids"):
             libvirt += f" (started by devcluster: pids {started['libvirt_pids']})"
         agent_pid = read_pid(self.run / "agent.pid")
+        accounting = Accounting(self.root, int(started.get("port", CTLD_PORT)))
         return {
             "run_dir": str(self.root),
             "munged": munge_ok(),
             "slurmctld": self._ctld_alive(),
+            "mariadb": accounting.db_alive(),
+            "slurmdbd": accounting.dbd_alive(),
             "slurmd": slurmd,
             "nodes": node_states,
             "libvirt": libvirt,
             "agent": "running" if proc.alive(agent_pid) else started.get("agent", "not started"),
-            "up": bool(nodes) and self._ctld_alive() and all(slurmd.values()),
+            "up": bool(nodes) and self._ctld_alive() and all(slurmd.values()) and accounting.dbd_alive(),
         }
 
     def is_up(self) -> bool:
@@ -335,6 +353,8 @@ class DevCluster:
                 progress(f"scontrol shutdown failed ({exc}); stopping the daemons by pid")
         for pidfile in [*sorted(self.run.glob("slurmd-*.pid")), self.run / "slurmctld.pid"]:
             stop_pidfile(pidfile, pidfile.stem, progress, grace=10.0, expect="slurm")
+        # after the controller (it sends slurmdbd what it still holds), before munged
+        Accounting(self.root, int(started.get("port", CTLD_PORT))).stop(keep_records=keep_state, progress=progress)
         if started.get("libvirt_pids"):
             libvirtd.stop(libvirtd.Daemons(uri=libvirtd.SYSTEM_URI, started_pids=list(started["libvirt_pids"])))
             progress(f"libvirtd stopped (pids {started['libvirt_pids']})")
@@ -463,6 +483,8 @@ def _print_status(status: dict[str, Any]) -> None:
     print(f"run dir    {status['run_dir']}")
     print(f"munged     {'running' if status['munged'] else 'not running'}")
     print(f"slurmctld  {'running' if status['slurmctld'] else 'not running'}")
+    print(f"slurmdbd   {'running' if status['slurmdbd'] else 'not running'}")
+    print(f"mariadb    {'running' if status['mariadb'] else 'not running'}")
     for node, alive in status["slurmd"].items():
         print(f"slurmd     {node:<8} {'running' if alive else 'not running':<12} {status['nodes'].get(node, '-')}")
     print(f"libvirtd   {status['libvirt']}")

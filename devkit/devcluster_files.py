@@ -16,6 +16,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
+from devkit.devcluster_accounting import dbd_port
 from vjob.errors import VjobError
 from vjob.store.db import Store
 from vjob.store.schema import ImageRecord
@@ -35,6 +36,7 @@ def slurm_conf(root: Path, *, nodes: int, cpus: int, memory_mb: int, port: int, 
         mem_per_cpu=memory_mb // cpus,
         ctld_port=port,
         slurmd_port=port + 1,
+        dbd_port=dbd_port(port),
         first_node_port=first_node_port,
         last_node_port=first_node_port + nodes - 1,
     )

@@ -26,9 +26,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pilot import site_mounts, site_network
 from pilot.job import job_description, job_nodes, member_job, read_script, restart_count, script_args, script_image
 from pilot.members import workdir as member_workdir
-from pilot.members.launch import launcher
+from pilot.members.launch import check_user_network, launcher, pilots_mode
 from pilot.members.leader import Members
 from pilot.members.link import connect
 from pilot.members.member import Member
@@ -49,6 +50,7 @@ from pilot.specs import (
     real_spec,
     user_provisioning,
 )
+from pilot.usage import for_pilot
 from pilot.vm import DriverVM
 from plugins import RMS_PACKAGES, job_allocations, job_environment
 from plugins.member_launch import LEADER_ENV, TOKEN_ENV
@@ -152,7 +154,7 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(f"vjob run: no job id: run inside a {args.rms} job (${env.job_id}) or give --job-id")
     node = args.node or os.environ.get(env.node_name) or socket.gethostname().split(".")[0]
     if args.member:
-        return _run_member(cfg, args, node)
+        return _run_member(cfg, args, node, job_id)
     image = args.os_image or os.environ.get("VJOB_OS") or script_image(env) or TINY_IMAGE
     if args.memory is not None and args.memory < 72:
         raise InputError(f"--memory {args.memory}: must be at least 72 MiB (the guest kernel's floor)")
@@ -199,8 +201,9 @@ def _run_real(
     local = check_image(image, cfg, node)
     script = read_script(args.script, args.base64)
     workdir = Path.cwd()
-    job_disk.measure(workdir, prov.stage_limit_mb * 2**20)  # refused before anything starts
-    job = job_description(script, script_args(args.args), node)
+    job = site_mounts.with_mounts(cfg, args.rms, job_id, job_description(script, script_args(args.args), node))
+    if not job.in_place:  # a working directory on the site's filesystems is not staged (pilot.site_mounts)
+        job_disk.measure(workdir, prov.stage_limit_mb * 2**20)  # refused before anything starts
     settings = PilotSettings(
         rms=args.rms,
         job_id=job_id,
@@ -220,15 +223,19 @@ def _run_real(
         finally:
             driver.close()
     try:
+        site = site_network.SiteLink(cfg, args.rms, job_id, node, [1])  # the one VM: vmID 1 on the job's /24
 
         def spec() -> Any:
             disk = driver.job_disk_path(name, node)
             safe_dirs.ensure_dir(disk.parent, 0o711)
-            _build_disk(prov, workdir, job, disk)
+            nic = site.nic(1)
+            mine = dataclasses.replace(job, network=site_network.one_vm_network(nic, job.hostname)) if nic else job
+            _build_disk(prov, workdir, mine, disk)
             own = real_spec(local, name, settings.memory_mb, disk, cpu_model=prov.cpu_model, vcpus=settings.vcpus)
-            return dataclasses.replace(own, max_memory_mib=memory_ceiling(cfg, settings.memory_mb))
+            nics = (site_network.domain_nic(nic),) if nic else ()
+            return dataclasses.replace(own, max_memory_mib=memory_ceiling(cfg, settings.memory_mb), nics=nics)
 
-        vm = DriverVM(driver, name, node, spec)
+        vm = DriverVM(driver, name, node, spec, site)
         return Pilot(settings, PilotDir(pilot_root(cfg), args.rms, job_id), vm, replay=replay).run()
     finally:
         driver.close()
@@ -304,20 +311,26 @@ def _run_multinode(
             keys.append(network.job_ssh_key(f"vjob-{args.rms}-{settings.job_id}"))
         return keys[0]
 
+    site = site_network.SiteLink(cfg, args.rms, settings.job_id, settings.node, [1])  # rank 0's VM, this node's
+
     def spec(rank: int, vm: str, node: str) -> Any:
         ssh = key()
         disk = driver.job_disk_path(vm, node)
         safe_dirs.ensure_dir(disk.parent, 0o711)
-        mine = dataclasses.replace(job, hostname=f"vm{rank}", network=network_of(addresses, rank, ssh))
+        nic = site.nic(1) if rank == 0 and node == settings.node else None
+        net = network_of(addresses, rank, ssh)
+        mine = dataclasses.replace(job, hostname=f"vm{rank}", network=site_network.with_site(net, nic) if nic else net)
         _build_disk(prov, settings.workdir or Path.cwd(), mine, disk)
         nics = (Nic(addresses[rank].mac, network.bridge_name(addresses[rank].subnet_id)),)
+        nics = (site_network.domain_nic(nic),) if nic else nics
         size = sizes[node]
         own = real_spec(local, vm, size.memory_mib, disk, cpu_model=prov.cpu_model, vcpus=size.vcpus)
         return dataclasses.replace(own, nics=nics)
 
     pdir = PilotDir(pilot_root(cfg), args.rms, settings.job_id)
-    if cfg.agent.multinode_pilots == "leader":
-        vms = JobVMs(driver, name, nodes, addresses[0].subnet_id, spec)
+    check_user_network(os.geteuid(), site.enabled)  # before any member starts
+    if pilots_mode(cfg.agent.multinode_pilots, os.geteuid()) == "leader":  # a user's job: per-node
+        vms = JobVMs(driver, name, nodes, addresses[0].subnet_id, spec, site=site)
         return Pilot(settings, pdir, vms, replay=replay).run()  # type: ignore[arg-type]
     secret = launcher(args.rms).leader_secret(os.environ)  # refuses an RMS without a launcher
 
@@ -333,16 +346,18 @@ def _run_multinode(
     try:
         members.launch(args.rms, config=getattr(args, "config", None) or os.environ.get("VJOB_CONFIG"))
         members.join()
-        remotes = members.vms(names[1:], addresses[0].subnet_id, driver, prov.operation_timeout_s)
-        vms = JobVMs(driver, name, nodes, addresses[0].subnet_id, spec, remotes, describe)
+        op_timeout = prov.operation_timeout_for(max(s.memory_mib for s in sizes.values()))  # vjob.save_time
+        remotes = members.vms(names[1:], addresses[0].subnet_id, driver, op_timeout)
+        vms = JobVMs(driver, name, nodes, addresses[0].subnet_id, spec, remotes, describe, site=site)
         return Pilot(settings, pdir, vms, replay=replay).run()  # type: ignore[arg-type]
     finally:
         members.close()
 
 
-def _run_member(cfg: Config, args: argparse.Namespace, node: str) -> int:
+def _run_member(cfg: Config, args: argparse.Namespace, node: str, job_id: str) -> int:
     """A member pilot: connect to its leader, learnt the way its RMS's launcher passes it
-    (pilot.members.launch), then obey it (pilot.members.member)."""
+    (pilot.members.launch), then obey it (pilot.members.member); its VM's tap comes from its
+    own node's node service where the site runs one (pilot.site_network)."""
     call = launcher(args.rms).calling(os.environ, node, leader=args.leader or "", nonce=args.nonce or "", stdin_fd=0)
     node = call.node
     os.environ.pop(TOKEN_ENV, None)  # nothing this process starts needs it
@@ -364,17 +379,30 @@ def _run_member(cfg: Config, args: argparse.Namespace, node: str) -> int:
         vcpus = msg.get("vcpus", 1)  # a leader of before the sizing sends none: one vCPU, as it had
         if not isinstance(vcpus, int) or isinstance(vcpus, bool) or not 1 <= vcpus <= MAX_CPUS:
             raise InputError(f"vcpus = {str(vcpus)[:20]!r}: must be 1..{MAX_CPUS}")
+        if local is None or job.network is None:
+            raise InputError(f"image = {msg.get('image')!r}: a member pilot runs a real image on the job's network")
+        nic = msg.get("site_nic")  # the member's own (pilot.members.member), never the leader's
+        if isinstance(nic, site_network.SiteNic):
+            job = dataclasses.replace(job, network=site_network.with_site(job.network, nic))
+        nics = (site_network.domain_nic(nic),) if isinstance(nic, site_network.SiteNic) else None
         disk = driver.job_disk_path(vm, node)
         safe_dirs.ensure_dir(disk.parent, 0o711)
         if workdir is not None:
             _build_disk(prov, workdir, job, disk)
-        if local is None or job.network is None:
-            raise InputError(f"image = {msg.get('image')!r}: a member pilot runs a real image on the job's network")
-        nics = (Nic(str(job.network["mac"]), str(msg["bridge"])),)
+        nics = nics or (Nic(str(job.network["mac"]), str(msg["bridge"])),)
         own = real_spec(local, vm, memory, disk, cpu_model=prov.cpu_model, vcpus=vcpus)
         return dataclasses.replace(own, nics=nics)
 
+    # the member's VM is measured on its node like a leader's (pilot.usage); its rank is not
+    # known yet, so a root member's meter takes every member name of the job
+    usage = for_pilot(PilotSettings(args.rms, job_id, node), network.MAX_VMS)
     try:
-        return Member(link, driver, node, spec, member_workdir.own_workdir()).serve()
+
+        def site(vm_id: int) -> site_network.SiteLink:
+            return site_network.SiteLink(cfg, args.rms, job_id, node, [vm_id])
+
+        usage.start()
+        return Member(link, driver, node, spec, member_workdir.own_workdir(), site).serve()
     finally:
+        usage.final()
         driver.close()

@@ -97,6 +97,7 @@ def member_job(data: object) -> job_disk.JobDescription:
             cwd=str(data["cwd"]),
             hostname=str(data["hostname"]),
             network=dict(data["network"]),
+            mounts=dict(data["mounts"]) if data.get("mounts") is not None else None,  # pilot.site_mounts
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise InputError(f"job: a field is missing or mistyped: {exc}") from None

@@ -12,9 +12,11 @@ from the job id and believes no other); rank 0 runs the user's script, the other
 `vm1`, `vm2`… (provisioning.network gives the MACs, addresses and host file); every VM has a
 copy of the working directory on its job disk, only rank 0's is copied back at the end.
 
-With per-node pilots (`[agent] multinode_pilots = "per-node"`, pilot.members.leader) the VMs of
-ranks 1… are `MemberVM`s: their member pilot builds, boots, pauses, saves and restores them on
-its own node at this pilot's word; the cut is still provisioning.coordinated's, through them.
+With per-node pilots (`[agent] multinode_pilots = "per-node"`, and always for an ordinary user's
+job, whose session libvirt no other node reaches: pilot.members.launch.pilots_mode;
+pilot.members.leader) the VMs of ranks 1… are `MemberVM`s: their member pilot builds, boots,
+pauses, saves and restores them on its own node at this pilot's word; the cut is still
+provisioning.coordinated's, through them.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from pilot.members.leader import MemberVM
+from pilot.site_network import SiteLink
 from pilot.vm import DriverVM
 from provisioning import network
 from vjob import log
@@ -62,10 +65,13 @@ class JobVMs:
         spec_factory: Callable[[int, str, str], Any],
         remotes: Sequence[MemberVM] = (),
         describe: Callable[[int], dict[str, Any]] | None = None,
+        site: SiteLink | None = None,
     ) -> None:
         """`spec_factory(rank, vm name, node)` builds the VMSpec of one VM (its job disk too);
         `remotes`: the member pilots' VMs of ranks 1… (per-node pilots), each defined from
-        `describe(rank)` on its own node."""
+        `describe(rank)` on its own node; `site`: the node service's job network for this
+        pilot's own node (pilot.site_network), made instead of a libvirt bridge there."""
+        self.site = site if site is not None and site.enabled else None
         self.driver = driver
         self.subnet_id = subnet_id
         self._spec_factory = spec_factory
@@ -111,10 +117,15 @@ class JobVMs:
         return list(dict.fromkeys(m.node for m in self.members if not isinstance(m, MemberVM)))
 
     def _ensure_network(self) -> None:
+        if self.site is not None:  # first: a libvirt network of the same name would take the bridge's name
+            self.site.up()
         for node in self._local_nodes():  # one bridge per node (libvirt), in node order
-            network.ensure_bridge(self.driver.connection(node), self.subnet_id)
+            if self.site is None or node != self.site.node:
+                network.ensure_bridge(self.driver.connection(node), self.subnet_id)
 
     def _remove_network(self) -> None:
+        if self.site is not None:
+            self.site.down()
         for node in self._local_nodes():
             try:
                 network.remove_bridge(self.driver.connection(node), self.subnet_id)

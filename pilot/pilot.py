@@ -46,6 +46,7 @@ from pilot import switch_requests
 from pilot.output import ConsoleTail, empty_file, last_lines
 from pilot.settings import PilotSettings
 from pilot.signals import Signals
+from pilot.usage import RunUsage, for_pilot
 from pilot.vm import DriverVM
 from vjob import log
 from vjob.errors import VjobError
@@ -69,9 +70,11 @@ class Pilot:
         out: IO[str] | None = None,
         err: IO[str] | None = None,
         replay: bool | None = None,
+        usage: RunUsage | None = None,
     ) -> None:
         """`replay`: whether the job's output was empty when the pilot began (default: looked at
-        in `run`); given when something (member pilots' start) wrote to it before `run`."""
+        in `run`); given when something (member pilots' start) wrote to it before `run`.
+        `usage`: who measures the VMs of this run for the RMS's record (default: pilot.usage)."""
         self.s = settings
         self.pdir = pdir
         self.vm = vm
@@ -84,6 +87,7 @@ class Pilot:
         self.status: PilotStatus | None = None
         self._resumed = False
         self._tails: list[ConsoleTail] = []
+        self.usage = usage
 
     def set_state(self, state: PilotState, **changes: Any) -> None:
         """Move to `state` with `changes` and write the state file at once: the agent knows the
@@ -105,6 +109,9 @@ class Pilot:
         replay = self._replay if self._replay is not None else empty_file(self.out)
         try:
             self.pdir.ensure()  # finds or makes the job's own directory (a squatted name is passed by)
+            if self.usage is None:
+                self.usage = for_pilot(self.s, len(self.vm.nodes()))
+            self.usage.start()  # before any VM starts: root counts each new QEMU from its birth
             self._start()
             if self.real:
                 out_log, err_log = self.vm.output_logs()
@@ -132,6 +139,8 @@ class Pilot:
             self.say(f"failed: {exc}")
             return EXIT_FAILED
         finally:
+            if self.usage is not None:
+                self.usage.final()  # the run's VMs measured into the job's record (never fatal)
             self.signals.restore()
 
     def _start(self) -> None:

@@ -17,6 +17,7 @@ from preemption.remap.farm import load_subclusters
 from preemption.remap.memory import domain_max_mib
 from provisioning import guest, images
 from vjob import log
+from vjob.allocation import GUEST_MIN_MEMORY_MIB
 from vjob.config import Config, ProvisioningConfig
 from vjob.errors import CommandError, InputError, VjobError
 from vjob.pilot_files import USER_DATA_DIR
@@ -25,8 +26,8 @@ TINY_IMAGE = "debian-tiny"
 """The tiny counter guest (provisioning.guest): the image vjob can always offer."""
 TINY_MEMORY_MIB = 128
 """The counter guest's memory unless `vjob run --memory` says."""
-REAL_MIN_MEMORY_MIB = 256
-"""A Debian guest with Python needs more than the counter guest's 128 MiB."""
+REAL_MIN_MEMORY_MIB = GUEST_MIN_MEMORY_MIB
+"""A Debian guest with Python needs more than the counter guest's 128 MiB (vjob.allocation)."""
 
 
 def memory_ceiling(cfg: Config, asked_mib: int) -> int:

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from pilot.site_network import SiteLink
 from provisioning import job_disk
 from vjob.errors import VjobError
 from vjob.model import VMState
@@ -17,12 +18,17 @@ from vjob.model import VMState
 class DriverVM:
     """One vjob's VM on one node, through provisioning's VM driver."""
 
-    def __init__(self, driver: Any, name: str, node: str, spec_factory: Callable[[], Any]) -> None:
+    def __init__(
+        self, driver: Any, name: str, node: str, spec_factory: Callable[[], Any], site: SiteLink | None = None
+    ) -> None:
+        """`site`: the VM's site network (pilot.site_network), asked for before each boot and
+        restore, given back after each save and at the end."""
         self.driver = driver
         self.name = name
         self.node = node
         self.uri = driver.uri(node)
         self._spec_factory = spec_factory
+        self.site = site
 
     def console_log(self) -> Path:
         return Path(self.driver.console_log(self.name, self.node))
@@ -31,15 +37,21 @@ class DriverVM:
         return bool(self.driver.state(self.name, self.node) is VMState.RUNNING)
 
     def boot(self) -> None:
+        if self.site is not None:
+            self.site.up()
         self.driver.define(self._spec_factory(), self.node)
         self.driver.boot(self.name, self.node)
 
     def save(self) -> tuple[Path, int]:
         snap = self.driver.save(self.name, self.node)
+        if self.site is not None:
+            self.site.down()
         return Path(snap.memory_path), int(snap.size_bytes)
 
     def restore(self, saved_on: str, member_nodes: Sequence[str] = ()) -> None:
         """`member_nodes`: a multi-node job's (pilot.multinode); one VM has none."""
+        if self.site is not None:
+            self.site.up()
         self.driver.restore(self.name, self.node, from_node=saved_on or self.node)
 
     def nodes(self) -> list[str]:
@@ -48,6 +60,8 @@ class DriverVM:
 
     def delete(self) -> None:
         self.driver.delete(self.name, self.node)
+        if self.site is not None:
+            self.site.down()
 
     def output_logs(self) -> tuple[Path, Path]:
         return self.driver.output_logs(self.name, self.node)

@@ -131,6 +131,13 @@ CATALOGUE: tuple[DeployFile, ...] = (
         "systemd unit of the Saline best-effort manager (Type=notify, watchdog, sandboxed)",
     ),
     DeployFile(
+        "node-unit",
+        "vjob:node/vjob-node.service",
+        "/etc/systemd/system/vjob-node.service",
+        0o644,
+        "systemd unit of the node service on each compute node (root-side operations for job pilots)",
+    ),
+    DeployFile(
         "oar-admission-rule",
         "vjob:oar/vjob_admission_rule.pl",
         "/etc/vjob/oar/vjob_admission_rule.pl",

@@ -17,7 +17,7 @@ from pathlib import Path
 import libvirt
 
 from provisioning import domain_xml as domxml
-from provisioning import integrity, save_hash, saved_move, transfer, vm_records
+from provisioning import integrity, op_timeouts, save_hash, saved_move, transfer, vm_records
 from provisioning.transfer import Endpoint
 from provisioning.vm_lifecycle import VMLifecycle
 from provisioning.vm_types import DriverError, Snapshot, SnapshotError
@@ -68,7 +68,15 @@ def _save_running(
         partial.unlink(missing_ok=True)  # an earlier failed save's: the follower must see libvirt's new file
         follower = save_hash.FollowingHash(partial)
     try:
-        vms.call("save", vm, node, lambda: dom.saveFlags(str(partial), None, flags), on_timeout=dom.abortJob)
+        timeout = op_timeouts.for_domain(vms.config, dom)  # grows with the VM's memory (vjob.save_time)
+        vms.call(
+            "save",
+            vm,
+            node,
+            lambda: dom.saveFlags(str(partial), None, flags),
+            on_timeout=dom.abortJob,
+            timeout_s=timeout,
+        )
         transfer.rename(vms.endpoint(partial, node), path, mode=0o600)
         if follower is not None:
             hashed, followed = follower.finish(path), follower.followed
@@ -144,7 +152,8 @@ def restore_state_file(
     if not test:
         flags |= libvirt.VIR_DOMAIN_SAVE_PAUSED if paused else 0
         flags |= libvirt.VIR_DOMAIN_SAVE_BYPASS_CACHE if bypass_cache else 0
-    vms.call("restore", vm, node, lambda: conn.restoreFlags(str(state), xml, flags))
+    timeout = op_timeouts.for_file(vms.config, vms.endpoint(state, node))  # grows with the state's size
+    vms.call("restore", vm, node, lambda: conn.restoreFlags(str(state), xml, flags), timeout_s=timeout)
     if paused and test:
         vms.pause(vm, node)
     restored = vms.require_domain("restore", vm, node)

@@ -84,7 +84,10 @@ def domain_xml(
     for want in spec.nics:  # in guest order: the private network first, then the NAT interface
         nic = ET.SubElement(devices, "interface", type=want.kind)
         ET.SubElement(nic, "mac", address=want.mac)
-        ET.SubElement(nic, "source", {want.kind: want.source})
+        if want.kind == "ethernet":  # the node service's tap, the user's own: libvirt only opens it
+            ET.SubElement(nic, "target", dev=want.source, managed="no")
+        else:
+            ET.SubElement(nic, "source", {want.kind: want.source})
         ET.SubElement(nic, "model", type="virtio")
         if want.isolated:
             ET.SubElement(nic, "port", isolated="yes")

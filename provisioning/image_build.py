@@ -12,7 +12,7 @@ Why this recipe (docs/realjobs.md has the figures):
 * **no mount**: `mkfs.ext4 -d ROOTDIR` writes the filesystem from the directory, then
   `qemu-img convert -O qcow2`.
 
-Images are cached by content (suite, packages, agent and init) under root's cache
+Images are cached by content (suite, packages, agent, its helper modules and init) under root's cache
 (`<cache>/images/<key>`, provisioning.safe_dirs rules), then added to the catalogue (os_images,
 size and sha256) with their kernel and initrd beside them. Nothing touches the catalogue before
 the build succeeded: a package that does not exist is named and the catalogue is unchanged.
@@ -20,6 +20,7 @@ the build succeeded: a package that does not exist is named and the catalogue is
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from provisioning import apt_fetch, guest, safe_dirs
-from provisioning.guest_agent import AGENT, INIT
+from provisioning.guest_agent import AGENT, GUEST_LIB, INIT, helper_modules
 from provisioning.images import Catalogue, ImageInfo, detect_format
 from provisioning.vm_types import check_name
 from vjob import log, proc
@@ -48,11 +49,15 @@ BASE_PACKAGES = (
     "openssh-client",
     "openmpi-bin",
     "python3-mpi4py",
+    "nfs-common",
+    "netbase",
 )
 """The kernel, the guest agent's Python, mount (not Essential in bookworm), ps/kill for jobs,
 ssh between the VMs of a multi-node job, and Open MPI with mpi4py so `mpirun --hostfile
 "$VJOB_NODEFILE"` works in the default image (the image has Python and no compiler): +64 MiB
-and ~14 s of a quiet build (docs/multinode.md, "A private network per job")."""
+and ~14 s of a quiet build (docs/multinode.md, "A private network per job"); nfs-common for
+mount.nfs4, the site's filesystems from the job's NFS gateway, and netbase for its /etc/protocols
+(without it: "mount.nfs4: Failed to find 'tcp' protocol") (docs/realjobs.md, "Filesystems")."""
 INITRAMFS_MODULES = ("virtio_pci", "virtio_blk", "ext4", "virtio_net")
 """What the initramfs must hold to mount the root disk, and the NIC of a multi-node job (no udev
 in the guest loads it later); MODULES=list keeps it ~5 MB."""
@@ -64,7 +69,7 @@ has not; the VMs are reached over ssh (docs/multinode.md). Part of the cache key
 newline: Debian's file does not end with one."""
 PACKAGE_RE = re.compile(r"[a-z0-9][a-z0-9+.-]{0,99}")
 MAX_PACKAGES = 200
-RECIPE_VERSION = "3"
+RECIPE_VERSION = "4"
 """Bumped when the recipe changes: part of the cache key."""
 CMDLINE = "root=/dev/vda rw console=ttyS0 quiet loglevel=3 panic=-1 no_timer_check init=/sbin/vjob-init"
 """The guest kernel's command line (part of the cache key). `no_timer_check`: under TCG on a busy
@@ -117,6 +122,8 @@ def _cache_key(packages: list[str]) -> str:
     for part in (RECIPE_VERSION, SUITE, ",".join(packages), CMDLINE, OPENMPI_PARAMS):
         h.update(part.encode() + b"\0")
     h.update(AGENT.read_bytes() + b"\0" + INIT.read_bytes())
+    for module in helper_modules():
+        h.update(b"\0" + module.name.encode() + b"\0" + module.read_bytes())
     return h.hexdigest()[:20]
 
 
@@ -129,13 +136,29 @@ def _run(cmd: list[str], timeout_s: float = 1800.0) -> str:
 
 
 def _install_guest_files(root: Path) -> None:
-    """The guest agent and init, root's, 0755 (merged /usr: /sbin is /usr/sbin)."""
+    """The guest agent and init, root's, 0755 (merged /usr: /sbin is /usr/sbin); the agent's
+    helper modules under GUEST_LIB, root's, 0644."""
     sbin = root / "usr" / "sbin"
-    for src, name in ((AGENT, "vjob-guest-agent"), (INIT, "vjob-init")):
-        dst = sbin / name
+    lib = root / GUEST_LIB.lstrip("/")
+    lib.mkdir(mode=0o755, parents=True, exist_ok=True)
+    files = [(AGENT, sbin / "vjob-guest-agent", 0o755), (INIT, sbin / "vjob-init", 0o755)]
+    files += [(module, lib / module.name, 0o644) for module in helper_modules()]
+    for src, dst, mode in files:
         shutil.copyfile(src, dst)
-        os.chmod(dst, 0o755)
+        os.chmod(dst, mode)
         os.chown(dst, 0, 0)
+
+
+def _inject_script() -> str:
+    """debugfs commands writing the agent, init and helper modules into an imported image (an
+    `rm` or `mkdir` that fails because the file is absent or the directory present is harmless)."""
+    lines = ["cd /usr/sbin"]
+    for src, name in ((AGENT, "vjob-guest-agent"), (INIT, "vjob-init")):
+        lines += [f"rm {name}", f"write {src} {name}", f"sif {name} mode 0100755"]
+    lines += [f"mkdir {GUEST_LIB}", f"cd {GUEST_LIB}"]
+    for module in helper_modules():
+        lines += [f"rm {module.name}", f"write {module} {module.name}", f"sif {module.name} mode 0100644"]
+    return "".join(f"{line}\n" for line in lines)
 
 
 def _mmdebstrap(work: Path, packages: list[str]) -> Path:
@@ -207,6 +230,10 @@ def _filesystem(root: Path, out: Path) -> None:
     os.chmod(out, 0o644)
 
 
+def _complete(done: Path) -> bool:
+    return all((done / f).is_file() for f in ("image.qcow2", "vmlinuz", "initrd"))
+
+
 def _build_into_cache(packages: list[str], say: Callable[[str], None]) -> tuple[Path, bool]:
     """The cached build directory of `packages` (image.qcow2, vmlinuz, initrd), built if absent."""
     cache = safe_dirs.ensure_dir(image_cache(), 0o755)
@@ -214,7 +241,7 @@ def _build_into_cache(packages: list[str], say: Callable[[str], None]) -> tuple[
     done = cache / key
     if os.path.lexists(done):
         safe_dirs.check_tree(done)
-        if all((done / f).is_file() for f in ("image.qcow2", "vmlinuz", "initrd")):
+        if _complete(done):
             return done, True
         shutil.rmtree(done)
     work = Path(tempfile.mkdtemp(prefix=".build-", dir=cache))
@@ -227,7 +254,11 @@ def _build_into_cache(packages: list[str], say: Callable[[str], None]) -> tuple[
         _boot_files(root, out)
         say("mkfs.ext4 -d + qemu-img convert")
         _filesystem(root, out / "image.qcow2")
-        os.rename(out, done)
+        try:
+            os.rename(out, done)
+        except OSError as exc:  # another build of the same key finished first: same content, keep theirs
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not _complete(done):
+                raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return done, False
@@ -259,11 +290,7 @@ def _import(src: Path, work: Path) -> Path:
         _run(["debugfs", "-R", f"dump /boot/{name} {dst}", str(raw)], timeout_s=120)
         os.chmod(dst, 0o644)
     script = work / "inject.debugfs"
-    script.write_text(
-        "cd /usr/sbin\n"
-        f"rm vjob-guest-agent\nwrite {AGENT} vjob-guest-agent\nsif vjob-guest-agent mode 0100755\n"
-        f"rm vjob-init\nwrite {INIT} vjob-init\nsif vjob-init mode 0100755\n"
-    )
+    script.write_text(_inject_script())
     _run(["debugfs", "-w", "-f", str(script), str(raw)], timeout_s=120)
     _run(["qemu-img", "convert", "-q", "-f", "raw", "-O", "qcow2", str(raw), str(out / "image.qcow2")])
     return out

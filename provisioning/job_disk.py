@@ -12,7 +12,9 @@ with `mkfs.ext4 -d` — nothing is mounted, no privilege is needed, and files ke
 When the job ends, the files under `/work` are read back (again without mounting, by
 provisioning.ext4_tree: the guest wrote that file system, so it is checked whole before anything
 is written, never dumped by `debugfs rdump`) and moved over the working directory, and the exit
-status is read from `/.vjob/exit`.
+status is read from `/.vjob/exit`. A working directory on one of the site's filesystems (job.json
+`mounts`, pilot.site_mounts) is not staged at all: the guest works in it over NFS, `/work` stays
+empty and nothing comes back.
 
 Limits (docs/realjobs.md): the working directory may hold at most `stage_limit_mb`
 (provisioning.stage_limit_mb); only regular files, directories and symbolic links are staged
@@ -70,6 +72,8 @@ class JobDescription:
     skipped: list[str] = field(default_factory=list)
     network: dict[str, object] | None = None
     """A multi-node job's VM: its address, its peers, the job's ssh key (agent.parse_network)."""
+    mounts: dict[str, object] | None = None
+    """The site's filesystems from the job's NFS gateway (pilot.site_mounts, agent.mounts)."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -82,7 +86,14 @@ class JobDescription:
             "cwd": self.cwd,
             "hostname": self.hostname,
             **({"network": self.network} if self.network is not None else {}),
+            **({"mounts": self.mounts} if self.mounts is not None else {}),
         }
+
+    @property
+    def in_place(self) -> bool:
+        """The working directory is on one of the site's filesystems: the guest works there,
+        nothing is staged (docs/realjobs.md, "Filesystems")."""
+        return agent.mounts.covers(agent.mounts.parse_mounts(self.mounts), self.cwd)
 
 
 def check_description(job: JobDescription) -> JobDescription:
@@ -96,7 +107,8 @@ def check_description(job: JobDescription) -> JobDescription:
         raise InputError(f"environment: {env_bytes} bytes: at most {MAX_ENV_BYTES}")
     try:
         agent.parse_job(job.to_json())
-    except agent.JobError as exc:
+        agent.mounts.parse_mounts(job.mounts)
+    except (agent.JobError, agent.mounts.MountError) as exc:
         raise InputError(f"job for the guest: {exc}") from None
     return job
 
@@ -183,13 +195,14 @@ def build(
     if the user had built it, so the job can reach its script and write its directory.
     """
     check_description(job)
-    used = measure(workdir, limit_bytes)
+    used = 0 if job.in_place else measure(workdir, limit_bytes)
     tmp = Path(tempfile.mkdtemp(prefix=".jobdisk-", dir=out.parent))
     try:
         stage = tmp / "stage"
         stage.mkdir(mode=0o700)
         staged: dict[str, list[object]] = {}
-        skipped = _stage(workdir, stage / WORK, staged)
+        skipped = [] if job.in_place else _stage(workdir, stage / WORK, staged)
+        (stage / WORK).mkdir(mode=0o700, exist_ok=True)
         os.chmod(stage / WORK, stat.S_IMODE(workdir.stat().st_mode) | 0o700)
         control = stage / CONTROL
         control.mkdir(mode=0o700)

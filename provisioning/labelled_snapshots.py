@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from provisioning import checkpoint, integrity, transfer, vm_records
+from provisioning import checkpoint, integrity, op_timeouts, transfer, vm_records
 from provisioning.transfer import Endpoint
 from provisioning.vm_lifecycle import VMLifecycle
 from provisioning.vm_types import OVERLAY_COPY_SUFFIX, STATE_SUFFIX, Snapshot, check_name
@@ -61,18 +61,19 @@ def restore_snapshot(vms: VMLifecycle, vm: str, node: str, *, label: str, from_n
     expected = checkpoint.verify_file(vms, vm, src, memory_src, kind="full")  # before the running VM is stopped
     vms.stop(vm, node)
     vms.ensure_dirs(node)
-    timeout = vms.config.operation_timeout_s
     method = vms.config.copy_method
+    overlay = Endpoint(overlay_src, vms.host(src))
     transfer.copy(
-        Endpoint(overlay_src, vms.host(src)),
+        overlay,
         Endpoint(vms.overlay_path(vm, node), vms.host(node)),
         method=method,
-        timeout_s=timeout,
+        timeout_s=op_timeouts.for_file(vms.config, overlay),  # each copy's grows with its size
     )
     vms.own_disk(vm, node)
     state = vms.state_path(vm, node)
+    memory = Endpoint(memory_src, vms.host(src))
     transfer.copy(
-        Endpoint(memory_src, vms.host(src)), Endpoint(state, vms.host(node)), method=method, timeout_s=timeout
+        memory, Endpoint(state, vms.host(node)), method=method, timeout_s=op_timeouts.for_file(vms.config, memory)
     )
     if src != node or memory_src != state:
         recorded = {"size_bytes": expected.size_bytes, "sha256": expected.sha256}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import libvirt
 
 from provisioning import domain_xml as domxml
-from provisioning import vm_records
+from provisioning import op_timeouts, vm_records
 from provisioning.vm_lifecycle import VMLifecycle
 from provisioning.vm_types import DriverError
 from vjob import log
@@ -51,7 +51,10 @@ def migrate(vms: VMLifecycle, vm: str, src: str, dst: str, *, live: bool | None)
         live = vms.call("migrate", vm, src, lambda: domxml.domain_type(dom.XMLDesc(0))) != "qemu"
     flags = (libvirt.VIR_MIGRATE_LIVE if live else 0) | _FLAGS
     uri = vms.config.migrate_uris.get(dst)
-    vms.call("migrate", vm, src, lambda: dom.migrate(dconn, flags, None, uri, 0), on_timeout=dom.abortJob)
+    timeout = op_timeouts.for_domain(vms.config, dom)  # grows with the VM's memory (vjob.save_time)
+    vms.call(
+        "migrate", vm, src, lambda: dom.migrate(dconn, flags, None, uri, 0), on_timeout=dom.abortJob, timeout_s=timeout
+    )
     vm_records.update_vm(vms.store, vm, node=dst, state=VMState.RUNNING)
     _log.info("vm migrated", vm=vm, source=src, destination=dst, live=live)
     return live

@@ -13,7 +13,7 @@ from typing import Any
 
 import libvirt
 
-from provisioning import integrity, transfer, vm_records
+from provisioning import integrity, op_timeouts, transfer, vm_records
 from provisioning.transfer import Endpoint
 from provisioning.vm_lifecycle import VMLifecycle
 from provisioning.vm_types import Snapshot, SnapshotError
@@ -54,17 +54,19 @@ def _copy_between(vms: VMLifecycle, vm: str, src: str, dst: str, disks_arrived: 
     method = vms.config.copy_method
     timeout = vms.config.operation_timeout_s
     state_src, state_dst = vms.state_path(vm, src), vms.state_path(vm, dst)
+    overlay_src = Endpoint(vms.overlay_path(vm, src), vms.host(src))
     transfer.copy(
-        Endpoint(vms.overlay_path(vm, src), vms.host(src)),
+        overlay_src,
         Endpoint(vms.overlay_path(vm, dst), vms.host(dst)),
         method=method,
-        timeout_s=timeout,
+        timeout_s=op_timeouts.for_file(vms.config, overlay_src),  # each copy's grows with its size
     )
     vms.own_disk(vm, dst)
     job_src = Endpoint(vms.job_disk_path(vm, src), vms.host(src))
     if transfer.exists(job_src):
         job_dst = vms.job_disk_path(vm, dst)
-        transfer.copy(job_src, Endpoint(job_dst, vms.host(dst)), method=method, timeout_s=timeout)
+        job_timeout = op_timeouts.for_file(vms.config, job_src)
+        transfer.copy(job_src, Endpoint(job_dst, vms.host(dst)), method=method, timeout_s=job_timeout)
         vms.own_disk(vm, dst, job_dst)
     disks_arrived()
     transfer.copy(
@@ -73,9 +75,9 @@ def _copy_between(vms: VMLifecycle, vm: str, src: str, dst: str, disks_arrived: 
         method=method,
         timeout_s=timeout,
     )
-    transfer.copy(
-        Endpoint(state_src, vms.host(src)), Endpoint(state_dst, vms.host(dst)), method=method, timeout_s=timeout
-    )
+    state = Endpoint(state_src, vms.host(src))
+    state_timeout = op_timeouts.for_file(vms.config, state)
+    transfer.copy(state, Endpoint(state_dst, vms.host(dst)), method=method, timeout_s=state_timeout)
 
 
 def drop_source(vms: VMLifecycle, vm: str, src: str, dst: str) -> None:

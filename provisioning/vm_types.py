@@ -49,7 +49,7 @@ def check_name(kind: str, value: str) -> str:
 
 
 MAC_RE = re.compile(r"[0-9a-f]{2}(?::[0-9a-f]{2}){5}")
-NIC_KINDS = ("bridge", "network")
+NIC_KINDS = ("bridge", "network", "ethernet")
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 IPV4_RE = re.compile(rf"{_OCTET}(?:\.{_OCTET}){{3}}")
 """A dotted IPv4 address, each number without a leading zero (matched whole)."""
@@ -58,7 +58,8 @@ IPV4_RE = re.compile(rf"{_OCTET}(?:\.{_OCTET}){{3}}")
 @dataclass(frozen=True)
 class Nic:
     """One virtio NIC: its MAC and where it plugs in, a bridge by name (a job's private network)
-    or a libvirt network by name (Saline's NAT network, the same name on every node).
+    or a libvirt network by name (Saline's NAT network, the same name on every node), or a tap
+    by name that the node service made for the job's user (`ethernet`, pilot.site_network).
 
     `isolated`: libvirt's `<port isolated='yes'/>`: the NIC reaches the host's side of the
     network (the NAT gateway) but no other isolated port on it, so VMs of different vjobs that

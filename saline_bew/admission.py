@@ -33,6 +33,8 @@ PRIORITY = 15
 _LISTED = re.compile(r"^--- \((\d+)\) RULE #(\d+)\n(.*)$", re.MULTILINE)
 _PATH = re.compile(r"/[A-Za-z0-9_./-]{1,107}")
 """A Unix socket path (at most 108 bytes), of characters safe inside Perl quotes."""
+_IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+"""A default image name: no quote, `@` or `$` can reach the Perl text."""
 HOOK_TIMEOUT_S = 10
 """Seconds the rule waits for the site master before accepting the job untouched."""
 
@@ -41,9 +43,15 @@ def template() -> str:
     return resources.files("vjob").joinpath("deploy_files", "oar", "vjob_admission_rule.pl").read_text()
 
 
-def render(*, site: str, socket: str, timeout_s: int = HOOK_TIMEOUT_S) -> str:
-    """The rule for `site`, with every value checked: they end up inside Perl quotes."""
+def render(
+    *, site: str, socket: str, timeout_s: int = HOOK_TIMEOUT_S, default_image: str = "", allow_opt_out: bool = False
+) -> str:
+    """The rule for `site`, with every value checked: they end up inside Perl quotes.
+    `default_image`: the image every best-effort job naming none gets (the site default);
+    `allow_opt_out`: whether `-t vjob=off` then lets a job run bare."""
     grammar.word("site", site, grammar.SITE)
+    if default_image and not _IMAGE.fullmatch(default_image):
+        raise InputError(f"default image {default_image[:80]!r}: letters, digits, '.', '_' or '-' (at most 64)")
     if not _PATH.fullmatch(socket):
         raise InputError(f"socket = {socket[:80]!r}: must be an absolute path of plain characters")
     if not 1 <= timeout_s <= 60:
@@ -51,6 +59,7 @@ def render(*, site: str, socket: str, timeout_s: int = HOOK_TIMEOUT_S) -> str:
     text = template()
     if not text.startswith(MARK):
         raise InputError(f"the packaged rule does not start with {MARK!r}")
+    text = text.replace("@DEFAULT_IMAGE@", default_image).replace("@ALLOW_OPT_OUT@", "yes" if allow_opt_out else "no")
     return text.replace("@SOCKET@", socket).replace("@SITE@", site).replace("@TIMEOUT@", str(timeout_s))
 
 

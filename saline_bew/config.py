@@ -37,6 +37,19 @@ class SiteConfig(Section):
     """Directory (or host:path) of the site's snapshot repository."""
     oar_properties: str = ""
     """oarsub -p filter selecting this site's resources when several sites share one OAR."""
+    default_image: str = ""
+    """Every best-effort job of this site (its `oar_properties`) becomes a Saline vjob of this
+    image with no `-t vjob=IMAGE` (`vjob oar install-rules` writes it into the admission rule);
+    empty: only jobs asking for an image."""
+    allow_opt_out: bool = False
+    """With `default_image`: whether `-t vjob=off` lets a best-effort job run bare (else refused)."""
+
+    @field_validator("default_image")
+    @classmethod
+    def _image(cls, value: str) -> str:
+        if value and not _SITE_NAME.fullmatch(value):
+            raise ValueError(f"{value[:80]!r}: an image name is letters, digits, '.', '_' or '-' (at most 64)")
+        return value
 
 
 class SalineConfig(Section):

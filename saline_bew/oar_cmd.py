@@ -1,4 +1,5 @@
-"""`vjob oar install-rules|uninstall-rules`: put vjob's admission rule into OAR, or take it out.
+"""`vjob oar install-rules|uninstall-rules` (and the deadline and size rules): put vjob's
+admission rules into OAR, or take them out.
 
 Why a command: the rule names this installation's Python, the site it belongs to and the
 manager's socket, so it is rendered here from the configuration rather than copied by hand
@@ -11,7 +12,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from saline_bew import admission, deadline_rule, protocol
+from saline_bew import admission, deadline_rule, protocol, size_rule
 from vjob.cli import load_config
 from vjob.errors import UsageError
 
@@ -74,6 +75,22 @@ def register(sub: Any) -> None:
         epilog="example: vjob oar uninstall-deadline-rule",
     )
     _rule_options(du, _uninstall_deadline, install=False)
+    z = osub.add_parser(
+        "install-size-rule",
+        help="install (or replace) the size rule: refuse a pilot job whose hosts cannot hold its VM",
+        description="Install vjob's size admission rule with oaradmissionrules (saline_bew.size_rule): an "
+        "`oarsub ... vjob run` job whose fewest cores per host times the largest memcore, minus [provisioning] "
+        "vm_overhead_mib, is below the guest's minimum is refused with the numbers; fails open.",
+        epilog="example: vjob oar install-size-rule",
+    )
+    _rule_options(z, _install_size, install=True)
+    zu = osub.add_parser(
+        "uninstall-size-rule",
+        help="remove vjob's size admission rule",
+        description="Remove vjob's size rule from OAR's admission_rules table.",
+        epilog="example: vjob oar uninstall-size-rule",
+    )
+    _rule_options(zu, _uninstall_size, install=False)
 
 
 def _rule_options(parser: Any, func: Callable[[argparse.Namespace], int], *, install: bool) -> None:
@@ -97,7 +114,14 @@ def _install(args: argparse.Namespace) -> int:
     elif site not in names:
         raise UsageError(f"--site {site!r}: not in saline.sites ({', '.join(names) or 'none configured'})")
     socket = str(protocol.socket_path(args.socket, configured=config.saline.socket))
-    rule = admission.render(site=site, socket=socket, timeout_s=args.timeout)
+    chosen = next(s for s in config.saline.sites if s.name == site)
+    rule = admission.render(
+        site=site,
+        socket=socket,
+        timeout_s=args.timeout,
+        default_image=chosen.default_image,
+        allow_opt_out=chosen.allow_opt_out,
+    )
     return _put(args, rule, admission.MARK, "vjob admission rule", f"installed for site {site}")
 
 
@@ -115,6 +139,16 @@ def _install_deadline(args: argparse.Namespace) -> int:
 
 def _uninstall_deadline(args: argparse.Namespace) -> int:
     return _take_out(args, deadline_rule.MARK, "vjob deadline rule", "no vjob deadline rule")
+
+
+def _install_size(args: argparse.Namespace) -> int:
+    overhead = load_config(args).provisioning.vm_overhead_mib
+    rule = size_rule.render(overhead_mib=overhead)
+    return _put(args, rule, size_rule.MARK, "vjob size rule", f"installed, overhead {overhead} MiB per VM")
+
+
+def _uninstall_size(args: argparse.Namespace) -> int:
+    return _take_out(args, size_rule.MARK, "vjob size rule", "no vjob size rule")
 
 
 def _put(args: argparse.Namespace, rule: str, mark: str, what: str, done: str) -> int:

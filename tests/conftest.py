@@ -16,6 +16,7 @@ pytest_plugins = [
     "tests.services.oar",
     "tests.services.libvirt",
     "tests.services.slurm",
+    "tests.services.node_service",
 ]
 
 # Hypothesis profiles, loaded here (before any test module builds its own `settings(...)`, which

@@ -62,7 +62,8 @@ class StandIns:
 PBS_MODULE = '''"""A stand-in for the `pbs` module PBS gives its hooks: one event, described in JSON."""
 import atexit, json, os
 
-QUEUEJOB, RUNJOB, EXECJOB_POSTSUSPEND, EXECJOB_PRERESUME, MODIFYJOB = 1, 2, 3, 4, 5
+QUEUEJOB, RUNJOB, EXECJOB_POSTSUSPEND, EXECJOB_PRERESUME, MODIFYJOB, EXECJOB_LAUNCH = 1, 2, 3, 4, 5, 6
+EXECJOB_EPILOGUE, EXECJOB_END = 7, 8
 LOG_DEBUG, LOG_WARNING, LOG_ERROR = 1, 2, 3
 _spec = json.load(open(os.environ["PBS_STANDIN_EVENT"]))
 hook_config_filename = _spec.get("config")
@@ -81,12 +82,22 @@ class _Job:
         self.interactive = attrs.get("interactive")
         self.Variable_List = attrs.get("Variable_List")
         self.Resource_List = _Resources(attrs.get("Resource_List") or {})
+        self.resources_used = dict(attrs.get("resources_used") or {})
+
+
+def size(text):
+    """pbs.size: a PBS size; the stand-in keeps its text."""
+    return str(text)
 
 
 class _Event:
     def __init__(self, spec):
         self.type = globals()[spec["type"]] if spec["type"] in globals() else spec["type"]
         self.job = _Job(spec.get("job", {}))
+        # execjob_launch: what the MoM is about to start (a login shell reading the script on stdin)
+        self.progname = spec.get("progname")
+        self.argv = spec.get("argv")
+        self.env = spec.get("env")
 
     def accept(self):
         _result["outcome"] = "accept"
@@ -111,6 +122,8 @@ def logmsg(level, message):
 @atexit.register
 def _write():
     _result["Variable_List"] = _event.job.Variable_List
+    _result["resources_used"] = _event.job.resources_used
+    _result["progname"], _result["argv"] = _event.progname, _event.argv
     with open(os.environ["PBS_STANDIN_RESULT"], "w") as fh:
         json.dump(_result, fh)
 '''

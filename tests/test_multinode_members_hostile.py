@@ -207,6 +207,7 @@ def test_the_member_link_carries_no_environment_and_no_arguments() -> None:
         "cwd": "/root/work",
         "hostname": "vm1",
         "network": network_of(addresses, 1, network.job_ssh_key("vjob-slurm-9")),
+        "mounts": {"server": "10.0.9.254", "port": 2049, "exports": [{"export": "/home", "target": "/home"}]},
     }
     vm = MemberVM(members.links["n2"], "job9-1", "n2", "test:///default", 30)
     try:

@@ -139,29 +139,6 @@ def test_the_pilot_reads_the_allocations_nodes_from_the_rms(tmp_path: Path, monk
     assert job_nodes("slurm", "other-name", "n1") == ["n1"]
 
 
-def test_the_users_ssh_files_are_never_written_through_a_planted_link(tmp_path: Path) -> None:
-    home = tmp_path / "home"
-    home.mkdir()
-    job = agent.Job(
-        argv=["s"], env={}, uid=1000, gid=1000, user="ann", home=str(home), cwd=str(tmp_path / "w"), hostname="vm0"
-    )
-    ssh = agent.user_ssh_dir(job)
-    agent.write_user_file(ssh / "authorized_keys", "ssh-ed25519 K\n", 0o600, 1000, 1000)
-    st = (ssh / "authorized_keys").stat()
-    assert (st.st_uid, st.st_mode & 0o777, ssh.stat().st_mode & 0o777) == (1000, 0o600, 0o700)
-    target = tmp_path / "etc-shadow"
-    target.write_text("root:x\n")
-    (ssh / "id_ed25519").symlink_to(target)
-    with pytest.raises(OSError):
-        agent.write_user_file(ssh / "id_ed25519", "key", 0o600, 1000, 1000)
-    assert target.read_text() == "root:x\n"
-    other = tmp_path / "other-home"
-    other.mkdir()
-    (other / ".ssh").symlink_to(tmp_path)
-    with pytest.raises(agent.JobError, match="symbolic link"):
-        agent.user_ssh_dir(agent.Job(["s"], {}, 1000, 1000, "ann", str(other), str(tmp_path / "w"), "vm0"))
-
-
 def test_a_pilot_job_and_a_saline_vjob_with_one_subnet_id_get_two_bridges() -> None:
     """Pilots and Saline allocate subnetIDs separately: the same number must not join them."""
     pilot, saline = network.bridge_name(7), network.bridge_name(7, network.SALINE_FAMILY)

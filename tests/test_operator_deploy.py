@@ -84,7 +84,7 @@ def test_install_all_into_a_directory_gives_every_file_valid_and_with_its_mode(t
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
 def test_systemd_accepts_the_units(tmp_path: Path) -> None:
-    for name in ("agent-unit", "saline-unit"):
+    for name in ("agent-unit", "saline-unit", "node-unit"):
         path, _ = deploy.install(deploy.find(name), tmp_path)
         r = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True, text=True, timeout=60)
         # Only what this machine lacks may be reported (no man page, vjob not under /usr/local).

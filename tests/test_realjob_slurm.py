@@ -1,6 +1,7 @@
 """Transparent submission on the real Slurm dev cluster with real QEMU (docs/realjobs.md).
 
-A plain `sbatch job.sh` by an ordinary user, whose script only says `#VJOB os=debian12`:
+A plain `sbatch job.sh` by an ordinary user, whose script says nothing of vjob: the partition
+is the operator's vjob partition (`[slurm] vjob_partitions`, issue 33 item 6), so
 job_submit.lua wraps it, the pilot runs it in the guest as that user (qemu:///session: no
 privilege anywhere), Slurm requeues it mid-run (SIGTERM: the VM is saved) and starts it again
 (the VM is restored). The result must equal the chain computed here, slurm-<id>.out must hold
@@ -10,7 +11,6 @@ The job asks `-c2 --mem=768M`: its guest has 2 vCPUs and 768 MiB minus the VM's 
 
 from __future__ import annotations
 
-import base64
 import os
 import pwd
 import re
@@ -25,7 +25,9 @@ from pathlib import Path
 import pytest
 
 from devkit.devcluster import JOB_SUBMIT_LUA, DevCluster
+from plugins.slurm.config import SlurmConfig
 from plugins.slurm.images import read_image_list, write_image_list
+from plugins.slurm.site_default import DEFAULTS_NAME, sync_partition_defaults
 from provisioning import image_build
 from provisioning.images import Catalogue
 from tests.services import wait_for
@@ -83,9 +85,9 @@ def test_the_wrapper_keeps_the_script_byte_for_byte(wrapped_cluster: DevCluster)
         )
         wrapper = out.read_text()
         assert wrapper.startswith("#!/bin/sh\n# vjob wrapper (job_submit.lua)")
-        assert 'exec vjob run --os debian12 --script - --base64 -- "$@"' in wrapper
-        body = wrapper.split("<<'VJOB_SCRIPT_END'\n", 1)[1].rsplit("VJOB_SCRIPT_END\n", 1)[0]
-        assert base64.b64decode(body) == script.encode()
+        assert 'exec vjob run --os debian12 --script - -- "$@" <<' in wrapper  # literal (issue 33 item 6)
+        delim = wrapper.split("<<'", 1)[1].split("'\n", 1)[0]
+        assert wrapper.split(f"<<'{delim}'\n", 1)[1] == script + f"{delim}\n"
     finally:
         subprocess.run(["scancel", job], env={**os.environ, **wrapped_cluster.env}, timeout=30, check=False)
     tiny = _sbatch(wrapped_cluster, "#!/bin/sh\n#VJOB os=debian-tiny\nexec vjob run\n", "--hold", "-o", "/dev/null")
@@ -139,7 +141,10 @@ def test_plain_sbatch_runs_the_unchanged_script_in_the_guest_across_a_requeue(wr
         (site / "vjob.toml").chmod(0o644)
         bindir = _shim(site)
         work.mkdir()
-        head = "#!/bin/bash\n#SBATCH -N1 -c2 --mem=768M\n#VJOB os=debian12\n" + SIZE_LINE
+        # No #VJOB line: the partition is the operator's vjob partition (issue 33 item 6)
+        head = "#!/bin/bash\n#SBATCH -N1 -c2 --mem=768M\n" + SIZE_LINE
+        sync_partition_defaults(SlurmConfig(conf=str(wrapped_cluster.conf), vjob_partitions={"main": "debian12"}))
+        time.sleep(2.5)  # job_submit.lua's cache
         (work / "job.sh").write_text(SCRIPT.replace("#!/bin/bash\n", head))
         (work / "input.txt").write_text("vjob-seed\n")
         for p in (work, work / "job.sh", work / "input.txt"):
@@ -206,5 +211,6 @@ def test_plain_sbatch_runs_the_unchanged_script_in_the_guest_across_a_requeue(wr
         assert out.stat().st_uid == user.pw_uid
         print(f"submission -> first progress line: {first_line_s:.1f} s")
     finally:
+        (wrapped_cluster.etc / DEFAULTS_NAME).unlink(missing_ok=True)
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(site, ignore_errors=True)

@@ -270,3 +270,83 @@ def test_the_pilot_refuses_at_start_a_job_whose_memory_holds_no_vm(
     err = capsys.readouterr().err
     assert "node n1: the job's 300 MiB minus the VM's overhead of" in err and "minimum of 256 MiB" in err, err
     assert not (tmp_path / "data").exists()
+
+
+# `scontrol -d show job` of `sbatch -N2 --mem=0` on the dev cluster (Slurm 22.05.8, 4096 MiB
+# nodes): the environment had no SLURM_MEM_*; the allocation's memory per node is here.
+DETAIL_MEM0 = """JobId=1 JobName=wrap
+   NumNodes=2 NumCPUs=2 NumTasks=2 CPUs/Task=1 ReqB:S:C:T=0:0:*:*
+   TRES=cpu=2,mem=8G,node=2,billing=2
+     Nodes=node[1-2] CPU_IDs=0 Mem=4096 GRES=
+   MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode=0
+"""
+
+
+def test_slurm_memory_per_node_from_scontrol_detail() -> None:
+    from plugins.slurm.allocation import job_memory
+
+    assert job_memory(DETAIL_MEM0) == {"node1": 4096, "node2": 4096}
+    uneven = "     Nodes=a[1-2] CPU_IDs=0-3 Mem=2048 GRES=\n     Nodes=b7 CPU_IDs=0 Mem=512 GRES=\n"
+    assert job_memory(uneven) == {"a1": 2048, "a2": 2048, "b7": 512}
+    assert job_memory("     Nodes=node1 CPU_IDs=0 Mem=0 GRES=\n") == {}  # memory not tracked
+    with pytest.raises(InputError, match="Mem"):
+        job_memory("     Nodes=node1 CPU_IDs=0 Mem=99999999999 GRES=\n")
+
+
+def test_slurm_without_a_memory_variable_asks_slurm_only_inside_a_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--mem=0: no SLURM_MEM_*; the reading takes Slurm's record for each node (here a stand-in
+    for scontrol's answer: the live run is tests/test_slurm_vm_memory.py)."""
+    import plugins.slurm.allocation as reader
+
+    asked: list[str] = []
+    monkeypatch.setattr(reader, "allocated_memory", lambda env: asked.append(env["SLURM_JOB_ID"]) or {"node3": 4096})
+    env = {**SLURM_EXCLUSIVE, "SLURM_JOB_ID": "9"}
+    assert job_allocations("slurm", env, "node3") == {"node3": Allocation(4, 4096)}
+    assert job_allocations("slurm", {**env, "SLURM_MEM_PER_NODE": "0"}, "node3") == {"node3": Allocation(4, 4096)}
+    assert job_allocations("slurm", {**env, "SLURM_MEM_PER_NODE": "768"}, "node3") == {"node3": Allocation(4, 768)}
+    assert asked == ["9", "9"]
+
+
+def test_the_size_file_job_submit_lua_reads(tmp_path: Path) -> None:
+    """vjob-vm-sizes: written atomically, only on a change, from the nodes' memories; a damaged
+    or hostile file reads as absent (the Lua then keeps its defaults)."""
+    from plugins.slurm.vm_sizes import Publisher, VMSizes, read_sizes, site_sizes, write_sizes
+    from vjob.model import Node
+
+    path = tmp_path / "vjob-vm-sizes"
+    publish = Publisher(path, 192)
+    publish([Node("n1", cpus=4, memory_mb=4096), Node("n2", cpus=8, memory_mb=8192)])
+    assert path.read_text() == "overhead_mib=192 guest_min_mib=256 node_max_mib=8192\n"
+    assert (path.stat().st_mode & 0o777) == 0o644
+    assert not write_sizes(path, VMSizes(192, 256, 8192))  # unchanged: not rewritten
+    assert site_sizes(256, 256, []) is None
+    publish([])  # no node seen: the file stays
+    assert read_sizes(path) == VMSizes(192, 256, 8192)
+    for text in (
+        "overhead_mib=-1 guest_min_mib=256 node_max_mib=1\n",
+        "x" * 4096,
+        "overhead_mib=1 guest_min_mib=0 node_max_mib=9\n",
+    ):
+        path.write_text(text)
+        assert read_sizes(path) is None, text
+    with pytest.raises(InputError, match="node_max_mib"):
+        VMSizes(0, 256, 1 << 40)
+    (tmp_path / "a-file").write_text("")  # a directory that cannot be written (ENOTDIR, even as root)
+    Publisher(tmp_path / "a-file" / "vjob-vm-sizes", 256)([Node("n1", cpus=1, memory_mb=1024)])  # logged, not raised
+
+
+def test_the_agent_adapter_publishes_the_sizes_beside_slurm_conf(tmp_path: Path) -> None:
+    """make_adapter gives the Slurm adapter a Publisher writing beside `[slurm] conf`, with the
+    configured overhead: the agent's every read of the nodes keeps job_submit.lua's figures."""
+    from plugins.slurm.adapter import make_adapter
+    from plugins.slurm.vm_sizes import Publisher
+    from vjob.config import Config
+
+    conf = tmp_path / "etc" / "slurm.conf"
+    conf.parent.mkdir()
+    cfg = Config.model_validate(
+        {"data_dir": str(tmp_path / "data"), "slurm": {"conf": str(conf)}, "provisioning": {"vm_overhead_mib": 192}}
+    )
+    publisher = make_adapter(cfg).on_nodes
+    assert isinstance(publisher, Publisher)
+    assert publisher.path == tmp_path / "etc" / "vjob-vm-sizes" and publisher.overhead_mib == 192

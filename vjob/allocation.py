@@ -18,6 +18,9 @@ MAX_CPUS = 4096
 """More CPUs than any node has: a larger figure is a garbled variable, not an allocation."""
 MAX_MEMORY_MIB = 1 << 26
 """64 TiB in MiB: more than any node's memory."""
+GUEST_MIN_MEMORY_MIB = 256
+"""The least a real image's guest boots with (a Debian guest with Python): the pilot, the
+submit hooks and job_submit.lua's size file all refuse a job leaving its VM less."""
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,32 @@ LAUNCHERS = {
 plugins.rms_package imports only the RMS's adapter); `per-node` under another is refused."""
 
 
+def pilots_mode(configured: str, euid: int) -> str:
+    """How a multi-node job's VMs are driven: `[agent] multinode_pilots` for a root pilot, always
+    "per-node" for a pilot that is not root.
+
+    Why a user's job has no choice: its pilot drives its user's own libvirt, qemu:///session,
+    which exists on its node only and is reachable by no other node (a Unix socket in the
+    user's runtime directory there). The first node's pilot cannot reach the session libvirt of
+    another node, so in the leader mode every VM of the job would land on the first node and the
+    other nodes of the allocation would stay idle. Each member pilot drives its own node's.
+    (On the dev cluster every node is this one machine, so every node's session libvirt is the
+    user's one session libvirtd: the per-node mode is what a real site needs, not what this
+    machine could tell apart.)"""
+    return configured if euid == 0 else "per-node"
+
+
+def check_user_network(euid: int, node_service: bool) -> None:
+    """An ordinary user's multi-node job needs the site's node service: its VMs' taps on the job's
+    network are made there (a user's libvirt can make no bridge); refused before anything starts."""
+    if euid != 0 and not node_service:
+        raise UsageError(
+            "a multi-node vjob of an ordinary user needs the node service for its job network, and "
+            "[node] socket is unset in the site's configuration (docs/multinode.md, \"An ordinary "
+            "user's multi-node job\"): ask the site's operator"
+        )
+
+
 def launcher(rms: str) -> MemberLauncher:
     """The member launcher of `rms`; a UsageError names the RMSs that have one."""
     if rms not in LAUNCHERS:

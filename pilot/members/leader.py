@@ -55,7 +55,7 @@ STEP_TIMEOUTS_S = {
     "workdir": 30.0,
 }
 """Per request; a save's and a restore's come from `operation_timeout_s` (copies included)."""
-MEMBER_JOB_FIELDS = ("uid", "gid", "user", "home", "cwd", "hostname", "network")
+MEMBER_JOB_FIELDS = ("uid", "gid", "user", "home", "cwd", "hostname", "network", "mounts")
 """The job description's fields a member pilot receives (member_job): never env, args, script."""
 
 
@@ -328,8 +328,9 @@ class Members:
 
         out = []
         for rank, (node, name) in enumerate(zip(self.nodes, names, strict=True), start=1):
-            fallback = coordinated.DriverHandle(driver, name, node)
-            vm = MemberVM(self.links[node], name, node, driver.uri(node), operation_timeout_s, fallback)
+            uri = driver.uri(node)
+            fallback = None if reaches_only_here(uri) else coordinated.DriverHandle(driver, name, node)
+            vm = MemberVM(self.links[node], name, node, uri, operation_timeout_s, fallback)
             vm.call("setup", rank=rank, vm=name, subnet_id=subnet_id)
             out.append(vm)
         return out
@@ -357,6 +358,14 @@ class Members:
                 except subprocess.TimeoutExpired:
                     s.proc.kill()
                     s.proc.wait()
+
+
+def reaches_only_here(uri: str) -> bool:
+    """Whether a libvirt URI is a user's session libvirt of this node (`qemu:///session`, no
+    host): a user pilot's driver names every node by it, but it reaches this node's only — a
+    lost member's VM on another node cannot be undone through it (it waits for the next pilot)."""
+    _scheme, _, rest = uri.partition("://")
+    return rest.startswith("/session")  # no host between :// and the path: this node's
 
 
 def leader_address(toward: str) -> str:

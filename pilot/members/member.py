@@ -21,6 +21,7 @@ from typing import Any
 
 from pilot.members import workdir as member_workdir
 from pilot.members.link import Link, LinkError
+from pilot.site_network import SiteLink, SiteNic
 from pilot.vm import DriverVM
 from provisioning import integrity, network, transfer
 from provisioning.vm_types import check_name
@@ -34,16 +35,30 @@ NODE_FIELDS = ("node", "from_node")
 
 SpecBuilder = Callable[[dict[str, Any], str, int, Path | None], Any]
 """(the leader's `define` message, the VM's name, its rank, the working directory to build the
-job disk from — None: the leader sent the disk, it is in place) → the VMSpec."""
+job disk from — None: the leader sent the disk, it is in place) → the VMSpec. The message also
+holds `bridge` (the job's libvirt bridge) and `site_nic` (the VM's tap from the node service, a
+pilot.site_network.SiteNic, or None), both put there by the member, never the leader's."""
+SiteFactory = Callable[[int], SiteLink]
+"""The VM's vmID (rank + 1) → its share of the job's network on this node (pilot.site_network.SiteLink)."""
 
 
 class Member:
     """One member pilot: serves its leader's requests on its VM until `bye` or the leader is gone."""
 
     def __init__(
-        self, link: Link, driver: Any, node: str, build_spec: SpecBuilder, workdir: Path | None = None
+        self,
+        link: Link,
+        driver: Any,
+        node: str,
+        build_spec: SpecBuilder,
+        workdir: Path | None = None,
+        site: SiteFactory | None = None,
     ) -> None:
-        """`workdir`: the directory srun started this member in (member_workdir.own_workdir)."""
+        """`workdir`: the directory srun started this member in (member_workdir.own_workdir);
+        `site`: where the site runs a node service, the VM's tap comes from it (a user's libvirt
+        can make no bridge); without one, the job's bridge is made on this node's libvirt."""
+        self._site_factory = site
+        self.site: SiteLink | None = None
         self.link = link
         self.driver = driver
         self.node = node
@@ -98,6 +113,9 @@ class Member:
         if not vm.endswith(f"-{rank}"):
             raise VjobError(f"setup.vm = {vm!r}: not the VM of rank {rank}")
         self.vm, self.rank, self.subnet_id = vm, rank, subnet
+        if self._site_factory is not None:
+            site = self._site_factory(rank + 1)  # vmID = rank + 1 (provisioning.network)
+            self.site = site if site.enabled else None
         self.link.send({"ok": True})
         _log.info("member: set up", vm=vm, rank=rank, node=self.node)
 
@@ -138,7 +156,7 @@ class Member:
                 "overlay_path": str(snap.overlay_path) if snap.overlay_path else "",
             }
         if op == "restore":
-            network.ensure_bridge(d.connection(self.node), self.subnet_id)
+            self._network_up()
             h.restore(
                 from_node=str(msg.get("from_node") or self.node),
                 paused=msg.get("paused") is True,
@@ -164,28 +182,46 @@ class Member:
             if isinstance(net, dict) and net.get("ssh_private"):
                 net["ssh_private"] = self.link.unseal(str(net["ssh_private"]))
             workdir = self._sent_disk(msg["disk"]) if "disk" in msg else self._own_dir()
-            spec = self.build_spec({**msg, "bridge": network.bridge_name(self.subnet_id)}, self.vm, self.rank, workdir)
-            network.ensure_bridge(d.connection(self.node), self.subnet_id)
-            d.define(spec, self.node)
+            nic = self._network_up()
+            fields = {**msg, "bridge": network.bridge_name(self.subnet_id), "site_nic": nic}
+            d.define(self.build_spec(fields, self.vm, self.rank, workdir), self.node)
             return {}
         if op == "boot":
-            network.ensure_bridge(d.connection(self.node), self.subnet_id)
+            self._network_up()
             d.boot(self.vm, self.node)
             return {}
         if op == "delete":
             d.delete(self.vm, self.node)
-            network.remove_bridge(d.connection(self.node), self.subnet_id)
+            self._network_down()
             return {}
         if op == "forget":
             d.delete(self.vm, str(msg["node"]))
             return {}
         if op == "remove_network":
-            network.remove_bridge(d.connection(self.node), self.subnet_id)
+            self._network_down()
             return {}
         if op == "cpu":
             reading = DriverVM(d, self.vm, self.node, lambda: None).cpu()
             return {"cpu": list(reading) if reading is not None else None}
         raise VjobError(f"unknown request {op[:20]!r}")
+
+    def _network_up(self) -> SiteNic | None:
+        """This node's part of the job's network, before the VM is defined, boots or is restored:
+        the VM's tap from the node service where the site runs one (its NIC; the same name on
+        every node, so a saved VM restores onto it anywhere), else the job's bridge on this
+        node's libvirt (root's; None)."""
+        if self.site is not None:
+            self.site.up()
+            return self.site.nic(self.rank + 1)
+        network.ensure_bridge(self.driver.connection(self.node), self.subnet_id)
+        return None
+
+    def _network_down(self) -> None:
+        """Given back after a cut and at the end: nothing of the job stays on a node it left."""
+        if self.site is not None:
+            self.site.down()  # never raises: the service's sweep removes what is left
+            return
+        network.remove_bridge(self.driver.connection(self.node), self.subnet_id)
 
     def _own_dir(self) -> Path:
         """The directory to build the job disk from: only the batch step's (never srun's /tmp fallback)."""
@@ -227,6 +263,8 @@ class Member:
                     bytes=snap.size_bytes,
                     why=why,
                 )
+                if self.site is not None:
+                    self.site.down()  # the next pilot asks again where it lands
                 return
             state = self.handle.state()
         except VjobError as exc:

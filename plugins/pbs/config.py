@@ -5,11 +5,15 @@ vjob.config.composed).
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from vjob.config import Section
+
+QUEUE_OR_IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
+"""The names the filter and the hook accept (their NAME)."""
 
 
 class PbsConfig(Section):
@@ -29,3 +33,26 @@ class PbsConfig(Section):
     """OS images the submit filter and hook accept; empty accepts any well-formed name."""
     filter_budget_s: float = Field(2.0, gt=0, le=60)
     """The submit filter passes the script through unchanged when it needs longer than this."""
+    vjob_queues: dict[str, str] = Field(default_factory=dict)
+    """Queues whose every batch job runs in a VM, each with its default image, e.g.
+    `{workq = "debian12"}`: no `#VJOB` line needed (the Torque wrap filter; the OpenPBS hook
+    takes the same from its JSON configuration's `vjob_queues`)."""
+    allow_opt_out: bool = False
+    """Whether a job of a vjob queue may run bare (`#VJOB off`; on OpenPBS `-v VJOB_OS=off`);
+    if not, it is refused at qsub with a message saying so."""
+    default_queue: str = ""
+    """Torque's default queue (the server's default_queue), for a job that names none: the
+    filter runs before the server and cannot know it otherwise."""
+    node_max_mib: int = Field(0, ge=0, le=1 << 26)
+    """The largest memory (MiB) of the nodes vjobs run on: the Torque submit filter refuses a
+    vjob asking more per node, with the numbers (0: no such check; the OpenPBS hook takes
+    `node_max_mib` from its JSON configuration). Below the guest's minimum plus
+    `[provisioning] vm_overhead_mib` is refused either way (docs/realjobs.md, "Size")."""
+
+    @field_validator("vjob_queues")
+    @classmethod
+    def _queues(cls, value: dict[str, str]) -> dict[str, str]:
+        for queue, image in value.items():
+            if not QUEUE_OR_IMAGE.fullmatch(queue) or not QUEUE_OR_IMAGE.fullmatch(image):
+                raise ValueError(f"{queue[:80]!r} = {image[:80]!r}: queue and image are 1-64 letters, digits, . _ + -")
+        return value

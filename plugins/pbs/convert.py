@@ -189,7 +189,7 @@ def job_os(record: Record, properties: Iterable[str], conventions: Conventions) 
     """The OS image a job asks for: the filter/hook tag, an OpenPBS `aoe` (job-wide or in a
     select chunk), or a Torque node property."""
     tag = str((record.get("Variable_List") or {}).get(OS_VARIABLE, "")).strip()
-    if names.is_os_image(tag):
+    if names.is_os_image(tag) and tag.lower() != "off":  # off: the user's opt-out, no image
         return tag  # an ill-formed name (a later `qalter -v`) is ignored, never passed on
     for key in ("Resource_List.aoe", "Resource_List.vjob_os"):
         value = str(record.get(key) or "").strip()

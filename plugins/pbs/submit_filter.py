@@ -12,6 +12,9 @@ job and shows the filter's stderr to the user. This filter:
   a notice on stderr), since any batch job could otherwise claim interactive priority;
 * reads the OS image from `#VJOB os=...` or `-v VJOB_OS=...` and refuses one the site does
   not offer, saying which and what is allowed (a user's mistake: better now than at run time);
+  a batch job naming none in one of the operator's `vjob_queues` (`-q`, `#PBS -q`, else
+  `default_queue`) gets that queue's image; `#VJOB off` opts out where `allow_opt_out` is
+  true and is refused, saying so, where not;
 * adds `#PBS -v VJOB_CLASS=...,VJOB_OS=...` (merged into an existing `#PBS -v` line), for
   the pilot and for people reading `qstat -f`; the adapter itself derives the class again
   from the job's `interactive` attribute and queue, never from this variable;
@@ -26,7 +29,8 @@ job and shows the filter's stderr to the user. This filter:
 Why standalone (standard library only, no `vjob` import): it runs on every login node for
 every qsub, where the vjob package may not be installed and where start-up time is paid by
 every user. It reads the [pbs] section of the vjob configuration ($VJOB_CONFIG or
-/etc/vjob/vjob.toml): os_images, interactive_queues, besteffort_queues, filter_budget_s; and
+/etc/vjob/vjob.toml): os_images, interactive_queues, besteffort_queues, filter_budget_s,
+vjob_queues, allow_opt_out, default_queue; and
 [deadline] threshold_file. It carries its own reader of the threshold file, with the rules of
 preemption.deadline.threshold_file (as job_submit.lua and the OpenPBS hook do).
 Needs Python >= 3.8, and tomllib (3.11) or the tomli package to read the configuration
@@ -62,6 +66,12 @@ THRESHOLD_DEFAULT_STALE_S = 600
 THRESHOLD_MAX_STALE_S = 86400
 DEADLINE = re.compile(r"[0-9]{1,12}")
 WALLTIME = re.compile(r"(?:(?:([0-9]{1,6}):)?([0-9]{1,6}):)?([0-9]{1,9})")
+COUNTER_IMAGE = "debian-tiny"  # the counter guest runs no script and is not sized
+GUEST_MIN_MIB = 256  # vjob.allocation.GUEST_MIN_MEMORY_MIB (standalone: no vjob import)
+SIZE = re.compile(r"([0-9]{1,15})(b|kb|mb|gb|tb|pb|w|kw|mw|gw|tw|pw)?", re.IGNORECASE)  # no unit: bytes
+SIZE_SHIFT = {"": 0, "k": 10, "m": 20, "g": 30, "t": 40, "p": 50}
+NODE_COUNT = re.compile(r"[0-9]{1,6}")
+PPN = re.compile(r"(?:^|:)ppn=([0-9]{1,6})(?=:|$)")
 
 
 class Rejected(Exception):
@@ -80,6 +90,14 @@ class Settings:
     budget_s: float = 2.0
     threshold_file: str = ""
     """[deadline] threshold_file: where the agent publishes X; empty: no deadline check."""
+    vjob_queues: dict[str, str] = field(default_factory=dict)
+    """[pbs] vjob_queues: queue → the image every batch job there gets (the site default)."""
+    allow_opt_out: bool = False
+    """[pbs] allow_opt_out: whether `#VJOB off` lets a job of such a queue run bare."""
+    default_queue: str = ""
+    """[pbs] default_queue: the server's default queue, for a job that names none."""
+    vm_overhead_mib: int = 256  # [provisioning] vm_overhead_mib
+    node_max_mib: int = 0  # [pbs] node_max_mib: the largest vjob node's memory; 0: no upper check
 
 
 @dataclass
@@ -92,6 +110,9 @@ class Request:
     queue: str = ""
     variables: dict[str, str] = field(default_factory=dict)
     walltime: str = ""
+    opt_out: bool = False
+    """A `#VJOB off` line: the user asks to run bare in a vjob queue."""
+    resources: dict[str, str] = field(default_factory=dict)  # -l mem, pmem, nodes...: argv's win
 
 
 def load_settings(environ: dict[str, str]) -> Settings:
@@ -116,6 +137,11 @@ def load_settings(environ: dict[str, str]) -> Settings:
         besteffort_queues=tuple(str(x) for x in section.get("besteffort_queues", ())),
         budget_s=budget,
         threshold_file=str(document.get("deadline", {}).get("threshold_file", "")),
+        vjob_queues={str(k): str(v) for k, v in dict(section.get("vjob_queues", {})).items()},
+        allow_opt_out=bool(section.get("allow_opt_out", False)),
+        default_queue=str(section.get("default_queue", "")),
+        vm_overhead_mib=int(document.get("provisioning", {}).get("vm_overhead_mib", 256)),
+        node_max_mib=int(section.get("node_max_mib", 0)),
     )
 
 
@@ -152,6 +178,8 @@ def _options(tokens: Sequence[str], request: Request, *, argv: bool = False) -> 
                 key, _, amount = item.partition("=")
                 if key.strip() == "walltime":
                     request.walltime = amount.strip()
+                elif key.strip():
+                    request.resources[key.strip()] = amount.strip()
             i += 1
         i += 1
 
@@ -171,12 +199,14 @@ def read_header(lines: list[str], argv: Sequence[str]) -> tuple[Request, int]:
             continue
         if words[0] == "#PBS":
             _options(words[1:], request)
+        elif words[0].upper() == "#VJOB" and [w.lower() for w in words[1:]] == ["off"]:
+            request.opt_out = True
         elif words[0].upper() == "#VJOB":
             for word in words[1:]:
                 key, eq, value = word.partition("=")
                 key = key.lower()
                 if not eq or key not in ("class", "os"):
-                    raise Rejected(f"line {index + 1}: '{word}': #VJOB takes class=NAME and os=NAME")
+                    raise Rejected(f"line {index + 1}: '{word}': #VJOB takes class=NAME and os=NAME, or off")
                 if key == "class":
                     request.job_class = value
                 else:
@@ -184,6 +214,7 @@ def read_header(lines: list[str], argv: Sequence[str]) -> tuple[Request, int]:
     given = Request()  # qsub's command line overrides the script's directives
     _options(argv, given, argv=True)
     request.walltime = given.walltime or request.walltime
+    request.resources.update(given.resources)
     if "VJOB_DEADLINE" in given.variables:
         request.variables["VJOB_DEADLINE"] = given.variables["VJOB_DEADLINE"]
     return request, end
@@ -210,12 +241,34 @@ def ignored_claim(request: Request, derived: str) -> str:
 def decide(request: Request, settings: Settings) -> tuple[str, str]:
     """(class, os image) to tag, or Rejected naming what is wrong and what is allowed."""
     derived = job_class(request, settings)
-    image = (request.os_image or request.variables.get("VJOB_OS", "")).strip()
+    image = queue_default(request, settings, derived)
     if image and not NAME.fullmatch(image):
         raise Rejected(f"os = {image!r}: an OS image name has only letters, digits and . _ + - (at most 64)")
     if image and settings.os_images and image not in settings.os_images:
         raise Rejected(f"os = {image!r}: unknown OS image; this site offers {', '.join(settings.os_images)}")
     return derived, image
+
+
+def queue_default(request: Request, settings: Settings, derived: str) -> str:
+    """The image asked for, else the one the job's queue gives every batch job ("" for none or
+    an allowed `#VJOB off`); Rejected for `#VJOB off` beside an image, or where not allowed."""
+    image = (request.os_image or request.variables.get("VJOB_OS", "")).strip()
+    if image.lower() == "off":  # -v VJOB_OS=off: the OpenPBS spelling of the opt-out
+        request.opt_out, image = True, ""
+    if request.opt_out and image:
+        raise Rejected(f"the script says both '#VJOB off' and os={image}: give one")
+    queue = request.queue or settings.default_queue
+    default = settings.vjob_queues.get(queue, "")
+    if image or derived != "batch" or not default:
+        return image
+    if not request.opt_out:
+        return default
+    if settings.allow_opt_out:
+        return ""
+    raise Rejected(
+        f"every job of queue {queue} runs in a VM (image {default}) and this site does not let a job opt out: "
+        "remove '#VJOB off' or submit to another queue"
+    )
 
 
 def load_threshold(path: str, now: float) -> tuple[float, float] | None:
@@ -285,6 +338,61 @@ def tag(lines: list[str], header_end: int, derived: str, image: str) -> list[str
     return out
 
 
+def size_mib(text: str) -> int | None:
+    """A Torque size in whole MiB, None when it is not one."""
+    m = SIZE.fullmatch(text.strip())
+    if not m:
+        return None
+    unit = (m.group(2) or "b").lower()
+    factor = 8 if unit.endswith("w") else 1  # a word
+    return (int(m.group(1)) * factor << SIZE_SHIFT[unit[:-1]]) >> 20
+
+
+def node_memory(resources: dict[str, str]) -> tuple[str, int] | None:
+    """(what the user wrote, MiB) of the job's memory on each node: `pmem` × the `ppn` of
+    `nodes=N:ppn=P`, else the job-wide `mem` split over its nodes; None when it asks neither."""
+    spec = resources.get("nodes", "")
+    parts = [p for p in spec.split("+") if p]
+    count = sum(int(p.split(":")[0]) if NODE_COUNT.fullmatch(p.split(":")[0]) else 1 for p in parts) or 1
+    ppn = max([int(m.group(1)) for p in parts if (m := PPN.search(p))] or [1])
+    if resources.get("pmem"):
+        what, each = f"pmem={resources['pmem']} x ppn={ppn}", size_mib(resources["pmem"])
+        mib = None if each is None else each * ppn
+    elif resources.get("mem"):
+        what = f"mem={resources['mem']}" + (f" over {count} nodes" if count > 1 else "")
+        mib = None if (whole := size_mib(resources["mem"])) is None else whole // count
+    else:
+        return None
+    if mib is None:
+        raise Rejected(f"{what[:80]}: not a Torque size (e.g. 4gb, 512mb)")
+    return what, mib
+
+
+def memory_refusal(request: Request, settings: Settings, derived: str, image: str) -> str | None:
+    """Why a batch job's VM cannot hold its memory per node (issue 33): below the guest's
+    minimum once the VM's overhead is taken, or above the largest node; None otherwise, and for
+    a job that gets no VM."""
+    if derived != "batch" or not image or image == COUNTER_IMAGE:
+        return None
+    if (asked := node_memory(request.resources)) is None:
+        return None
+    (what, mib), overhead = asked, settings.vm_overhead_mib
+    if mib - overhead < GUEST_MIN_MIB:
+        return (
+            f"{what} ({mib} MiB per node) leaves {mib - overhead} MiB for the VM after its overhead of "
+            f"{overhead} MiB, below the guest's minimum of {GUEST_MIN_MIB} MiB: ask for at least "
+            f"{GUEST_MIN_MIB + overhead} MiB per node"
+        )
+    largest = settings.node_max_mib
+    if largest > 0 and mib > largest:
+        return (
+            f"{what} ({mib} MiB per node) is more than the largest node's {largest} MiB, whose VM gets at most "
+            f"{largest - overhead} MiB (its memory minus the VM's overhead of {overhead} MiB): ask for at most "
+            f"{largest} MiB per node"
+        )
+    return None
+
+
 def header_lines(data: bytes) -> list[str]:
     """The first HEADER_BYTES of the script as lines (a cut last line dropped), each with its \\n."""
     head = data[:HEADER_BYTES].decode("utf-8", errors="surrogateescape")
@@ -299,7 +407,7 @@ def filter_script(data: bytes, argv: Sequence[str], settings: Settings, notices:
     lines = header_lines(data)
     request, end = read_header(lines, argv)
     derived, image = decide(request, settings)
-    refusal = deadline_refusal(request, settings, time.time())
+    refusal = memory_refusal(request, settings, derived, image) or deadline_refusal(request, settings, time.time())
     if refusal:
         raise Rejected(refusal)
     if notices is not None and (notice := ignored_claim(request, derived)):

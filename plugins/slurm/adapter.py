@@ -26,6 +26,8 @@ from typing import Any
 from plugins.slurm import hostlist, parse_json, parse_text
 from plugins.slurm.commands import SlurmCommands, check_job_id
 from plugins.slurm.environment import ENVIRONMENT, wake_file
+from plugins.slurm.site_default import sync_partition_defaults
+from plugins.slurm.vm_sizes import Publisher, sizes_file
 from provisioning.images import StoreNodeOS, with_node_os
 from vjob import log
 from vjob.config import Config
@@ -59,9 +61,12 @@ class SlurmAdapter:
         use_json: bool | None = None,
         site_factor_max: int = 1_000_000,
         node_os: Callable[[], dict[str, str]] | None = None,
+        on_nodes: Callable[[list[Node]], None] | None = None,
     ) -> None:
         self.cmd = commands or SlurmCommands()
         self.node_os = node_os
+        self.on_nodes = on_nodes
+        """Told the nodes at every read (plugins.slurm.vm_sizes.Publisher: job_submit.lua's sizes)."""
         """Node → the OS image its vjob VMs run (provisioning.images.node_os): Slurm knows none."""
         self._use_json = use_json
         self._forced_json = use_json is True
@@ -184,6 +189,8 @@ class SlurmAdapter:
     def nodes(self) -> list[Node]:
         """Every node as Slurm reports it, with the OS image the store says it runs (UBIS's VM_os)."""
         nodes = self._nodes()
+        if self.on_nodes is not None:
+            self.on_nodes(nodes)
         return with_node_os(nodes, self.node_os()) if self.node_os is not None else nodes
 
     def _nodes(self) -> list[Node]:
@@ -298,8 +305,13 @@ def _load(out: str, what: str) -> dict[str, Any]:
 
 
 def make_adapter(config: Config) -> SlurmAdapter:
-    """The adapter for `vjob agent --rms slurm`, from the [slurm] and [agent] sections."""
+    """The adapter for `vjob agent --rms slurm`, from the [slurm] and [agent] sections; brings
+    job_submit.lua's partition defaults in line with [slurm] (plugins.slurm.site_default)."""
+    sync_partition_defaults(config.slurm)
     commands = SlurmCommands(
         bin_dir=config.slurm.bin_dir, conf=config.slurm.conf, timeout_s=config.agent.command_timeout_s
     )
-    return SlurmAdapter(commands, site_factor_max=config.slurm.site_factor_max, node_os=StoreNodeOS(config))
+    sizes = Publisher(sizes_file(config.slurm.conf), config.provisioning.vm_overhead_mib)
+    return SlurmAdapter(
+        commands, site_factor_max=config.slurm.site_factor_max, node_os=StoreNodeOS(config), on_nodes=sizes
+    )

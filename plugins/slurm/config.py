@@ -1,12 +1,20 @@
-"""`[slurm]`: where the Slurm commands and slurm.conf are, the site-factor scale and the image
-list, read by this package's adapter (composed into the one file by vjob.config.composed).
+"""`[slurm]`: where the Slurm commands and slurm.conf are, the site-factor scale, the image
+list and the partitions whose every job is a vjob, read by this package's adapter and
+job_submit.lua (composed into the one file by vjob.config.composed).
 """
 
 from __future__ import annotations
 
-from pydantic import Field
+import re
+
+from pydantic import Field, field_validator
 
 from vjob.config import Section
+
+PARTITION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+"""A partition name job_submit.lua's reader takes (Slurm's own are a subset in practice)."""
+IMAGE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+"""plugins.slurm.images.IMAGE_NAME (not imported: this module stays light)."""
 
 
 class SlurmConfig(Section):
@@ -18,3 +26,20 @@ class SlurmConfig(Section):
     """slurm.conf the commands use (passed as SLURM_CONF); empty means Slurm's own default."""
     image_list: str = ""
     """The OS image list job_submit.lua reads (vjob-images.list next to slurm.conf); empty: none."""
+    vjob_partitions: dict[str, str] = Field(default_factory=dict)
+    """Partitions whose every batch job runs in a VM, each with its default image, e.g.
+    `{batch = "debian12"}`: no `#VJOB` line needed. The agent writes them at its start into
+    vjob-partitions.conf beside slurm.conf, which job_submit.lua reads (docs/realjobs.md)."""
+    allow_opt_out: bool = False
+    """Whether a job of a vjob partition may run bare with a `#VJOB off` line; if not, such a
+    job is refused at submission with a message saying so."""
+
+    @field_validator("vjob_partitions")
+    @classmethod
+    def _partitions(cls, value: dict[str, str]) -> dict[str, str]:
+        for part, image in value.items():
+            if not PARTITION_NAME.fullmatch(part):
+                raise ValueError(f"partition {part[:80]!r}: 1-64 letters, digits, '.', '_' or '-'")
+            if not IMAGE_NAME.fullmatch(image):
+                raise ValueError(f"partition {part}: image {image[:80]!r}: 1-64 letters, digits, '.', '_' or '-'")
+        return value

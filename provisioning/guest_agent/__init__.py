@@ -14,3 +14,12 @@ AGENT = HERE / "agent.py"
 """Installed as /usr/sbin/vjob-guest-agent."""
 INIT = HERE / "vjob-init"
 """Installed as /sbin/vjob-init, the guest's PID 1 (kernel command line `init=/sbin/vjob-init`)."""
+GUEST_LIB = "/usr/lib/vjob-guest"
+"""Where the image holds the agent's helper modules; agent.py puts it on sys.path in the guest."""
+
+
+def helper_modules() -> list[Path]:
+    """The agent's helper modules: every other .py file of this directory (stdlib only, like the
+    agent), installed under GUEST_LIB and part of the image's cache key. Looked up at each call,
+    so a module added here reaches the next image build with no list to update."""
+    return sorted(p for p in HERE.glob("*.py") if p.name not in {"agent.py", "__init__.py"})

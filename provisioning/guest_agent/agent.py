@@ -18,12 +18,13 @@ files. The agent
 * writes the exit status to `/.vjob/exit` on the job disk (128+N for a signal, like a shell),
   syncs and unmounts it; vjob-init then powers the guest off.
 
-A multi-node job (docs/multinode.md) has one VM per node; job.json's `network` gives this VM
-its address on the job's private network, every VM's host name (/etc/hosts), the host file at
-$VJOB_NODEFILE, and the job's ssh key: sshd runs and the user reaches every VM without a
-password. Only the first VM (`leader`) runs the script; the others wait, reachable, until the
-pilot ends the job. A Saline VM with a NAT interface (`network.nat`, provisioning.nat) gets
-that NIC's static address, the default route through its gateway and resolv.conf.
+A multi-node job (docs/multinode.md) has one VM per node; job.json's `network` gives this VM its
+address on the job's private network, every VM's host name (/etc/hosts), the host file at
+$VJOB_NODEFILE, and the job's ssh key (in the guest's own /etc, never the user's home: the
+module ssh): sshd runs and the user reaches every VM without a password. Only the first VM
+(`leader`) runs the script; the others wait, reachable, until the pilot ends the job. A Saline
+VM with a NAT interface (`network.nat`, provisioning.nat) gets that NIC's static address, the
+default route through its gateway and resolv.conf.
 
 Everything in job.json came from the host but was written into a disk the user could have
 prepared: it is checked here too (types, sizes, names), and the job never runs as root unless
@@ -48,6 +49,15 @@ import termios
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+if __package__:  # imported on the host (tests, provisioning.job_disk): this package's modules
+    from . import mounts, site_net
+    from . import ssh as job_ssh
+else:  # the guest: provisioning.image_build installs the helper modules under /usr/lib/vjob-guest
+    sys.path.insert(0, "/usr/lib/vjob-guest")
+    import mounts
+    import site_net
+    import ssh as job_ssh
 
 JOB_DEVICE = "/dev/vdb"
 MOUNT = Path("/vjob")
@@ -167,6 +177,11 @@ def parse_network(data: object) -> Network:
     if not isinstance(leader, bool):
         raise JobError("network.leader: must be true or false")
     nat = parse_nat(data["nat"], mac) if data.get("nat") is not None else None
+    if nat is None and data.get("site") is not None:  # the node service's gateway on this NIC (site_net)
+        try:
+            nat = Nat(**site_net.parse_site(data["site"], mac, ip, prefix))  # type: ignore[arg-type]
+        except site_net.SiteError as exc:
+            raise JobError(str(exc)) from None
     return Network(mac, ip, prefix, peers, leader, private, public, nat)
 
 
@@ -332,52 +347,6 @@ def setup_network(net: Network, hostname: str, etc: Path = Path("/etc")) -> None
         _say(f"NAT: {outside} {net.nat.ip}/{net.nat.prefix} via {net.nat.gateway}")
 
 
-def user_ssh_dir(job: Job) -> Path:
-    """The user's ~/.ssh, created root's way but refused when any part of it is a symbolic
-    link: a home under the working directory comes from the job disk, which the user wrote."""
-    home_ssh = Path(job.home) / ".ssh"
-    home_ssh.mkdir(mode=0o700, exist_ok=True)
-    if os.path.realpath(home_ssh) != str(home_ssh) or not home_ssh.is_dir():
-        raise JobError(f"home: {job.home[:80]!r}: ~/.ssh is or goes through a symbolic link")
-    os.chown(home_ssh, job.uid, job.gid, follow_symlinks=False)
-    os.chmod(home_ssh, 0o700)
-    return home_ssh
-
-
-def write_user_file(path: Path, text: str, mode: int, uid: int, gid: int) -> None:
-    """Write `path` for the user without following a link planted at its name."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
-    try:
-        os.write(fd, text.encode())
-        os.fchmod(fd, mode)
-        os.fchown(fd, uid, gid)
-    finally:
-        os.close(fd)
-
-
-def setup_ssh(job: Job, net: Network, etc: Path = Path("/etc")) -> bool:
-    """sshd with a host key of this boot, and the job's key for the user (no password between
-    the job's VMs). False when the image has no sshd."""
-    if not net.ssh_private or not Path("/usr/sbin/sshd").exists():
-        return False
-    host_key = etc / "ssh" / "ssh_host_ed25519_key"
-    if not host_key.exists():
-        _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(host_key)])
-    names = " ".join(host for _ip, host in net.peers)
-    conf = etc / "ssh" / "ssh_config.d" / "vjob.conf"
-    conf.parent.mkdir(mode=0o755, exist_ok=True)
-    # The job's own private network, host keys made at each VM's boot: nothing to pin.
-    conf.write_text(f"Host {names}\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n")
-    home_ssh = user_ssh_dir(job)
-    public = net.ssh_public + "\n"
-    keys = {"id_ed25519": net.ssh_private, "id_ed25519.pub": public, "authorized_keys": public}
-    for fname, text in keys.items():
-        write_user_file(home_ssh / fname, text, 0o644 if fname.endswith(".pub") else 0o600, job.uid, job.gid)
-    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
-    _run(["/usr/sbin/sshd", "-o", "UsePAM=no", "-o", f"HostKey={host_key}", "-o", "PasswordAuthentication=no"])
-    return True
-
-
 def wait_for_peers(net: Network, timeout_s: float = PEER_WAIT_S) -> list[str]:
     """Before the script starts on the first VM, every other VM answers on ssh's port: the VMs
     boot one after another (each job disk is built first), and a script's first `ssh vm1` must
@@ -456,14 +425,20 @@ def main() -> int:
     raw = (control / "job.json").read_bytes()
     if len(raw) > MAX_JOB_JSON:
         raise JobError(f"job.json: {len(raw)} bytes, more than {MAX_JOB_JSON}")
-    job = parse_job(json.loads(raw))
+    data = json.loads(raw)
+    job, site = parse_job(data), mounts.parse_mounts(data.get("mounts") if isinstance(data, dict) else None)
     socket.sethostname(job.hostname)
     ensure_user(job)
-    _make_dirs_for(job)
-    _run(["mount", "--bind", str(MOUNT / WORK), job.cwd])
-    if job.network is not None:
+    if job.network is not None:  # before the mounts: the site's filesystems come from the job network's gateway
         setup_network(job.network, job.hostname)
-        ssh = setup_ssh(job, job.network)
+    if site is not None:  # the site's filesystems first: the working directory may be on one (used in place)
+        mounts.mount_all(site)
+    _make_dirs_for(job)
+    if not mounts.covers(site, job.cwd):
+        _run(["mount", "--bind", str(MOUNT / WORK), job.cwd])
+    if job.network is not None:
+        net = job.network
+        ssh = job_ssh.start(job.uid, job.gid, [h for _ip, h in net.peers], net.ssh_private, net.ssh_public)
         if ssh:
             _say("sshd started")
         if not job.network.leader:

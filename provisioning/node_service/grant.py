@@ -37,6 +37,11 @@ class JobAuthority(Protocol):
     def grant(self, job: str, node: str) -> Grant | None:
         """The job's grant on `node` when it is running there, else None."""
 
+    def owned(self, job: str, node: str) -> Grant | None:
+        """The job's grant in whatever state the RMS still lists it (requeued, completing,
+        ended), for clean-up operations only: `cpus`/`memory_mib` 0 unless it runs on `node`,
+        `nodes` what the RMS says now (empty while it waits). None when the RMS has no record."""
+
 
 Operation = Callable[[Grant, Mapping[str, Any]], dict[str, Any]]
 """One request kind: the grant, the request's fields (already checked by the protocol) → the

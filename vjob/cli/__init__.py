@@ -55,6 +55,7 @@ COMMANDS: dict[str, Command] = {
     "plan": Command("preemption.cli", "plan a cluster-wide context switch (CP-SAT needs the planner extra)"),
     "rms": Command("plugins.cli", "RMS adapter tools: parse a recorded RMS output"),
     "deploy": Command("plugins.cli", "list and install the files an operator deploys (units, hooks, examples)"),
+    "node-service": Command("plugins.node_service_cmd", "the root-side service on each compute node, for job pilots"),
     "besteffort": Command("saline_bew.cli", "Saline best-effort jobs on OAR"),
     "oar": Command("saline_bew.oar_cmd", "OAR integration: vjob's admission rule (install-rules, uninstall-rules)"),
 }
@@ -95,12 +96,23 @@ def missing_extra(exc: ImportError) -> str | None:
     return name if name in EXTRAS else None
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """argparse sizes the help column without the extra indent of a subcommand's name, so a
+    name of 12 characters or more (`node-service`) had its help pushed to the next line."""
+
+    def add_argument(self, action: argparse.Action) -> None:
+        super().add_argument(action)
+        if isinstance(action, argparse._SubParsersAction) and action.help is not argparse.SUPPRESS:
+            longest = max((len(name) for name in action.choices), default=0)
+            self._action_max_length = max(self._action_max_length, longest + self._current_indent + 2)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that raises UsageError instead of printing usage and exiting by itself, and
     gives every (sub)command the global options so they are accepted anywhere on the line."""
 
     def __init__(self, *args: Any, global_defaults: bool = False, **kwargs: Any) -> None:
-        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        kwargs.setdefault("formatter_class", _HelpFormatter)
         super().__init__(*args, **kwargs)
         # In a subcommand the defaults are SUPPRESS, so an option given before the command is
         # not reset by the subparser that does not see it.

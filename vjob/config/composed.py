@@ -43,6 +43,7 @@ SECTION_OWNERS: dict[str, tuple[str, str]] = {
     "saline": ("saline_bew.config", "SalineConfig"),
     "tune": ("simulator.tune.config", "TuneConfig"),
     "guest": ("provisioning.guest_config", "GuestConfig"),
+    "node": ("provisioning.node_service.config", "NodeConfig"),
 }
 """Section → (the module beside the code that reads it, its model), imported by name."""
 
@@ -138,6 +139,7 @@ class Config(Section):
     tune: OwnedSection = _owned("tune")
     remap: RemapConfig = RemapConfig()
     guest: OwnedSection = _owned("guest")
+    node: OwnedSection = _owned("node")
 
     def __getattribute__(self, name: str) -> Any:
         value = super().__getattribute__(name)

@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from vjob.config.section import Section
+from vjob.save_time import BUDGET_S_PER_GIB, budget_s
 from vjob.secrets import raw_at_in_userinfo
 
 
@@ -67,9 +68,10 @@ class AgentConfig(Section):
     checkpoint_timeout_s: float = Field(120.0, gt=0, le=3600)
     """How long a switch waits for a victim's pilot to save its VM before withdrawing: the
     floor, to which checkpoint_timeout_per_gib_s adds per GiB of the VM's memory."""
-    checkpoint_timeout_per_gib_s: float = Field(10.0, ge=0, le=600)
+    checkpoint_timeout_per_gib_s: float = Field(BUDGET_S_PER_GIB, ge=0, le=600)
     """Seconds added to checkpoint_timeout_s per GiB of the victim VM's memory (a save writes
-    about 5 s/GiB on a local disk: 2x that by default), so a big VM is not withdrawn mid-save."""
+    about 5 s/GiB on a local disk: 2x that by default, vjob.save_time), so a big VM is not
+    withdrawn mid-save: a 64 GiB guest gets 120 + 640 s."""
     checkpoint_timeout_max_s: float = Field(7200.0, gt=0, le=86400)
     """The longest a switch waits for one save, whatever the VM's memory; at least
     checkpoint_timeout_s. While a switch waits, the agent's lease keeper feeds systemd's
@@ -83,7 +85,9 @@ class AgentConfig(Section):
     multinode_pilots: Literal["leader", "per-node"] = "leader"
     """A multi-node vjob's VMs: "leader", the first node's pilot drives every VM (through each
     node's libvirt); "per-node", it starts a member pilot on every other node (srun, oarsh, pbsdsh) that
-    builds, boots, saves and restores its own node's VM at the leader's word (docs/multinode.md)."""
+    builds, boots, saves and restores its own node's VM at the leader's word (docs/multinode.md). A
+    pilot that is not root always runs per-node: the first node cannot reach another node's
+    qemu:///session."""
     member_address: str = ""
     """The IP address a per-node job's leader pilot listens on and gives its member pilots: one of
     the first node's addresses the other nodes reach. Empty: the source address of this node's
@@ -121,8 +125,12 @@ class AgentConfig(Section):
     def checkpoint_timeout_for(self, memory_mb: float) -> float:
         """How long to wait for the save of a VM of `memory_mb` MiB: the floor plus
         checkpoint_timeout_per_gib_s per GiB, at most checkpoint_timeout_max_s."""
-        gib = max(0.0, float(memory_mb)) / 1024
-        return min(self.checkpoint_timeout_max_s, self.checkpoint_timeout_s + self.checkpoint_timeout_per_gib_s * gib)
+        return budget_s(
+            memory_mb,
+            self.checkpoint_timeout_s,
+            per_gib_s=self.checkpoint_timeout_per_gib_s,
+            cap_s=self.checkpoint_timeout_max_s,
+        )
 
 
 class ProvisioningConfig(Section):
@@ -141,7 +149,14 @@ class ProvisioningConfig(Section):
     copy_method: Literal["local", "rsync", "scp"] = "local"
     """How images and snapshots travel between nodes."""
     operation_timeout_s: float = Field(300.0, gt=0)
-    """Timeout of one VM operation (save, restore, migrate)."""
+    """Timeout of one VM operation (save, restore, migrate, a state's copy): the floor, to
+    which a save, restore, migration or copy adds 10 s per GiB of the VM's memory
+    (vjob.save_time: twice the measured 5 s/GiB), so a 64 GiB guest's save gets 940 s."""
+
+    def operation_timeout_for(self, memory_mib: float) -> float:
+        """The timeout of a save, restore, migration or state copy of a VM of `memory_mib` MiB."""
+        return budget_s(memory_mib, self.operation_timeout_s)
+
     vm_dir: str = ""
     """Per-VM disk overlays and console logs; empty means <data_dir>/vms. `{node}` is replaced
     by the node name (one directory per node when nodes share a filesystem)."""

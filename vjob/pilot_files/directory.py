@@ -60,6 +60,9 @@ def _write_atomic(path: Path, data: dict[str, Any]) -> None:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dfd)
         try:
             with os.fdopen(fd, "wb") as fh:
+                owner = os.fstat(dfd)
+                if os.geteuid() == 0 and owner.st_uid != 0:  # the agent (root) writing to a user's pilot:
+                    os.fchown(fh.fileno(), owner.st_uid, owner.st_gid)  # the pilot must read it, no one else
                 fh.write(body)
                 fh.flush()
                 os.fsync(fh.fileno())

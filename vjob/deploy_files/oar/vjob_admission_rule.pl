@@ -4,6 +4,8 @@
 # It fails open: if Saline cannot take the job (no manager, store down, a bad word, no answer
 # within @TIMEOUT@ s), the job is accepted as a plain best-effort job, with a message. A
 # `-t vjob=IMAGE` without `-t besteffort` is refused with the reason (it does not need vjob up).
+# Site default ("@DEFAULT_IMAGE@", empty: none): a best-effort job naming no image gets it;
+# `-t vjob=off` opts out where allowed (@ALLOW_OPT_OUT@) and is refused, saying so, where not.
 # Only core Perl modules (IO::Socket::UNIX, JSON::PP): it runs inside oarsub, as uid oar.
 {
     my ($vjob_image, $vjob_vms);
@@ -12,6 +14,16 @@
         if ($t =~ /^vjob=(.*)$/s) { $vjob_image = $1; }
         elsif ($t =~ /^vjob_vms=(.*)$/s) { $vjob_vms = $1; }
         else { push(@vjob_types, $t); }
+    }
+    if (defined($vjob_image) and $vjob_image eq "off") {
+        @{$type_list} = @vjob_types;
+        if ("@DEFAULT_IMAGE@" ne "" and "@ALLOW_OPT_OUT@" ne "yes") {
+            die("[ADMISSION RULE] vjob: refused: every best-effort job here runs in a VM (image @DEFAULT_IMAGE@) and "
+                . "this site does not let a job opt out: drop -t vjob=off\n");
+        }
+        undef $vjob_image;
+    } elsif (not defined($vjob_image) and "@DEFAULT_IMAGE@" ne "" and grep(/^besteffort$/, @{$type_list})) {
+        $vjob_image = "@DEFAULT_IMAGE@";
     }
     if (defined($vjob_image)) {
         # OAR's type check (rule "Check if job types are valid") does not know vjob's types.

@@ -1,0 +1,122 @@
+"""The whole site an ordinary user's job meets, for the combined CI scenario (issue 33, "Tests").
+
+One context, `user_site(cluster)`, starts what tests/test_guest_network_slurm.py and
+tests/test_guest_mounts_slurm.py start separately, so one job (one VM boot) can use all of it:
+
+* the /home and /scratch stand-ins: plain directories on this host (`<base>/home`,
+  `<base>/scratch`) with the user's own `home/<user>` (0755) and `scratch/<user>` (0700), declared
+  in `[guest] mounts` with targets /home and /scratch — the guests mount them from the job's NFS
+  gateway (provisioning.node_service.nfs_ops), this host reads them as plain files;
+* the site network: the namespace of tests/services/site_network.py, its licence server and its
+  name server, which `[guest] dns` hands the guests (`[guest] network = "nat"`);
+* a root `vjob node-service` with that `[guest]`, the cluster's node names and Slurm as its RMS
+  (its usage writer fills the job's AdminComment), started and stopped by pid.
+
+Why a service of its own and not the session's (tests/services/node_service.py): that one serves
+no mounts and hands out no network ("none"), which every other test relies on.
+
+`UserSite.guest` is the `[guest]` section the pilots' configuration must carry too: the pilot
+computes job.json's mounts from it, and the service checks they agree.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from devkit.devcluster import DevCluster
+from tests.services import site_network as sn
+from tests.services.node_service import _wait_ready, site_config
+
+REPO = Path(__file__).resolve().parents[2]
+USAGE_INTERVAL_S = 2
+"""`[node] usage_interval_s` of the service: how often root samples the job's QEMU processes."""
+
+
+@dataclass(frozen=True)
+class UserSite:
+    base: Path
+    socket: Path
+    guest: str
+    """The `[guest]` section's lines (network, dns, mounts): the service's and the pilots'."""
+    net: sn.Site
+    log: Path
+
+    def home(self, user: str) -> Path:
+        """The user's home as the host sees it (/home/<user> in the guests)."""
+        return self.base / "home" / user
+
+    def scratch(self, user: str) -> Path:
+        """The user's scratch directory as the host sees it (/scratch/<user> in the guests)."""
+        return self.base / "scratch" / user
+
+
+def _stand_ins(base: Path, user: pwd.struct_passwd) -> str:
+    """The two exported trees with the user's directories in them; the `mounts = [...]` line."""
+    for d in (base / "home", base / "scratch"):
+        d.mkdir(mode=0o755)
+        d.chmod(0o755)
+    for d, mode in ((base / "home" / user.pw_name, 0o755), (base / "scratch" / user.pw_name, 0o700)):
+        d.mkdir()
+        os.chown(d, user.pw_uid, user.pw_gid)
+        d.chmod(mode)
+    home = f'{{source = "{base / "home"}", target = "/home"}}'
+    scratch = f'{{source = "{base / "scratch"}", target = "/scratch"}}'
+    return f"mounts = [{home}, {scratch}]"
+
+
+@contextmanager
+def user_site(cluster: DevCluster, user: pwd.struct_passwd) -> Iterator[UserSite]:
+    """The stand-ins, the site network and a node service serving both (module docstring)."""
+    base = Path(tempfile.mkdtemp(prefix="vjob-usersite-", dir="/var/tmp"))
+    base.chmod(0o755)
+    net: sn.Site | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    log = base / "service.log"
+    try:
+        guest = f'network = "nat"\ndns = ["{sn.SITE_IP}"]\n{_stand_ins(base, user)}'
+        net = sn.start()
+        sock = base / "run" / "node.sock"
+        names = cluster.node_names() or [f"node{i}" for i in range(1, 9)]
+        # usage sampled every 2 s: the test's runs (~25 s before the cut, ~15 s after it) are
+        # shorter than the default 30 s, and a run no sample saw records nothing (docs/multinode.md)
+        interval = f"[node]\nusage_interval_s = {USAGE_INTERVAL_S}\n"
+        config = site_config(cluster, sock, names, guest).replace("[node]\n", interval, 1)
+        (base / "service.toml").write_text(config)
+        notify.bind(str(base / "notify"))
+        env = {
+            **os.environ,
+            **cluster.env,
+            "VJOB_CONFIG": str(base / "service.toml"),
+            "NOTIFY_SOCKET": str(base / "notify"),
+        }
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "vjob.cli", "node-service"], env=env, cwd=REPO, stdout=out, stderr=out
+            )
+        _wait_ready(notify, proc, log)
+        yield UserSite(base, sock, guest, net, log)
+    finally:
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(15)
+        notify.close()
+        if net is not None:
+            sn.stop(net)
+        if log.exists():
+            print(log.read_text(errors="replace")[-3000:])
+        shutil.rmtree(base, ignore_errors=True)

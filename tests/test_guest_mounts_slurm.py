@@ -1,0 +1,169 @@
+"""An ordinary user's unchanged script on the site's filesystems through Slurm (issue 33, item 2).
+
+A plain `sbatch job.sh` by an ordinary user (tests/test_realjob_slurm.USER) from a working
+directory in the /home stand-in (declared in `[guest] mounts` with /scratch), the node service
+running as root: the pilot asks `net.up` and `nfs.up` before it boots, the guest mounts /home
+and /scratch from the job's gateway and runs in its working directory in place (nothing
+staged), reading its input there and writing a line per round to /scratch. Slurm requeues the
+job mid-run (the pilot saves the VM; the restarted pilot asks for the gateway again and restores
+the guest): every round is on /scratch exactly once, the result is in the working directory,
+every file the user's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from devkit.devcluster import DevCluster
+from provisioning import image_build, network
+from provisioning.images import Catalogue
+from tests.services import wait_for
+from tests.services.node_service import _wait_ready, site_config
+from tests.test_realjob_slurm import USER, _shim, _user, wrapped_cluster  # noqa: F401
+from vjob.config import ProvisioningConfig
+from vjob.store.db import Store
+
+pytestmark = [pytest.mark.slurm, pytest.mark.realvm, pytest.mark.slow]
+REPO = Path(__file__).resolve().parents[1]
+ROUNDS = 30
+JOB = f"""#!/bin/bash
+#SBATCH -N1 -c1 --mem=768M
+#VJOB os=debian12
+echo "in $(pwd) as $(id -un)"
+cat input.txt
+for i in $(seq 1 {ROUNDS}); do echo "round $i" >> /scratch/{USER}/rounds.txt; echo "progress $i"; sleep 1; done
+echo finished > result.txt
+"""
+
+
+@pytest.fixture
+def site(wrapped_cluster: DevCluster) -> Iterator[tuple[Path, Path]]:  # noqa: F811
+    """The /home and /scratch stand-ins, a node service serving them; yields (base, socket)."""
+    base = Path(tempfile.mkdtemp(prefix="vjob-n3site-", dir="/var/tmp"))
+    base.chmod(0o755)
+    user = _user()
+    for d, mode in ((base / "home", 0o755), (base / "scratch", 0o755)):
+        d.mkdir(mode=mode)
+        d.chmod(mode)
+    for d, mode in ((base / "home" / USER, 0o755), (base / "scratch" / USER, 0o700)):
+        d.mkdir()
+        os.chown(d, user.pw_uid, user.pw_gid)
+        d.chmod(mode)
+    sock = base / "run" / "node.sock"
+    names = wrapped_cluster.node_names() or [f"node{i}" for i in range(1, 9)]
+    home, scratch = (
+        f'{{source = "{base / "home"}", target = "/home"}}',
+        f'{{source = "{base / "scratch"}", target = "/scratch"}}',
+    )
+    mounts = f"mounts = [{home}, {scratch}]"
+    (base / "service.toml").write_text(site_config(wrapped_cluster, sock, names, f'network = "none"\n{mounts}'))
+    notify_path = base / "notify"
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(notify_path))
+    log = base / "service.log"
+    env = {
+        **os.environ,
+        **wrapped_cluster.env,
+        "VJOB_CONFIG": str(base / "service.toml"),
+        "NOTIFY_SOCKET": str(notify_path),
+    }
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "vjob.cli", "node-service"], env=env, cwd=REPO, stdout=out, stderr=out
+        )
+    try:
+        _wait_ready(notify, proc, log)
+        (base / "mounts.toml").write_text(f'[guest]\nnetwork = "none"\n{mounts}\n')
+        yield base, sock
+    finally:
+        proc.terminate()
+        proc.wait(15)
+        notify.close()
+        print(log.read_text()[-3000:])
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_users_job_works_in_place_on_the_site_filesystems_across_a_requeue(
+    wrapped_cluster: DevCluster,  # noqa: F811
+    site: tuple[Path, Path],
+) -> None:
+    base, sock = site
+    user = _user()
+    top = Path(tempfile.mkdtemp(prefix="vjob-n3pilot-", dir="/var/tmp"))
+    top.chmod(0o755)
+    work = base / "home" / USER / "run"
+    job = ""
+    try:
+        store = Store(f"sqlite:///{top / 'vjob.sqlite'}")
+        store.upgrade()
+        image_build.build(Catalogue(store, ProvisioningConfig(), data_dir=top / "data"), "debian12")
+        store.close()
+        (top / "pilots").mkdir(mode=0o1777)
+        (top / "pilots").chmod(0o1777)
+        mounts = (base / "mounts.toml").read_text().split("\n", 1)[1]
+        (top / "vjob.toml").write_text(
+            f'data_dir = "{top / "data"}"\n[agent]\npilot_dir = "{top / "pilots"}"\n[node]\nsocket = "{sock}"\n'
+            f"[guest]\n{mounts}"
+        )
+        (top / "vjob.toml").chmod(0o644)
+        bindir = _shim(top)
+        work.mkdir()
+        (work / "job.sh").write_text(JOB)
+        (work / "input.txt").write_text("seed-from-home\n")
+        for p in (work, work / "job.sh", work / "input.txt"):
+            os.chown(p, user.pw_uid, user.pw_gid)
+        env = {
+            **wrapped_cluster.env,
+            "HOME": user.pw_dir,
+            "PATH": f"{bindir}:/usr/bin:/bin",
+            "VJOB_CONFIG": str(top / "vjob.toml"),
+        }
+        argv = ["runuser", "-u", USER, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items())]
+        res = subprocess.run(
+            [*argv, "sbatch", "--parsable", "--requeue", "job.sh"], cwd=work, capture_output=True, text=True, timeout=30
+        )
+        assert res.returncode == 0, res.stderr
+        job = res.stdout.strip().split(";")[0]
+        out, rounds = work / f"slurm-{job}.out", base / "scratch" / USER / "rounds.txt"
+        cenv = {**os.environ, **wrapped_cluster.env}
+
+        def state() -> str:
+            text = subprocess.run(
+                ["scontrol", "show", "job", job], env=cenv, capture_output=True, text=True, timeout=30
+            ).stdout
+            m = re.search(r"JobState=(\S+)", text)
+            return m.group(1) if m else ""
+
+        t0 = time.monotonic()
+        wait_for(lambda: rounds.exists() and len(rounds.read_text().splitlines()) >= 5, 300, "5 rounds on /scratch")
+        first_s = time.monotonic() - t0
+        subprocess.run(["scontrol", "requeue", job], env=cenv, check=True, timeout=30, capture_output=True)
+        wait_for(lambda: state() in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), 600, f"job {job} to end")
+        took = time.monotonic() - t0
+        text = out.read_text(errors="replace")
+        assert state() == "COMPLETED", text[-3000:]
+        assert "restoring VM" in text, text[-3000:]
+        assert f"in /home/{USER}/run as {USER}" in text and "seed-from-home" in text, text[-3000:]
+        assert [line for line in rounds.read_text().splitlines()] == [f"round {i}" for i in range(1, ROUNDS + 1)]
+        assert (work / "result.txt").read_text() == "finished\n"
+        for f in (work / "result.txt", rounds):
+            assert (f.stat().st_uid, f.stat().st_gid) == (user.pw_uid, user.pw_gid)
+        gateway_dir = Path("/run/vjob/nfs") / network.bridge_name(network.pilot_subnet_id("slurm", job))
+        wait_for(lambda: not gateway_dir.exists(), 30, "the job's gateway stopped after the job")
+        print(f"submission -> 5 rounds {first_s:.1f} s; -> end across a requeue {took:.1f} s")
+    finally:
+        if job:
+            subprocess.run(["scancel", job], env={**os.environ, **wrapped_cluster.env}, timeout=30, check=False)
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(top, ignore_errors=True)
