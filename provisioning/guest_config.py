@@ -58,11 +58,11 @@ class GuestConfig(Section):
     mounts: list[GuestMount] = Field(default_factory=list)
     """The site's filesystems every guest mounts for its job's user, e.g.
     `mounts = [{source = "/home"}, {source = "/scratch"}]`."""
-    network: Literal["nat", "bridge", "none"] = "nat"
-    """How guests reach the site network: "nat" through the node (default), "bridge" on the
-    operator's bridge named by `bridge`, "none" for the job's private network only."""
-    bridge: str = ""
-    """The operator's bridge when `network = "bridge"`."""
+    network: Literal["nat", "none"] = "nat"
+    """How guests reach the site network: "nat" through the node (default: the node service's
+    firewall and NAT, docs/realjobs.md "Network"), "none" for the job's own network only (the
+    NFS gateway stays reachable). Guests on an operator's bridge with site addresses are not
+    built yet."""
     dns: list[str] = Field(default_factory=list)
     """Name servers the guests use; empty means the node's own (/etc/resolv.conf, loopback
     resolvers left out)."""

@@ -15,9 +15,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -29,7 +27,7 @@ from devkit.devcluster import DevCluster
 from provisioning import image_build, network
 from provisioning.images import Catalogue
 from tests.services import wait_for
-from tests.services.node_service import _wait_ready, site_config
+from tests.services.node_service import running
 from tests.test_realjob_slurm import USER, _shim, _user, wrapped_cluster  # noqa: F401
 from vjob.config import ProvisioningConfig
 from vjob.store.db import Store
@@ -60,37 +58,16 @@ def site(wrapped_cluster: DevCluster) -> Iterator[tuple[Path, Path]]:  # noqa: F
         d.mkdir()
         os.chown(d, user.pw_uid, user.pw_gid)
         d.chmod(mode)
-    sock = base / "run" / "node.sock"
-    names = wrapped_cluster.node_names() or [f"node{i}" for i in range(1, 9)]
     home, scratch = (
         f'{{source = "{base / "home"}", target = "/home"}}',
         f'{{source = "{base / "scratch"}", target = "/scratch"}}',
     )
     mounts = f"mounts = [{home}, {scratch}]"
-    (base / "service.toml").write_text(site_config(wrapped_cluster, sock, names, f'network = "none"\n{mounts}'))
-    notify_path = base / "notify"
-    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    notify.bind(str(notify_path))
-    log = base / "service.log"
-    env = {
-        **os.environ,
-        **wrapped_cluster.env,
-        "VJOB_CONFIG": str(base / "service.toml"),
-        "NOTIFY_SOCKET": str(notify_path),
-    }
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "vjob.cli", "node-service"], env=env, cwd=REPO, stdout=out, stderr=out
-        )
     try:
-        _wait_ready(notify, proc, log)
-        (base / "mounts.toml").write_text(f'[guest]\nnetwork = "none"\n{mounts}\n')
-        yield base, sock
+        with running(wrapped_cluster, f'network = "none"\n{mounts}', "vjob-n3svc-") as service:
+            (base / "mounts.toml").write_text(f'[guest]\nnetwork = "none"\n{mounts}\n')
+            yield base, service.socket
     finally:
-        proc.terminate()
-        proc.wait(15)
-        notify.close()
-        print(log.read_text()[-3000:])
         shutil.rmtree(base, ignore_errors=True)
 
 

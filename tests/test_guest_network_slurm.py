@@ -19,9 +19,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -35,7 +33,7 @@ from provisioning.images import Catalogue
 from provisioning.node_service import network_ops
 from tests.services import site_network as sn
 from tests.services import wait_for
-from tests.services.node_service import _wait_ready, site_config
+from tests.services.node_service import running
 from tests.test_realjob_slurm import USER, _shim, _user, wrapped_cluster  # noqa: F401
 from vjob.config import ProvisioningConfig
 from vjob.store.db import Store
@@ -83,35 +81,11 @@ def site_and_service(wrapped_cluster: DevCluster) -> Iterator[tuple[sn.Site, Pat
     """The stand-in site, and a node service whose `[guest] dns` is the site's name server;
     yields the site and the pilots' configuration (`[node] socket`)."""
     site = sn.start()
-    work = Path(tempfile.mkdtemp(prefix="vjob-n2svc-", dir="/var/tmp"))
-    work.chmod(0o755)
-    sock = work / "run" / "node.sock"
-    names = wrapped_cluster.node_names() or [f"node{i}" for i in range(1, 9)]
-    config = work / "service.toml"
-    config.write_text(site_config(wrapped_cluster, sock, names, f'network = "nat"\ndns = ["{sn.SITE_IP}"]'))
-    notify_path = work / "notify"
-    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    notify.bind(str(notify_path))
-    log = work / "service.log"
-    env = {**os.environ, **wrapped_cluster.env, "VJOB_CONFIG": str(config), "NOTIFY_SOCKET": str(notify_path)}
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "vjob.cli", "node-service"],
-            env=env,
-            cwd=REPO,
-            stdout=out,
-            stderr=out,
-        )
     try:
-        _wait_ready(notify, proc, log)
-        yield site, sock
+        with running(wrapped_cluster, f'network = "nat"\ndns = ["{sn.SITE_IP}"]', "vjob-n2svc-") as service:
+            yield site, service.socket
     finally:
-        proc.terminate()
-        proc.wait(15)
-        notify.close()
         sn.stop(site)
-        print(log.read_text()[-3000:])
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def test_a_users_one_node_vjob_reaches_the_site_and_not_the_node(

@@ -13,6 +13,7 @@ the fixture: `from tests.services.node_service import node_service  # noqa: F401
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -54,21 +55,25 @@ def site_config(cluster: DevCluster, sock: Path, names: list[str], guest: str = 
     return f"{base.rstrip()}\n\n{node}\n[guest]\n{guest}\n"
 
 
-@pytest.fixture(scope="session")
-def node_service(slurm_cluster: DevCluster) -> Iterator[NodeServiceProcess]:
-    """The running service (see the module docstring); its log is shown when it fails to start."""
-    work = Path(tempfile.mkdtemp(prefix="vjob-nodeservice-", dir="/var/tmp"))
+@contextlib.contextmanager
+def running(
+    cluster: DevCluster, guest: str = 'network = "none"', prefix: str = "vjob-nodeservice-"
+) -> Iterator[NodeServiceProcess]:
+    """A `vjob node-service` of its own for the cluster, with `[guest]` lines `guest` (a test of
+    the site's network or filesystems needs its own): started, waited for (READY=1), stopped by
+    pid at the end, its log's tail printed then (pytest shows it when the test failed)."""
+    work = Path(tempfile.mkdtemp(prefix=prefix, dir="/var/tmp"))
     work.chmod(0o755)
     sock = work / "run" / "node.sock"
-    names = slurm_cluster.node_names() or [f"node{i}" for i in range(1, 9)]
+    names = cluster.node_names() or [f"node{i}" for i in range(1, 9)]
     config = work / "vjob.toml"
-    config.write_text(site_config(slurm_cluster, sock, names))
+    config.write_text(site_config(cluster, sock, names, guest))
     config.chmod(0o644)
     notify_path = work / "notify"
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     notify.bind(str(notify_path))
     log = work / "service.log"
-    env = {**os.environ, **slurm_cluster.env, "VJOB_CONFIG": str(config), "NOTIFY_SOCKET": str(notify_path)}
+    env = {**os.environ, **cluster.env, "VJOB_CONFIG": str(config), "NOTIFY_SOCKET": str(notify_path)}
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "vjob.cli", "node-service"], env=env, cwd=REPO, stdout=out, stderr=out
@@ -85,7 +90,15 @@ def node_service(slurm_cluster: DevCluster) -> Iterator[NodeServiceProcess]:
                 os.kill(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=15)
         notify.close()
+        print(log.read_text(errors="replace")[-3000:])
         shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def node_service(slurm_cluster: DevCluster) -> Iterator[NodeServiceProcess]:
+    """The running service (see the module docstring), `[guest] network = "none"`."""
+    with running(slurm_cluster) as service:
+        yield service
 
 
 def _wait_ready(notify: socket.socket, proc: subprocess.Popen[bytes], log: Path) -> None:
