@@ -272,10 +272,11 @@ def finish_checkpoint(ports: Ports, job_id: str) -> None:
     """The job's VM is saved: requeue-hold it and count the preemption (Pn), once."""
     try:
         ports.adapter.requeue_hold(job_id)
-    except CommandError:
-        # The pilot resumes its VM by itself when no requeue follows (pilot.pilot).
+    except CommandError as exc:
+        # The pilot resumes its VM by itself when no requeue follows (pilot.pilot); the RMS's
+        # own words (e.g. PBS's qrerun on a job submitted `-r n`) say why to the operator.
         ports.metrics.errors.labels(kind="rms").inc()
-        ports.log.error("requeue-hold failed; the pilot will resume its VM", jobs=[job_id])
+        ports.log.error("requeue-hold failed; the pilot will resume its VM", jobs=[job_id], error=str(exc))
         raise
     store_jobs.record_preemption(ports.store(), ports.rms, job_id)
     try:

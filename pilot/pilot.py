@@ -113,6 +113,7 @@ class Pilot:
                 self.usage = for_pilot(self.s, len(self.vm.nodes()))
             self.usage.start()  # before any VM starts: root counts each new QEMU from its birth
             self._start()
+            self.usage.sample()  # the VMs run now: a short run is counted from here
             if self.real:
                 out_log, err_log = self.vm.output_logs()
                 go_on = self._resumed and not replay
@@ -283,6 +284,8 @@ class Pilot:
         # a refusal before is no answer to this
         self.set_state(PilotState.SAVING, request_id=request_id, request_error="")
         t0 = time.monotonic()
+        if self.usage is not None:
+            self.usage.sample()  # the VMs' CPU up to the cut: their QEMU ends with the save
         path, size = self.vm.save()
         took = time.monotonic() - t0
         try:

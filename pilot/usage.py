@@ -41,9 +41,13 @@ DEFAULT_INTERVAL_S = 30.0
 
 
 class RunUsage(Protocol):
-    """What the pilot calls: a run's start (idempotent) and end."""
+    """What the pilot calls: a run's start (idempotent), a sample when its VMs have just
+    started or are about to be saved (a run shorter than the sampling interval is then still
+    counted: the QEMU processes are seen alive at both ends), and its end."""
 
     def start(self) -> None: ...
+
+    def sample(self) -> None: ...
 
     def final(self) -> None: ...
 
@@ -52,6 +56,9 @@ class NoUsage:
     """Nothing is measured (no service, not in a job)."""
 
     def start(self) -> None:
+        return None
+
+    def sample(self) -> None:
         return None
 
     def final(self) -> None:
@@ -68,6 +75,9 @@ class ServiceUsage:
 
     def start(self) -> None:
         self._call("usage.start")
+
+    def sample(self) -> None:
+        self._call("usage.start")  # idempotent: the service samples the job's VMs now
 
     def final(self) -> None:
         answer = self._call("usage.final")
@@ -105,6 +115,10 @@ class LocalUsage:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="vm-usage", daemon=True)
                 self._thread.start()
+
+    def sample(self) -> None:
+        with self._lock:
+            self._sample()
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):

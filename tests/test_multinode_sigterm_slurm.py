@@ -25,7 +25,7 @@ import pytest
 
 from devkit.devcluster import DevCluster
 from tests.services import wait_for
-from tests.test_multinode_slurm import _forget_vms, _job, site, submit  # noqa: F401 - the fixture
+from tests.test_multinode_slurm import Case, _forget_vms, _job, site, submit  # noqa: F401 - the fixture
 from tests.test_realjob_slurm import wrapped_cluster  # noqa: F401 - the fixture
 
 pytestmark = [pytest.mark.slurm, pytest.mark.libvirt, pytest.mark.realvm, pytest.mark.slow, pytest.mark.soak]
@@ -46,7 +46,9 @@ def test_sigterm_alone_checkpoints_a_multinode_job_within_killwait(
     mode: str,
 ) -> None:
     """`leader` is run the same way for the comparison (the figures printed for each mode)."""
-    job, work = submit(wrapped_cluster, site, mode, {"job.sh": SCRIPT})
+    case = Case(False, mode, 2)
+    work = site / "work"
+    job = submit(wrapped_cluster, site, case, work, {"job.sh": SCRIPT})
     out = work / f"slurm-{job}.out"
     cenv = {**os.environ, **wrapped_cluster.env}
     first_run = ""
@@ -75,7 +77,7 @@ def test_sigterm_alone_checkpoints_a_multinode_job_within_killwait(
         assert _job(wrapped_cluster, job).get("JobState") == "COMPLETED", text[-4000:]
     finally:
         subprocess.run(["scancel", job], env=cenv, timeout=30, check=False, capture_output=True)
-        _forget_vms(site, job, 2)
+        _forget_vms(site, job, case)
     cuts = [json.loads(line) for line in first_run.splitlines() if '"coordinated checkpoint"' in line]
     assert len(cuts) == 1 and cuts[0]["consistent"] and len(cuts[0]["paused_at"]) == 2, first_run[-4000:]
     saved = [json.loads(line) for line in first_run.splitlines() if '"event": "saved"' in line]

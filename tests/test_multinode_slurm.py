@@ -1,31 +1,43 @@
 """A multi-node vjob running an MPI ring on the real Slurm dev cluster with real QEMU (docs/multinode.md).
 
-The CI case is an ordinary user's job (issue 33, item 4): the user `vjrun` (tests/test_realjob_slurm)
-submits `sbatch -N2 -c2 --mem=768M` of a plain script that says `#VJOB os=debian12`, prints each
-guest's size over ssh, and runs `mpirun --hostfile "$VJOB_NODEFILE" -np 2 python3 ring.py 12`
-— no `--allow-run-as-root`: the job runs as the user in every guest. Open MPI and mpi4py are in
-the default image; the ring is bench/multinode_mpi.py's (each round a counter goes once round the
-ranks, +1 per hop, about one round a second). job_submit.lua wraps the script; the user's pilot
-on the first node starts a member pilot on the other node (srun: a user's job always runs
-per-node pilots, pilot.members.launch.pilots_mode), each pilot asks its node's node service
-(tests/services/node_service.py, root's) for its VM's tap on the job's network and runs its VM on
-the user's own libvirt, qemu:///session. The script runs on the first VM; mpirun starts the
-other rank over ssh with the job's key, which the guests keep in their own /etc
-(provisioning.guest_agent.ssh), never in the user's home. After round 3, as the agent does, the
-test asks the pilot for a checkpoint (every VM paused, then all saved: one cut, with the ring
-mid-run and Open MPI's connections open), requeues the job held, excludes the nodes it ran on and
-releases it: Slurm starts it on other nodes, whose pilots restore every VM there (paused, then
-all run together). The ring must finish with the value of an uninterrupted run, each round
-printed once, exit 0. Each rank also keeps its rounds in its VM's /tmp, a tmpfs (memory only):
-every round there at the end, with the boot id printed before the checkpoint, shows every VM
-restored, never rebooted. In each guest `nproc` is 2 and MemTotal 768 MiB less the VM's overhead.
+The CI case is issue 33's combined scenario, an ordinary user's real job using the whole site
+with one boot of two VMs: the user `vjrun` (tests/test_realjob_slurm) submits `sbatch -N2 -c2
+--mem=768M` of a plain script that says `#VJOB os=debian12` (USER_JOB) from a working directory
+in the /home stand-in that the node service exports over the job's NFS gateway
+(tests/services/user_site.py: `[guest] mounts` /home and /scratch, `network = "nat"`, `dns` the
+site namespace's name server). The job runs there in place (nothing staged): it reads the ring's
+length from input.txt, prints each guest's size over ssh, fetches the licence token by name
+(licence.site.test through the site's DNS and the node's NAT), runs `mpirun --hostfile
+"$VJOB_NODEFILE" -np 2 python3 ring.py N` — no `--allow-run-as-root`: the job runs as the user
+in every guest — copying each round rank 0 prints to /scratch/vjrun/rounds.txt, fetches the token
+again and writes result.txt. Open MPI and mpi4py are in the default image; the ring is
+bench/multinode_mpi.py's (each round a counter goes once round the ranks, +1 per hop, about one
+round a second). job_submit.lua wraps the script; the user's pilot on the first node starts a
+member pilot on the other node (srun: a user's job always runs per-node pilots,
+pilot.members.launch.pilots_mode), each pilot asks its node's node service for its VM's tap on
+the job's network and the NFS gateway, and runs its VM on the user's own libvirt,
+qemu:///session. mpirun starts the other rank over ssh with the job's key, which the guests keep
+in their own /etc (provisioning.guest_agent.ssh), never in the user's home. After round 3, as the
+agent does, the test asks the pilot for a checkpoint (every VM paused, then all saved: one cut,
+with the ring mid-run, Open MPI's connections and the NFS mounts open), requeues the job held,
+excludes the nodes it ran on and releases it: Slurm starts it on other nodes, whose pilots ask
+for the network and the gateway there and restore every VM (paused, then all run together).
+
+At the end: the ring has the value of an uninterrupted run, each round printed once; every round
+is in /scratch exactly once and in order; the licence was fetched once before the cut and once
+after it, the server seeing the node's address; the files are the user's; exit 0. Each rank also
+keeps its rounds in its VM's /tmp, a tmpfs (memory only): every round there at the end, with the
+boot id printed before the checkpoint, shows every VM restored, never rebooted. In each guest
+`nproc` is 2 and MemTotal 768 MiB less the VM's overhead. `sacct -j JOB -o
+JobID,State,ExitCode,TotalCPU,AdminComment -P` (slurmdbd) shows COMPLETED, 0:0, the job's CPU
+time, and the VMs' CPU seconds that the node service wrote into AdminComment.
 
 On the dev cluster every node is this one machine: every node's session libvirt is the user's one
 session libvirtd, and every node's node service is the one the fixture starts.
 
 Root variants (soak, each a whole second run, over CI's budget): the leader mode with 2 and 3
 nodes (the first node's pilot drives every VM through root's libvirt, the bridge made by that
-libvirt) and root's per-node pilots; they run `mpirun --allow-run-as-root`.
+libvirt) and root's per-node pilots; they run `mpirun --allow-run-as-root`, staged, no site.
 """
 
 from __future__ import annotations
@@ -335,7 +347,7 @@ def test_an_mpi_ring_is_checkpointed_mid_run_and_finishes_on_other_nodes(
             shutil.rmtree(work, ignore_errors=True)
     _figure(case, first_run, text, t0, first_line_s, "|".join(accounted))
     if users:
-        _check_sacct(accounted, text)
+        _check_sacct(accounted, text, [*first_nodes, *hostlist.expand(fields.get("NodeList", ""))])
 
 
 @pytest.fixture
@@ -385,15 +397,21 @@ def _sacct_row(cluster: DevCluster, job: str) -> list[str]:
         time.sleep(1)
 
 
-def _check_sacct(row: list[str], text: str) -> None:
+def _check_sacct(row: list[str], text: str, nodes: list[str]) -> None:
     """COMPLETED, exit 0:0, the job's CPU time, and the VMs' CPU seconds that the node service
-    wrote into its AdminComment (plugins.slurm.accounting: `vjob-usage@NODE:cpu_s=…`)."""
+    wrote into its AdminComment (plugins.slurm.accounting: `vjob-usage@NODE:cpu_s=…`): one run
+    on each node of each run — the first run's, written while Slurm winds the requeue up, too —
+    and each node's VM only (the dev cluster's nodes share one machine: a node counting its
+    neighbour's VM would show the same figures twice)."""
     assert len(row) == 5 and row[1] == "COMPLETED", f"sacct: {row}"
     _id, _state, exit_code, total_cpu, comment = row
     assert exit_code == "0:0" and re.fullmatch(r"(\d+-)?(\d+:)?\d+:\d+(\.\d+)?", total_cpu), row
     usage = usage_of(comment)
     said = [line for line in text.splitlines() if "usage" in line]  # the pilots' word on it
-    assert usage and sum(u.cpu_s for u in usage.values()) > 0, f"no VM usage in the AdminComment: {row} {said}"
+    assert set(usage) == set(nodes), f"usage of nodes {sorted(usage)}, the runs' nodes {nodes}: {row} {said}"
+    assert all(u.runs == 1 and u.cpu_s > 0 for u in usage.values()), f"{row} {said}"
+    figures = [(u.cpu_s, u.peak_mib) for u in usage.values()]
+    assert len(set(figures)) == len(figures), f"two nodes with the same figures (one VM counted twice?): {row}"
 
 
 def _check_taps(job: str, case: Case, first_run: str, text: str) -> None:

@@ -166,6 +166,7 @@ class PbsAdapter:
         except CommandError as failed:
             try:
                 self.release(job_id)
+                self._log.warning("qrerun failed; the hold is taken back", jobs=[job_id], error=str(failed))
             except CommandError as also:
                 self._log.error("hold left on a job that could not be requeued", jobs=[job_id], error=str(also))
             raise failed from None

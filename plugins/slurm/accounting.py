@@ -36,9 +36,23 @@ SETTLE_S = 1.0
 ATTEMPTS = 4
 _FINISHED = ("already finished", "Invalid job id")
 _LIVE = frozenset(
-    ("PENDING", "RUNNING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESIZING", "STOPPED")
+    (
+        "PENDING",
+        "RUNNING",
+        "SUSPENDED",
+        "REQUEUED",
+        "REQUEUE_HOLD",
+        "REQUEUE_FED",
+        "CONFIGURING",
+        "RESIZING",
+        "STOPPED",
+        "COMPLETING",
+    )
 )
-"""States in which the controller takes `scontrol update` of the job (and holds its newest text)."""
+"""States in which the controller takes `scontrol update` of the job (and holds its newest text).
+COMPLETING is a requeue winding up too (Slurm shows the flag, not the pending state under it):
+the run's usage must stay with the job's live text, which its next run adds to; for a job
+really ending, an update refused as finished goes to slurmdbd (`_write`)."""
 
 
 class SlurmUsageWriter:

@@ -42,8 +42,9 @@ class NodeConfig(Section):
     operation_deadline_s: float = Field(20.0, gt=0, le=3600)
     """Time an operation may take before the caller is answered with a deadline error (an
     operation may ask for longer in its spec)."""
-    usage_interval_s: float = Field(30.0, ge=1, le=3600)
-    """How often the VMs' CPU time and memory are sampled for the job's RMS record."""
+    usage_interval_s: float = Field(5.0, ge=1, le=3600)
+    """How often the VMs' CPU time and memory are sampled for the job's RMS record (a VM that
+    ends between two samples loses at most this much of its CPU time; a sample reads /proc)."""
 
     @field_validator("socket")
     @classmethod

@@ -96,15 +96,31 @@ _lock = threading.Lock()
 _sampler: threading.Thread | None = None
 
 
+def _rank(grant: Grant) -> int | None:
+    """The rank of the grant's node in the job (its VM there is rank's: a user's pilots run per
+    node), None when the RMS no longer lists the job's nodes."""
+    return grant.nodes.index(grant.node) if grant.node in grant.nodes else None
+
+
 def job_vm_names(grant: Grant) -> frozenset[str]:
-    """Every name a VM of the job may have (one VM, or one per node of its allocation)."""
+    """The names the job's VM on this node may have: one VM's, or the member's of this node's
+    rank (nodes that share a host — the dev cluster — would else each count every VM); every
+    name of the job when the rank is unknown."""
     base = vm_name(grant.rms, grant.job)
-    return frozenset({base, *member_names(base, max(len(grant.nodes), 1))})
+    count = max(len(grant.nodes), 1)
+    rank = _rank(grant)
+    if rank is not None:
+        return frozenset({base} if count == 1 else {member_names(base, count)[rank]})
+    return frozenset({base, *member_names(base, count)})
 
 
 def job_taps(grant: Grant) -> frozenset[str]:
-    """The taps root makes for the job's VMs (provisioning.node_service.net_rules)."""
+    """The taps root makes for the job's VMs on this node (provisioning.node_service.net_rules:
+    vmID = rank + 1), every tap of the job when the rank is unknown."""
     net = JobNet(network.pilot_subnet_id(grant.rms, grant.job))
+    rank = _rank(grant)
+    if rank is not None:
+        return frozenset({net.tap(rank + 1)})
     return frozenset(net.tap(i) for i in range(1, min(len(grant.nodes), network.GATEWAY_VM_ID - 1) + 1))
 
 

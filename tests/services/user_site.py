@@ -24,9 +24,6 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import socket
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,11 +32,7 @@ from pathlib import Path
 
 from devkit.devcluster import DevCluster
 from tests.services import site_network as sn
-from tests.services.node_service import _wait_ready, site_config
-
-REPO = Path(__file__).resolve().parents[2]
-USAGE_INTERVAL_S = 2
-"""`[node] usage_interval_s` of the service: how often root samples the job's QEMU processes."""
+from tests.services.node_service import running
 
 
 @dataclass(frozen=True)
@@ -76,47 +69,18 @@ def _stand_ins(base: Path, user: pwd.struct_passwd) -> str:
 
 @contextmanager
 def user_site(cluster: DevCluster, user: pwd.struct_passwd) -> Iterator[UserSite]:
-    """The stand-ins, the site network and a node service serving both (module docstring)."""
+    """The stand-ins, the site network and a node service serving both (module docstring); the
+    service samples the VMs' usage at its default interval (the pilots ask for a sample when
+    their VMs have started and before a save, so the test's short runs are counted too)."""
     base = Path(tempfile.mkdtemp(prefix="vjob-usersite-", dir="/var/tmp"))
     base.chmod(0o755)
     net: sn.Site | None = None
-    proc: subprocess.Popen[bytes] | None = None
-    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    log = base / "service.log"
     try:
         guest = f'network = "nat"\ndns = ["{sn.SITE_IP}"]\n{_stand_ins(base, user)}'
         net = sn.start()
-        sock = base / "run" / "node.sock"
-        names = cluster.node_names() or [f"node{i}" for i in range(1, 9)]
-        # usage sampled every 2 s: the test's runs (~25 s before the cut, ~15 s after it) are
-        # shorter than the default 30 s, and a run no sample saw records nothing (docs/multinode.md)
-        interval = f"[node]\nusage_interval_s = {USAGE_INTERVAL_S}\n"
-        config = site_config(cluster, sock, names, guest).replace("[node]\n", interval, 1)
-        (base / "service.toml").write_text(config)
-        notify.bind(str(base / "notify"))
-        env = {
-            **os.environ,
-            **cluster.env,
-            "VJOB_CONFIG": str(base / "service.toml"),
-            "NOTIFY_SOCKET": str(base / "notify"),
-        }
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "vjob.cli", "node-service"], env=env, cwd=REPO, stdout=out, stderr=out
-            )
-        _wait_ready(notify, proc, log)
-        yield UserSite(base, sock, guest, net, log)
+        with running(cluster, guest, "vjob-usersvc-") as service:
+            yield UserSite(base, service.socket, guest, net, service.log)
     finally:
-        if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(15)
-        notify.close()
         if net is not None:
             sn.stop(net)
-        if log.exists():
-            print(log.read_text(errors="replace")[-3000:])
         shutil.rmtree(base, ignore_errors=True)
