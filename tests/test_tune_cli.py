@@ -16,7 +16,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from simulator.tune.config import TuneConfig
+from simulator.tune.config import POLICY_PARAMS
 from tests.conftest import TESTS
 from vjob.cli import main
 from vjob.config import parse
@@ -42,14 +42,15 @@ def _run(*argv: str) -> int:
 
 
 def test_small_study_end_to_end(db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert _run("run", *SMALL, "--trials", "4", "--study", "small", "--storage", db_url, "--sampler", "tpe") == 0
+    ubis = ["--policy", "ubis", "--sampler", "tpe"]  # the weights decide under ubis (the site runs vjob)
+    assert _run("run", *SMALL, "--trials", "4", "--study", "small", "--storage", db_url, *ubis) == 0
     study = optuna.load_study(study_name="small", storage=db_url)
     done = [t for t in study.trials if t.state == TrialState.COMPLETE]
     assert len(done) == 4
     assert done[0].params["usage"] == pytest.approx(0.07)  # trial 0: the configured (paper) weights
     assert len({tuple(sorted(t.params.items())) for t in done}) == 4
     # resumable: the same study with a larger target runs only the missing trials
-    assert _run("run", *SMALL, "--trials", "6", "--study", "small", "--storage", db_url, "--sampler", "tpe") == 0
+    assert _run("run", *SMALL, "--trials", "6", "--study", "small", "--storage", db_url, *ubis) == 0
     assert len(optuna.load_study(study_name="small", storage=db_url).get_trials(states=(TrialState.COMPLETE,))) == 6
 
     capsys.readouterr()
@@ -57,12 +58,15 @@ def test_small_study_end_to_end(db_url: str, tmp_path: Path, capsys: pytest.Capt
     assert _run("show", "small", "--storage", db_url, "--json", "--png", str(png)) == 0
     doc = json.loads(capsys.readouterr().out)
     names = [r["name"] for r in doc["rows"]]
-    assert names[-2:] == ["defaults", "mms"] and len(names) >= 3
+    assert names[-3:] == ["defaults", "mms", "ubis"] and len(names) >= 4
     for row in doc["rows"]:
         assert len(row["test"]) == 2 and all(v > 0 for v in row["test"])
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
     cached = optuna.load_study(study_name="small", storage=db_url).user_attrs["test"]  # kept for the next show
-    assert set(cached) == {str(r["trial"]) for r in doc["rows"] if r["trial"] is not None} | {"defaults", "mms"}
+    assert set(cached) == {str(r["trial"]) for r in doc["rows"] if r["trial"] is not None} | {"defaults", "mms", "ubis"}
+    # the reference points admit interactive jobs at the configured cap; a trial's low cap may admit none
+    assert all(r["admitted_wait"] >= 0 for r in doc["rows"] if r["trial"] is None)
+    assert all(r["admitted_wait"] is None or r["admitted_wait"] >= 0 for r in doc["rows"])
 
     front = [r["trial"] for r in doc["rows"] if r["trial"] is not None]
     cfg = tmp_path / "vjob.toml"
@@ -70,6 +74,7 @@ def test_small_study_end_to_end(db_url: str, tmp_path: Path, capsys: pytest.Capt
     assert _run("apply", "small", "--trial", str(front[0]), "--storage", db_url, "--config", str(cfg)) == 0
     text = cfg.read_text()
     assert text.startswith('# site file\n[logging]\nlevel = "warning"  # quiet\n')
+    assert parse(tomllib.loads(text)).scheduling.policy == "ubis"  # the policy the weights were tuned for
     written = parse(tomllib.loads(text)).priority
     params = study.trials[front[0]].params
     assert written.weights.usage == pytest.approx(params["usage"], rel=1e-5)
@@ -129,7 +134,7 @@ def test_worker_killed_mid_trial_leaves_it_failed_and_the_study_usable(tmp_path:
     try:
         deadline = time.monotonic() + 120
         running: list[int] = []
-        searched = len(TuneConfig().search)
+        searched = len(POLICY_PARAMS["vjob"])  # the site's policy, tuned by default
         while time.monotonic() < deadline and not running:
             time.sleep(0.2)
             try:

@@ -36,10 +36,10 @@ def register(sub: Any) -> None:
     """Add `vjob tune` and its actions (run, worker, show, apply) to the `vjob` parser."""
     p = sub.add_parser(
         "tune",
-        help="search the UBIS weights, cap and vjob knobs for a site's trace (Optuna)",
-        description="Multi-objective search (Optuna, NSGA-II or TPE) of the UBIS weights, the interactive cap "
-        "and the vjob policy's knobs over the simulator, trained on the first part of a trace and "
-        "reported on the held-back rest.",
+        help="tune the site's scheduling policy (vjob knobs, or UBIS weights) on its trace (Optuna)",
+        description="Multi-objective search (Optuna, NSGA-II or TPE) of what the site's policy reads "
+        "([scheduling] policy: vjob's cap, slack, preemption bound and reserve; ubis's weights and cap) "
+        "over the simulator, trained on the first part of a trace and reported on the held-back rest.",
         epilog=EPILOG,
     )
     tsub = p.add_subparsers(dest="tune_command", metavar="ACTION", required=True)
@@ -68,16 +68,22 @@ def _add_run(tsub: Any) -> None:
         default=None,
         help="comma list (default [tune] objectives): "
         "interactive_response, interactive_wait, batch_response, batch_slowdown, "
-        "large_batch_response, utilization",
+        "large_batch_response, admitted_interactive_wait, utilization",
     )
     run.add_argument(
         "--search",
         default=None,
         help="parameters searched, comma list (default [tune] search): "
-        "w1..w7 or usage..interactive, interactive_cap, head_slack_s, max_preemptions",
+        "w1..w7 or usage..interactive, interactive_cap, head_slack_s, max_preemptions, "
+        "interactive_reserve_nodes; default: all the policy reads",
     )
     run.add_argument("--bounds", default=None, help="name=low:high,... over [tune] bounds (e.g. w3=0:0.3)")
-    run.add_argument("--policy", choices=("ubis", "vjob"), default=None, help="policy replayed (default [tune])")
+    run.add_argument(
+        "--policy",
+        choices=("ubis", "vjob"),
+        default=None,
+        help="policy tuned and later applied (default [tune] policy, else [scheduling] policy)",
+    )
     run.add_argument("--sampler", choices=("nsga2", "tpe"), default=None, help="Optuna sampler (default [tune])")
     run.add_argument("--train-fraction", type=float, default=None, help="share of the span tuned on (0..1)")
     run.add_argument("--interactive-frac", type=float, default=0.2, help="share of all jobs injected as interactive")
@@ -129,7 +135,7 @@ def _add_show(tsub: Any) -> None:
     """`vjob tune show`: the Pareto front replayed on the held-back part."""
     show = tsub.add_parser(
         "show",
-        help="the Pareto front on the held-back part, beside the defaults and MMS",
+        help="the Pareto front on the held-back part, beside the defaults, MMS and UBIS",
         description="Replay the study's Pareto-optimal trials on the held-back part of the trace, "
         "with the configured weights and MMS, and print a table; --png draws it.",
         epilog="example:\n  vjob tune show site1 --png site1.png",
@@ -147,8 +153,9 @@ def _add_apply(tsub: Any) -> None:
     app = tsub.add_parser(
         "apply",
         help="write a trial's values into vjob.toml (validated, rest kept)",
-        description="Write trial N's weights (and cap, vjob knobs) into the configuration file, "
-        "keeping every other line as it was; the result is validated before it is written.",
+        description="Write the study's policy ([scheduling] policy) and trial N's values (the weights, "
+        "cap, vjob knobs it tuned) into the configuration file, keeping every other line as it was; "
+        "the result is validated with vjob's own loader before it replaces the file.",
         epilog="example:\n  vjob tune apply site1 --trial 17 --config /etc/vjob/vjob.toml --dry-run",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -156,6 +163,13 @@ def _add_apply(tsub: Any) -> None:
     app.add_argument("--trial", type=int, required=True, help="trial number (see vjob tune show)")
     app.add_argument("--storage", default=None, help="study database URL")
     app.add_argument("--dry-run", action="store_true", help="print the new file instead of writing it")
+    app.add_argument(
+        "--policy",
+        choices=("ubis", "vjob"),
+        default=None,
+        help="the policy you mean to run: refused unless it is the one the study tuned (written as "
+        "[scheduling] policy)",
+    )
     app.set_defaults(func=_apply)
 
 
@@ -182,12 +196,13 @@ def _run(args: argparse.Namespace) -> int:
     if not 0.05 < train_fraction < 1:
         raise InputError(f"--train-fraction = {train_fraction:g}: must be in 0.05..1 (exclusive)")
     objectives = sp.objectives(args.objectives, cfg.tune)
-    space = sp.space(args.search, args.bounds, cfg.tune)
+    policy = sp.tuned_policy(args.policy, cfg.tune.policy, cfg.scheduling.policy)
+    space = sp.space(args.search, args.bounds, cfg.tune, policy)
     spec = Spec(
         trace=str(Path(args.trace).resolve()),
         nodes=args.nodes,
         objectives=objectives,
-        policy=args.policy or cfg.tune.policy,
+        policy=policy,
         interactive_frac=args.interactive_frac,
         interactive_mean_size=args.interactive_mean_size,
         os_count=args.os_count,
@@ -249,6 +264,7 @@ def _configured(spec: Any, bounds: dict[str, tuple[float, float]]) -> dict[str, 
         "interactive_cap": spec.priority["interactive_cap"],
         "head_slack_s": spec.scheduling["head_slack_s"],
         "max_preemptions": spec.scheduling["max_preemptions"],
+        "interactive_reserve_nodes": spec.scheduling.get("interactive_reserve_nodes", 0),
     }
     point = {k: flat[k] for k in bounds}
     if all(lo <= point[k] <= hi for k, (lo, hi) in bounds.items()):
@@ -302,12 +318,17 @@ def _table(name: str, spec: Any, rows: list[dict[str, Any]], verdict: dict[str, 
     for o in spec.objectives:
         table.add_column(f"{o}\ntrain / held back", justify="right")
     table.add_column("batch\nresponse (s)", justify="right")
+    table.add_column("admitted\ninteractive wait (s)", justify="right")
     table.add_column("beats defaults", justify="center")
     for r in rows:
         cells = [r["name"]]
         for i in range(len(spec.objectives)):
             cells.append(f"{_num(r['train'][i]) if r['train'] else '-'} / {_num(r['test'][i])}")
-        cells += [_num(r["batch_response"]), "yes" if r["trial"] in verdict["dominate_defaults"] else ""]
+        cells += [
+            _num(r["batch_response"]),
+            _num(r["admitted_wait"]),
+            "yes" if r["trial"] in verdict["dominate_defaults"] else "",
+        ]
         table.add_row(*cells)
     console = Console()
     console.print(table)
@@ -327,7 +348,6 @@ def _num(v: float | None) -> str:
 def _apply(args: argparse.Namespace) -> int:
     require_extra("vjob tune", "optuna")
     from simulator.tune import study as st  # heavy: optuna
-    from simulator.tune.space import WEIGHTS  # heavy: pydantic (the configuration)
     from simulator.tune.toml_edit import apply_file, set_values  # heavy: pydantic (validates the edit)
 
     path = getattr(args, "config", None)
@@ -337,22 +357,13 @@ def _apply(args: argparse.Namespace) -> int:
     cfg = load_config(args if Path(path).exists() else argparse.Namespace(config=None, debug=args.debug))
     name = _study_name(args.study)
     url = st.storage_url(args.storage, cfg.data_path)
-    study, _spec = st.load(url, name)
+    study, spec = st.load(url, name)
     trials = {t.number: t for t in st.complete(study)}
     if args.trial not in trials:
         raise InputError(
             f"--trial {args.trial}: not a complete trial of study {name} (complete: {_ranges(sorted(trials))})"
         )
-    updates: list[tuple[str, str, float | int]] = []
-    for key, value in sorted(trials[args.trial].params.items()):
-        if key in WEIGHTS:
-            updates.append(("priority.weights", key, float(f"{value:.6g}")))
-        elif key == "interactive_cap":
-            updates.append(("priority", key, float(f"{value:.6g}")))
-        elif key == "max_preemptions":
-            updates.append(("scheduling", key, int(value)))
-        else:
-            updates.append(("scheduling", key, float(f"{value:.6g}")))
+    updates = trial_updates(name, args.trial, trials[args.trial].params, spec.policy, args.policy)
     target = Path(path)
     if args.dry_run:
         old = target.read_text() if target.exists() else ""
@@ -364,6 +375,33 @@ def _apply(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def trial_updates(
+    study: str, trial: int, params: dict[str, Any], policy: str, asked: str | None = None
+) -> list[tuple[str, str, float | int | str]]:
+    """The (section, key, value) lines `vjob tune apply` writes for `trial`: `[scheduling]
+    policy` = the policy the study measured, then the trial's values. Refused, naming the
+    field, when `asked` is another policy (the values were never measured under it) or the
+    trial holds a parameter the policy does not read (it would change nothing)."""
+    from simulator.tune.config import POLICY_PARAMS  # heavy: pydantic (the [tune] model)
+    from simulator.tune.space import INTEGERS, SCHEDULING, WEIGHTS  # heavy: pydantic (the configuration)
+
+    if asked is not None and asked != policy:
+        raise InputError(
+            f"--policy {asked}: trial {trial} of study {study} was measured under policy {policy}; "
+            f"its values say nothing about {asked} (tune a study with --policy {asked})"
+        )
+    updates: list[tuple[str, str, float | int | str]] = [("scheduling", "policy", policy)]
+    for key, value in sorted(params.items()):
+        if key not in POLICY_PARAMS.get(policy, ()):
+            raise InputError(
+                f"trial {trial} of study {study}: parameter {key} = {value!r} is not read by policy {policy} "
+                f"(it reads {', '.join(POLICY_PARAMS.get(policy, ()))}); nothing written"
+            )
+        section = "priority.weights" if key in WEIGHTS else "scheduling" if key in SCHEDULING else "priority"
+        updates.append((section, key, int(value) if key in INTEGERS else float(f"{value:.6g}")))
+    return updates
 
 
 def _ranges(numbers: list[int]) -> str:

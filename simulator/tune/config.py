@@ -19,6 +19,7 @@ TUNE_OBJECTIVES = (
     "batch_response",
     "batch_slowdown",
     "large_batch_response",
+    "admitted_interactive_wait",
     "utilization",
 )
 """What a `vjob tune` trial can optimise (simulator/tune/space.py measures them)."""
@@ -27,8 +28,18 @@ TUNE_BOUNDS: dict[str, tuple[float, float]] = {
     "interactive_cap": (0.02, 0.5),
     "head_slack_s": (0.0, 7200.0),
     "max_preemptions": (0.0, 5.0),
+    "interactive_reserve_nodes": (0.0, 32.0),
 }
 """Tunable parameters and their built-in search ranges (the first value is also the floor)."""
+
+POLICY_PARAMS: dict[str, tuple[str, ...]] = {
+    "vjob": ("interactive_cap", "head_slack_s", "max_preemptions", "interactive_reserve_nodes"),
+    "ubis": (*PriorityWeights.model_fields, "interactive_cap"),
+}
+"""What each tunable policy's pass reads, hence what a trial of it may set. The vjob policy
+orders by tier then submission time (preemption/scheduling/tick.py `_order`) and picks
+victims by cost, so the seven weights move none of its decisions (issue 34 item 1 would
+change that; add them here then); ubis ignores vjob's guard, preemption bound and reserve."""
 
 
 class TuneConfig(Section):
@@ -38,25 +49,30 @@ class TuneConfig(Section):
         default_factory=lambda: ["interactive_response", "batch_slowdown"]
     )
     """What a trial measures on the training part of the trace: interactive_response,
-    interactive_wait, batch_response, batch_slowdown, large_batch_response (lowered) or
+    interactive_wait, batch_response, batch_slowdown, large_batch_response,
+    admitted_interactive_wait (the cap-admitted interactive jobs' wait) (lowered) or
     utilization (raised)."""
-    policy: Literal["ubis", "vjob"] = "ubis"
-    """The policy the trials replay: the weights rank the queue under ubis; vjob's knobs
-    (head_slack_s, max_preemptions) act under vjob."""
+    policy: Literal["ubis", "vjob"] | None = None
+    """The policy the trials replay and `vjob tune apply` writes; unset: the site's
+    [scheduling] policy (vjob by default). The weights rank the queue under ubis only."""
     sampler: Literal["nsga2", "tpe"] = "nsga2"
     """Optuna's sampler: NSGA-II (a genetic front) or multi-objective TPE (better with few trials)."""
-    search: list[str] = list(TUNE_BOUNDS)[:8]
-    """Parameters searched: the weights (usage ... interactive), interactive_cap, head_slack_s,
-    max_preemptions; the others keep their [priority] / [scheduling] values."""
+    search: list[str] | None = None
+    """Parameters searched; unset: all the policy reads (vjob: interactive_cap, head_slack_s,
+    max_preemptions, interactive_reserve_nodes; ubis: the seven weights and interactive_cap).
+    The others keep their [priority] / [scheduling] values."""
     bounds: dict[str, tuple[float, float]] = Field(default_factory=dict)
     """Search range per parameter, [low, high]; parameters not listed use the built-in range
-    (weights 0..0.5, interactive_cap 0.02..0.5, head_slack_s 0..7200, max_preemptions 0..5)."""
+    (weights 0..0.5, interactive_cap 0.02..0.5, head_slack_s 0..7200, max_preemptions 0..5,
+    interactive_reserve_nodes 0..32)."""
     train_fraction: float = Field(0.7, gt=0.05, lt=1)
     """Share of the trace's span (from its start) the trials replay; the rest is held back."""
 
     @field_validator("search")
     @classmethod
-    def _search(cls, value: list[str]) -> list[str]:
+    def _search(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
         for name in value:
             if name not in TUNE_BOUNDS:
                 raise ValueError(f"{name!r}: not a tunable parameter ({', '.join(TUNE_BOUNDS)})")

@@ -17,9 +17,10 @@ from simulator.tune.space import directions
 from simulator.tune.trials import Spec, evaluate
 from vjob.progress import Progress
 
-BASELINES = ("defaults", "mms")
+BASELINES = ("defaults", "mms", "ubis")
 """`defaults`: the study's policy with [priority] / [scheduling] as configured (the paper's
-weights unless the file changed them); `mms`: the MMS policy on the same jobs."""
+weights unless the file changed them); `mms` and `ubis`: those policies, configured values,
+replayed on the same held-back jobs by the same engine (the reference points of the plot)."""
 
 
 def held_back(study: optuna.Study, spec: Spec, *, show: bool = True) -> list[dict[str, Any]]:
@@ -33,12 +34,13 @@ def held_back(study: optuna.Study, spec: Spec, *, show: bool = True) -> list[dic
     with Progress(len(todo), "held-back replay", live=None if show else False) as progress:
         for name, trial in todo:
             key = str(trial.number) if trial is not None else name
-            if key not in cache:
+            if key not in cache or "admitted_wait" not in cache[key]:
                 params = dict(trial.params) if trial is not None else {}
-                doc = evaluate(spec, params, part="test", policy="mms" if name == "mms" else None)
+                doc = evaluate(spec, params, part="test", policy=name if name in ("mms", "ubis") else None)
                 cache[key] = {
                     "objectives": doc["objectives"],
                     "batch_response": doc["by_class"]["batch"].get("mean_response_s"),
+                    "admitted_wait": (doc.get("interactive_admitted") or {}).get("mean_wait_s"),
                 }
                 study.set_user_attr("test", cache)
             rows.append(
@@ -49,6 +51,7 @@ def held_back(study: optuna.Study, spec: Spec, *, show: bool = True) -> list[dic
                     "train": list(trial.values) if trial is not None else None,
                     "test": [cache[key]["objectives"][o] for o in spec.objectives],
                     "batch_response": cache[key]["batch_response"],
+                    "admitted_wait": cache[key]["admitted_wait"],
                 }
             )
             progress.advance()
@@ -88,38 +91,38 @@ def complete_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def plot(rows: list[dict[str, Any]], spec: Spec, path: Path, title: str) -> Path:
-    """The held-back front on the first two objectives (one objective: against the trial)."""
+    """The trade the admin chooses: mean wait of the cap-admitted interactive jobs against mean
+    batch response, both on the held-back part, for the front's trials and the configured
+    policy, MMS and UBIS (whatever the study's objectives were)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4.4))
-    front = complete_rows(rows)
-    two = len(spec.objectives) >= 2
-
-    def xy(r: dict[str, Any], part: str) -> tuple[float, float]:
-        v = r[part]
-        return (v[0], v[1]) if two else (float(r["trial"] or 0), v[0])
-
+    shown = [r for r in rows if r["admitted_wait"] is not None and r["batch_response"] is not None]
+    front = complete_rows(shown)
     if front:
-        ax.scatter(*zip(*(xy(r, "test") for r in front), strict=True), label="front, held-back part", color="C0")
         ax.scatter(
-            *zip(*(xy(r, "train") for r in front), strict=True),
-            label="front, training part",
+            [r["admitted_wait"] for r in front],
+            [r["batch_response"] for r in front],
+            label=f"{spec.policy}, front trials",
             color="C0",
-            alpha=0.3,
-            marker="x",
         )
         for r in front:
-            ax.annotate(str(r["trial"]), xy(r, "test"), fontsize=7, xytext=(3, 3), textcoords="offset points")
-    marks = {"defaults": ("C3", "s", f"{spec.policy}, configured weights"), "mms": ("C2", "D", "MMS")}
-    for r in rows:
-        if r["trial"] is None and two:
+            xy = (r["admitted_wait"], r["batch_response"])
+            ax.annotate(str(r["trial"]), xy, fontsize=7, xytext=(3, 3), textcoords="offset points")
+    marks = {
+        "defaults": ("C3", "s", f"{spec.policy}, configured"),
+        "mms": ("C2", "D", "MMS"),
+        "ubis": ("C1", "^", "UBIS, configured weights"),
+    }
+    for r in shown:
+        if r["trial"] is None:
             color, marker, label = marks[r["name"]]
-            ax.scatter(*xy(r, "test"), color=color, marker=marker, s=60, label=label)
-    ax.set_xlabel(spec.objectives[0] if two else "trial")
-    ax.set_ylabel(spec.objectives[1] if two else spec.objectives[0])
+            ax.scatter(r["admitted_wait"], r["batch_response"], color=color, marker=marker, s=60, label=label)
+    ax.set_xlabel("mean wait of cap-admitted interactive jobs (s)")
+    ax.set_ylabel("mean batch response (s)")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()

@@ -11,13 +11,15 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from simulator.tune.config import TUNE_BOUNDS, TUNE_OBJECTIVES, TuneConfig
+from simulator.tune.config import POLICY_PARAMS, TUNE_BOUNDS, TUNE_OBJECTIVES, TuneConfig
 from vjob.config import PriorityConfig, PriorityWeights, SchedulingConfig
 from vjob.errors import InputError
 
 WEIGHTS = tuple(PriorityWeights.model_fields)
 """w1..w7 in the paper's order, named as in [priority.weights]."""
-INTEGERS = frozenset({"max_preemptions"})
+INTEGERS = frozenset({"max_preemptions", "interactive_reserve_nodes"})
+SCHEDULING = frozenset({"head_slack_s", "max_preemptions", "interactive_reserve_nodes"})
+"""Parameters that live in [scheduling] (the others in [priority])."""
 
 MAXIMISED = frozenset({"utilization"})
 
@@ -65,14 +67,35 @@ class Space:
         return out
 
 
-def space(search: str | None, bounds: str | None, cfg: TuneConfig) -> Space:
-    """--search / --bounds (flags) over [tune] search / bounds over the built-in ranges.
+def tuned_policy(given: str | None, cfg_policy: str | None, site_policy: str) -> str:
+    """--policy, else [tune] policy, else the site's [scheduling] policy: the one tuned."""
+    name = given or cfg_policy or site_policy
+    if name not in POLICY_PARAMS:
+        where = "--policy" if given else "[tune] policy" if cfg_policy else "[scheduling] policy"
+        raise InputError(
+            f"{where} = {name!r}: vjob tune tunes {' or '.join(POLICY_PARAMS)} (pass --policy to pick one)"
+        )
+    return name
+
+
+def space(search: str | None, bounds: str | None, cfg: TuneConfig, policy: str = "ubis") -> Space:
+    """--search / --bounds (flags) over [tune] search / bounds over the built-in ranges; by
+    default every parameter `policy` reads, and only those (POLICY_PARAMS).
 
     --bounds is `name=low:high,...`; a weight may be named w1..w7.
     """
-    names = [_param(n) for n in search.split(",")] if search is not None else list(cfg.search)
+    if search is not None:
+        names = [_param(n) for n in search.split(",")]
+    else:
+        names = list(cfg.search) if cfg.search is not None else list(POLICY_PARAMS[policy])
     if not names:
         raise InputError("--search: name at least one parameter")
+    for name in names:
+        if name not in POLICY_PARAMS[policy]:
+            raise InputError(
+                f"--search {name}: the {policy} policy does not read it, so it would change nothing "
+                f"(it reads {', '.join(POLICY_PARAMS[policy])})"
+            )
     ranges = {name: tuple(TUNE_BOUNDS[name]) for name in TUNE_BOUNDS} | {k: tuple(v) for k, v in cfg.bounds.items()}
     for part in (bounds or "").split(","):
         if not part.strip():
@@ -111,10 +134,8 @@ def configs(
     if "interactive_cap" in params:
         prio["interactive_cap"] = params["interactive_cap"]
     sched = dict(scheduling)
-    if "head_slack_s" in params:
-        sched["head_slack_s"] = params["head_slack_s"]
-    if "max_preemptions" in params:
-        sched["max_preemptions"] = int(params["max_preemptions"])
+    for name in SCHEDULING & params.keys():
+        sched[name] = int(params[name]) if name in INTEGERS else params[name]
     return PriorityConfig.model_validate(prio), SchedulingConfig.model_validate(sched)
 
 
@@ -124,6 +145,8 @@ def measure(doc: dict[str, Any], name: str) -> float:
     value: Any
     if name == "utilization":
         value = doc.get("utilization")
+    elif name == "admitted_interactive_wait":
+        value = (doc.get("interactive_admitted") or {}).get("mean_wait_s")
     elif name == "large_batch_response":
         value = doc.get("batch_by_size", {}).get("large", {}).get("mean_response_s")
     else:

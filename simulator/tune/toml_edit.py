@@ -1,9 +1,10 @@
 """`vjob tune apply`: the chosen values written into vjob.toml, every other line kept as it was.
 
 Why line-level editing: no TOML editor that keeps comments (tomlkit) is installed with vjob,
-and an operator's file is mostly comments. Only `key = number` lines are touched, or added at
-the end of their section (the section at the end of the file); the result is parsed and
-validated as a configuration, and read back, before it replaces the file.
+and an operator's file is mostly comments. Only `key = number` lines (and `[scheduling]
+policy`) are touched, or added at the end of their section (the section at the end of the
+file); the result is parsed, read back, and loaded by vjob's own loader (`vjob.config.load`,
+what the agent runs) from the temporary file before that replaces the file.
 """
 
 from __future__ import annotations
@@ -27,12 +28,23 @@ def _key_line(key: str) -> re.Pattern[str]:
     return re.compile(rf"(\s*{dotted}\s*=\s*)([^#]*?)(\s*(?:#.*)?)")
 
 
-def set_values(text: str, updates: list[tuple[str, str, float | int]]) -> str:
+Value = float | int | str
+
+
+def _literal(value: Value) -> str:
+    """`value` as TOML: a number, or a basic string (only the policy names are written)."""
+    if isinstance(value, str):
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", value):
+            raise InputError(f"{value[:40]!r}: not a name vjob tune writes")
+        return f'"{value}"'
+    return repr(value) if isinstance(value, int) else repr(float(f"{value:.6g}"))
+
+
+def set_values(text: str, updates: list[tuple[str, str, Value]]) -> str:
     """`text` with `key = value` set in `[section]` for each (section, key, value)."""
     lines = text.splitlines()
     for section, key, value in updates:
-        literal = repr(value) if isinstance(value, int) else repr(float(f"{value:.6g}"))
-        lines = _set(lines, section, key, literal)
+        lines = _set(lines, section, key, _literal(value))
     return "\n".join(lines) + "\n"
 
 
@@ -98,7 +110,13 @@ def _read_back(data: dict[str, Any], section: str, key: str) -> Any:
     return node
 
 
-def apply_file(path: Path, updates: list[tuple[str, str, float | int]]) -> str:
+def _same(got: Any, value: Value) -> bool:
+    if isinstance(value, str) or isinstance(got, str) or got is None:
+        return got == value
+    return abs(float(got) - float(value)) <= 1e-6 * max(1.0, abs(float(value)))
+
+
+def apply_file(path: Path, updates: list[tuple[str, str, Value]]) -> str:
     """Write `updates` into the file at `path` (created when missing), validated; returns the
     new text. The file is replaced atomically and keeps its mode."""
     try:
@@ -117,7 +135,7 @@ def apply_file(path: Path, updates: list[tuple[str, str, float | int]]) -> str:
     vconfig.parse(data, source=f"{path} (edited)")
     for section, key, value in updates:
         got = _read_back(data, section, key)
-        if got is None or abs(float(got) - float(value)) > 1e-6 * max(1.0, abs(float(value))):
+        if not _same(got, value):
             raise ConfigError(f"{path}: {section}.{key} reads back as {got!r}, not {value!r}; nothing written")
     mode = path.stat().st_mode & 0o7777 if path.exists() else 0o644
     fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=f".{path.name}.")
@@ -125,6 +143,7 @@ def apply_file(path: Path, updates: list[tuple[str, str, float | int]]) -> str:
         with os.fdopen(fd, "w") as fh:
             fh.write(new)
         os.chmod(tmp, mode)
+        vconfig.load(tmp)  # the file as the agent will read it
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
