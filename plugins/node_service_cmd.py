@@ -39,8 +39,6 @@ Pilots (ordinary users) ask it through [node] socket; docs/security.md ("The nod
 says who may ask what, docs/operator.md how to run it."""
 
 WATCHDOG_EVERY_S = 10.0
-SWEEP_EVERY_S = 60.0
-"""How often what ended jobs left on the node is reaped (each sweep asks the RMS once per job)."""
 
 
 def register(sub: Any) -> None:
@@ -120,8 +118,9 @@ def _node_service(args: argparse.Namespace) -> int:
     logger = log.get("node-service")
     logger.info("node service started", rms=rms, socket=path, names=sorted(names), operations=sorted(operations))
     notify.ready(f"vjob node service for {rms} on {path}")
-    reaper = threading.Thread(target=_sweep_loop, args=(sweepers(), judge, stop), name="sweep", daemon=True)
-    reaper.start()
+    if cfg.node.sweep_interval_s > 0:
+        args_ = (sweepers(), judge, stop, cfg.node.sweep_interval_s)
+        threading.Thread(target=_sweep_loop, args=args_, name="sweep", daemon=True).start()
     try:
         service.serve(stop, tick)
     finally:
@@ -131,9 +130,10 @@ def _node_service(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sweep_loop(sweeps: list[tuple[str, Sweep]], judge: Any, stop: threading.Event) -> None:
-    """Every sweep at start, then every SWEEP_EVERY_S until the service stops; one that fails
-    (the RMS unreachable, a command's error) is logged and tried again next time."""
+def _sweep_loop(sweeps: list[tuple[str, Sweep]], judge: Any, stop: threading.Event, every_s: float) -> None:
+    """Every sweep at start, then every `every_s` ([node] sweep_interval_s) until the service
+    stops; one that fails (the RMS unreachable, a command's error) is logged and tried again next
+    time."""
     logger = log.get("node-service")
     while not stop.is_set():
         for name, sweep in sweeps:
@@ -141,7 +141,7 @@ def _sweep_loop(sweeps: list[tuple[str, Sweep]], judge: Any, stop: threading.Eve
                 sweep(judge)
             except Exception as exc:  # noqa: BLE001 - a reaper never stops the service
                 logger.warning("sweep failed", module=name, error=f"{type(exc).__name__}: {str(exc)[:300]}")
-        stop.wait(SWEEP_EVERY_S)
+        stop.wait(every_s)
 
 
 def _probe(judge: Any, names: frozenset[str]) -> bool:

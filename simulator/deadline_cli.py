@@ -1,5 +1,6 @@
 """`vjob simulate --deadline-buffer B --admission none|static|adaptive|cdf [--vo-model FILE]
-[--physical]`: the deadline replay of a trace (docs/deadline.md) instead of the UBIS one.
+[--physical] [--deadline-from submit|start]`: the deadline replay of a trace (docs/deadline.md)
+instead of the UBIS one.
 
 Each trace job gets deadline = submit + (1 + B) × its requested time, one VM per processor on
 distinct nodes (vjob's one VM per allocated node), a kind drawn from the seed. The thresholds'
@@ -45,10 +46,21 @@ def add_arguments(sim: Any) -> None:
         choices=("cancel", "checkpoint"),
         help="deadline replay: a running job over X is cancelled or checkpointed (default: [deadline] action)",
     )
+    sim.add_argument(
+        "--deadline-from",
+        default=None,
+        help="deadline replay: the buffer is counted from the job's submit (default) or its start on a node",
+    )
 
 
 def wanted(args: argparse.Namespace) -> bool:
-    return args.admission is not None or args.deadline_buffer is not None or args.physical or args.vo_model is not None
+    return (
+        args.admission is not None
+        or args.deadline_buffer is not None
+        or args.physical
+        or args.vo_model is not None
+        or args.deadline_from is not None
+    )
 
 
 def run(args: argparse.Namespace, cfg: Any, read_trace: Any) -> int:
@@ -83,6 +95,7 @@ def run(args: argparse.Namespace, cfg: Any, read_trace: Any) -> int:
         probability=dl.cdf_probability,
         window=dl.window,
         seed=args.seed,
+        deadline_from=args.deadline_from or "submit",
     )
     out = Path(args.out)
     docs = []
@@ -98,6 +111,7 @@ def run(args: argparse.Namespace, cfg: Any, read_trace: Any) -> int:
             "nodes": args.nodes,
             "jobs": len(jobs),
             "deadline_buffer": buffer,
+            "deadline_from": base.deadline_from,
             "admission": a,
             "physical": args.physical,
             "vo_model": vo.source,

@@ -9,7 +9,9 @@ knows no overhead; folding this in would change its hot path for everyone.
 Time advances in ticks of `tick_s` (the paper's scheduler frequency). Each tick: arrivals are
 admitted or refused, waiting jobs start where they fit, running jobs progress at 1/slowdown, a
 job reaching its deadline unfinished is killed (the RMS's walltime), and — with VO management —
-running jobs whose x-factor is at or over X are cancelled or checkpointed.
+running jobs whose x-factor is at or over X are cancelled or checkpointed. The deadline is the
+job's own, counted from its submission, or (`deadline_from = "start"`) the same allowance counted
+from its first start on a node (preemption.deadline.clock; docs/deadline.md, two readings).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from preemption.deadline import (
     resume_x,
     x_factor,
 )
+from preemption.deadline.clock import check_reading, counted_deadline
 from simulator.deadline_workload import DJob
 from vjob.errors import InputError
 
@@ -70,6 +73,10 @@ class DeadlineSetup:
     """Per-job spread of the true overhead around the model (log-normal sigma)."""
     tick_s: float = 300.0
     seed: int = 1
+    deadline_from: str = "submit"
+    """Where the deadline clock starts (preemption.deadline.clock): `submit`, or `start` on a node."""
+    trace_x: bool = False
+    """Keep every update of X and what drove it (`DeadlineResult.updates`; costs a sort per cdf update)."""
 
     def __post_init__(self) -> None:
         if self.admission not in ADMISSIONS:
@@ -79,6 +86,7 @@ class DeadlineSetup:
         if self.tick_s <= 0 or self.window < 1:
             raise InputError(f"tick_s = {self.tick_s}, window = {self.window}: must be > 0 and >= 1")
         Bounds(self.x_min, self.x_max)
+        check_reading(self.deadline_from)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +108,8 @@ class _Run:
     pause: float = 0.0  # seconds of no progress left (a resume)
     slow: float = 1.0  # true slowdown now
     checkpoints: int = 0
+    started: float | None = None  # first start on a node
+    deadline: float | None = None  # fixed once its clock runs (submit: at once; start: at first start)
     checks: list[tuple[float, float, float]] = field(default_factory=list)  # (t, predicted remaining, x)
 
 
@@ -116,6 +126,9 @@ class DeadlineResult:
     checkpointed: int = 0  # checkpoint events
     resumed_ok: int = 0  # jobs checkpointed at least once that then met their deadline
     series: list[tuple[float, float, float]] = field(default_factory=list)  # (hours, X, failure rate)
+    updates: list[tuple[float, float, float, bool, float]] = field(default_factory=list)
+    """With `trace_x`: each update of X as (hours, X before, X after, the outcome that triggered it,
+    its driver: the measured failure rate (adaptive) or the unclipped headroom quantile (cdf))."""
     busy_core_s: float = 0.0
     wasted_core_s: float = 0.0  # core-seconds of jobs that did not succeed
     span_s: float = 0.0
@@ -151,17 +164,23 @@ class _Threshold:
         self.outcomes: deque[bool] = deque(maxlen=s.window)
         self.headrooms: deque[float] = deque(maxlen=s.window * 20)
         self.x: float | None = None if s.admission == "none" else s.static_x
+        self.updates: list[tuple[float, float, float, bool, float]] | None = [] if s.trace_x else None
+        self.hours = 0.0  # the replay's clock, for `updates`
 
     def record(self, ok: bool, headrooms: list[float]) -> None:
         self.outcomes.append(ok)
         self.headrooms.extend(headrooms)
-        s = self.s
+        s, before, driver = self.s, self.x, math.nan
         if s.admission == "adaptive" and self.x is not None:
-            self.x = adaptive_threshold(
-                self.x, target=s.target, measured=failure_rate(self.outcomes), delta_x=s.delta_x, bounds=self.bounds
-            )
+            driver = failure_rate(self.outcomes)
+            self.x = adaptive_threshold(self.x, target=s.target, measured=driver, delta_x=s.delta_x, bounds=self.bounds)
         elif s.admission == "cdf":
             self.x = cdf_threshold(self.headrooms, probability=s.probability, bounds=self.bounds, default=s.static_x)
+            if self.updates is not None:  # where X would be without the bounds
+                wide = Bounds(-1e9, 1e9)
+                driver = cdf_threshold(self.headrooms, probability=s.probability, bounds=wide, default=s.static_x)
+        if self.updates is not None and before is not None and self.x is not None and s.admission != "static":
+            self.updates.append((self.hours, before, self.x, ok, driver))
 
 
 def simulate_deadline(
@@ -252,6 +271,15 @@ class _Replay:
             chosen.append(best)
         return chosen
 
+    def deadline(self, r: _Run, now: float) -> float:
+        """The deadline in force at `now` under the setup's reading (fixed once the clock runs)."""
+        if r.deadline is not None:
+            return r.deadline
+        j = r.job
+        return counted_deadline(
+            self.s.deadline_from, submit_s=j.submit, deadline_s=j.deadline, started_s=r.started, now_s=now
+        )
+
     def predicted_x(self, r: _Run, now: float, nodes: list[int] | None, pending: bool) -> float:
         vo = self.vo
         if nodes is None:  # not placed: as if alone
@@ -263,7 +291,7 @@ class _Replay:
             )
         else:
             sd = self.slowdown(vo, r.job, nodes)
-        return resume_x(r.job.estimate, r.done, sd, r.job.deadline - now, pause_s=r.pause)
+        return resume_x(r.job.estimate, r.done, sd, self.deadline(r, now) - now, pause_s=r.pause)
 
     def start(self, r: _Run, nodes: list[int]) -> None:
         for n in nodes:
@@ -311,6 +339,8 @@ class _Replay:
         while self.arrivals and self.arrivals[0].submit <= t:
             job = self.arrivals.popleft()
             r = _Run(job=job)
+            if self.s.deadline_from == "submit":
+                r.deadline = job.deadline
             if thr is not None and thr.x is not None:
                 x = self.predicted_x(r, job.submit, self.place(job), pending=True)
                 if not admit(x, thr.x):
@@ -325,12 +355,13 @@ class _Replay:
         res, thr, vo, used = self.res, self.thr, self.vo, self.used
         still: list[_Run] = []
         for r in self.waiting:
-            if t >= r.job.deadline:
+            if t >= self.deadline(r, t):
                 res.missed += 1
                 self.finish(r, False, None, used.get(r.job.id, 0.0))
                 continue
             limit = thr.x if thr is not None else None
-            x_alone = resume_x(r.job.estimate, r.done, 1.0 + vo.base[r.job.kind], r.job.deadline - t, pause_s=r.pause)
+            left = self.deadline(r, t) - t
+            x_alone = resume_x(r.job.estimate, r.done, 1.0 + vo.base[r.job.kind], left, pause_s=r.pause)
             if limit is not None and held_verdict(x_alone, None, limit) is Held.CANCEL:  # hopeless anywhere
                 res.cancelled += 1
                 self.finish(r, False, None, used.get(r.job.id, 0.0), cancelled=True)
@@ -346,6 +377,9 @@ class _Replay:
             sd = max(vo.slowdown(r.job.kind, [k for _, k in self.kinds_on[n]]) for n in set(nodes))
             predicted = predicted_remaining(r.job.estimate, r.done, sd) + r.pause  # at (re)start
             r.checks.append((t, predicted, x))
+            if r.started is None:  # its clock starts here under the start reading
+                r.started = t
+                r.deadline = self.deadline(r, t)
             self.start(r, nodes)
         self.waiting = still
 
@@ -361,6 +395,7 @@ class _Replay:
         nxt = t + s.tick_s
         for jid in list(self.running):
             r = self.running[jid]
+            deadline = self.deadline(r, t)
             dt = s.tick_s
             pause = min(r.pause, dt)
             r.pause -= pause
@@ -369,8 +404,8 @@ class _Replay:
                 end = t + pause + (r.job.duration - r.done) * r.slow
                 used[jid] = used.get(jid, 0.0) + (end - t)
                 res.busy_core_s += (end - t) * r.job.vms * r.job.cores
-                ok = end <= r.job.deadline
-                end_at = min(end, r.job.deadline)
+                ok = end <= deadline
+                end_at = min(end, deadline)
                 self.stop(r)
                 if ok:
                     self.finish(r, True, end, used[jid])
@@ -378,9 +413,9 @@ class _Replay:
                     res.missed += 1
                     self.finish(r, False, None, used[jid] - (end - end_at))
                 continue
-            if nxt >= r.job.deadline:
-                used[jid] = used.get(jid, 0.0) + (r.job.deadline - t)
-                res.busy_core_s += (r.job.deadline - t) * r.job.vms * r.job.cores
+            if nxt >= deadline:
+                used[jid] = used.get(jid, 0.0) + (deadline - t)
+                res.busy_core_s += (deadline - t) * r.job.vms * r.job.cores
                 self.stop(r)
                 res.missed += 1
                 self.finish(r, False, None, used[jid])
@@ -397,11 +432,10 @@ class _Replay:
             r = self.running[jid]
             sd_now = self.slowdown(vo, r.job, r.nodes)
             rem = predicted_remaining(r.job.estimate, r.done, sd_now) + r.pause
-            x = x_factor(rem, r.job.deadline - t)
+            left = self.deadline(r, t) - t
+            x = x_factor(rem, left)
             r.checks.append((t, rem, x))
-            alone = resume_x(
-                r.job.estimate, r.done, 1.0 + vo.base[r.job.kind], r.job.deadline - t, pause_s=s.checkpoint_s
-            )
+            alone = resume_x(r.job.estimate, r.done, 1.0 + vo.base[r.job.kind], left, pause_s=s.checkpoint_s)
             c = continuation(x, x_limit, action=s.action, can_meet_elsewhere=admit(alone, x_limit))
             if c is Continuation.CANCEL:
                 self.stop(r)
@@ -420,6 +454,8 @@ class _Replay:
         t = self.arrivals[0].submit if self.arrivals else 0.0
         t0 = next_series = t
         while self.arrivals or self.running or self.waiting:
+            if thr is not None:
+                thr.hours = (t - t0) / 3600
             self.arrive(t)
             self.serve_waiting(t)
             t = self.advance(t)
@@ -434,4 +470,6 @@ class _Replay:
             if not self.running and not self.waiting and self.arrivals and self.arrivals[0].submit > t:
                 t = self.arrivals[0].submit  # idle: jump to the next arrival
         res.span_s = t - t0
+        if thr is not None and thr.updates is not None:
+            res.updates = thr.updates
         return res

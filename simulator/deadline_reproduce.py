@@ -3,6 +3,10 @@ workload: a training phase fits the thresholds' parameters, the steady phase com
 
     python -m simulator.deadline_reproduce --out docs/deadline [--training-hours 10000]
         [--steady-hours 100000] [--nodes 8] [--load 0.8] [--vo-model FILE] [--seed 1]
+        [--deadline-from submit|start]
+
+--deadline-from start counts each job's 5 % buffer from its start on a node instead of its
+submission (preemption.deadline.clock), in the training and the steady phase alike.
 
 Writes reproduction.json, trained.toml (the [deadline] section the training chose), rates.png
 and threshold.png (figures 3/4) into --out; the last line printed is the JSON of the figures.
@@ -18,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from preemption.deadline import TrainingResult, VOModel, fit_training
-from simulator.deadline_engine import Cluster, DeadlineSetup, simulate_deadline
+from preemption.deadline.clock import check_reading
+from simulator.deadline_engine import Cluster, DeadlineResult, DeadlineSetup, simulate_deadline
 from simulator.deadline_report import plot_rates, plot_threshold
 from simulator.deadline_workload import paper_workload
 from vjob.progress import Progress
@@ -30,9 +35,10 @@ ADAPTIVE_GRID = {"delta_x": [0.02, 0.05, 0.1], "target": [0.1, 0.2, 0.3, 0.4]}
 CDF_GRID = {"probability": [0.5, 0.6, 0.7, 0.8, 0.9]}
 
 
-def configurations(trained: dict[str, Any], seed: int) -> list[DeadlineSetup]:
+def configurations(trained: dict[str, Any], seed: int, deadline_from: str = "submit") -> list[DeadlineSetup]:
     """alg_1..alg_5 as the paper names them, and alg_5c: alg_5 checkpointing instead of killing."""
-    base = DeadlineSetup(seed=seed, **{k: v for k, v in trained.items() if k in CONFIG_KEYS})
+    fixed = {k: v for k, v in trained.items() if k in CONFIG_KEYS}
+    base = DeadlineSetup(seed=seed, deadline_from=deadline_from, trace_x=True, **fixed)
     return [
         replace(base, name="alg_1", physical=True, vo_managed=False, admission="none"),
         replace(base, name="alg_2", vo_managed=False, admission="none"),
@@ -43,7 +49,9 @@ def configurations(trained: dict[str, Any], seed: int) -> list[DeadlineSetup]:
     ]
 
 
-def train(cluster: Cluster, vo: VOModel, hours: float, load: float, buffer: float, seed: int) -> dict[str, Any]:
+def train(
+    cluster: Cluster, vo: VOModel, hours: float, load: float, buffer: float, seed: int, deadline_from: str = "submit"
+) -> dict[str, Any]:
     """The training phase: each parameter set chosen for the best success rate on `hours`."""
     jobs = paper_workload(hours, cores=cluster.nodes * cluster.cores, load=load, buffer=buffer, seed=seed + 1000)
     out: dict[str, Any] = {}
@@ -52,7 +60,9 @@ def train(cluster: Cluster, vo: VOModel, hours: float, load: float, buffer: floa
 
         def score(admission: str, fixed: dict[str, Any]) -> Any:
             def evaluate(p: dict[str, Any]) -> float:
-                s = DeadlineSetup(name="train", admission=admission, seed=seed, **(fixed | p))
+                s = DeadlineSetup(
+                    name="train", admission=admission, seed=seed, deadline_from=deadline_from, **(fixed | p)
+                )
                 progress.advance()
                 return simulate_deadline(jobs, cluster, s, vo).summary()["success_rate"]
 
@@ -98,12 +108,18 @@ def reproduce(
     seed: int,
     vo: VOModel,
     out: Path,
+    deadline_from: str = "submit",
+    keep: list[DeadlineResult] | None = None,
 ) -> dict[str, Any]:
+    """Train, replay the six configurations, write the figures; returns reproduction.json's
+    content. `keep` receives the steady phase's results (with X's every update, `trace_x`), for
+    bench/deadline_readings.py's diagnosis of the update rules."""
+    check_reading(deadline_from)
     cluster = Cluster(nodes=nodes)
-    trained = train(cluster, vo, training_hours, load, buffer, seed)
+    trained = train(cluster, vo, training_hours, load, buffer, seed, deadline_from)
     jobs = paper_workload(steady_hours, cores=nodes * cluster.cores, load=load, buffer=buffer, seed=seed)
     results = []
-    setups = configurations(trained, seed)
+    setups = configurations(trained, seed, deadline_from)
     with Progress(len(setups), "steady phase") as progress:
         for s in setups:
             results.append(simulate_deadline(jobs, cluster, s, vo))
@@ -120,6 +136,7 @@ def reproduce(
         "cores_per_node": cluster.cores,
         "load": load,
         "buffer": buffer,
+        "deadline_from": deadline_from,
         "seed": seed,
         "vo_model": vo.to_dict(),
         "trained": trained,
@@ -128,6 +145,8 @@ def reproduce(
     }
     (out / "reproduction.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
     (out / "trained.toml").write_text(trained_toml(trained))
+    if keep is not None:
+        keep.extend(results)
     return doc
 
 
@@ -141,7 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--buffer", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--vo-model", default=None, help="VO model JSON (or bench/vo_overhead.py output)")
+    ap.add_argument("--deadline-from", default="submit", help="the deadline clock starts at: submit or start")
     a = ap.parse_args(argv)
+    check_reading(a.deadline_from)
     vo = VOModel.load(a.vo_model) if a.vo_model else VOModel.default()
     doc = reproduce(
         training_hours=a.training_hours,
@@ -152,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=a.seed,
         vo=vo,
         out=Path(a.out),
+        deadline_from=a.deadline_from,
     )
     for s in doc["results"]:
         print(

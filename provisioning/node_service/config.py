@@ -45,6 +45,10 @@ class NodeConfig(Section):
     usage_interval_s: float = Field(5.0, ge=1, le=3600)
     """How often the VMs' CPU time and memory are sampled for the job's RMS record (a VM that
     ends between two samples loses at most this much of its CPU time; a sample reads /proc)."""
+    sweep_interval_s: float = Field(60.0, ge=0, le=86400)
+    """How often what ended jobs left on the node (networks, NFS gateways) is reaped, asking the
+    RMS once per job; 0 never (only for a second service beside the node's own, as the tests
+    run: a sweep takes every job object of this host that its own records do not claim)."""
 
     @field_validator("socket")
     @classmethod

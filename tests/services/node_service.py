@@ -51,7 +51,9 @@ def site_config(cluster: DevCluster, sock: Path, names: list[str], guest: str = 
     they make, so a test that wants the site says so (`network = "nat"` and a namespace's `dns`)."""
     base = (cluster.etc / "vjob.toml").read_text()
     listed = ", ".join(f'"{n}"' for n in names)
-    node = f'[node]\nsocket = "{sock}"\nnames = [{listed}]\nrms = "slurm"\n'
+    # no sweep: the tests run a service of their own beside the session's, and one service's
+    # sweep reaps the other's job networks and gateways (one service per node in production)
+    node = f'[node]\nsocket = "{sock}"\nnames = [{listed}]\nrms = "slurm"\nsweep_interval_s = 0\n'
     return f"{base.rstrip()}\n\n{node}\n[guest]\n{guest}\n"
 
 
