@@ -26,8 +26,10 @@ import pytest
 from devkit.devcluster import DevCluster
 from provisioning import image_build, network
 from provisioning.images import Catalogue
+from provisioning.node_service import net_rules, network_ops, nfs_ops
 from tests.services import wait_for
 from tests.services.node_service import running
+from tests.test_multinode_slurm import _as_user_python
 from tests.test_realjob_slurm import USER, _shim, _user, wrapped_cluster  # noqa: F401
 from vjob.config import ProvisioningConfig
 from vjob.store.db import Store
@@ -142,5 +144,26 @@ def test_a_users_job_works_in_place_on_the_site_filesystems_across_a_requeue(
     finally:
         if job:
             subprocess.run(["scancel", job], env={**os.environ, **wrapped_cluster.env}, timeout=30, check=False)
+            _forget(top, job)
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(top, ignore_errors=True)
+
+
+FORGET_ONE = """
+import sys
+from pilot.specs import user_provisioning
+from provisioning.driver import Driver
+from vjob.config import load
+cfg = load(sys.argv[1])
+with Driver(user_provisioning(cfg.provisioning), data_dir=cfg.data_path) as driver:
+    driver.delete(f"vjob-slurm-{sys.argv[2]}", "node1")
+"""
+
+
+def _forget(top: Path, job: str) -> None:
+    """The job's VM (the user's session libvirt), NFS gateway and network, whatever a failed run
+    left: the dev cluster's job ids come round again when its state is wiped, and a later run of
+    the same id must not meet them."""
+    _as_user_python(FORGET_ONE, str(top / "vjob.toml"), job)
+    nfs_ops.stop_unrecorded(nfs_ops.job_dir(network.pilot_subnet_id("slurm", job)))
+    network_ops.teardown(net_rules.job_net("slurm", job))
