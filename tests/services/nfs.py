@@ -56,7 +56,7 @@ def nfs_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     """nfs_ops' state directory in the test's own tmp dir; every gateway left is stopped."""
     missing = ganesha_missing()
     if missing:
-        pytest.skip(missing)
+        pytest.fail(f"{missing} (deploy/bootstrap installs it)")
     state = tmp_path / "nfs-state"
     monkeypatch.setattr(nfs_ops, "STATE_DIR", state)
     try:
