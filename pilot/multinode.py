@@ -150,6 +150,11 @@ class JobVMs:
             self._finish_cut()
         return self.leader.active()
 
+    def leftover(self) -> bool:
+        """Whether any VM of the job's names is on its node (asked before a first start; the
+        half-done cut `active` finishes is then never this job's)."""
+        return any(m.leftover() for m in self.members)
+
     def _finish_cut(self) -> None:
         """A pilot SIGKILLed during a coordinated save (the RMS's grace time ran out) leaves some
         VMs saved and the others paused — all at the moment of the cut, since every VM was paused

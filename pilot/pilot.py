@@ -154,6 +154,13 @@ class Pilot:
             self.log.warning("stale vjob state of a reused job id discarded", old_since=previous.since)
             self.vm.forget(previous.saved_node or previous.node)
             previous = None
+        elif previous is None and self.s.restart_count == 0 and self.vm.leftover():
+            # The same on the node's side: the domain (or saved memory) of an older job of this
+            # id, left by a crash or a wiped controller, with this pilot's directory gone or
+            # elsewhere. Booting would meet its domain; adopting it would run its memory.
+            self.say(f"removing VM {self.vm.name} of an older job {self.s.job_id} (this job never ran before)")
+            self.log.warning("stale VM of a reused job id removed", vm=self.vm.name)
+            self.vm.forget(self.s.node)
         self.status = previous or PilotStatus(
             job_id=self.s.job_id,
             vm=self.vm.name,

@@ -36,6 +36,11 @@ class DriverVM:
     def active(self) -> bool:
         return bool(self.driver.state(self.name, self.node) is VMState.RUNNING)
 
+    def leftover(self) -> bool:
+        """Whether anything of a VM of this name is on the node: a domain, in any state, or its
+        saved memory (what a first start must not find)."""
+        return self.driver.state(self.name, self.node) is not None
+
     def boot(self) -> None:
         if self.site is not None:
             self.site.up()

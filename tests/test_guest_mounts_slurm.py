@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -73,12 +73,6 @@ def site(wrapped_cluster: DevCluster) -> Iterator[tuple[Path, Path]]:  # noqa: F
         shutil.rmtree(base, ignore_errors=True)
 
 
-@pytest.mark.xfail(
-    reason="passes alone (75 s, several runs) but failed in each of three full CI runs on the development "
-    "machine (once the requeued job's new NFS gateway found its configuration gone, twice the first run's pilot "
-    "failed right after nfs.up); cause not found yet — the closing note of the ninth session says so",
-    strict=False,
-)
 def test_a_users_job_works_in_place_on_the_site_filesystems_across_a_requeue(
     wrapped_cluster: DevCluster,  # noqa: F811
     site: tuple[Path, Path],
@@ -130,11 +124,18 @@ def test_a_users_job_works_in_place_on_the_site_filesystems_across_a_requeue(
             m = re.search(r"JobState=(\S+)", text)
             return m.group(1) if m else ""
 
+        def waited(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+            try:
+                wait_for(predicate, timeout, what)
+            except TimeoutError as exc:  # the job's own words say why
+                text = out.read_text(errors="replace")[-3000:] if out.exists() else "(no job output)"
+                raise AssertionError(f"{exc}; job {job} ({state()}):\n{text}") from None
+
         t0 = time.monotonic()
-        wait_for(lambda: rounds.exists() and len(rounds.read_text().splitlines()) >= 5, 300, "5 rounds on /scratch")
+        waited(lambda: rounds.exists() and len(rounds.read_text().splitlines()) >= 5, 300, "5 rounds on /scratch")
         first_s = time.monotonic() - t0
         subprocess.run(["scontrol", "requeue", job], env=cenv, check=True, timeout=30, capture_output=True)
-        wait_for(lambda: state() in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), 600, f"job {job} to end")
+        waited(lambda: state() in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), 600, f"job {job} to end")
         took = time.monotonic() - t0
         text = out.read_text(errors="replace")
         assert state() == "COMPLETED", text[-3000:]

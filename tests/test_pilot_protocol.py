@@ -169,3 +169,24 @@ def test_sigusr1_checkpoints_and_waits_for_the_requeue(site: Path):
         rc, out = _stop(proc)
     assert rc == 0 and "requeued by the resource manager" in out
     assert _pdir(site, "45").read_state().memory_saved
+
+
+def test_a_first_start_removes_what_an_older_job_of_its_id_left_on_the_node(site: Path):
+    """The node keeps the older job's saved VM while this pilot's directory knows nothing of
+    it (a wiped controller, a pilot directory elsewhere): a first start boots afresh."""
+    old = _pilot(site, "45", "node1")
+    wait_for(lambda: _state(site, "45") is PilotState.RUNNING, 60, "old pilot running")
+    _stop(old)
+    saved = _pdir(site, "45").read_state()
+    assert saved.memory_saved and Path(saved.memory_path).exists()
+    _pdir(site, "45").state_file.unlink()
+
+    new = _pilot(site, "45", "node1", restarts="0")
+    try:
+        wait_for(lambda: _state(site, "45") is PilotState.RUNNING, 60, "new pilot running")
+        st = _pdir(site, "45").read_state()
+        assert (st.boots, st.restores) == (1, 0)
+        assert not Path(saved.memory_path).exists()
+    finally:
+        _, out = _stop(new)
+    assert "removing VM vjob-slurm-45 of an older job 45" in out

@@ -146,6 +146,9 @@ class MemberVM:
     def active(self) -> bool:
         return self.state() is VMState.RUNNING
 
+    def leftover(self) -> bool:
+        return self.state() is not None
+
     def define(self, description: dict[str, Any], place_disk: Callable[[], dict[str, Any]] | None = None) -> None:
         """The member builds its VM's job disk and defines it; the job's ssh key travels sealed.
 
