@@ -66,7 +66,7 @@ class Rules:
     """The priority configuration's scalars, as the compiled UBIS kernel reads them."""
     cap_nodes: float
     full_sort_vjob: bool = False
-    """vjob: rank the queue with `np.lexsort` at every pass (the former path, the same
+    """vjob: rank the queue with `np.lexsort` at every pass (`policies.vjob_order`, the same
     order as `vjob_order.vjob_queue_order`; bench/simulate.py's baseline)."""
 
 
@@ -177,6 +177,8 @@ class Scratch:
     vorder: np.ndarray
     vtier: np.ndarray
     vrest: np.ndarray
+    vprio: np.ndarray
+    """vjob: each queued job's UBIS priority at the pass, by job index (`vjob_queue_order`)."""
 
 
 @dataclass(slots=True)
@@ -321,6 +323,7 @@ def build_scratch(n: int) -> Scratch:
         vorder=np.empty(n, dtype=np.int64),
         vtier=np.empty(n, dtype=np.int64),
         vrest=np.empty(n, dtype=np.int64),
+        vprio=np.zeros(n, dtype=np.float64),
     )
 
 
