@@ -50,6 +50,8 @@ from agent.metrics import AgentMetrics
 from agent.observe import Observation, observe
 from agent.ports import Ports, StoreLink
 from agent.recover import recover
+from agent.wait_notice import STATUS_NAME as WAIT_STATUS_NAME
+from agent.wait_notice import WaitNotices
 from plugins import make_adapter
 from preemption.scheduling.tick import Decision, decide
 from vjob import log
@@ -118,6 +120,8 @@ class Agent:
         self.log = log.get("agent").bind(rms=rms)
         self.notify = Notifier()
         """systemd's watchdog (Type=notify units): pinged after every tick and while waiting."""
+        self.notices = WaitNotices(cfg.data_path / WAIT_STATUS_NAME)
+        """Why each held-back interactive job waits, as last written for its user (agent.wait_notice)."""
         store = StoreLink(cfg, metrics, self.log)
         owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         lease = Lease(
@@ -144,6 +148,7 @@ class Agent:
         """The journal may hold a switch left open (by a previous lease holder, or cut short by
         a failure): the next acting tick recovers it first (agent.recover)."""
         self._recovered = False
+        self.notices.synced = False  # an earlier holder's wait reasons: looked at once more
 
     # -- observe, recover -----------------------------------------------------------------
     def observe(self, *, track: bool = True) -> Observation:
@@ -215,8 +220,7 @@ class Agent:
         the new holder acts from there), a store failure ends it (the journal may hold a switch
         cut short: the next tick looks again)."""
         act.apply_priorities(self.ports, plan.priorities, self.sent_priorities)
-        if decision.waiting_interactive:
-            self.log.info("interactive jobs wait (cap or no victims)", jobs=list(decision.waiting_interactive))
+        self.notices.update(self.adapter, decision, obs.view, self.log, self.metrics)  # the users told why
         if plan.deadline:
             self._deadline(obs, plan, report)
         if not plan.journals:

@@ -18,8 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from agent.loop import live_view
+from agent.prio_order import Placed, pass_order, render_order
+from agent.prio_users import render_users
 from ubis_priority.integers import pbs_priority, slurm_site_factor
 from ubis_priority.terms import TERMS
+from ubis_priority.user_shares import user_shares
 from ubis_priority.view import Explanation, Priorities, compute
 from vjob.cli import load_config
 from vjob.config import Config
@@ -72,6 +75,7 @@ examples:
   vjob prio --rms slurm                      live, as the agent would compute them now
   vjob prio --from view.json --format csv    a saved cluster view (docs/clusterview.md)
   vjob prio --rms pbs --explain 1234.server  raw -> normalised -> weighted, per term
+  vjob prio --rms slurm --explain            the queue in the policy's order: tier, terms
 
 Columns: PRIORITY (0..sum of the weights), SITE (Slurm site factor sent), PBS (qalter -p value),
 then each weighted term."""
@@ -93,7 +97,15 @@ def register(sub: Any) -> None:
     )
     source.add_argument("--rms", choices=("slurm", "pbs", "oar"), help="the live jobs of this RMS")
     p.add_argument("--format", choices=("table", "json", "csv"), default="table", help="output format (default table)")
-    p.add_argument("--explain", metavar="JOBID", help="show raw → normalised → weighted for every term of one job")
+    p.add_argument(
+        "--explain",
+        metavar="JOBID",
+        nargs="?",
+        const="",
+        help="alone: the queue in the policy's order with each job's tier and weighted terms; "
+        "with JOBID: raw → normalised → weighted for every term of that job",
+    )
+    p.add_argument("--users", action="store_true", help="each user's target, decayed usage and term (like sshare)")
     p.set_defaults(func=_prio)
 
 
@@ -108,7 +120,17 @@ def load_view(args: argparse.Namespace, config: Config) -> ClusterView:
 def _prio(args: argparse.Namespace) -> int:
     config = load_config(args)
     view = load_view(args, config)
+    if getattr(args, "users", False):  # agent.prio_users
+        sys.stdout.write(render_users(user_shares(view, config.priority), args.format))
+        return 0
     prios = compute(view, config.priority)
+    if args.explain == "":
+        order = pass_order(view, config, prios)
+        policy = config.scheduling.policy
+        sys.stdout.write(
+            render_order(order, args.format, policy=policy, max_priority=prios.terms.max_priority, columns=COLUMNS)
+        )
+        return 0
     if args.explain is not None:
         try:
             explanation = prios.explain(args.explain)
@@ -116,10 +138,23 @@ def _prio(args: argparse.Namespace) -> int:
             known = "it is not in the view" if args.explain not in {j.id for j in view.jobs} else "it is not pending"
             raise InputError(f"--explain {args.explain}: no priority for this job: {known}") from None
         job = next(j for j in prios.jobs if j.id == args.explain)
-        sys.stdout.write(render_explanation(explanation, args.format, os_image=job.os_image, nodes=job.nodes))
+        where = _where(pass_order(view, config, prios), args.explain, config.scheduling.policy)
+        sys.stdout.write(
+            render_explanation(explanation, args.format, os_image=job.os_image, nodes=job.nodes, where=where)
+        )
         return 0
     sys.stdout.write(render(prios, args.format, site_factor_max=config.slurm.site_factor_max))
     return 0
+
+
+def _where(order: list[Placed], job_id: str, policy: str) -> str:
+    """Where the explained job stands in the policy's order, and in which tier."""
+    me = next(r for r in order if r.job == job_id)
+    if me.place is None:
+        return f"not in the {policy} policy's order: held, and not by vjob"
+    queued = sum(r.place is not None for r in order)
+    tier = f", tier {me.tier}" if me.tier != "-" else ""
+    return f"place {me.place} of {queued} in the {policy} policy's order{tier}"
 
 
 def rows(prios: Priorities, *, site_factor_max: int) -> list[dict[str, Any]]:
@@ -176,15 +211,15 @@ def available_os(e: Explanation, nodes: int) -> int:
     return round(raw + nodes)
 
 
-def render_explanation(e: Explanation, fmt: str, *, os_image: str = "", nodes: int = 1) -> str:
+def render_explanation(e: Explanation, fmt: str, *, os_image: str = "", nodes: int = 1, where: str = "") -> str:
     """The terms of one job, and N_availableOS spelled out: the nodes' OS comes from the store
-    (node_images), and an operator checking why a job waits wants the count, not a difference."""
+    (node_images), and an operator checking why a job waits wants the count, not a difference.
+    `where`: its place (and tier) in the policy's order, added to the table's first line and
+    to the JSON."""
     avail = available_os(e, nodes)
     if fmt == "json":
-        return (
-            json.dumps({**e.to_dict(), "os_image": os_image, "n_available_os": avail, "n_req_os": nodes}, indent=2)
-            + "\n"
-        )
+        extra = {"os_image": os_image, "n_available_os": avail, "n_req_os": nodes, "order": where}
+        return json.dumps({**e.to_dict(), **extra}, indent=2) + "\n"
     if fmt == "csv":
         buf = io.StringIO()
         writer = csv.writer(buf)
@@ -200,7 +235,8 @@ def render_explanation(e: Explanation, fmt: str, *, os_image: str = "", nodes: i
         note = spelled if t.term == "os_available" and not t.note else note
         scale = t.scale + (f"  [{note}]" if note else "")
         lines.append([t.term, f"{t.raw:g}", f"{t.normalised:.4f}", f"{t.weight:g}", f"{t.weighted:.4f}", scale])
-    head = f"job {e.job_id} (user {e.user}): priority {e.priority:.4f} of at most {e.max_priority:g}\n"
+    head = f"job {e.job_id} (user {e.user}): priority {e.priority:.4f} of at most {e.max_priority:g}"
+    head += f"; {where}\n" if where else "\n"
     return head + _columns(lines)
 
 

@@ -16,6 +16,7 @@ from agent.consolidate import STATUS_NAME as CONTROL_STATUS_NAME
 from agent.deadline import STATUS_NAME
 from agent.observe import hear, store_records
 from agent.remap_step import STATUS_NAME as REMAP_STATUS_NAME
+from agent.wait_notice import STATUS_NAME as WAIT_STATUS_NAME
 from vjob.cli import load_config
 from vjob.errors import StoreError
 from vjob.pilot_files import all_dirs, pilot_root, vms_of
@@ -140,6 +141,7 @@ def collect(cfg: Any, rms: str, switches: int = 10, snapshots: int = 20) -> dict
     out["deadline"] = read_deadline_status(cfg, out["errors"])
     out["remap"] = read_remap_status(cfg, out["errors"])
     out["control"] = read_control_status(cfg, out["errors"])
+    out["waiting"] = read_wait_status(cfg, out["errors"])
     for v in out["vjobs"]:
         v.update(out["deadline"]["jobs"].get(v["job"], {}))
         v["remap_skipped"] = out["remap"]["skipped"].get(v["job"])
@@ -176,6 +178,12 @@ def read_control_status(cfg: Any, errors: list[str]) -> dict[str, Any]:
     overloaded nodes, the plan and its switch. Missing: the loop never ran (planner.interval_s 0)."""
     empty: dict[str, Any] = {"at": None, "policy": None, "vjobs": {}, "overloaded": {}, "unmeasured": [], "plan": None}
     return _read_status_file(cfg.data_path / CONTROL_STATUS_NAME, errors, "control loop status", empty, "vjobs")
+
+
+def read_wait_status(cfg: Any, errors: list[str]) -> dict[str, Any]:
+    """Why each held-back interactive job waits, as the agent's last tick said
+    (agent.wait_notice). Missing: no agent ticked here yet."""
+    return _read_status_file(cfg.data_path / WAIT_STATUS_NAME, errors, "wait reasons", {"at": None, "jobs": {}}, "jobs")
 
 
 def read_deadline_status(cfg: Any, errors: list[str]) -> dict[str, Any]:
@@ -279,6 +287,7 @@ def _status(args: argparse.Namespace) -> int:
             )
         console.print(dt)
     _print_control(console, data["control"])
+    _print_waiting(console, data["waiting"])
     vo = dl["vo_model"]
     if isinstance(vo, dict):
         console.print(
@@ -289,6 +298,21 @@ def _status(args: argparse.Namespace) -> int:
     for err in data["errors"]:
         console.print(f"[yellow]warning:[/] {err}")
     return 0
+
+
+def _print_waiting(console: Any, waiting: dict[str, Any]) -> None:
+    """The held-back interactive jobs and why (the same text their users read in the RMS)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    if not waiting["jobs"]:
+        return
+    wt = Table(title="interactive jobs held back (as of the agent's last tick)")
+    for col in ("job", "why"):
+        wt.add_column(col)
+    for job_id, why in sorted(waiting["jobs"].items()):
+        wt.add_row(escape(str(job_id)), escape(str(why)))
+    console.print(wt)
 
 
 def _vm_cell(v: dict[str, Any]) -> str:

@@ -152,7 +152,7 @@ def main() -> int:
     base.chmod(0o755)
     try:
         scratch = base / "scratch"
-        scratch.mkdir(mode=0o777)
+        scratch.mkdir(mode=0o755)  # the gateway squashes every uid to the job's: root here
         host_w, host_r = _dd_host(scratch, args.mib)
         guest_w, guest_r = _guest(base, scratch, args.mib)
     finally:

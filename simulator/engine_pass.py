@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from preemption.scheduling.easy import backfill_arrays, backfill_leading, reservation
-from preemption.scheduling.policies import Order, mms_order, ubis_order, vjob_tiers
+from preemption.scheduling.policies import Order, mms_order, ubis_order, vjob_order
 from preemption.scheduling.reserve import need_beside, recent_interactive, reserve_asked
 from simulator.engine_actions import NO_NODES
 from simulator.engine_preempt import Preempting
@@ -169,31 +169,8 @@ class SchedulingPass(Preempting):
         if order is Order.SUBMIT or qa.shape[0] == 1:
             self.book.guard = int(qa[0]) if self.rules.by_cost and not self.jobs.inter[int(qa[0])] else -1
             return qa, None
-        if order is Order.TIERS and not self.rules.full_sort_vjob:
-            count = qa.shape[0]
-            self.book.guard = vjob_queue_order(
-                qa,
-                self.jobs.inter_a,
-                self.jobs.need_a,
-                self.jobs.pc_a,
-                self.jobs.submit_a,
-                self.cluster.held_interactive,
-                float(self.rules.cap_nodes),
-                AHEAD_QUEUE if self.rules.ahead in ("queue", "guarded") else AHEAD_OFF,
-                self.scratch.vorder,
-                self.scratch.vtier,
-            )
-            return self.scratch.vorder[:count], None
         if order is Order.TIERS:
-            tiers = vjob_tiers(
-                self._privileged(qa),
-                self.jobs.pc_a[qa] > 0,
-                self.jobs.inter_a[qa] if self.rules.ahead in ("queue", "guarded") else None,
-            )
-            by = np.lexsort((self.jobs.submit_a[qa], tiers))
-            batch = np.flatnonzero(~self.jobs.inter_a[qa[by]])
-            self.book.guard = int(qa[by[batch[0]]]) if batch.shape[0] else -1
-            return qa[by], None
+            return self._vjob_order(qa, now), None
         if order is Order.PRIVILEGED_FIRST:
             priv = self._privileged(qa)
             if not priv.any():
@@ -213,6 +190,36 @@ class SchedulingPass(Preempting):
             self.scratch.lead_prio,
         )
         return self.scratch.lead_jobs[:m], (self.scratch.lead_entries[:m], self.scratch.lead_prio[: qa.shape[0]])
+
+    def _vjob_order(self, qa: np.ndarray, now: float) -> np.ndarray:
+        """The queue `qa` in vjob's order (tiers, then the UBIS priority at `now`, then
+        submission, then job index) and the guard set (its first batch job): compiled, or
+        with `full_sort_vjob` by `policies.vjob_order` (the job index is the id's rank)."""
+        jobs = self.jobs
+        # submission order inside the tiers: equal priorities leave (submission, job) to decide
+        prio = self._priorities(qa, now) if self.rules.ubis_tiers else np.zeros(qa.shape[0])
+        ahead = self.rules.ahead in ("queue", "guarded")
+        if not self.rules.full_sort_vjob:
+            self.book.guard = vjob_queue_order(
+                qa,
+                jobs.inter_a,
+                jobs.need_a,
+                jobs.pc_a,
+                jobs.submit_a,
+                prio,
+                self.cluster.held_interactive,
+                float(self.rules.cap_nodes),
+                AHEAD_QUEUE if ahead else AHEAD_OFF,
+                self.scratch.vorder,
+                self.scratch.vtier,
+                self.scratch.vprio,
+            )
+            return self.scratch.vorder[: qa.shape[0]]
+        inter = jobs.inter_a[qa]
+        by = vjob_order(jobs.submit_a[qa], self._privileged(qa), jobs.pc_a[qa] > 0, inter if ahead else None, prio, qa)
+        batch = np.flatnonzero(~inter[by])
+        self.book.guard = int(qa[by[batch[0]]]) if batch.shape[0] else -1
+        return qa[by]
 
     def _privileged(self, qa: np.ndarray) -> np.ndarray:
         """Which of the jobs `qa` are interactive jobs within the cap now."""

@@ -65,8 +65,10 @@ class Rules:
     conf: np.ndarray
     """The priority configuration's scalars, as the compiled UBIS kernel reads them."""
     cap_nodes: float
+    ubis_tiers: bool = False
+    """vjob: `[scheduling] tier_order = "ubis"` (each tier by UBIS priority, not submission)."""
     full_sort_vjob: bool = False
-    """vjob: rank the queue with `np.lexsort` at every pass (the former path, the same
+    """vjob: rank the queue with `np.lexsort` at every pass (`policies.vjob_order`, the same
     order as `vjob_order.vjob_queue_order`; bench/simulate.py's baseline)."""
 
 
@@ -177,6 +179,8 @@ class Scratch:
     vorder: np.ndarray
     vtier: np.ndarray
     vrest: np.ndarray
+    vprio: np.ndarray
+    """vjob: each queued job's UBIS priority at the pass, by job index (`vjob_queue_order`)."""
 
 
 @dataclass(slots=True)
@@ -230,6 +234,7 @@ def build_rules(
         prio_cfg=prio_cfg,
         conf=scalars(prio_cfg, model.nodes),
         cap_nodes=cap_limit(prio_cfg.interactive_cap, model.nodes),
+        ubis_tiers=sched.tier_order == "ubis",
     )
 
 
@@ -321,6 +326,7 @@ def build_scratch(n: int) -> Scratch:
         vorder=np.empty(n, dtype=np.int64),
         vtier=np.empty(n, dtype=np.int64),
         vrest=np.empty(n, dtype=np.int64),
+        vprio=np.zeros(n, dtype=np.float64),
     )
 
 

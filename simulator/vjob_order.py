@@ -1,15 +1,14 @@
 """The vjob queue order and its backfill window, compiled, for the simulator's pass.
 
 Why not `np.lexsort` as `tick.decide` does: the order is `policies.vjob_order` (tiers, then
-submission time, ties in queue order), and sorting the whole queue at every pass made a vjob
-replay three times slower than a ubis one. The queue buffer (`queue_rows`) keeps jobs in the
-order they were queued, and a job queued only once (every job until it is checkpointed) was
-queued in submission order, so within each tier the queue order is almost always already the
-sorted order: one linear pass splits the queue into its tiers and a tier is sorted (stably,
-as `lexsort` does) only when it is not already in submission order — in practice only the
-checkpointed jobs', a handful. The result is the same permutation as
-`np.lexsort((submit, vjob_tiers(...)))`, which tests/test_scheduling_vjob_order.py checks on
-random queues and tests/test_decision_differential.py through the whole pass.
+the UBIS priority, then submission time, then the job: its index here, its id's rank live),
+and a whole-queue lexsort of four keys at every pass is most of a replay's time. One linear
+pass splits the queue into its tiers; a tier is brought into (submission, job) order only
+when it is not already in it (the queue buffer keeps jobs in the order they were queued, so
+only the checkpointed jobs' tier usually needs it), and is then sorted stably by priority
+only when it is not already in priority order. The result is the same permutation as
+`policies.vjob_order(..., priority, tie=job index)`, which tests/test_scheduling_vjob_order.py
+checks on random queues and tests/test_decision_differential.py through the whole pass.
 """
 
 from __future__ import annotations
@@ -23,27 +22,43 @@ AHEAD_OFF, AHEAD_QUEUE = 0, 1
 
 
 @numba.njit(cache=True, nogil=True)
+def _by_submit_then_job(part: NDArray[np.int64], submit: NDArray[np.float64]) -> NDArray[np.int64]:  # pragma: no cover
+    """`part` (job indices) in (submission time, job index) order; as given when it already is."""
+    for k in range(1, part.shape[0]):
+        a, b = part[k - 1], part[k]
+        if submit[b] < submit[a] or (submit[b] == submit[a] and b < a):
+            part = np.sort(part)
+            return part[np.argsort(submit[part], kind="mergesort")]
+    return part
+
+
+@numba.njit(cache=True, nogil=True)
 def vjob_queue_order(
     qjobs: NDArray[np.int64],
     inter: NDArray[np.bool_],
     need: NDArray[np.int64],
     preempt_count: NDArray[np.float64],
     submit: NDArray[np.float64],
+    prio: NDArray[np.float64],
     held: int,
     cap: float,
     ahead: int,
     out: NDArray[np.int64],
     tier_of: NDArray[np.int64],
+    prio_of: NDArray[np.float64],
 ) -> int:  # pragma: no cover - compiled; tests call it through numba
     """Write the jobs `qjobs` into `out` in vjob's order and return the guard (the first
     batch job of that order, -1 if none). Tiers as `policies.vjob_tiers`: 0 interactive
     within the cap (`held + need <= cap`, `within_cap`'s comparison), 1 checkpointed before,
-    2 (when `ahead`) the other interactive jobs, 3 the rest. `tier_of` is scratch of the
-    queue's length."""
+    2 (when `ahead`) the other interactive jobs, 3 the rest; inside a tier the highest
+    `prio` (entry k is job `qjobs[k]`'s UBIS priority) first, then the earlier submission,
+    then the lower job index. `tier_of` (the queue's length) and `prio_of` (one entry per
+    job of the workload) are scratch."""
     n = qjobs.shape[0]
     counts = np.zeros(4, dtype=np.int64)
     for k in range(n):
         j = qjobs[k]
+        prio_of[j] = prio[k]
         if inter[j] and held + need[j] <= cap:
             t = 0
         elif preempt_count[j] > 0:
@@ -64,16 +79,21 @@ def vjob_queue_order(
         fill[t] += 1
     for t in range(4):
         lo, hi = starts[t], starts[t] + counts[t]
-        ordered = True
-        for k in range(lo + 1, hi):
-            if submit[out[k]] < submit[out[k - 1]]:
-                ordered = False
+        if hi - lo < 2:
+            continue
+        part = _by_submit_then_job(out[lo:hi].copy(), submit)
+        ranked = True
+        for k in range(1, hi - lo):
+            if prio_of[part[k]] > prio_of[part[k - 1]]:
+                ranked = False
                 break
-        if not ordered:
-            part = out[lo:hi].copy()
-            by = np.argsort(submit[part], kind="mergesort")
+        if not ranked:
+            key = np.empty(hi - lo, dtype=np.float64)
             for k in range(hi - lo):
-                out[lo + k] = part[by[k]]
+                key[k] = -prio_of[part[k]]
+            part = part[np.argsort(key, kind="mergesort")]
+        for k in range(hi - lo):
+            out[lo + k] = part[k]
     for k in range(n):
         if not inter[out[k]]:
             return out[k]

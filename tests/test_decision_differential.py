@@ -53,6 +53,9 @@ from vjob.model import ClusterView, Job, JobClass, JobState, Node
 from vjob.rms import PriorityKnob
 
 NOW = 100_000.0
+AGE_ONLY = PriorityWeights(**{name: 0.0 for name in PriorityWeights.model_fields} | {"queue_time": 1.0})
+"""Weights under which the UBIS priority is the queue time alone: vjob's tiers are then in
+submission order (the hand-made vjob states below were built for that order)."""
 
 
 @dataclass
@@ -199,6 +202,7 @@ def states(draw: st.DrawFn, crowded: bool = False) -> State:
         backfill_depth=draw(st.sampled_from([None, 0, 1, 2, 500])),
     )
     scheduling = SchedulingConfig(
+        tier_order=draw(st.sampled_from(["submit", "ubis", "ubis"])),
         max_preemptions=draw(st.sampled_from([0, 1, 2, 3, 7])),
         head_slack_s=draw(st.sampled_from([0.0, 60.0, 1800.0, 1e9])),
         interactive_ahead=draw(st.sampled_from(["guarded", "guarded", "off", "backfill", "queue"])),
@@ -304,6 +308,9 @@ class SimPass:
     starts: list[str]
     placements: dict[str, tuple[str, ...]]
     preemptions: list[tuple[str, tuple[str, ...], tuple[str, ...]]]
+    order: list[str] = field(default_factory=list)
+    """The queue in the pass's order (every policy but ubis, whose compiled pass ranks only
+    the part it can act on)."""
 
 
 def run_simulation(s: State) -> SimPass:
@@ -327,8 +334,16 @@ def run_simulation(s: State) -> SimPass:
         victims.append(str(v))
         return checkpoint(v, now)
 
+    ordering = sim._order
+
+    def logged_order(qa: np.ndarray, now: float, arrived: np.ndarray) -> tuple[np.ndarray, object]:
+        order, ranking = ordering(qa, now, arrived)
+        out.order = [str(j) for j in order.tolist()]
+        return order, ranking
+
     sim._start = logged_start  # type: ignore[method-assign]
     sim._checkpoint = logged_checkpoint  # type: ignore[method-assign]
+    sim._order = logged_order  # type: ignore[method-assign]
     with mock.patch.object(engine_pass, "FULL_RANK_ABOVE", 0 if s.full_rank else engine_pass.FULL_RANK_ABOVE):
         sim._schedule(NOW)
     return out
@@ -359,6 +374,8 @@ def assert_same(s: State) -> None:
     assert list(decided.starts) == simulated.starts
     assert dict(decided.placements) == simulated.placements
     assert [(p.job_id, p.victims, p.nodes) for p in decided.preemptions] == simulated.preemptions
+    if s.policy != "ubis" and s.queue:  # vjob: tiers, then the UBIS priority, submission, id
+        assert list(decided.order) == simulated.order
 
 
 @settings(
@@ -499,7 +516,7 @@ def test_vjob_backfills_over_cap_interactive_jobs_first_both_ways() -> None:
             queue=[1, 2, 3],
             accounts=[-1],
             usage=[0.0],
-            cfg=PriorityConfig(interactive_cap=0.0),
+            cfg=PriorityConfig(interactive_cap=0.0, weights=AGE_ONLY),
             policy="vjob",
             model=ClusterModel(nodes=4, os_count=1, backfill_depth=1),
             full_rank=False,
@@ -618,7 +635,7 @@ def test_vjob_keeps_the_interactive_reserve_both_ways(
         queue=queue,
         accounts=[-1],
         usage=[0.0],
-        cfg=PriorityConfig(interactive_cap=0.5),
+        cfg=PriorityConfig(interactive_cap=0.5, weights=AGE_ONLY),
         policy="vjob",
         model=ClusterModel(nodes=8, os_count=1),
         full_rank=False,
@@ -682,7 +699,7 @@ def test_vjob_holds_the_adaptive_reserve_only_while_interactive_jobs_arrive_both
         queue=[1, 2],
         accounts=[-1],
         usage=[0.0],
-        cfg=PriorityConfig(interactive_cap=0.5),
+        cfg=PriorityConfig(interactive_cap=0.5, weights=AGE_ONLY),
         policy="vjob",
         model=ClusterModel(nodes=8, os_count=1),
         full_rank=False,

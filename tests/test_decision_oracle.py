@@ -11,7 +11,8 @@ broken and recomputes every reserved start from the list of holds, time by time.
 
 The states are the one decision it covers in full: a cluster whose nodes are all held by
 running jobs (mostly batch, some interactive), one pending interactive job, zero to three
-pending batch jobs (the first one submitted is the guard), a previous tick's anchor or none.
+pending batch jobs (the guard is the one vjob's order puts first, below), a previous tick's
+anchor or none.
 `decide` is called as agent/loop.py calls it: policy from the configuration, the RMS's
 priority knob, `checkpointable` = the running jobs whose pilot runs their VM (a drawn
 subset), the anchors handed back, no costs (the agent's default: a checkpoint takes no time)
@@ -26,7 +27,10 @@ The spec, as the oracle reads it:
   of their nodes already on the interactive job's OS image, a smaller checkpoint (memory of
   every node), the job id; until together they hold the nodes needed; then any victim not
   needed is released again, highest cost (preemptions) first (ties in any order);
-* the guard (first pending batch job) must keep its EASY reserved start — the earliest time
+* the guard (the first pending batch job of the order: with `tier_order = "ubis"` the highest
+  UBIS priority, rated by `ubis_priority.compute`, which its own reference loop holds; then,
+  or with "submit" only, the earlier submission,
+  then the lower id) must keep its EASY reserved start — the earliest time
   at which enough nodes are free, an end in the past counting as now — within `head_slack_s`
   of its anchor (the previous tick's, else the one it has now), in the pessimistic model:
   each victim holds all its nodes again from the interactive job's estimated end (its start
@@ -47,6 +51,7 @@ from hypothesis import strategies as st
 
 from preemption.scheduling.pass_state import Costs
 from preemption.scheduling.tick import Decision, decide
+from ubis_priority import compute
 from vjob.config import Config, PriorityConfig, SchedulingConfig
 from vjob.model import ClusterView, Job, JobClass, JobState, Node
 from vjob.rms import PriorityKnob
@@ -124,14 +129,11 @@ def cases(draw: st.DrawFn) -> Case:
         )
         for b in range(draw(st.integers(0, 3)))
     ]
-    guard = batch[0] if batch else None
-    anchors = {}
-    if guard is not None and draw(st.booleans()):
-        anchors[guard.id] = NOW + draw(st.integers(0, 30_000))
     cfg = Config(
         priority=PriorityConfig(interactive_cap=draw(st.sampled_from([0.3, 1.0, 1.0, 1.0]))),
         scheduling=SchedulingConfig(
             policy="vjob",
+            tier_order=draw(st.sampled_from(["submit", "ubis"])),
             max_preemptions=draw(st.sampled_from([0, 1, 2, 2, 3])),
             head_slack_s=float(draw(st.sampled_from([0, 0, 60, 600, 5000, 1e9]))),
         ),
@@ -142,6 +144,12 @@ def cases(draw: st.DrawFn) -> Case:
         jobs=(*running, inter, *batch),
         images=tuple(f"os{i}" for i in range(images)),
     )
+    prio = compute(view, cfg.priority).as_dict()
+    rated = cfg.scheduling.tier_order == "ubis"
+    guard = min(batch, key=lambda j: (-prio[j.id] if rated else 0.0, j.submit_time, len(j.id), j.id)) if batch else None
+    anchors = {}
+    if guard is not None and draw(st.booleans()):
+        anchors[guard.id] = NOW + draw(st.integers(0, 30_000))
     ids = [j.id for j in running]
     checkpointable = frozenset(draw(st.sets(st.sampled_from(ids))) if draw(st.integers(0, 3)) == 0 else ids)
     return Case(view, cfg, checkpointable, anchors, inter, guard)

@@ -82,7 +82,9 @@ def test_interactive_starts_at_once_and_the_large_head_job_is_not_passed(slurm_c
             "data_dir": str(tmp_path / "data"),
             "slurm": {"conf": str(slurm_cluster.conf)},
             "scheduling": {"policy": "vjob"},
-            "priority": {"interactive_cap": 0.5},
+            # the node terms at 0: the batch tier by age (and fair share), so the older large
+            # job heads it; with the paper's weights the small job would rank first (issue 34)
+            "priority": {"interactive_cap": 0.5, "weights": {"os_available": 0.0, "free_nodes": 0.0}},
         }
     )
     from vjob.store.db import Store

@@ -1,9 +1,10 @@
 """The simulator's compiled vjob order is `policies.vjob_order`, permutation for permutation.
 
 Why: `simulator/vjob_order.py` replaces a whole-queue `np.lexsort` at every pass by a linear
-split into tiers that sorts a tier only when it is out of submission order; a queue where
-every tier is out of order (random submissions, requeued jobs, equal times) must still give
-`lexsort`'s stable permutation, and the guard must be the first batch job of it.
+split into tiers that sorts a tier only when it is out of (submission, job) or priority
+order; a queue where every tier is out of order (random submissions, requeued jobs, equal
+times, equal priorities) must still give `lexsort`'s permutation by tier, priority,
+submission and job index, and the guard must be the first batch job of it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ QUEUE = st.lists(
         st.booleans(),  # interactive
         st.integers(1, 6),  # nodes
         st.integers(0, 2),  # times preempted
+        st.sampled_from([0.0, 0.25, 0.5, 0.5, 0.75]),  # UBIS priority: few values, many ties
     ),
     min_size=1,
     max_size=40,
@@ -40,14 +42,18 @@ def test_the_compiled_order_is_vjob_order(queue: list, held: int, ahead: bool, r
     inter = np.array([q[1] for q in queue])
     need = np.array([q[2] for q in queue], dtype=np.int64)
     pc = np.array([float(q[3]) for q in queue])
+    prio_of_job = np.array([q[4] for q in queue])
     qjobs = np.arange(n, dtype=np.int64)
     rnd.shuffle(qjobs)  # queue order is not job order once jobs are requeued
     cap = 8.0
     priv = inter[qjobs] & (held + need[qjobs] <= cap)
-    want = qjobs[vjob_order(submit[qjobs], priv, pc[qjobs] > 0, inter[qjobs] if ahead else None)]
+    prio = prio_of_job[qjobs]
+    want = qjobs[vjob_order(submit[qjobs], priv, pc[qjobs] > 0, inter[qjobs] if ahead else None, prio, qjobs)]
     out = np.full(n, -7, dtype=np.int64)
+    ahead_mode = AHEAD_QUEUE if ahead else AHEAD_OFF
+    scratch = np.full(n, np.nan)
     guard = vjob_queue_order(
-        qjobs, inter, need, pc, submit, held, cap, AHEAD_QUEUE if ahead else AHEAD_OFF, out, np.empty(n, np.int64)
+        qjobs, inter, need, pc, submit, prio, held, cap, ahead_mode, out, np.empty(n, np.int64), scratch
     )
     assert out.tolist() == want.tolist()
     batch = [int(j) for j in want if not inter[j]]

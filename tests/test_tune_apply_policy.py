@@ -19,13 +19,13 @@ from simulator.tune.toml_edit import apply_file
 from tests.conftest import TESTS
 from vjob import config as vconfig
 from vjob.cli import main
-from vjob.config import Config
+from vjob.config import Config, PriorityWeights
 from vjob.errors import ConfigError, InputError
 from vjob.model import ClusterView, Job, JobClass, JobState, Node
 from vjob.rms import PriorityKnob
 
 LUBLIN = TESTS / "data" / "traces" / "lublin_256.swf"
-NOW = 50_000.0
+NOW = 1_000_000.0
 KNOB = PriorityKnob(0, 1_000_000, min_step=1000)
 SITE = (
     "# the operator's file\n"
@@ -38,7 +38,9 @@ SITE = (
 def _state() -> ClusterView:
     """10 nodes held by two running batch vjobs; a 10-node batch job and a 2-node interactive
     job queued. Under the default cap (0.15 × 10 = 1.5 nodes) the interactive job is beyond
-    the cap: it queues behind the batch job and preempts nobody."""
+    the cap: it queues behind the batch job and preempts nobody. Both are then in vjob's batch
+    tier, ranked by UBIS priority: the batch job has waited 8 days, and its saturated
+    queue-time term (0.13) outweighs what the smaller job gains on the node terms (0.12)."""
     running = [
         Job(
             id=str(k + 1),
@@ -62,7 +64,7 @@ def _state() -> ClusterView:
         nodes=10,
         memory_mb=1000,
         os_image="os0",
-        submit_time=NOW - 500,
+        submit_time=NOW - 8 * 86_400,
         walltime=3600.0,
         state=JobState.PENDING,
     )
@@ -126,8 +128,14 @@ def test_applied_trial_changes_the_agents_decision(tmp_path: Path, capsys: pytes
     assert study.user_attrs["spec"]["policy"] == "vjob"  # the site's [scheduling] policy, by default
     done = [t for t in study.trials if t.state == TrialState.COMPLETE]
     assert len(done) == 3
-    # what the vjob policy reads, and only that: no UBIS weight (the vjob order ignores them today)
-    assert set(done[0].params) == {"interactive_cap", "head_slack_s", "max_preemptions", "interactive_reserve_nodes"}
+    # what the vjob policy reads, and only that: the UBIS weights (they order each tier) and its own
+    assert set(done[0].params) == {
+        *PriorityWeights.model_fields,
+        "interactive_cap",
+        "head_slack_s",
+        "max_preemptions",
+        "interactive_reserve_nodes",
+    }
     chosen = done[0]
 
     assert main(["tune", "apply", "site", "--trial", str(chosen.number), "--storage", url, "--config", str(site)]) == 0
@@ -160,8 +168,8 @@ def test_applied_trial_changes_the_agents_decision(tmp_path: Path, capsys: pytes
 
 
 def test_bad_trials_and_files_are_refused_naming_the_field(tmp_path: Path) -> None:
-    with pytest.raises(InputError, match=r"parameter usage = 0\.3 is not read by policy vjob"):
-        trial_updates("s", 1, {"usage": 0.3, "head_slack_s": 60.0}, "vjob")
+    with pytest.raises(InputError, match=r"parameter head_slack_s = 60\.0 is not read by policy ubis"):
+        trial_updates("s", 1, {"usage": 0.3, "head_slack_s": 60.0}, "ubis")
     with pytest.raises(InputError, match="--policy vjob: trial 2 of study s was measured under policy ubis"):
         trial_updates("s", 2, {"usage": 0.3}, "ubis", "vjob")
     assert trial_updates("s", 2, {"usage": 0.3}, "ubis")[0] == ("scheduling", "policy", "ubis")

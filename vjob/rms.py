@@ -86,6 +86,10 @@ class Abilities:
     environment: JobEnvironment
     wake_files: tuple[Path, ...] = field(default=())
     """Files the RMS's hooks touch on an interactive submission: a change wakes the agent."""
+    wait_field: str | None = None
+    """The job field, shown to its user, that root may write and the user may not, where
+    `tell_wait` puts why a held-back interactive job waits (Slurm AdminComment, PBS comment);
+    None: the RMS has none (OAR), the reason is only in `vjob status`."""
 
 
 class NotSupported(VjobError):
@@ -124,6 +128,11 @@ class RMSAdapter(Protocol):
 
     def start_now(self, job_id: str) -> None:
         """Force a released job's start (only when `abilities.start_now`)."""
+        ...
+
+    def tell_wait(self, job_id: str, reason: str | None) -> bool:
+        """Put why the job waits (None: remove it) into `abilities.wait_field`, every other
+        character of the field kept (vjob.record_text); False when it already said so."""
         ...
 
 

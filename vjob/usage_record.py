@@ -4,8 +4,9 @@ Why a word of its own in a free-text field: QEMU runs outside the job's step (do
 "Accounting"), so the RMS's own counters never see the VMs. Root measures them on each node and
 writes them where the site already reads a job's record (Slurm: AdminComment, which only root
 and SlurmUser may change; `sacct -o AdminComment` shows it). That field holds other text too —
-job_submit.lua's `vjob:class=...,os=...` label, whatever an operator wrote — so a writer changes
-only its own word and keeps every other word as it was.
+job_submit.lua's `vjob:class=...,os=...` label, the reason a held-back interactive job waits,
+whatever an operator wrote — so a writer changes only its own word and keeps every other
+character as it was (vjob.record_text, the one editor of the field).
 
 One word per node, `vjob-usage@node2:cpu_s=812.40,peak_mib=1031,runs=2`, because each node's
 root side measures only the VMs on that node and writes on its own: a node rewrites only its
@@ -20,11 +21,11 @@ import math
 import re
 from dataclasses import dataclass
 
+from vjob import record_text
 from vjob.errors import InputError
+from vjob.record_text import MAX_FIELD_CHARS
 
 PREFIX = "vjob-usage@"
-MAX_FIELD_CHARS = 16384
-"""A record longer than this is not parsed (an operator's novel, or garbage): refused."""
 MAX_CPU_S = 1e12
 MAX_PEAK_MIB = 1 << 40
 MAX_RUNS = 1_000_000
@@ -93,16 +94,11 @@ def parse(text: str) -> dict[str, Usage]:
 
 def merged(text: str, node: str, run: Usage) -> str:
     """`text` with `node`'s word replaced by its figures plus `run`'s (added as the last word
-    when it had none); every other character of `text` kept as it was."""
+    when it had none, malformed leftovers of it removed); every other character of `text`
+    kept as it was (vjob.record_text.put, the one editor of the field)."""
     before = parse(text).get(node, Usage())
-    new = word(node, before.add(run))
     own = re.compile(rf"(?<!\S){re.escape(PREFIX + node)}:\S*")
-    if own.search(text) is None:
-        return f"{text} {new}" if text.strip() else new
-    first = own.search(text)
-    assert first is not None
-    head, tail = text[: first.start()], own.sub("", text[first.end() :])  # malformed leftovers of ours go
-    return f"{head}{new}{tail}"
+    return record_text.put(text, own, word(node, before.add(run)))
 
 
 def total(text: str) -> Usage:

@@ -60,3 +60,9 @@ class OarAdapter:
             f"OAR job {job_id}: OAR cannot requeue a running job; best-effort vjobs are resubmitted "
             "by the Saline manager (vjob besteffort manager)"
         )
+
+    def tell_wait(self, job_id: str, reason: str | None) -> bool:
+        raise VjobError(
+            f"OAR job {job_id}: OAR has no job field an administrator sets through its commands (`oarstat`'s "
+            "message is the scheduler's); the wait reason is in `vjob status`"
+        )

@@ -16,12 +16,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from plugins.pbs import names
+from plugins.pbs import names, records
 from plugins.pbs.config import PbsConfig
 from plugins.pbs.convert import Conventions
 from plugins.pbs.parse import parse_jobs, parse_nodes
 from provisioning.images import StoreNodeOS, with_node_os
-from vjob import log, proc
+from vjob import log, proc, record_text
 from vjob.config import Config
 from vjob.errors import CommandError, InputError
 from vjob.model import Job, Node
@@ -60,6 +60,7 @@ class PbsAdapter:
         pin_nodes=False,
         start_now=False,
         environment=ENVIRONMENT,
+        wait_field="comment",
     )
 
     def __init__(
@@ -177,6 +178,36 @@ class PbsAdapter:
 
     def resume(self, job_id: str) -> None:
         self._run(["qsig", "-s", "resume", check_job_id(job_id)], job=job_id)
+
+    def comment(self, job_id: str) -> str:
+        """The job's `comment` attribute as `qstat -f` shows it ('' when it has none)."""
+        check_job_id(job_id)
+        if self.config.dialect == "openpbs":
+            text = self._run(["qstat", "-f", "-F", "json", job_id], job=job_id)
+            _kind, found = records.openpbs_json(text, source=f"qstat -f -F json {job_id}")
+        else:
+            text = self._run(["qstat", "-f", job_id], job=job_id)
+            found = records.pbs_text_jobs(text, source=f"qstat -f {job_id}")
+        if len(found) != 1:
+            raise CommandError(["qstat", "-f", job_id], f"expected one record of job {job_id}, got {len(found)}")
+        value = found[0].get("comment", "")
+        return value if isinstance(value, str) else ""
+
+    def tell_wait(self, job_id: str, reason: str | None) -> bool:
+        """Why a held-back interactive job waits, in its `comment` attribute: users cannot set
+        it (NO_USER_SET), operators and managers can (`qalter -W comment=...`), `qstat -f` shows
+        it. The scheduler writes it too (OpenPBS: each cycle a job does not run, unless
+        sched_config's undocumented `update_comments` is off): vjob's group is kept apart from
+        the scheduler's text (vjob.record_text) and written only when it changed. The value is
+        quoted for qalter's `-W` list (commas separate attributes there)."""
+        current = self.comment(job_id)
+        new = record_text.with_notice(current, reason)
+        if new == current:
+            return False
+        if '"' in new:
+            raise InputError(f"job {job_id}: comment {new[:80]!r}: a double quote cannot pass qalter -W")
+        self._run(["qalter", "-W", f'comment="{new}"', job_id], job=job_id)
+        return True
 
     def submit(self, script: str | os.PathLike[str], *, options: Sequence[str] = ()) -> str:
         """`qsub [options] SCRIPT`; the new job's id, checked to be one."""

@@ -29,7 +29,7 @@ from plugins.slurm.environment import ENVIRONMENT, wake_file
 from plugins.slurm.site_default import sync_partition_defaults
 from plugins.slurm.vm_sizes import Publisher, sizes_file
 from provisioning.images import StoreNodeOS, with_node_os
-from vjob import log
+from vjob import log, record_text
 from vjob.config import Config
 from vjob.errors import CommandError, InputError
 from vjob.model import Job, Node
@@ -81,6 +81,7 @@ class SlurmAdapter:
             start_now=True,
             environment=ENVIRONMENT,
             wake_files=(wake_file(self.cmd.conf),),
+            wait_field="AdminComment",
         )
 
     # -- observe ---------------------------------------------------------------------------------
@@ -185,6 +186,19 @@ class SlurmAdapter:
             what = f"expected one record of job {job_id}, got {len(found)}"
             raise CommandError(["scontrol", "show", "job", job_id], what, job=job_id)
         return found[0][1]
+
+    def tell_wait(self, job_id: str, reason: str | None) -> bool:
+        """Why a held-back interactive job waits, in its AdminComment: only root and SlurmUser
+        may write it, `scontrol show job` and `squeue -O AdminComment` show it to the user, and
+        the user's own `--comment` stays theirs. Read, edited by vjob.record_text (every other
+        character kept) and written back only when it changed; False when nothing was written."""
+        current = self.job_fields(job_id).get("AdminComment", "")
+        current = "" if current == "(null)" else current
+        new = record_text.with_notice(current, reason)
+        if new == current:
+            return False
+        self.cmd.run("scontrol", ["update", f"JobId={job_id}", f"AdminComment={new}"], job=job_id)
+        return True
 
     def nodes(self) -> list[Node]:
         """Every node as Slurm reports it, with the OS image the store says it runs (UBIS's VM_os)."""

@@ -81,10 +81,27 @@ def keeps_reservation(
     before, _ = reservation(now, free, need, held)
     if math.isinf(before):
         return True, before
+    after = reserved_after(now, free, need, held, victims, taken_free, preemptor_end)
+    return after <= (before if anchor is None else anchor) + slack, before
+
+
+def reserved_after(
+    now: float,
+    free: int,
+    need: int,
+    holds: Iterable[tuple[float, int]],
+    victims: Sequence[tuple[float, int, float]],
+    taken_free: int,
+    preemptor_end: float,
+) -> float:
+    """The guard's reserved start if the preemption happens (`keeps_reservation`'s "after",
+    with the same arguments); what a refused preemption would cost it is this minus its
+    anchor (the reason a waiting user reads, preemption.scheduling.waiting)."""
+    held = list(holds)
     for end, nodes, _ in victims:
         held.remove((end, nodes))
     held += returning(now, victims, preemptor_end)
     if taken_free:
         held.append((preemptor_end, taken_free))
     after, _ = reservation(now, free - taken_free, need, held)
-    return after <= (before if anchor is None else anchor) + slack, before
+    return after

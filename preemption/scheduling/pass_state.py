@@ -15,11 +15,12 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from preemption.scheduling.easy import reservation
-from preemption.scheduling.guard import HARMFUL, harmful, keeps_reservation, returning
+from preemption.scheduling.guard import HARMFUL, harmful, keeps_reservation, reserved_after, returning
 from preemption.scheduling.nodes import pick_nodes, preemptor_nodes, swaps
 from preemption.scheduling.policies import Policy
 from preemption.scheduling.reserve import need_beside, recent_interactive, reserve_asked, reserve_nodes
 from preemption.scheduling.victims import Candidate, checkpoint_bytes, choose_victims, running_priorities
+from preemption.scheduling.waiting import WaitKind, WaitReason, cap_reason
 from ubis_priority import allowed
 from ubis_priority.interactive import cap_limit, held_by_interactive
 from vjob.config import Config
@@ -69,6 +70,7 @@ class PassState:
         self.max_preemptions = cfg.scheduling.max_preemptions
         self.head_slack_s = cfg.scheduling.head_slack_s
         self.interactive_ahead = cfg.scheduling.interactive_ahead
+        self.ubis_tiers = cfg.scheduling.tier_order == "ubis"
         self.guarded = self.by_cost and self.interactive_ahead == "guarded"
         self.harmless_first = cfg.scheduling.victims == "guard"
         self.fallback = cfg.scheduling.victims == "fallback"
@@ -121,6 +123,8 @@ class PassState:
                 end = self.now if job.start_time is None else job.start_time + estimate(job)
                 self.holds[("run", job.id)] = (end, len(nodes))
         self.held, self.user_held = held_by_interactive(view.running)
+        self.waits: dict[str, WaitReason] = {}
+        """Why `preempt_for` or the guard refused an interactive job (waiting.py)."""
 
     def free_nodes(self) -> list[str]:
         return [n for n in self.node_order if self.owner[n] is None]
@@ -192,7 +196,9 @@ class PassState:
             and any(self.owner.get(n) == j.id for n in j.allocated_nodes)
             and (not self.by_cost or j.preempt_count < self.max_preemptions)
         ]
-        if sum(len(self._nodes_of(j)) for j in cands) < want:
+        can_free = sum(len(self._nodes_of(j)) for j in cands)
+        if can_free < want:
+            self.waits[job.id] = WaitReason(WaitKind.NO_VICTIM, limit=self.free_count() + can_free, request=job.nodes)
             return None
         now_view = self._current_view()
         if self.by_cost:  # cost first: a job preempted fewer times is the cheaper victim
@@ -215,6 +221,7 @@ class PassState:
         ]
         chosen = choose_victims(want, candidates)
         if chosen is None:
+            self.waits[job.id] = WaitReason(WaitKind.NO_VICTIM, limit=self.free_count() + can_free, request=job.nodes)
             return None
         victims = tuple(c.job_id for c in chosen)
         take = self._take_for(job, victims)
@@ -306,11 +313,37 @@ class PassState:
             self.anchors.get(self.guard.id),
         )
         self.anchors.setdefault(self.guard.id, now_reserved)
+        if not ok and victims:  # a refused preemption: the user is told what it would cost
+            holds = self.guard_holds()
+            end = ready + estimate(job)
+            after = reserved_after(self.now, self.free_count(), self.guard.nodes, holds, gone, taken_free, end)
+            delay = after - self.anchors[self.guard.id]
+            self.waits[job.id] = WaitReason(WaitKind.GUARD, request=job.nodes, job=self.guard.id, delay_s=delay)
         if ok and victims:
             self.returning += returning(self.now, gone, ready + estimate(job))
             if taken_free:
                 self.returning.append((ready + estimate(job), taken_free))
         return ok
+
+    def wait_reasons(self, waiting: Sequence[Job], head: Job | None) -> dict[str, WaitReason]:
+        """Why each of `waiting` (interactive jobs the pass did not start) waits, after the
+        pass: what `preempt_for` or the guard recorded at its turn, else its size, a cap it is
+        over, the job at the head ahead of it, or (it is the head) a policy that does not
+        preempt."""
+        out: dict[str, WaitReason] = {}
+        total = len(self.node_order)
+        for job in waiting:
+            if job.nodes > total:
+                out[job.id] = WaitReason(WaitKind.TOO_LARGE, limit=total, request=job.nodes)
+            elif job.id in self.waits:
+                out[job.id] = self.waits[job.id]
+            elif not self.within_caps(job):
+                out[job.id] = cap_reason(self.cfg, total, self.held, self.user_held.get(job.user, 0), job.nodes)
+            elif head is not None and head.id != job.id:
+                out[job.id] = WaitReason(WaitKind.BEHIND, request=job.nodes, job=head.id)
+            else:
+                out[job.id] = WaitReason(WaitKind.NO_PREEMPTION, request=job.nodes)
+        return out
 
     def _nodes_of(self, job: Job) -> tuple[str, ...]:
         """The usable nodes `job` holds now, in its allocation order."""

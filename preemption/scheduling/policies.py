@@ -16,8 +16,10 @@ interactive job may take nodes from running batch jobs:
 - `ubis`: UBIS priority order (ubis_priority's kernel); an interactive job within the cap
   that does not fit checkpoints the lowest-priority batch jobs (victims.py) and starts once
   their checkpoints are written; preempted jobs queue again with their Pn/Pt raised.
-- `vjob` (the default; docs/policy.md): `mms`'s order, with the jobs vjob checkpointed ahead
-  of the other batch jobs (they already waited); an interactive job within the cap that does
+- `vjob` (the default; docs/policy.md): tiers — interactive jobs within the cap, then the
+  jobs vjob checkpointed (they already waited), then the rest — and within a tier the UBIS
+  priority, highest first, so the weights and a user's fair share decide who goes first
+  inside a tier but never lift a job into another; an interactive job within the cap that does
   not fit checkpoints batch jobs chosen by cost (fewest earlier preemptions, then nodes
   already on its image, then the smallest checkpoint), never a job already preempted
   `[scheduling] max_preemptions` times, and only when that does not push the reserved start
@@ -51,7 +53,8 @@ class Order(Enum):
     UBIS = "ubis"
     """ubis: the UBIS priority, highest first (`ubis_order`)."""
     TIERS = "tiers"
-    """vjob: privileged, checkpointed, (interactive,) the rest (`vjob_order`)."""
+    """vjob: privileged, checkpointed, (interactive,) the rest, each tier by UBIS priority
+    (`vjob_order`)."""
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,9 @@ class Policy:
     """Victims by cost (earlier preemptions, nodes on the image, checkpoint size) and the head
     guard, rather than by lowest UBIS priority."""
     exact_ubis: bool
-    """The order needs each job's UBIS priority recomputed at every pass."""
+    """The order is the UBIS priority alone, recomputed at every pass (the simulator keeps
+    the queued jobs' rows for its compiled ranking, `ubis_leading`). vjob rates its queue at
+    every pass too, but sorts it inside its tiers (`vjob_order`), from the jobs' columns."""
 
 
 POLICIES: dict[str, Policy] = {
@@ -148,11 +153,26 @@ def vjob_order(
     privileged: Sequence[bool] | np.ndarray,
     resumed: Sequence[bool] | np.ndarray,
     interactive: Sequence[bool] | np.ndarray | None = None,
+    priority: Sequence[float] | np.ndarray | None = None,
+    tie: Sequence[int] | np.ndarray | None = None,
 ) -> np.ndarray:
     """Privileged interactive jobs first, then jobs checkpointed before (they already
     waited), then (when `interactive` is given) the other interactive jobs, then everyone
-    else, each group in submission order."""
-    return np.lexsort((np.asarray(submit, dtype=np.float64), vjob_tiers(privileged, resumed, interactive)))
+    else (`vjob_tiers`); within a tier the highest UBIS `priority` first, then the earlier
+    submission, then the smaller `tie` (the job id's rank; equal keys keep their given order).
+    Without `priority` a tier is in submission order (the remap replay's reading, which rates
+    no priority)."""
+    sub = np.asarray(submit, dtype=np.float64)
+    tiers = vjob_tiers(privileged, resumed, interactive)
+    if priority is None:
+        return np.lexsort((sub, tiers))
+    ties = np.arange(sub.shape[0]) if tie is None else np.asarray(tie, dtype=np.int64)
+    return np.lexsort((ties, sub, -np.asarray(priority, dtype=np.float64), tiers))
+
+
+TIER_NAMES = ("interactive", "checkpointed", "interactive-ahead", "batch")
+"""`vjob_tiers`'s tiers by number, as `vjob prio --explain` names them ("batch" also holds
+interactive jobs beyond the cap when `interactive_ahead` does not lift them)."""
 
 
 def vjob_tiers(

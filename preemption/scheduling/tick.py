@@ -46,9 +46,11 @@ from preemption.scheduling.policies import (
     mms_order,
     policy_named,
     ubis_order,
+    vjob_order,
     vjob_tiers,
 )
 from preemption.scheduling.reserve import need_beside
+from preemption.scheduling.waiting import WaitReason
 from ubis_priority import compute, integer_priority
 from vjob.config import Config
 from vjob.model import ClusterView, Job, JobState
@@ -85,6 +87,8 @@ class Decision:
     releases: tuple[Release, ...] = ()
     waiting_interactive: tuple[str, ...] = ()
     """Interactive jobs the pass does not start (cap reached, no victims, behind the head)."""
+    waits: Mapping[str, WaitReason] = field(default_factory=dict)
+    """Why each of `waiting_interactive` waits (waiting.py): what the agent tells its user."""
     starts: tuple[str, ...] = ()
     """Every job the pass starts, in order: fitting, by preemption, backfilled."""
     reserved: str | None = None
@@ -96,6 +100,9 @@ class Decision:
     order: tuple[str, ...] = ()
     """The queue (pending and held jobs) in the policy's order, the one the pass walks and
     `rms_priorities` follows."""
+    tiers: Mapping[str, int] = field(default_factory=dict)
+    """vjob: each queued job's tier (`policies.TIER_NAMES`: 0 interactive within the cap,
+    1 checkpointed, 2 interactive ahead of batch, 3 the rest); empty under other policies."""
 
 
 def decide(
@@ -136,13 +143,14 @@ def decide(
     state = PassState(view, cfg, costs or Costs(), checkpointable, sleeping, bill_victims, pol)
     state.anchors.update(anchors or {})
     queue = [j for j in view.pending if j.state is JobState.PENDING or j.id in sleeping]
-    ordered = _order(pol, queue, pending_prio, state)
+    ordered, tiers = _order(pol, queue, pending_prio, state)
     rms_prio = {} if knob is None else _rank_priorities(ordered, pending_prio, knob)
     started, preemptions, head, head_at, head_priv = _walk(ordered, state, pol, hard)
     if head is not None and state.free_count() > 0 and not (pol.blocks_behind_interactive and head_priv):
         started += _backfill(view.now, head, head_priv, ordered[head_at + 1 :], state, backfill_depth, hard)
 
     done = set(started)
+    waiting = [j for j in queue if j.interactive and j.state is JobState.PENDING and j.id not in done]
     releases = tuple(
         Release(job_id, state.resumed_on.get(job_id, ()))
         for job_id in started
@@ -153,14 +161,14 @@ def decide(
         rms_priorities=rms_prio,
         preemptions=tuple(preemptions),
         releases=releases,
-        waiting_interactive=tuple(
-            j.id for j in queue if j.interactive and j.state is JobState.PENDING and j.id not in done
-        ),
+        waiting_interactive=tuple(j.id for j in waiting),
+        waits=state.wait_reasons(waiting, head),
         starts=tuple(started),
         reserved=None if head is None else head.id,
         placements={job_id: state.jobs[job_id].allocated_nodes for job_id in started},
         anchors={k: v for k, v in state.anchors.items() if k in pending_prio and k not in done},
         order=tuple(j.id for j in ordered),
+        tiers=tiers,
     )
 
 
@@ -234,11 +242,15 @@ def _backfill(
     return started
 
 
-def _order(policy: Policy, queue: Sequence[Job], prio: Mapping[str, float], state: PassState) -> list[Job]:
-    """The queue in `policy`'s order; equal keys keep the view's order."""
+def _order(
+    policy: Policy, queue: Sequence[Job], prio: Mapping[str, float], state: PassState
+) -> tuple[list[Job], dict[str, int]]:
+    """The queue in `policy`'s order (equal keys keep the view's order), and under vjob each
+    job's tier (`policies.vjob_tiers`)."""
     if not queue:
-        return []
+        return [], {}
     submit = [j.submit_time for j in queue]
+    tier_of: dict[str, int] = {}
     if policy.order is Order.SUBMIT:
         order = fcfs_order(submit)
     elif policy.order is Order.PRIVILEGED_FIRST:
@@ -246,13 +258,28 @@ def _order(policy: Policy, queue: Sequence[Job], prio: Mapping[str, float], stat
     elif policy.order is Order.TIERS:
         privileged = [j.interactive and state.within_caps(j) for j in queue]
         ahead = [j.interactive for j in queue] if state.interactive_ahead in ("queue", "guarded") else None
-        tiers = vjob_tiers(privileged, [j.preempt_count > 0 for j in queue], ahead)
-        order = np.lexsort((np.asarray(submit, dtype=np.float64), tiers))
+        resumed = [j.preempt_count > 0 for j in queue]
+        rated = [prio[j.id] for j in queue] if state.ubis_tiers else [0.0] * len(queue)
+        order = vjob_order(submit, privileged, resumed, ahead, rated, id_ranks(queue))
+        tiers = vjob_tiers(privileged, resumed, ahead)
+        tier_of = {queue[k].id: int(t) for k, t in enumerate(tiers.tolist())}
         # the guard: the first batch job in the order, whose reservation preemptions keep
         state.guard = next((queue[int(i)] for i in order if not queue[int(i)].interactive), None)
     else:
         order = ubis_order([prio[j.id] for j in queue], submit)
-    return [queue[int(i)] for i in order]
+    return [queue[int(i)] for i in order], tier_of
+
+
+def id_ranks(jobs: Sequence[Job]) -> list[int]:
+    """Each job's place when the ids are sorted shortest first, then as text: numeric ids
+    ("99" < "100", "7_2" < "7_10", "9.server" < "10.server") in their numeric order, so a
+    tie of priority and submission time goes to the earlier job, as in the simulator (its
+    job index)."""
+    by_id = sorted(range(len(jobs)), key=lambda k: (len(jobs[k].id), jobs[k].id))
+    ranks = [0] * len(jobs)
+    for place, k in enumerate(by_id):
+        ranks[k] = place
+    return ranks
 
 
 def _rank_priorities(ordered: Sequence[Job], pending: Mapping[str, float], knob: PriorityKnob) -> dict[str, int]:

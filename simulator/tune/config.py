@@ -33,13 +33,19 @@ TUNE_BOUNDS: dict[str, tuple[float, float]] = {
 """Tunable parameters and their built-in search ranges (the first value is also the floor)."""
 
 POLICY_PARAMS: dict[str, tuple[str, ...]] = {
-    "vjob": ("interactive_cap", "head_slack_s", "max_preemptions", "interactive_reserve_nodes"),
+    "vjob": (
+        *PriorityWeights.model_fields,
+        "interactive_cap",
+        "head_slack_s",
+        "max_preemptions",
+        "interactive_reserve_nodes",
+    ),
     "ubis": (*PriorityWeights.model_fields, "interactive_cap"),
 }
 """What each tunable policy's pass reads, hence what a trial of it may set. The vjob policy
-orders by tier then submission time (preemption/scheduling/tick.py `_order`) and picks
-victims by cost, so the seven weights move none of its decisions (issue 34 item 1 would
-change that; add them here then); ubis ignores vjob's guard, preemption bound and reserve."""
+orders each tier by the UBIS priority (preemption/scheduling/tick.py `_order`), so the seven
+weights move its order as they move ubis's; ubis ignores vjob's guard, preemption bound and
+reserve."""
 
 
 class TuneConfig(Section):
@@ -54,13 +60,14 @@ class TuneConfig(Section):
     utilization (raised)."""
     policy: Literal["ubis", "vjob"] | None = None
     """The policy the trials replay and `vjob tune apply` writes; unset: the site's
-    [scheduling] policy (vjob by default). The weights rank the queue under ubis only."""
+    [scheduling] policy (vjob by default). The weights rank the whole queue under ubis, each
+    tier under vjob."""
     sampler: Literal["nsga2", "tpe"] = "nsga2"
     """Optuna's sampler: NSGA-II (a genetic front) or multi-objective TPE (better with few trials)."""
     search: list[str] | None = None
-    """Parameters searched; unset: all the policy reads (vjob: interactive_cap, head_slack_s,
-    max_preemptions, interactive_reserve_nodes; ubis: the seven weights and interactive_cap).
-    The others keep their [priority] / [scheduling] values."""
+    """Parameters searched; unset: all the policy reads (vjob: the seven weights,
+    interactive_cap, head_slack_s, max_preemptions, interactive_reserve_nodes; ubis: the seven
+    weights and interactive_cap). The others keep their [priority] / [scheduling] values."""
     bounds: dict[str, tuple[float, float]] = Field(default_factory=dict)
     """Search range per parameter, [low, high]; parameters not listed use the built-in range
     (weights 0..0.5, interactive_cap 0.02..0.5, head_slack_s 0..7200, max_preemptions 0..5,

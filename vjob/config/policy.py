@@ -69,6 +69,11 @@ class SchedulingConfig(Section):
     """Queue order and preemption rule: vjob (interactive jobs first, may checkpoint batch jobs
     by cost while the queue head's reservation holds), ubis (the paper's priority order),
     mms, mms-block, fcfs-easy (no preemption)."""
+    tier_order: Literal["submit", "ubis"] = "submit"
+    """vjob, the order inside each tier: submit = submission time; ubis = the UBIS priority
+    (the `[priority]` weights and each user's fair share), highest first. Not yet the default:
+    with the paper's weights large batch jobs wait 1.65-2.78 x MMS on the Lublin grid
+    (docs/policy.md "UBIS inside the tiers")."""
     max_preemptions: int = Field(2, ge=0, le=1000)
     """vjob: a batch job checkpointed this many times is no longer a victim (0 = never preempt)."""
     head_slack_s: float = Field(600.0, ge=0)
