@@ -79,6 +79,8 @@ def test_status_shows_vjobs_their_preemptions_and_recent_switches(tmp_path: Path
 def test_status_answers_with_the_store_unreachable(tmp_path: Path):
     config = tmp_path / "vjob.toml"
     config.write_text(f'data_dir = "{tmp_path / "data"}"\n[database]\nurl = "sqlite:///{tmp_path}/none/x.sqlite"\n')
+    (tmp_path / "none").mkdir()
+    (tmp_path / "none" / "x.sqlite").touch()  # there but empty (a missing one would be created)
     res = _status(config)
     assert res.returncode == 0, res.stderr
     data = json.loads(res.stdout)

@@ -114,7 +114,9 @@ def test_a_suspended_job_resumes_with_the_database_down(tmp_path: Path, base_ima
 
 
 def test_a_store_that_answers_with_the_wrong_schema_is_not_an_outage(tmp_path: Path) -> None:
-    """An empty database answers: writing through it would corrupt it, so the command fails."""
+    """An empty database answers: writing through it would corrupt it, so the command fails
+    (a missing SQLite file would be created at the schema; an existing empty one is not)."""
+    (tmp_path / "e.db").touch()
     cfg = vconfig.load(_toml(tmp_path, make_test_node(tmp_path / "nodes", NODE), f"sqlite:///{tmp_path / 'e.db'}"))
     with pytest.raises(Exception, match="no vjob schema"):
         hook_vm.run(cfg, "restore", VM, NODE)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from vjob.cli import load_config
-from vjob.store.db import Store, head_revision
+from vjob.errors import StoreError
+from vjob.store.db import Store, create_if_missing, head_revision, known_revision, sqlite_file
 
 EPILOG = """\
 examples:
@@ -56,20 +58,43 @@ def register(sub: Any) -> None:
     ).set_defaults(func=_check)
 
 
-def _store(args: argparse.Namespace) -> Store:
-    return Store.from_config(load_config(args))
+def _store(args: argparse.Namespace, *, create: bool = False) -> Store:
+    """The configured store; a SQLite file that does not exist is opened only to be created
+    (`upgrade`): reading or downgrading it would leave an empty file behind."""
+    cfg = load_config(args)
+    path = sqlite_file(cfg.database_url)
+    if path is not None and not path.exists() and not create:
+        raise StoreError(
+            f"database {path} does not exist yet: the first command that needs it creates it, or run 'vjob db upgrade'"
+        )
+    return Store.from_config(cfg)
 
 
 def _upgrade(args: argparse.Namespace) -> int:
-    store = _store(args)
-    store.upgrade(args.revision)
+    revision = known_revision(args.revision)
+    cfg = load_config(args)
+    if revision == "head" and create_if_missing(cfg.database_url, busy_timeout_s=cfg.database.busy_timeout_s):
+        store = Store.from_config(cfg)
+        print(f"database {store.safe_url} created at schema {store.current_revision()}")
+        return 0
+    store = _store(args, create=True)
+    path = sqlite_file(cfg.database_url)
+    fresh = path is not None and not path.exists()
+    try:
+        store.upgrade(revision)
+    except BaseException:
+        if fresh and store.current_revision() is None:  # nothing of it is worth keeping
+            store.close()
+            for leftover in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+                leftover.unlink(missing_ok=True)
+        raise
     print(f"database {store.safe_url} at schema {store.current_revision()}")
     return 0
 
 
 def _downgrade(args: argparse.Namespace) -> int:
     store = _store(args)
-    store.downgrade(args.revision)
+    store.downgrade(known_revision(args.revision))
     print(f"database {store.safe_url} at schema {store.current_revision() or 'base (empty)'}")
     return 0
 

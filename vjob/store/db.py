@@ -7,6 +7,7 @@ a clear error telling the operator what to run, before anything is written.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -32,7 +33,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session, sessionmaker
 
 import migrations
-from vjob.errors import ConfigError, SchemaOutdatedError, SchemaTooNewError, StoreError
+from vjob.errors import ConfigError, SchemaOutdatedError, SchemaTooNewError, StoreError, UsageError
 from vjob.secrets import mask_text, mask_url
 
 # What a lost or broken database looks like from SQLAlchemy: any DBAPI error (OperationalError,
@@ -259,8 +260,69 @@ class Store:
         self.engine.dispose()
 
 
+def sqlite_file(url: str) -> Path | None:
+    """The file of a SQLite URL; None for another database or SQLite in memory."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return None  # make_engine names the bad URL
+    name = parsed.database or ""
+    if parsed.get_backend_name() != "sqlite" or name in ("", ":memory:") or name.startswith("file:"):
+        return None
+    return Path(name)
+
+
+def known_revision(revision: str) -> str:
+    """`revision` when Alembic can reach it (an id, a unique prefix, head, base, or a relative
+    step such as -1), else a UsageError naming it and the ids there are: checked before the
+    database is touched, so that a typo creates and changes nothing."""
+    script = ScriptDirectory.from_config(_alembic_config("sqlite://"))
+    known = [rev.revision for rev in script.walk_revisions()]
+    relative = revision[:1] in ("+", "-") and revision[1:].isdigit()
+    if revision in ("head", "heads", "base") or relative or (revision and any(k.startswith(revision) for k in known)):
+        return revision
+    raise UsageError(f"revision {revision[:80]!r}: unknown; known: head, base, {', '.join(reversed(known))}")
+
+
+def create_if_missing(url: str, *, busy_timeout_s: float = 30.0) -> bool:
+    """Create a SQLite store that does not exist yet at the code's schema (the embedded
+    default's first use needs no `vjob db upgrade`); True when this call made it.
+
+    The file is built beside its place and linked in whole: a command racing this one finds
+    no file or a complete one, and a failure leaves no file behind (an empty database would
+    then be refused as "no vjob schema" by every later command). Only a missing file is
+    created: an existing database at an older schema still asks for `vjob db upgrade`."""
+    path = sqlite_file(url)
+    try:
+        if path is None or path.exists():
+            return False
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StoreError(f"database {_safe_url(url)}: cannot create its directory: {exc.strerror}") from None
+    tmp = path.with_name(f".{path.name}.new-{os.getpid()}")
+    try:
+        store = Store(make_url(url).set(database=str(tmp)).render_as_string(hide_password=False))
+        try:
+            store.upgrade()
+        finally:
+            store.close()
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False  # another command made it first: theirs is as good
+        except OSError as exc:
+            raise StoreError(f"database {_safe_url(url)}: cannot create it: {exc.strerror}") from None
+        return True
+    finally:
+        for leftover in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm"), Path(f"{tmp}-journal")):
+            leftover.unlink(missing_ok=True)
+
+
 def open_store(config: Any, *, check: bool = True) -> Store:
-    """The store of `config`, schema-checked unless `check` is False (db commands)."""
+    """The store of `config`, schema-checked unless `check` is False (db commands); a SQLite
+    store that does not exist yet is first created at the code's schema (`create_if_missing`)."""
+    if check:
+        create_if_missing(config.database_url, busy_timeout_s=config.database.busy_timeout_s)
     store = Store.from_config(config)
     if check:
         store.check()
