@@ -6,6 +6,8 @@ import argparse
 import json
 from typing import Any
 
+import tomli_w
+
 from vjob import config as vconfig
 from vjob.cli import load_config
 
@@ -68,45 +70,29 @@ def _show(args: argparse.Namespace) -> int:
     data = vconfig.masked(load_config(args))
     if args.format == "json":
         print(json.dumps(data, indent=2, sort_keys=True))
-    else:
-        print(_to_toml(data))
+    else:  # the derived URL as a comment: the printed file loads back as it is
+        effective = data.get("database", {}).pop("effective_url", None)
+        print((f"# database in effect: {effective}\n" if effective else "") + _to_toml(data), end="")
     return 0
 
 
-def _to_toml(data: dict[str, Any], prefix: str = "") -> str:
-    """A small TOML writer for the effective configuration (stdlib has only a reader)."""
-    scalars, tables, arrays = [], [], []
-    for key, value in data.items():
-        if isinstance(value, dict):
-            tables.append((key, value))
-        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-            arrays.append((key, value))
-        elif value is None:
-            scalars.append(f"# {key} is unset")
-        else:
-            scalars.append(f"{key} = {_toml_value(value)}")
-    out = []
-    if scalars:
-        if prefix:
-            out.append(f"[{prefix}]")
-        out.extend(scalars)
-        out.append("")
-    for key, value in tables:
-        out.append(_to_toml(value, f"{prefix}.{key}" if prefix else key))
-    for key, items in arrays:
-        name = f"{prefix}.{key}" if prefix else key
-        for item in items:
-            out.append(f"[[{name}]]")
-            out.extend(f"{k} = {_toml_value(v)}" for k, v in item.items())
-            out.append("")
-    return "\n".join(line for line in out if line is not None).rstrip() + "\n"
+def _to_toml(data: dict[str, Any]) -> str:
+    """The effective configuration as TOML that loads back to the same values: written by
+    tomli-w, which quotes any key or string (a user name "alice.smith" or "bob@lab" stays one
+    key). TOML has no null: keys left unset are named in a comment line instead."""
+    unset: list[str] = []
 
+    def present(d: dict[str, Any], prefix: str) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in d.items():
+            name = f"{prefix}.{key}" if prefix else key
+            if value is None:
+                unset.append(name)
+            elif isinstance(value, dict):
+                out[key] = present(value, name)
+            else:
+                out[key] = value
+        return out
 
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    return json.dumps(str(value))
+    body = tomli_w.dumps(present(data, ""))
+    return (f"# unset: {', '.join(unset)}\n" if unset else "") + body
