@@ -132,7 +132,10 @@ def _deploy_list(args: argparse.Namespace) -> int:
 
 
 def _deploy_path(args: argparse.Namespace) -> int:
-    print(deploy_files.find(args.name).packaged())
+    entry = deploy_files.find(args.name)
+    if entry.source.startswith("generated:"):
+        raise InputError(f"deploy file {entry.name!r} is written from this vjob's code at install: no packaged file")
+    print(entry.packaged())
     return 0
 
 

@@ -154,6 +154,13 @@ CATALOGUE: tuple[DeployFile, ...] = (
         "install it with vjob oar install-deadline-rule, which fills in the threshold file's path",
     ),
     DeployFile(
+        "man-page",
+        "generated:vjob.1",
+        "/usr/local/share/man/man1/vjob.1",
+        0o644,
+        "vjob(1), written from this vjob's own commands (the units' Documentation=man:vjob(1))",
+    ),
+    DeployFile(
         "grafana-dashboard",
         "vjob:monitoring/grafana-vjob-agent.json",
         "/var/lib/grafana/dashboards/vjob-agent.json",
@@ -182,11 +189,28 @@ def find(name: str) -> DeployFile:
 
 def content(entry: DeployFile, vjob_path: str | None = None) -> bytes:
     """The bytes to install; a unit names the `vjob` at `vjob_path` (default: this one's)."""
+    if entry.source.startswith("generated:"):
+        return _generated(entry)
     data = entry.packaged().read_bytes()
     if entry.kind == "service":
         exe = vjob_path or installed_vjob()
         data = data.replace(UNIT_VJOB.encode(), exe.encode())
     return data
+
+
+def _generated(entry: DeployFile) -> bytes:
+    """A file made from this installation's code rather than shipped (the man page: from the
+    parsers it documents, so it matches the installed commands)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from vjob.cli import build_full_parser
+    from vjob.cli.man_page import render
+
+    try:
+        release = version("vjob")
+    except PackageNotFoundError:  # a plain checkout
+        release = "(source)"
+    return render(build_full_parser(), release).encode()
 
 
 def installed_vjob() -> str:
