@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import sys
 import threading
 from typing import Any
 
@@ -42,7 +43,11 @@ def register(sub: Any) -> None:
         epilog=EPILOG,
     )
     p.add_argument("--rms", choices=("slurm", "pbs", "oar"), help="the resource manager (default: [agent] rms)")
-    p.add_argument("--once", action="store_true", help="one tick (after recovering open switches), then exit")
+    p.add_argument(
+        "--once",
+        action="store_true",
+        help="one tick (after recovering open switches), then exit: 0 when it ran whole, 1 when it failed",
+    )
     p.add_argument(
         "--dry-run",
         action="store_true",
@@ -109,8 +114,11 @@ def _agent(args: argparse.Namespace) -> int:
     )
     notify.ready(f"vjob agent for {rms} ({mode})")
     try:
-        agent.run(stop, once=args.once)
+        whole = agent.run(stop, once=args.once)
     finally:
         notify.stopping()
     log.get("agent").info("agent stopped", rms=rms)
+    if args.once and not whole:
+        print("vjob: error: the tick did not run whole (its errors are in the log above)", file=sys.stderr)
+        return 1
     return 0

@@ -326,7 +326,7 @@ class Agent:
         self.metrics.last_tick.set(time.time())
         return report
 
-    def run(self, stop: threading.Event | None = None, *, once: bool = False) -> None:
+    def run(self, stop: threading.Event | None = None, *, once: bool = False) -> bool:
         """Tick until `stop` is set; between ticks wake early when a wake file changes.
 
         The files' times are taken before the first tick, so a change during a tick starts the
@@ -354,7 +354,7 @@ class Agent:
                     self._recovered = False
                 self.notify.watchdog()
                 if once:
-                    return
+                    return report is not None and not report.errors
                 interval = self.cfg.agent.interval_s
                 if report is not None and not report.active:
                     interval = min(interval, self.cfg.agent.lease_s / 3)
@@ -369,7 +369,7 @@ class Agent:
                     stop.wait(min(0.5, max(0.0, deadline - time.monotonic())))
                     self.notify.watchdog()
                 if stop.is_set():
-                    return
+                    return report is not None and not report.errors
         finally:
             if not once and not self.dry_run:
                 self.ports.lease.give_up()
