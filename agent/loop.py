@@ -117,6 +117,7 @@ class Agent:
         self.adapter = adapter
         self.rms = rms
         self.metrics = metrics = metrics or AgentMetrics()
+        metrics.interval.set(cfg.agent.interval_s)
         self.log = log.get("agent").bind(rms=rms)
         self.notify = Notifier()
         """systemd's watchdog (Type=notify units): pinged after every tick and while waiting."""

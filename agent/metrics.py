@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
 
-from vjob.prometheus import series_names
+from vjob.prometheus import describe_process, series_names
 
 # Checkpoints of a 128 MiB guest take 0.3-1.3 s; interactive waits range from seconds to hours.
 _SECONDS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
@@ -56,6 +56,10 @@ class AgentMetrics:
         self.active = Gauge(
             "vjob_agent_active", "1 while this agent holds its cluster's lease (0: standby)", registry=r
         )
+        self.interval = Gauge(
+            "vjob_agent_interval_seconds", "The agent's [agent] interval_s (the stall alert scales with it)", registry=r
+        )
+        describe_process(r, "agent")
 
     def set_queue(self, counts: dict[tuple[str, str], int]) -> None:
         """Replace the queue gauge with this tick's counts (states that vanished go to 0)."""

@@ -23,8 +23,11 @@ import tempfile
 from dataclasses import dataclass
 from importlib import resources
 from importlib.abc import Traversable
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from vjob.cli import build_full_parser
+from vjob.cli.man_page import render
 from vjob.errors import InputError, VjobError
 
 _PLUGINS = Path(__file__).resolve().parent
@@ -172,7 +175,21 @@ CATALOGUE: tuple[DeployFile, ...] = (
         "vjob:monitoring/vjob-alerts.yml",
         "/etc/prometheus/rules/vjob-alerts.yml",
         0o644,
-        "Prometheus alerting rules (agent down, no lease holder, store down, slow checkpoints)",
+        "Prometheus alerting rules of the agent (agent down, no lease holder, store down, slow checkpoints)",
+    ),
+    DeployFile(
+        "saline-dashboard",
+        "vjob:monitoring/grafana-vjob-saline.json",
+        "/var/lib/grafana/dashboards/vjob-saline.json",
+        0o644,
+        "Grafana dashboard of the Saline manager's metrics (OAR best-effort sites)",
+    ),
+    DeployFile(
+        "saline-alert-rules",
+        "vjob:monitoring/vjob-saline-alerts.yml",
+        "/etc/prometheus/rules/vjob-saline-alerts.yml",
+        0o644,
+        "Prometheus alerting rules of the Saline manager (stalled, snapshots failing, kills not resubmitted)",
     ),
 )
 """Every file `vjob deploy` knows, in the order `list` shows them."""
@@ -201,11 +218,6 @@ def content(entry: DeployFile, vjob_path: str | None = None) -> bytes:
 def _generated(entry: DeployFile) -> bytes:
     """A file made from this installation's code rather than shipped (the man page: from the
     parsers it documents, so it matches the installed commands)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    from vjob.cli import build_full_parser
-    from vjob.cli.man_page import render
-
     try:
         release = version("vjob")
     except PackageNotFoundError:  # a plain checkout

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
 
-from vjob.prometheus import series_names
+from vjob.prometheus import describe_process, series_names
 
 _SECONDS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
 
@@ -49,6 +49,7 @@ class SalineMetrics:
             registry=r,
         )
         self.last_pass = Gauge("vjob_saline_last_pass_timestamp_seconds", "When the last pass ended", registry=r)
+        describe_process(r, "saline")
 
     def set_phases(self, counts: dict[str, int]) -> None:
         self.vjobs.clear()

@@ -156,15 +156,34 @@ def test_the_package_data_glob_ships_every_catalogued_file() -> None:
 
 
 def _metric_names(expr: str) -> set[str]:
-    return {w for w in re.findall(r"[a-zA-Z_][a-zA-Z0-9_]*", expr) if w.startswith("vjob_")}
+    return {w for w in re.findall(r"[a-zA-Z_][a-zA-Z0-9_]*", expr) if w.startswith(("vjob_", "process_"))}
 
 
-def test_dashboard_and_alert_rules_use_only_metrics_the_agent_exports() -> None:
-    exported = AgentMetrics().names() | SalineMetrics().names()
-    dashboard = json.loads(deploy.find("grafana-dashboard").packaged().read_text())
-    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
-    rules = yaml.safe_load(deploy.find("alert-rules").packaged().read_text())
-    exprs += [r["expr"] for g in rules["groups"] for r in g["rules"]]
+def _exprs(dashboard: str, rules: str) -> list[str]:
+    board = json.loads(deploy.find(dashboard).packaged().read_text())
+    exprs = [t["expr"] for p in board["panels"] for t in p["targets"]]
+    groups = yaml.safe_load(deploy.find(rules).packaged().read_text())["groups"]
+    return exprs + [r["expr"] for g in groups for r in g["rules"]]
+
+
+def test_no_rule_of_one_component_fires_where_it_does_not_run() -> None:
+    """A Slurm or PBS site loads the agent's rules only: none of them names a Saline series (and
+    none uses absent(), which fires wherever a series is missing)."""
+    for expr in _exprs("grafana-dashboard", "alert-rules"):
+        assert "vjob_saline" not in expr and "absent(" not in expr, expr
+    for expr in _exprs("saline-dashboard", "saline-alert-rules"):
+        assert "vjob_agent" not in expr and "absent(" not in expr, expr
+
+
+@pytest.mark.parametrize(
+    ("metrics", "dashboard", "rules"),
+    [(AgentMetrics, "grafana-dashboard", "alert-rules"), (SalineMetrics, "saline-dashboard", "saline-alert-rules")],
+)
+def test_dashboard_and_alert_rules_use_only_metrics_their_component_exports(
+    metrics: type, dashboard: str, rules: str
+) -> None:
+    exported = metrics().names()
+    exprs = _exprs(dashboard, rules)
     used = set().union(*(_metric_names(e) for e in exprs))
     assert used, "the files name metrics"
     assert used - exported == set()

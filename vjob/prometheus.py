@@ -3,7 +3,10 @@ against the code (the agent's and the Saline manager's exporters alike)."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry
+import platform
+from importlib.metadata import PackageNotFoundError, version
+
+from prometheus_client import CollectorRegistry, Gauge, ProcessCollector
 
 _SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count", "_created")}
 
@@ -17,4 +20,23 @@ def series_names(registry: CollectorRegistry) -> set[str]:
     return out
 
 
-__all__ = ["series_names"]
+def describe_process(registry: CollectorRegistry, component: str) -> None:
+    """What every exporter of vjob carries beside its own series: `vjob_build_info` (which
+    release and Python answer, for an upgrade's dashboards) and the process's own `process_*`
+    series (CPU seconds, resident memory, open files, start time) — a registry of our own does
+    not get them from prometheus_client's default one."""
+    try:
+        release = version("vjob")
+    except PackageNotFoundError:  # a plain checkout
+        release = "source"
+    info = Gauge(
+        "vjob_build_info",
+        "Always 1: the vjob release and Python of this exporter, as labels",
+        ["component", "version", "python"],
+        registry=registry,
+    )
+    info.labels(component=component, version=release, python=platform.python_version()).set(1)
+    ProcessCollector(registry=registry)
+
+
+__all__ = ["describe_process", "series_names"]
