@@ -12,6 +12,7 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -210,6 +211,22 @@ def test_sd_notify_sends_ready_and_watchdog_datagrams(tmp_path: Path, monkeypatc
         assert server.recv(4096) == b"WATCHDOG=1"
         assert n.status("a\nSTOPPING=1")
         assert server.recv(4096) == b"STATUS=a STOPPING=1", "a newline cannot smuggle a second field"
+
+
+def test_sd_notify_never_waits_for_a_reader_that_does_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full notify queue drops the ping: before, the 11th unread ping blocked the daemon."""
+    path = tmp_path / "notify.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as server:
+        server.bind(str(path))
+        monkeypatch.setenv("NOTIFY_SOCKET", str(path))
+        n = Notifier()
+        sent: list[bool] = []
+        pinger = threading.Thread(target=lambda: sent.extend(n.watchdog() for _ in range(300)), daemon=True)
+        pinger.start()
+        pinger.join(timeout=60)
+        assert not pinger.is_alive(), f"a ping blocked after {len(sent)} sent"
+        assert sent[0] is True and sent[-1] is False  # the queue filled; the rest were dropped
+        assert server.recv(4096) == b"WATCHDOG=1"
 
 
 def test_sd_notify_without_systemd_does_nothing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

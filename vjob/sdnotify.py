@@ -5,6 +5,10 @@ really ready (store, adapter and exporter up) and restarts one whose loop hangs.
 is a single AF_UNIX datagram of `KEY=VALUE` lines (man sd_notify); libsystemd is not needed
 for that. Outside systemd ($NOTIFY_SOCKET unset) every call does nothing, and a notification
 that cannot be sent is never fatal: the daemon's work matters more than its supervisor.
+Nor may it wait: a datagram socket whose reader is slow or gone fills its queue, and a
+blocking send then stops the daemon's loop (a node service whose notify socket nobody read
+stopped answering after about ten watchdog pings), so the send never blocks and a full queue
+drops the notification.
 """
 
 from __future__ import annotations
@@ -30,9 +34,9 @@ class Notifier:
             return False
         message = "\n".join(f.replace("\n", " ") for f in fields).encode()
         try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK) as sock:
                 sock.connect(self.address)
-                sock.sendall(message)
+                sock.send(message)
             return True
         except OSError as exc:
             log.get("sdnotify").warning("cannot notify systemd", socket=self.address, error=str(exc))

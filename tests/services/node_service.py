@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -82,6 +83,8 @@ def running(
         )
     try:
         _wait_ready(notify, proc, log)
+        drain = threading.Thread(target=_drain, args=(notify,), daemon=True)  # as systemd reads on
+        drain.start()
         yield NodeServiceProcess(proc.pid, sock, config, tuple(names), log)
     finally:
         if proc.poll() is None:
@@ -101,6 +104,14 @@ def node_service(slurm_cluster: DevCluster) -> Iterator[NodeServiceProcess]:
     """The running service (see the module docstring), `[guest] network = "none"`."""
     with running(slurm_cluster) as service:
         yield service
+
+
+def _drain(notify: socket.socket) -> None:
+    """Read the service's watchdog pings until the socket is closed at the end."""
+    notify.settimeout(None)
+    with contextlib.suppress(OSError):
+        while notify.recv(4096):
+            pass
 
 
 def _wait_ready(notify: socket.socket, proc: subprocess.Popen[bytes], log: Path) -> None:
