@@ -232,7 +232,7 @@ def _run_real(
             mine = dataclasses.replace(job, network=site_network.one_vm_network(nic, job.hostname)) if nic else job
             _build_disk(prov, workdir, mine, disk)
             own = real_spec(local, name, settings.memory_mb, disk, cpu_model=prov.cpu_model, vcpus=settings.vcpus)
-            nics = (site_network.domain_nic(nic),) if nic else ()
+            nics = site_network.domain_nics(nic) if nic else ()
             return dataclasses.replace(own, max_memory_mib=memory_ceiling(cfg, settings.memory_mb), nics=nics)
 
         vm = DriverVM(driver, name, node, spec, site)
@@ -322,7 +322,7 @@ def _run_multinode(
         mine = dataclasses.replace(job, hostname=f"vm{rank}", network=site_network.with_site(net, nic) if nic else net)
         _build_disk(prov, settings.workdir or Path.cwd(), mine, disk)
         nics = (Nic(addresses[rank].mac, network.bridge_name(addresses[rank].subnet_id)),)
-        nics = (site_network.domain_nic(nic),) if nic else nics
+        nics = site_network.domain_nics(nic) if nic else nics
         size = sizes[node]
         own = real_spec(local, vm, size.memory_mib, disk, cpu_model=prov.cpu_model, vcpus=size.vcpus)
         return dataclasses.replace(own, nics=nics)
@@ -384,7 +384,7 @@ def _run_member(cfg: Config, args: argparse.Namespace, node: str, job_id: str) -
         nic = msg.get("site_nic")  # the member's own (pilot.members.member), never the leader's
         if isinstance(nic, site_network.SiteNic):
             job = dataclasses.replace(job, network=site_network.with_site(job.network, nic))
-        nics = (site_network.domain_nic(nic),) if isinstance(nic, site_network.SiteNic) else None
+        nics = site_network.domain_nics(nic) if isinstance(nic, site_network.SiteNic) else None
         disk = driver.job_disk_path(vm, node)
         safe_dirs.ensure_dir(disk.parent, 0o711)
         if workdir is not None:

@@ -12,8 +12,10 @@ job.json (`network.site`, provisioning.guest_agent.site_net).
 API (for one-node, leader and member pilots alike):
 
     nics = site_interfaces(cfg, rms, job, node, [vm_id, ...])   # net.up; None: no service
-    nics[i] -> SiteNic(vm_id, tap, mac, ip, prefix, gateway, dns, bridge)
+    nics[i] -> SiteNic(vm_id, tap, mac, ip, prefix, gateway, dns, bridge, site_tap, site_mac)
     domain_nic(nic)            -> provisioning.vm_types.Nic for the VMSpec (kind "ethernet")
+    domain_nics(nic)           -> the VM's NICs: the job's, and its site NIC on the operator's bridge
+                                  (`[guest] network = "bridge"`; the guest asks the site's DHCP)
     with_site(network, nic)    -> a multi-node VM's job.json `network` plus `site`
     one_vm_network(nic, host)  -> the job.json `network` of a one-VM job (itself its only peer)
     release(cfg, rms, job, node)                                 # net.down; never raises
@@ -39,6 +41,7 @@ from typing import Any
 from pilot import site_mounts
 from provisioning import network
 from provisioning.node_service.client import NodeClient
+from provisioning.node_service.site_bridge import site_mac
 from provisioning.vm_types import MAC_RE, Nic
 from vjob import log
 from vjob.errors import VjobError
@@ -63,6 +66,9 @@ class SiteNic:
     gateway: str
     dns: tuple[str, ...]
     bridge: str
+    site_tap: str = ""
+    """Its tap on the operator's bridge (`[guest] network = "bridge"`), else empty."""
+    site_mac: str = ""
 
 
 def service_socket(cfg: Any) -> str:
@@ -81,10 +87,10 @@ def site_interfaces(cfg: Any, rms: str, job: str, node: str, vm_ids: Sequence[in
         raise VjobError(f"site network of job {job}: vmIDs {ids[:8]} are not one contiguous run")
     client = NodeClient(path, timeout=CALL_TIMEOUT_S)
     answer = client.call("net.up", job=job, node=node, vms=len(ids), first_vm_id=ids[0])
-    return _nics(answer, ids, network.pilot_subnet_id(rms, job))
+    return _nics(answer, ids, network.pilot_subnet_id(rms, job), (rms, job))
 
 
-def _nics(answer: dict[str, Any], ids: list[int], subnet_id: int) -> list[SiteNic]:
+def _nics(answer: dict[str, Any], ids: list[int], subnet_id: int, job: tuple[str, str] = ("", "")) -> list[SiteNic]:
     """The answer, checked against what this job's subnet says it must be: the service is root's,
     but a wrong address here would send the guest's traffic somewhere else."""
     gateway, bridge = str(answer.get("gateway", "")), str(answer.get("bridge", ""))
@@ -100,7 +106,13 @@ def _nics(answer: dict[str, Any], ids: list[int], subnet_id: int) -> list[SiteNi
                 raise ValueError(f"VM {str(vm)[:80]} is not vmID {want}")
             if not MAC_RE.fullmatch(str(vm.get("mac", ""))):
                 raise ValueError(f"VM {want}: MAC {str(vm.get('mac'))[:40]!r}")
-            out.append(SiteNic(want, str(vm["tap"]), vm["mac"], vm["ip"], 24, gateway, servers, bridge))
+            site_tap, mac2 = "", ""
+            if "site_tap" in vm:  # the operator's bridge: its MAC is the one the node's rules let through
+                site_tap, mac2 = str(vm["site_tap"]), str(vm.get("site_mac", ""))
+                if site_tap != f"{bridge}-s{want:02x}" or mac2 != site_mac(job[0], job[1], want):
+                    raise ValueError(f"VM {want}: site tap {site_tap[:20]!r} or MAC {mac2[:20]!r} not this job's")
+            nic = SiteNic(want, str(vm["tap"]), vm["mac"], vm["ip"], 24, gateway, servers, bridge, site_tap, mac2)
+            out.append(nic)
         if len(out) != len(ids):
             raise ValueError(f"{len(out)} NICs for {len(ids)} VMs")
     except (ValueError, TypeError, AttributeError, KeyError) as exc:
@@ -127,7 +139,19 @@ def domain_nic(nic: SiteNic) -> Nic:
     return Nic(nic.mac, nic.tap, kind="ethernet")
 
 
+def domain_nics(nic: SiteNic) -> tuple[Nic, ...]:
+    """The VM's NICs: its job NIC, and its site NIC on the operator's bridge when it has one
+    (the guest finds each by its MAC, whatever the order)."""
+    if not nic.site_tap:
+        return (domain_nic(nic),)
+    return (domain_nic(nic), Nic(nic.site_mac, nic.site_tap, kind="ethernet"))
+
+
 def site_fields(nic: SiteNic) -> dict[str, object]:
+    """job.json `network.site`: the gateway on the job NIC (NAT through the node), or the site NIC
+    to configure by DHCP (the operator's bridge; `dns` then only what the operator set)."""
+    if nic.site_tap:
+        return {"bridged": {"mac": nic.site_mac, "dns": list(nic.dns)}}
     return {"gateway": nic.gateway, "dns": list(nic.dns)}
 
 
@@ -166,7 +190,8 @@ class SiteLink:
         if self.enabled and self.vm_ids:
             got = site_interfaces(self.cfg, self.rms, self.job, self.node, self.vm_ids) or []
             self.nics = {n.vm_id: n for n in got}
-            _log.info("site network up", job=self.job, node=self.node, taps=[n.tap for n in got])
+            taps = [n.tap for n in got] + [n.site_tap for n in got if n.site_tap]
+            _log.info("site network up", job=self.job, node=self.node, taps=taps)
             site_mounts.up(self.cfg, self.rms, self.job, self.node)  # its NFS gateway binds the bridge's address
 
     def down(self) -> None:

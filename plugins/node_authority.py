@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from plugins.oar import make_client
 from plugins.oar.job_grant import OarJobAuthority
+from plugins.pbs.adapter import PbsAdapter
+from plugins.pbs.job_grant import PbsJobAuthority
 from plugins.slurm.adapter import SlurmAdapter
 from plugins.slurm.commands import SlurmCommands
 from plugins.slurm.job_grant import SlurmJobAuthority
@@ -25,4 +27,6 @@ def authority(rms: str, config: Config) -> JobAuthority:
         return SlurmJobAuthority(SlurmAdapter(commands))
     if rms == "oar":
         return OarJobAuthority(make_client(config))
-    raise ConfigError(f"node service: rms {rms!r} has no job authority (known: slurm, oar)")
+    if rms == "pbs":
+        return PbsJobAuthority(PbsAdapter(config.pbs, timeout_s=min(config.agent.command_timeout_s, 15.0)))
+    raise ConfigError(f"node service: rms {rms!r} has no job authority (known: slurm, oar, pbs)")

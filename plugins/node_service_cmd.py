@@ -50,7 +50,9 @@ def register(sub: Any) -> None:
         "Runs as root.",
         epilog=EPILOG,
     )
-    p.add_argument("--rms", choices=("slurm", "oar"), help="whose record says a job runs here (default: [node] rms)")
+    p.add_argument(
+        "--rms", choices=("slurm", "oar", "pbs"), help="whose record says a job runs here (default: [node] rms)"
+    )
     p.add_argument("--socket", metavar="PATH", help=f"socket path (default: [node] socket, else {DEFAULT_SOCKET})")
     p.add_argument(
         "--names", metavar="N1,N2", help="node names served (default: [node] names, else the short host name)"

@@ -13,7 +13,7 @@ import ipaddress
 import re
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from vjob.config import Section
 
@@ -21,6 +21,10 @@ ABSOLUTE_PATH_RE = re.compile(r"/(?:[A-Za-z0-9._+-]+/?)*")
 """An absolute path of plain names (no spaces, quotes or glob characters): it goes into the
 NFS server's configuration and the guest's mount table."""
 MOUNT_OPTION_RE = re.compile(r"[a-z0-9_]+(?:=[A-Za-z0-9._-]+)?")
+BRIDGE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,14}")
+"""An interface name the kernel takes (≤ 15 characters) of a safe alphabet (the node service
+checks it again, and that it is a bridge, at every net.up: provisioning.node_service.site_bridge)."""
+JOB_BRIDGE_RE = re.compile(r"(?:vjob|vsal)-.*")
 
 
 class GuestMount(Section):
@@ -58,14 +62,38 @@ class GuestConfig(Section):
     mounts: list[GuestMount] = Field(default_factory=list)
     """The site's filesystems every guest mounts for its job's user, e.g.
     `mounts = [{source = "/home"}, {source = "/scratch"}]`."""
-    network: Literal["nat", "none"] = "nat"
+    network: Literal["nat", "none", "bridge"] = "nat"
     """How guests reach the site network: "nat" through the node (default: the node service's
     firewall and NAT, docs/realjobs.md "Network"), "none" for the job's own network only (the
-    NFS gateway stays reachable). Guests on an operator's bridge with site addresses are not
-    built yet."""
+    NFS gateway stays reachable), "bridge" for a second NIC on the operator's bridge `bridge`
+    whose address, route and name servers come from the site's DHCP server (the job's own
+    network keeps its NFS gateway and its VMs' private network)."""
+    bridge: str = ""
+    """With network = "bridge": the name of an existing Linux bridge on every node, joined to
+    the site's network (e.g. "br0"); checked on the node at every job's start."""
     dns: list[str] = Field(default_factory=list)
     """Name servers the guests use; empty means the node's own (/etc/resolv.conf, loopback
     resolvers left out)."""
+
+    @field_validator("bridge")
+    @classmethod
+    def _bridge(cls, value: str) -> str:
+        if value and (not BRIDGE_NAME_RE.fullmatch(value) or JOB_BRIDGE_RE.fullmatch(value)):
+            raise ValueError(
+                f"{value[:40]!r}: the name of the operator's Linux bridge, 1..15 letters, digits, '.', '_', '-' "
+                "(not a job bridge vjob-*/vsal-*)"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _bridge_with_network(self) -> GuestConfig:
+        if self.network == "bridge" and not self.bridge:
+            raise ValueError('network = "bridge" needs bridge = the name of the operator\'s bridge on the nodes')
+        if self.bridge and self.network != "bridge":
+            raise ValueError(
+                f'bridge = {self.bridge!r} is used only with network = "bridge" (network is {self.network!r})'
+            )
+        return self
 
     @field_validator("dns")
     @classmethod

@@ -122,6 +122,8 @@ class Network:
     ssh_private: str = ""
     ssh_public: str = ""
     nat: Nat | None = None
+    bridged: site_net.Bridged | None = None
+    """A second NIC on the operator's bridge, configured by the site's DHCP (site_net)."""
 
 
 def parse_nat(data: object, private_mac: str) -> Nat:
@@ -177,12 +179,15 @@ def parse_network(data: object) -> Network:
     if not isinstance(leader, bool):
         raise JobError("network.leader: must be true or false")
     nat = parse_nat(data["nat"], mac) if data.get("nat") is not None else None
-    if nat is None and data.get("site") is not None:  # the node service's gateway on this NIC (site_net)
-        try:
-            nat = Nat(**site_net.parse_site(data["site"], mac, ip, prefix))  # type: ignore[arg-type]
-        except site_net.SiteError as exc:
-            raise JobError(str(exc)) from None
-    return Network(mac, ip, prefix, peers, leader, private, public, nat)
+    site, bridged = data.get("site"), None
+    try:
+        if nat is None and isinstance(site, dict) and "bridged" in site:  # the operator's bridge (site_net)
+            bridged = site_net.parse_bridged(site, mac)
+        elif nat is None and site is not None:  # the node service's gateway on this NIC (site_net)
+            nat = Nat(**site_net.parse_site(site, mac, ip, prefix))  # type: ignore[arg-type]
+    except site_net.SiteError as exc:
+        raise JobError(str(exc)) from None
+    return Network(mac, ip, prefix, peers, leader, private, public, nat, bridged)
 
 
 def _ipv4(field: str, value: object) -> str:
@@ -345,6 +350,8 @@ def setup_network(net: Network, hostname: str, etc: Path = Path("/etc")) -> None
     if net.nat is not None:
         outside = setup_nat(net.nat, etc)
         _say(f"NAT: {outside} {net.nat.ip}/{net.nat.prefix} via {net.nat.gateway}")
+    if net.bridged is not None:
+        _say(site_net.bring_up(net.bridged, interface_of(net.bridged.mac), etc))
 
 
 def wait_for_peers(net: Network, timeout_s: float = PEER_WAIT_S) -> list[str]:

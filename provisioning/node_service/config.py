@@ -29,7 +29,8 @@ class NodeConfig(Section):
     """The node names (as the RMS knows them) this service answers for; empty means the host's
     short name. Several when one host runs several RMS nodes (the dev cluster's node1..node8)."""
     rms: str = "slurm"
-    """Whose record says a job runs here: slurm or oar (`vjob node-service --rms` overrides)."""
+    """Whose record says a job runs here: slurm, oar or pbs (Torque or OpenPBS, as `[pbs] dialect`
+    says; `vjob node-service --rms` overrides)."""
     max_connections: int = Field(64, ge=1, le=4096)
     """Open connections the service holds at once, all users together (one thread each)."""
     max_connections_per_user: int = Field(4, ge=1, le=1024)
@@ -68,6 +69,6 @@ class NodeConfig(Section):
     @field_validator("rms")
     @classmethod
     def _rms(cls, value: str) -> str:
-        if value not in ("slurm", "oar"):
-            raise ValueError(f"{value[:40]!r}: slurm or oar")
+        if value not in ("slurm", "oar", "pbs"):
+            raise ValueError(f"{value[:40]!r}: slurm, oar or pbs")
         return value

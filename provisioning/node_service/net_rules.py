@@ -45,9 +45,10 @@ NFS_PORT = 2049
 MAX_VMS_PER_REQUEST = 64
 """Taps one net.up makes at most (a job has at most one VM per node it holds; a user's pilot
 without per-node pilots runs them all on its first node)."""
-MODES = ("nat", "none")
-"""`[guest] network` values the node service builds ("bridge", the operator's own bridge, is
-not built: net.up refuses it naming the setting)."""
+MODES = ("nat", "none", "bridge")
+"""`[guest] network` values the node service builds. "bridge": the job's bridge forwards nothing
+(as "none": it carries the job's private network and its NFS gateway) and each VM gets a second
+tap on the operator's bridge (provisioning.node_service.site_bridge)."""
 JUMPS_FILTER = (("INPUT", "-i", "in"), ("FORWARD", "-i", "out"), ("FORWARD", "-o", "back"))
 """The main chains' jumps to a job's chains: (main chain, interface match, chain suffix)."""
 IP = "ip"
@@ -91,13 +92,14 @@ class JobNet:
             raise InputError(f"vm id {vm_id}: must be in 1..{network.GATEWAY_VM_ID - 1}")
         return f"{self.bridge}-t{vm_id:02x}"
 
+    def site_tap(self, vm_id: int) -> str:
+        """VM `vm_id`'s tap on the operator's bridge (`[guest] network = "bridge"`): `vjob-1a2b-s01`."""
+        return self.tap(vm_id)[:-3] + f"s{vm_id:02x}"
+
 
 def job_net(rms: str, job: str, mode: str = "nat") -> JobNet:
     if mode not in MODES:
-        raise InputError(
-            f"[guest] network = {mode!r}: the node service builds {' or '.join(MODES)}; "
-            "an operator's bridge is not supported by it"
-        )
+        raise InputError(f"[guest] network = {mode[:40]!r}: the node service builds {', '.join(MODES)}")
     return JobNet(network.pilot_subnet_id(rms, job), mode)
 
 

@@ -9,6 +9,7 @@ gets `<interface type='ethernet'><target dev=TAP managed='no'/>` (pilot.site_net
 
     net.up {job, node, vms, first_vm_id}
       -> {bridge, gateway, prefix, dns, mode, nfs_port, vms: [{vm_id, tap, mac, ip}]}
+         (`[guest] network = "bridge"`: also site_bridge, and each VM's site_tap and site_mac)
     net.down {job, node}  -> {removed: [...]}
 
 What it makes (names and rules: provisioning.node_service.net_rules): the bridge `vjob-<subnet
@@ -17,6 +18,9 @@ migrated elsewhere keeps its route; the bridge's MAC too), one tap per VM (`vmID
 at most one per node of the job), IPv6 off on both, and the job's own iptables chains (NAT to
 the site when `[guest] network = "nat"`, nothing of the node's own services but NFS on G, no
 other job, no forged source). The answer's `dns` is `[guest] dns`, or the node's resolv.conf.
+With `[guest] network = "bridge"` each VM also gets a tap on the operator's bridge (`[guest]
+bridge`, checked to be an existing Linux bridge at every net.up) with a fixed MAC, and the job's
+nftables bridge table filters them (provisioning.node_service.site_bridge).
 
 Both are idempotent (a pilot may retry, a resumed job asks again on the node it lands on):
 net.up makes what is missing and rewrites the job's chains in one commit; net.down removes
@@ -45,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from provisioning import network
-from provisioning.node_service import net_rules, site
+from provisioning.node_service import net_rules, site, site_bridge
 from provisioning.node_service.grant import Grant, JobAuthority
 from provisioning.node_service.net_rules import MAX_VMS_PER_REQUEST, NFS_PORT, JobNet
 from provisioning.node_service.protocol import Integer, OperationSpec
@@ -59,7 +63,7 @@ SYS_NET = Path("/sys/class/net")
 PROC_SYS = Path("/proc/sys")
 RESOLV_CONF = Path("/etc/resolv.conf")
 COMMAND_TIMEOUT_S = 10.0
-OWN_LINK_RE = re.compile(r"vjob-([0-9a-f]{4})(?:-t([0-9a-f]{2}))?")
+OWN_LINK_RE = re.compile(r"vjob-([0-9a-f]{4})(?:-[ts]([0-9a-f]{2}))?")
 OWN_CHAIN_RE = re.compile(r"-N (vjob-([0-9a-f]{4})-(?:in|out|back|nat))")
 _lock = threading.Lock()
 """One network change at a time on this node: two pilots of one job (the dev cluster's nodes
@@ -150,6 +154,34 @@ def make_links(net: JobNet, ids: list[int], uid: int) -> None:
         _log.info("IPv4 forwarding switched on (the guests' NAT)")
 
 
+def make_site_taps(net: JobNet, ids: list[int], uid: int, bridge: str) -> None:
+    """Each VM's tap on the operator's bridge (`[guest] network = "bridge"`), as make_links' taps."""
+    for vm_id in ids:
+        tap = net.site_tap(vm_id)
+        if _exists(tap) and _tap_owner(tap) != uid:
+            _run(net_rules.link_del(tap))
+        if not _exists(tap):
+            _run(site_bridge.tap_add(net, vm_id, uid))
+        _sysctl(tap)
+        _run(site_bridge.tap_attach(net, vm_id, bridge))
+
+
+def apply_site_rules(net: JobNet, rec: Record) -> None:
+    """The job's bridge table for the site taps of every vmID recorded on this host (the dev
+    cluster's nodes share one host: their VMs' rules live in one table)."""
+    ids = sorted({i for vms in rec.nodes.values() for i in vms})
+    macs = {i: site_bridge.site_mac(rec.rms, rec.job, i) for i in ids}
+    _run(site_bridge.apply_cmd(), stdin=site_bridge.ruleset(net, macs))
+
+
+def remove_site_rules(net: JobNet) -> list[str]:
+    try:
+        _run(site_bridge.delete_cmd(net))
+    except CommandError:
+        return []
+    return [f"bridge {site_bridge.table_name(net)}"]
+
+
 def apply_firewall(net: JobNet) -> None:
     """The job's chains (rewritten in one commit per table) and the jumps into them."""
     _run([net_rules.IPTABLES + "-restore", "-w", "5", "--noflush"], stdin=net_rules.restore_text(net))
@@ -179,7 +211,8 @@ def remove_firewall(net: JobNet) -> list[str]:
 
 
 def _taps_of(net: JobNet) -> list[str]:
-    prefix = f"{net.bridge}-t"
+    """The job's taps on this host, on its own bridge (-tNN) and on the operator's (-sNN)."""
+    prefix = f"{net.bridge}-"
     return sorted(p.name for p in SYS_NET.iterdir() if p.name.startswith(prefix) and OWN_LINK_RE.fullmatch(p.name))
 
 
@@ -191,6 +224,8 @@ def teardown(net: JobNet, *, bridge_too: bool = True) -> list[str]:
             _run(net_rules.link_del(link))
             removed.append(link)
     removed += remove_firewall(net)
+    if _has_site_rules(net):
+        removed += remove_site_rules(net)
     _path(net.bridge).unlink(missing_ok=True)
     return removed
 
@@ -199,12 +234,14 @@ def _drop_node(net: JobNet, rec: Record, node: str) -> list[str]:
     """Node `node`'s taps of the job; the whole network when no node holds one any more."""
     removed = []
     for vm_id in rec.nodes.pop(node, []):
-        tap = net.tap(vm_id)
-        if _exists(tap):
-            _run(net_rules.link_del(tap))
-            removed.append(tap)
+        for tap in (net.tap(vm_id), net.site_tap(vm_id)):
+            if _exists(tap):
+                _run(net_rules.link_del(tap))
+                removed.append(tap)
     if rec.nodes:
         _write_record(net.bridge, rec)
+        if _has_site_rules(net):
+            apply_site_rules(net, rec)
         return removed
     return removed + teardown(net)
 
@@ -223,22 +260,29 @@ def _up(grant: Grant, fields: Mapping[str, Any]) -> dict[str, Any]:
     guest = site.config().guest
     net = net_rules.job_net(grant.rms, grant.job, guest.network)
     ids = net_rules.vm_ids(fields["first_vm_id"], fields["vms"], len(grant.nodes))
+    bridged = net.mode == "bridge"
+    if bridged:
+        site_bridge.check_bridge(guest.bridge, grant.node, str(SYS_NET))
     with _lock:
         rec = _mine(net, grant) or Record(grant.rms, grant.job, grant.uid)
         rec.nodes[grant.node] = sorted({*rec.nodes.get(grant.node, []), *ids})
         _write_record(net.bridge, rec)  # first: whatever is made next is found again
         make_links(net, ids, grant.uid)
         apply_firewall(net)
+        if bridged:
+            apply_site_rules(net, rec)  # the rules before the taps join the operator's bridge
+            make_site_taps(net, ids, grant.uid, guest.bridge)
     try:
         resolv = RESOLV_CONF.read_text()[:65536]
     except OSError:
         resolv = ""
     _log.info("job network up", job=grant.job, node=grant.node, bridge=net.bridge, vms=ids, uid=grant.uid)
-    return {
+    answer = {
         "bridge": net.bridge,
         "gateway": str(net.gateway),
         "prefix": net.subnet.prefixlen,
-        "dns": net_rules.name_servers(list(guest.dns), resolv),
+        # on the operator's bridge the site's DHCP names the servers, unless the operator did
+        "dns": list(guest.dns[: net_rules.MAX_DNS]) if bridged else net_rules.name_servers(list(guest.dns), resolv),
         "mode": net.mode,
         "nfs_port": NFS_PORT,
         "vms": [
@@ -251,6 +295,12 @@ def _up(grant: Grant, fields: Mapping[str, Any]) -> dict[str, Any]:
             for i in ids
         ],
     }
+    if bridged:
+        answer["site_bridge"] = guest.bridge
+        for vm in answer["vms"]:
+            vm["site_tap"] = net.site_tap(vm["vm_id"])
+            vm["site_mac"] = site_bridge.site_mac(grant.rms, grant.job, vm["vm_id"])
+    return answer
 
 
 def _down(grant: Grant, fields: Mapping[str, Any]) -> dict[str, Any]:
@@ -280,7 +330,21 @@ def own_objects() -> dict[str, list[str]]:
     for table in ("filter", "nat"):
         listing = _run([net_rules.IPTABLES, "-w", "5", "-t", table, "-S"])
         chains += [m.group(1) for m in OWN_CHAIN_RE.finditer(listing)]
-    return {"links": links, "chains": sorted(chains)}
+    tables = [f"bridge {network.bridge_name(i)}" for i in _site_tables()]
+    return {"links": links, "chains": sorted(chains), "tables": tables}
+
+
+def _site_tables() -> list[int]:
+    """SubnetIDs of the job tables in nftables' bridge family ([] on a node without nft: a site
+    that never used `network = "bridge"` need not install it)."""
+    try:
+        return site_bridge.own_tables(_run(site_bridge.list_cmd()))
+    except CommandError:
+        return []
+
+
+def _has_site_rules(net: JobNet) -> bool:
+    return net.subnet_id in _site_tables()
 
 
 def sweep(authority: JobAuthority, subnets: Collection[int] | None = None) -> list[str]:
@@ -308,6 +372,7 @@ def sweep(authority: JobAuthority, subnets: Collection[int] | None = None) -> li
         objects = own_objects()
         unclaimed = {int(OWN_LINK_RE.fullmatch(n).group(1), 16) for n in objects["links"] if _ours(n)}  # type: ignore[union-attr]
         unclaimed |= {int(c.split("-")[1], 16) for c in objects["chains"]}
+        unclaimed |= set(_site_tables())
         if subnets is not None:
             unclaimed &= set(subnets)
         for subnet_id in sorted(unclaimed - claimed):

@@ -9,6 +9,14 @@ not reach: a TCP listener on every address of the host (the job's gateway and th
 them). `guest_ns` makes a namespace standing in for a guest: a veth with one end on a job's
 bridge and the job's address and route at the other.
 
+`operator_bridge` adds the site's own LAN for guests on an operator's bridge (`[guest] network =
+"bridge"`): a bridge on the node holding the node's address there (198.18.34.1, the node's own
+services listen on it too), joined by a veth to the site namespace (198.18.34.2, the LAN's
+router and the way to the licence and name servers), where dnsmasq is the site's DHCP server
+(leases 198.18.34.100-150, router .2, name server 198.18.33.2; no DNS of its own). `bridged_guest`
+makes a guest with its job NIC on the job's bridge and its site NIC in place of the tap the node
+service made on the operator's bridge (a veth of the tap's name: the rules match it by name).
+
 Everything is removed in `stop` (processes by pid, namespaces, links); nothing here sends a
 packet anywhere but into these namespaces.
 """
@@ -31,6 +39,10 @@ SITE_IP = f"{SITE_PREFIX}.2"
 LICENCE_NAME = "licence.site.test"
 LICENCE_PORT = 7777
 TOKEN = "licence-token-7f3a"
+LAN_PREFIX = "198.18.34"
+NODE_LAN_IP = f"{LAN_PREFIX}.1"
+ROUTER_LAN_IP = f"{LAN_PREFIX}.2"
+DHCP_RANGE = (f"{LAN_PREFIX}.100", f"{LAN_PREFIX}.150")
 
 
 def _ip(*args: str, ns: str = "") -> None:
@@ -46,6 +58,9 @@ class Site:
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     node_server: socketserver.TCPServer | None = None
     guests: list[str] = field(default_factory=list)
+    links: list[str] = field(default_factory=list)
+    """Links of the node made here (the operator's bridge and its veth), deleted at stop."""
+    lan_bridge: str = ""
 
 
 class _NodeHandler(socketserver.BaseRequestHandler):
@@ -90,7 +105,66 @@ def stop(site: Site) -> None:
         proc.wait(10)
     for ns in [*site.guests, site.ns]:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=15, check=False)
-    subprocess.run(["ip", "link", "del", site.host_if], capture_output=True, timeout=15, check=False)
+    for link in [site.host_if, *site.links]:
+        subprocess.run(["ip", "link", "del", link], capture_output=True, timeout=15, check=False)
+
+
+def operator_bridge(site: Site, lease_dir: str) -> str:
+    """The operator's bridge on the node and the site's LAN behind it, with dnsmasq as the site's
+    DHCP server (its lease file in `lease_dir`); returns the bridge's name."""
+    tag = str(os.getpid())
+    bridge, veth = f"vjbr{tag}"[:15], f"vjsb{tag}"[:15]
+    site.links += [bridge, veth]
+    site.lan_bridge = bridge
+    _ip("link", "add", bridge, "type", "bridge", "forward_delay", "0")
+    _ip("addr", "add", f"{NODE_LAN_IP}/24", "dev", bridge)
+    _ip("link", "set", bridge, "up")
+    _ip("link", "add", veth, "type", "veth", "peer", "name", "lan0", "netns", site.ns)
+    _ip("link", "set", veth, "master", bridge, "up")
+    _ip("addr", "add", f"{ROUTER_LAN_IP}/24", "dev", "lan0", ns=site.ns)
+    _ip("link", "set", "lan0", "up", ns=site.ns)
+    dhcp = [
+        *("ip", "netns", "exec", site.ns, "dnsmasq", "--keep-in-foreground", "--conf-file=/dev/null", "--port=0"),
+        *("--no-resolv", "--no-hosts", "--interface=lan0", "--bind-interfaces", "--no-ping", "--pid-file="),
+        f"--dhcp-range={DHCP_RANGE[0]},{DHCP_RANGE[1]},255.255.255.0,2m",
+        f"--dhcp-option=3,{ROUTER_LAN_IP}",
+        f"--dhcp-option=6,{SITE_IP}",
+        f"--dhcp-leasefile={lease_dir}/leases",
+        "--log-dhcp",
+        "--log-facility=-",
+    ]
+    proc = subprocess.Popen(dhcp, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    site.procs.append(proc)
+    assert proc.stderr is not None
+    for _ in range(50):  # its first lines: started, DHCP range (then it serves)
+        line = proc.stderr.readline().decode(errors="replace")
+        if "DHCP, IP range" in line or not line:
+            break
+    assert proc.poll() is None, "dnsmasq (the site's DHCP server) did not start: is dnsmasq-base installed?"
+    threading.Thread(target=proc.stderr.read, daemon=True).start()  # never blocks on a full pipe
+    return bridge
+
+
+def bridged_guest(site: Site, name: str, job: tuple[str, str, str], site_tap: str, site_mac: str) -> str:
+    """A guest of a job on the operator's bridge: eth0 on the job's bridge (`job` = bridge, its
+    address, its gateway; no route beyond the job's /24) and eth1 with `site_mac`, a veth named
+    `site_tap` in place of the node service's tap on the operator's bridge; no address on eth1 yet
+    (the site's DHCP gives it: the probe `dhcp`)."""
+    job_bridge, ip, _gateway = job
+    ns = f"vjg{name}{os.getpid()}"[:15]
+    subprocess.run(["ip", "netns", "add", ns], check=True, capture_output=True, timeout=15)
+    site.guests.append(ns)
+    host_end = f"vjgh{name}{os.getpid()}"[:15]
+    _ip("link", "add", host_end, "type", "veth", "peer", "name", "eth0", "netns", ns)
+    _ip("link", "set", host_end, "master", job_bridge, "up")
+    _ip("addr", "add", f"{ip}/24", "dev", "eth0", ns=ns)
+    _ip("link", "set", "eth0", "up", ns=ns)
+    _ip("link", "set", "lo", "up", ns=ns)
+    subprocess.run(["ip", "link", "del", site_tap], capture_output=True, timeout=15, check=False)
+    _ip("link", "add", site_tap, "type", "veth", "peer", "name", "eth1", "netns", ns)
+    _ip("link", "set", "eth1", "address", site_mac, ns=ns)
+    _ip("link", "set", site_tap, "master", site.lan_bridge, "up")
+    return ns
 
 
 def guest_ns(site: Site, name: str, bridge: str, ip: str, gateway: str) -> str:
@@ -167,8 +241,24 @@ def _serve_licence() -> None:
     server.serve_forever()
 
 
+def _dhcp(iface: str, mac: str, etc: str) -> dict[str, object]:
+    """The guest agent's own DHCP client (provisioning.guest_agent.site_net) on `iface`."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    from pathlib import Path
+
+    from provisioning.guest_agent import site_net
+
+    said = site_net.bring_up(site_net.Bridged(mac, []), iface, Path(etc), wait_s=20)
+    lease = site_net.obtain(iface, mac)  # the same address for the same MAC, and renewed in place
+    renewed = site_net.renew(iface, mac, lease) if lease is not None else None
+    resolv = Path(etc, "resolv.conf").read_text() if Path(etc, "resolv.conf").exists() else ""
+    return {"said": said, "resolv": resolv, "again": lease and lease.ip, "renewed": renewed and renewed.ip}
+
+
 def _probe(kind: str, args: list[str]) -> dict[str, object]:
-    """connect HOST PORT [SRC_IP [SRC_PORT]] | resolve SERVER NAME."""
+    """connect HOST PORT [SRC_IP [SRC_PORT]] | resolve SERVER NAME | dhcp IFACE MAC ETC_DIR."""
+    if kind == "dhcp":
+        return _dhcp(*args)
     if kind == "connect":
         host, port = args[0], int(args[1])
         try:
