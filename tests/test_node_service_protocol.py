@@ -63,6 +63,8 @@ def test_a_good_request_is_read_with_its_fields_only() -> None:
         ({"public": "yes"}, "field 'public': 'yes' is not true or false"),
         ({"job": "1; rm -rf /"}, "field 'job': '1; rm -rf /' does not match"),
         ({"job": "1" * 65}, "is longer than 64 characters"),
+        ({"job": "12[3]/../x"}, "field 'job': '12[3]/../x' does not match"),
+        ({"job": "12[x].server"}, "field 'job': '12[x].server' does not match"),
         ({"node": "../etc"}, "field 'node': '../etc' does not match"),
         ({"op": "net.down"}, "field 'op': 'net.down' is not an operation of this service"),
     ],
@@ -174,3 +176,8 @@ def test_answers_are_one_ascii_line_and_an_operation_cannot_forge_ok() -> None:
     line = protocol.encode(protocol.ok({"ok": False, "error": "forged", "note": "é\n"}))
     assert line.count(b"\n") == 1 and line.endswith(b"\n") and line.isascii()
     assert json.loads(line) == {"ok": True, "note": "é\n"}
+
+
+@pytest.mark.parametrize("job", ["123", "123_4", "7+1", "12.server", "12[3].server", "12[3]", "42"])
+def test_every_rms_job_id_form_is_read(job: str) -> None:
+    assert protocol.parse(_line({**GOOD, "job": job}), OPS).job == job

@@ -47,8 +47,10 @@ MAX_ANSWER_BYTES = 65536
 MAX_FIELDS = 32
 """Fields per request beyond which nothing is even looked at."""
 
-JOB_RE = re.compile(r"[0-9A-Za-z._+-]{1,64}")
-"""An RMS job id: Slurm's `123`, `123_4`, `123+1`; PBS's `12.server`; OAR's `42`."""
+JOB_RE = re.compile(r"[0-9A-Za-z._+-]{1,64}|[0-9]{1,20}\[[0-9]{1,9}\](?:\.[0-9A-Za-z.-]{1,40})?")
+"""An RMS job id: Slurm's `123`, `123_4`, `123+1`; PBS's `12.server` and an array task's
+`12[3].server`; OAR's `42`. Only ever data (a record's field, hashed into a subnetID), never a
+path or a command word."""
 NODE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]{0,62}")
 """A node name as the RMS prints it (a DNS label or a dotted name)."""
 OP_RE = re.compile(r"[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)*")
