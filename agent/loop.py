@@ -50,6 +50,7 @@ from agent.metrics import AgentMetrics
 from agent.observe import Observation, observe
 from agent.ports import Ports, StoreLink
 from agent.recover import recover
+from agent.site_read import resync, site_order
 from agent.wait_notice import STATUS_NAME as WAIT_STATUS_NAME
 from agent.wait_notice import WaitNotices
 from plugins import make_adapter
@@ -220,6 +221,8 @@ class Agent:
         """The tick's plan, in its order; a lease lost while acting stops it (Lease.keeping:
         the new holder acts from there), a store failure ends it (the journal may hold a switch
         cut short: the next tick looks again)."""
+        exact = plan.priorities if decision.exact_priorities else None  # tier bands: the values themselves
+        resync(self.adapter, self.sent_priorities, self.log, exact)  # and a user's own `qalter -p` undone (PBS)
         act.apply_priorities(self.ports, plan.priorities, self.sent_priorities)
         self.notices.update(self.adapter, decision, obs.view, self.log, self.metrics)  # the users told why
         if plan.deadline:
@@ -264,6 +267,7 @@ class Agent:
             checkpointable=act.checkpointable(self.ports, obs),
             sleeping=obs.sleeping,
             anchors=anchors,
+            site=site_order(self.adapter, self.log),  # the site's fair share inside vjob's tiers
         )
 
     def _deadline(self, obs: Observation, plan: TickPlan, report: TickReport) -> None:
@@ -328,7 +332,9 @@ class Agent:
         return report
 
     def run(self, stop: threading.Event | None = None, *, once: bool = False) -> bool:
-        """Tick until `stop` is set; between ticks wake early when a wake file changes.
+        """Tick until `stop` is set; between ticks wake early when a wake file changes. True
+        when the last tick ran whole (no exception, no error in its report): what `--once`
+        exits with, so that a cron job or a health check can trust it.
 
         The files' times are taken before the first tick, so a change during a tick starts the
         next one at once: no submission is missed. Polled twice a second: a stat is cheap and

@@ -68,7 +68,23 @@ def pass_order(view: ClusterView, config: Config, prios: Priorities) -> list[Pla
     return rows
 
 
-def render_order(rows: list[Placed], fmt: str, *, policy: str, max_priority: float, columns: dict[str, str]) -> str:
+WITHIN = {
+    "submit": "tier, then submission time",
+    "ubis": "tier, then priority",
+    "ubis-interactive": "tier, then priority for interactive jobs and submission time for the others",
+}
+"""How the vjob policy orders inside a tier, by `[scheduling] tier_order`, as the footer says it."""
+
+
+def render_order(
+    rows: list[Placed],
+    fmt: str,
+    *,
+    policy: str,
+    max_priority: float,
+    columns: dict[str, str],
+    within: str = "submit",
+) -> str:
     """`rows` as a table (`columns`: the terms' headers), JSON or CSV."""
     records: list[dict[str, Any]] = [
         {
@@ -97,5 +113,5 @@ def render_order(rows: list[Placed], fmt: str, *, policy: str, max_priority: flo
     widths = [max(len(line[c]) for line in lines) for c in range(len(lines[0]))]
     text = "".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() + "\n" for line in lines)
     queued = sum(r.place is not None for r in rows)
-    how = "tier, then priority" if policy == "vjob" else "the policy's order"
+    how = WITHIN.get(within, "tier, then priority") if policy == "vjob" else "the policy's order"
     return text + f"(policy {policy}: {queued} jobs in {how}; priorities in 0..{max_priority:g})\n"

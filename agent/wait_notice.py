@@ -11,11 +11,20 @@ the reasons in `<data_dir>/waiting.json` for `vjob status`, which must answer wi
 
 A failed write is logged and counted, and tried again next tick (the agent did not record it
 as told). A job that left the RMS is forgotten without a write.
+
+The field has other writers that replace it whole: an operator's `scontrol update
+AdminComment=...`, and the node service adding a vjob's usage words (which reads, edits and
+writes like vjob does, so two writes racing within milliseconds can drop the other's edit;
+plugins.slurm.accounting checks its own and retries). What the agent last wrote is therefore
+not proof the reason is still there: every RESYNC_S it reads the field of each job it holds
+back once more (one read each, a write only where the reason went missing), so a reason lost
+to another writer is back within RESYNC_S while a steady queue still costs no call in between.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +36,26 @@ from vjob.rms import RMSAdapter
 
 STATUS_NAME = "waiting.json"
 """`vjob status`'s record of the reasons (agent.status_file)."""
+RESYNC_S = 300.0
+"""Seconds between two readings of every held-back job's field (see above)."""
 
 
 class WaitNotices:
     """What the agent last wrote for each job (job id → reason text), and the writes it made."""
 
-    def __init__(self, status_path: Path | None = None) -> None:
+    def __init__(
+        self,
+        status_path: Path | None = None,
+        *,
+        resync_s: float = RESYNC_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.status_path = status_path
         """Where `vjob status` reads the reasons (`<data_dir>/waiting.json`); None: nowhere."""
+        self.resync_s = resync_s
+        self.clock = clock
+        self.checked_at: float | None = None
+        """When the fields of the held-back jobs were last read rather than trusted."""
         self.told: dict[str, str] = {}
         self.writes = 0
         """RMS writes made (`tell_wait` calls that changed the field), for tests and the log."""
@@ -52,6 +73,11 @@ class WaitNotices:
                     if job.interactive and job.id not in want and job.state in (JobState.PENDING, JobState.RUNNING):
                         self.told.setdefault(job.id, "")
                 self.synced = True
+            now = self.clock()
+            if self.checked_at is None or now - self.checked_at >= self.resync_s:
+                self.checked_at = now  # read each held-back job's field again: another writer may have dropped it
+                for job_id in want:
+                    self.told.pop(job_id, None)
             for job_id, text in want.items():
                 if self.told.get(job_id) != text:
                     self._tell(adapter, job_id, text, log, metrics)
@@ -66,18 +92,21 @@ class WaitNotices:
 
     def _tell(self, adapter: RMSAdapter, job_id: str, text: str | None, log: Any, metrics: Any) -> None:
         try:
-            if adapter.tell_wait(job_id, text):
-                self.writes += 1
+            changed = adapter.tell_wait(job_id, text)
         except (CommandError, InputError) as exc:
             metrics.errors.labels(kind="rms").inc()
             log.error("cannot tell the job's user why it waits, retrying next tick", jobs=[job_id], error=str(exc))
             return
+        if changed:
+            self.writes += 1
         if text is None:
             self.told.pop(job_id, None)
-            log.info("wait reason removed", jobs=[job_id])
+            if changed:
+                log.info("wait reason removed", jobs=[job_id])
         else:
             self.told[job_id] = text
-            log.info("interactive job held back", jobs=[job_id], reason=text)
+            if changed:
+                log.info("interactive job held back", jobs=[job_id], reason=text)
 
     def _status(self, want: dict[str, str], log: Any) -> None:
         if self.status_path is None:
@@ -88,4 +117,4 @@ class WaitNotices:
             log.warning("cannot write the wait reasons for vjob status", error=str(exc))
 
 
-__all__ = ["STATUS_NAME", "WaitNotices"]
+__all__ = ["RESYNC_S", "STATUS_NAME", "WaitNotices"]

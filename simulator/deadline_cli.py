@@ -29,16 +29,20 @@ from vjob.progress import Progress
 def add_arguments(sim: Any) -> None:
     sim.add_argument(
         "--deadline-buffer",
+        metavar="FRACTION",
         type=float,
         default=None,
         help="deadline replay: deadline = submit + (1 + B) x requested time (share, e.g. 0.05)",
     )
     sim.add_argument(
         "--admission",
+        metavar="RULE",
         default=None,
         help="deadline replay: x-factor threshold none, static, adaptive or cdf (comma list with --sweep)",
     )
-    sim.add_argument("--vo-model", default=None, help="deadline replay: VO model JSON (bench/vo_overhead.py output)")
+    sim.add_argument(
+        "--vo-model", metavar="FILE", default=None, help="deadline replay: VO model JSON (bench/vo_overhead.py output)"
+    )
     sim.add_argument("--physical", action="store_true", help="deadline replay: no virtualisation overhead (alg_1)")
     sim.add_argument(
         "--deadline-action",
@@ -48,6 +52,7 @@ def add_arguments(sim: Any) -> None:
     )
     sim.add_argument(
         "--deadline-from",
+        metavar="EVENT",
         default=None,
         help="deadline replay: the buffer is counted from the job's submit (default) or its start on a node",
     )

@@ -29,7 +29,7 @@ from simulator.engine_state import (
     build_scratch,
     checked_workload,
 )
-from simulator.node_pool import FREE, take_nodes
+from simulator.node_pool import claim, free_blocks, give_back, take_indexed
 from simulator.replay import ClusterModel, Result
 from simulator.workload import Workload
 from ubis_priority.decay import decay_factor
@@ -201,14 +201,18 @@ class Actions:
             self.ledger.usage_t = now
 
     def _take_nodes(self, j: int, count: int) -> tuple[np.ndarray, bool, int]:
-        """Free nodes for job j, switched to its image (node_pool.take_nodes: its previous
+        """Free nodes for job j, switched to its image (node_pool.take_indexed: its previous
         nodes when all are free, else nodes already on its OS first). Returns (nodes, resumed
         locally, OS swaps)."""
         prev = self.jobs.prev_nodes[j]
-        nodes, local, swaps = take_nodes(
-            self.cluster.owner,
-            self.cluster.node_os,
-            self.cluster.free_by_os,
+        cluster = self.cluster
+        if cluster.free_blk.shape[1] == 0:  # the index, from the nodes as they are now
+            cluster.free_blk = free_blocks(cluster.owner, cluster.node_os, self.model.os_count)
+        nodes, local, swaps = take_indexed(
+            cluster.owner,
+            cluster.node_os,
+            cluster.free_by_os,
+            cluster.free_blk,
             j,
             self.jobs.os[j],
             count,
@@ -225,11 +229,8 @@ class Actions:
         local = False
         if nodes is None:
             nodes, local, swaps = self._take_nodes(j, n)
-        else:
-            cluster.owner[nodes] = j
-            swaps = int((cluster.node_os[nodes] != jobs.os[j]).sum())
-            if swaps:
-                cluster.node_os[nodes] = jobs.os[j]
+        else:  # the free nodes among them leave the free counts here
+            swaps = claim(cluster.owner, cluster.node_os, cluster.free_by_os, cluster.free_blk, nodes, j, jobs.os[j])
         alloc = max(now, ready)
         overhead = self.model.os_swap_s if swaps else 0.0
         if jobs.prev_nodes[j] is not None:  # a resume: read the checkpoint back
@@ -271,9 +272,8 @@ class Actions:
             cluster.batch_running_nodes -= n
         self.result.segments.append((j, alloc, now, n))
         self._charge(j, now - alloc)
-        cluster.owner[nodes] = FREE
+        give_back(cluster.owner, cluster.node_os, cluster.free_by_os, cluster.free_blk, nodes)
         cluster.free += n
-        cluster.free_by_os[jobs.os[j]] += n  # _start put every node of j on j's image
         if self.out.privileged[j]:
             cluster.held_interactive -= n
             self._cap_moved(cluster.held_interactive + n, now)
@@ -288,6 +288,6 @@ class Actions:
         """A victim's checkpoint is written: the nodes its preemptor did not take are free."""
         nodes = self.cluster.pending_release.pop(key)
         self._unhold((1, key))
-        self.cluster.owner[nodes] = FREE
-        self.cluster.free += int(nodes.shape[0])
-        self.cluster.free_by_os += np.bincount(self.cluster.node_os[nodes], minlength=self.model.os_count)
+        cluster = self.cluster
+        give_back(cluster.owner, cluster.node_os, cluster.free_by_os, cluster.free_blk, nodes)
+        cluster.free += int(nodes.shape[0])

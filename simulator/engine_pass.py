@@ -1,7 +1,7 @@
 """The scheduling pass of a vjob-engine replay: `tick.decide` written over the replay's
 arrays, with compiled hot paths (the UBIS kernel and queue order, `ubis_priority.compiled`;
 EASY, `easy.backfill_arrays` and `backfill_leading`; the vjob order and backfill window,
-`vjob_order`; the node choice, `node_pool.take_nodes`; the queue buffer, `queue_rows`).
+`vjob_order`; the node choice, `node_pool.take_indexed`; the queue buffer, `queue_rows`).
 
 Why over arrays: 100,000 jobs on 1,056 nodes must replay in seconds.
 tests/test_decision_differential.py holds this pass equal to `tick.decide` on random cluster
@@ -20,7 +20,7 @@ from preemption.scheduling.reserve import need_beside, recent_interactive, reser
 from simulator.engine_actions import NO_NODES
 from simulator.engine_preempt import Preempting
 from simulator.queue_rows import queue_append, queue_remove
-from simulator.vjob_order import AHEAD_OFF, AHEAD_QUEUE, backfill_window, vjob_queue_order
+from simulator.vjob_order import AHEAD_OFF, AHEAD_QUEUE, backfill_tiers, vjob_queue_order
 from ubis_priority.compiled import queue_priorities, ubis_leading
 from ubis_priority.interactive import within_cap
 
@@ -117,17 +117,21 @@ class SchedulingPass(Preempting):
         bf_free = max(0, free - kept)
         depth = self.model.backfill_depth
         if ranking is None and rules.policy.order is Order.TIERS and not rules.full_sort_vjob:
-            count = backfill_window(
+            return backfill_tiers(
+                now,
+                bf_free,
+                shadow,
+                extra,
                 order,
                 head_at + 1,
                 jobs.inter_a,
+                jobs.need_a,
+                jobs.est_a,
                 rules.ahead == "backfill",
                 -1 if depth is None else depth,
                 rules.hard_cap,
                 self.scratch.vrest,
             )
-            rest = self.scratch.vrest[:count]
-            return backfill_arrays(now, bf_free, shadow, extra, rest, jobs.need_a[rest], jobs.est_a[rest], -1)
         if ranking is None:
             rest = order[head_at + 1 :]
             if rules.by_cost and rules.ahead == "backfill":  # interactive jobs looked at first
@@ -198,6 +202,10 @@ class SchedulingPass(Preempting):
         jobs = self.jobs
         # submission order inside the tiers: equal priorities leave (submission, job) to decide
         prio = self._priorities(qa, now) if self.rules.ubis_tiers else np.zeros(qa.shape[0])
+        if self.rules.ubis_interactive:  # only the interactive jobs within the cap are rated
+            priv = self._privileged(qa)
+            if priv.any():
+                prio[priv] = self._priorities(qa[priv], now)
         ahead = self.rules.ahead in ("queue", "guarded")
         if not self.rules.full_sort_vjob:
             self.book.guard = vjob_queue_order(

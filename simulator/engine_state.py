@@ -67,6 +67,9 @@ class Rules:
     cap_nodes: float
     ubis_tiers: bool = False
     """vjob: `[scheduling] tier_order = "ubis"` (each tier by UBIS priority, not submission)."""
+    ubis_interactive: bool = False
+    """vjob: `[scheduling] tier_order = "ubis-interactive"` (the interactive tier by UBIS
+    priority, the other tiers by submission)."""
     full_sort_vjob: bool = False
     """vjob: rank the queue with `np.lexsort` at every pass (`policies.vjob_order`, the same
     order as `vjob_order.vjob_queue_order`; bench/simulate.py's baseline)."""
@@ -124,6 +127,9 @@ class Cluster:
     free: int
     free_by_os: np.ndarray
     """Free nodes per current OS image, kept up to date as nodes are taken and freed."""
+    free_blk: np.ndarray
+    """Free nodes per (image, block of 64 nodes), so a start reads only blocks with free
+    nodes (node_pool.py); no blocks until the first start builds it from `owner`."""
     running: dict[int, tuple[float, float, np.ndarray]] = field(default_factory=dict)
     """Running job -> (alloc time, run start, nodes)."""
     holds: dict[tuple[int, int], tuple[float, int]] = field(default_factory=dict)
@@ -235,6 +241,7 @@ def build_rules(
         conf=scalars(prio_cfg, model.nodes),
         cap_nodes=cap_limit(prio_cfg.interactive_cap, model.nodes),
         ubis_tiers=sched.tier_order == "ubis",
+        ubis_interactive=sched.tier_order == "ubis-interactive",
     )
 
 
@@ -299,6 +306,7 @@ def build_cluster(model: ClusterModel) -> Cluster:
         owner=np.full(model.nodes, FREE, dtype=np.int64),
         free=model.nodes,
         free_by_os=np.bincount(node_os, minlength=model.os_count),
+        free_blk=np.zeros((model.os_count, 0), dtype=np.int64),
     )
 
 

@@ -136,7 +136,10 @@ def simulate_remap(args: argparse.Namespace, workload: Workload, seeds: list[int
         (out / "remap_summary.json").write_text(json.dumps(doc, indent=2) + "\n")
     except OSError as exc:
         raise InputError(f"--out {out}: cannot write: {exc.strerror}") from None
-    _print(doc)
+    if getattr(args, "json", False):
+        print(json.dumps(doc, indent=2, sort_keys=True))
+    else:
+        _print(doc)
     return 0
 
 

@@ -202,7 +202,7 @@ def states(draw: st.DrawFn, crowded: bool = False) -> State:
         backfill_depth=draw(st.sampled_from([None, 0, 1, 2, 500])),
     )
     scheduling = SchedulingConfig(
-        tier_order=draw(st.sampled_from(["submit", "ubis", "ubis"])),
+        tier_order=draw(st.sampled_from(["submit", "ubis", "ubis", "ubis-interactive", "ubis-interactive"])),
         max_preemptions=draw(st.sampled_from([0, 1, 2, 3, 7])),
         head_slack_s=draw(st.sampled_from([0.0, 60.0, 1800.0, 1e9])),
         interactive_ahead=draw(st.sampled_from(["guarded", "guarded", "off", "backfill", "queue"])),

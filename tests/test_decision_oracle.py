@@ -133,7 +133,7 @@ def cases(draw: st.DrawFn) -> Case:
         priority=PriorityConfig(interactive_cap=draw(st.sampled_from([0.3, 1.0, 1.0, 1.0]))),
         scheduling=SchedulingConfig(
             policy="vjob",
-            tier_order=draw(st.sampled_from(["submit", "ubis"])),
+            tier_order=draw(st.sampled_from(["submit", "ubis", "ubis-interactive"])),
             max_preemptions=draw(st.sampled_from([0, 1, 2, 2, 3])),
             head_slack_s=float(draw(st.sampled_from([0, 0, 60, 600, 5000, 1e9]))),
         ),
@@ -145,7 +145,7 @@ def cases(draw: st.DrawFn) -> Case:
         images=tuple(f"os{i}" for i in range(images)),
     )
     prio = compute(view, cfg.priority).as_dict()
-    rated = cfg.scheduling.tier_order == "ubis"
+    rated = cfg.scheduling.tier_order == "ubis"  # "ubis-interactive" leaves the batch tier by submission
     guard = min(batch, key=lambda j: (-prio[j.id] if rated else 0.0, j.submit_time, len(j.id), j.id)) if batch else None
     anchors = {}
     if guard is not None and draw(st.booleans()):

@@ -99,6 +99,12 @@ def test_the_documented_order_is_what_it_prints(capsys, tmp_path):
     snapshot.write_text(next(body for lang, body in blocks if lang == "json"))
     documented = next(body for lang, body in blocks if lang == "" and body.startswith("#  JOBID"))
     conf = tmp_path / "vjob.toml"
-    conf.write_text("")
+    conf.write_text('[scheduling]\ntier_order = "ubis"\n')  # as the page says
     assert main(["--config", str(conf), "prio", "--from", str(snapshot), "--explain"]) == 0
     assert capsys.readouterr().out == documented
+
+
+def test_the_footer_says_how_a_tier_is_ordered(capsys, snapshot, tmp_path):
+    """The default `tier_order = "submit"`: the weights do not order a tier, and it says so."""
+    table = _explain(capsys, snapshot, '[scheduling]\npolicy = "vjob"\n', tmp_path)
+    assert "policy vjob: 4 jobs in tier, then submission time" in table

@@ -128,8 +128,10 @@ def test_applied_trial_changes_the_agents_decision(tmp_path: Path, capsys: pytes
     assert study.user_attrs["spec"]["policy"] == "vjob"  # the site's [scheduling] policy, by default
     done = [t for t in study.trials if t.state == TrialState.COMPLETE]
     assert len(done) == 3
-    # what the vjob policy reads, and only that: the UBIS weights (they order each tier) and its own
+    # what the vjob policy reads, and only that: the tier order, the UBIS weights (they order the
+    # tiers tier_order names) and its own
     assert set(done[0].params) == {
+        "tier_order",
         *PriorityWeights.model_fields,
         "interactive_cap",
         "head_slack_s",
@@ -147,6 +149,8 @@ def test_applied_trial_changes_the_agents_decision(tmp_path: Path, capsys: pytes
     assert applied.priority.interactive_cap == pytest.approx(chosen.params["interactive_cap"], rel=1e-5)
     assert applied.scheduling.head_slack_s == pytest.approx(chosen.params["head_slack_s"], rel=1e-5)
     assert applied.scheduling.max_preemptions == chosen.params["max_preemptions"]
+    assert applied.scheduling.tier_order == chosen.params["tier_order"]
+    assert f'tier_order = "{chosen.params["tier_order"]}"' in text
 
     before = _as_the_agent(Config())
     after = _as_the_agent(applied)
@@ -187,3 +191,41 @@ def test_bad_trials_and_files_are_refused_naming_the_field(tmp_path: Path) -> No
     written = apply_file(site, trial_updates("s", 1, {"head_slack_s": 60.0, "max_preemptions": 4.0}, "vjob"))
     got = tomllib.loads(written)["scheduling"]
     assert got == {"victims": "cost", "policy": "vjob", "head_slack_s": 60.0, "max_preemptions": 4}
+
+
+def test_the_tier_order_is_tuned_written_and_validated(tmp_path: Path) -> None:
+    """`tier_order` is a choice a vjob trial makes (the weights order nothing under "submit"),
+    `apply` writes it as a string the loader's model checks, and ubis (which has no tiers)
+    refuses it."""
+    updates = trial_updates("s", 1, {"tier_order": "ubis-interactive", "usage": 0.3}, "vjob")
+    assert ("scheduling", "tier_order", "ubis-interactive") in updates
+    assert ("priority.weights", "usage", 0.3) in updates
+    site = tmp_path / "vjob.toml"
+    site.write_text(SITE)
+    written = tomllib.loads(apply_file(site, updates))
+    assert written["scheduling"]["tier_order"] == "ubis-interactive" and written["priority"]["weights"]["usage"] == 0.3
+    assert vconfig.load(site).scheduling.tier_order == "ubis-interactive"
+    before = site.read_text()
+    with pytest.raises(ConfigError, match="tier_order"):  # not one of its values: refused, file kept
+        apply_file(site, trial_updates("s", 2, {"tier_order": "sideways"}, "vjob"))
+    assert site.read_text() == before
+    with pytest.raises(InputError, match=r"parameter tier_order = 'ubis' is not read by policy ubis"):
+        trial_updates("s", 3, {"tier_order": "ubis"}, "ubis")
+
+
+def test_the_search_space_holds_the_tier_order_as_a_choice() -> None:
+    from simulator.tune.config import TuneConfig
+    from simulator.tune.space import space
+
+    vjob = space(None, None, TuneConfig(), "vjob")
+    assert vjob.choices == {"tier_order": ("submit", "ubis", "ubis-interactive")}
+    assert "tier_order" not in vjob.bounds and vjob.names[0] == "tier_order"
+    only = space("tier_order,w1", None, TuneConfig(), "vjob")
+    assert only.names == ["tier_order", "usage"]
+    assert space(None, None, TuneConfig(search=["tier_order"]), "vjob").bounds == {}
+    with pytest.raises(InputError, match="--bounds tier_order: takes one of submit, ubis, ubis-interactive"):
+        space(None, "tier_order=0:1", TuneConfig(), "vjob")
+    with pytest.raises(InputError, match="--search tier_order: the ubis policy does not read it"):
+        space("tier_order", None, TuneConfig(), "ubis")
+    with pytest.raises(ValueError, match="'tier_orders': not a tunable parameter"):
+        TuneConfig(search=["tier_orders"])

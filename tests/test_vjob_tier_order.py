@@ -142,3 +142,53 @@ def test_the_compiled_order_schedules_as_the_whole_queue_sort() -> None:
     sim.rules.full_sort_vjob = True
     assert compiled.preemptions > 0
     assert schedule_digest(sim.run()) == schedule_digest(compiled)
+
+
+def _two_interactive(tier_order: str, weights: PriorityWeights | None = None) -> Decision:
+    """`_view` with a second interactive job within the cap: alice's, older than bob's and on
+    the nodes' image (so the node terms favour it), while alice's heavy usage counts against
+    it; both fit the 4 free nodes only one at a time beside the backfill (2 + 1 of 3)."""
+    view = _view()
+    alices = Job(id="j", user="alice", os_image="deb", job_class=JobClass.INTERACTIVE, nodes=2, submit_time=NOW - 120)
+    view = ClusterView(now=view.now, nodes=view.nodes, jobs=(*view.jobs, alices), usage=view.usage)
+    prio = PriorityConfig(interactive_cap=0.5, weights=weights or PriorityWeights())
+    cfg = Config(priority=prio, scheduling=SchedulingConfig(policy="vjob", tier_order=tier_order))  # type: ignore[arg-type]
+    return decide(view, cfg, knob=KNOB, checkpointable=(), sleeping={})
+
+
+def test_ubis_interactive_ranks_the_interactive_tier_and_leaves_the_batch_tier_by_submission() -> None:
+    """`tier_order = "ubis-interactive"`: the interactive tier follows the weights (the usage
+    weight raised puts bob's later job ahead of alice's), the batch tier stays in submission
+    order even where "ubis" reorders it (checked with the same weights)."""
+    usage = PriorityWeights(usage=0.5)
+    submit = _two_interactive("submit", usage)
+    ranked = _two_interactive("ubis-interactive", usage)
+    everywhere = _two_interactive("ubis", usage)
+    assert submit.priorities["i"] > submit.priorities["j"]  # the weights favour bob's job ...
+    assert submit.order == ("j", "i", "c", "old", "new")  # ... which the submission order ignores
+    assert ranked.order == ("i", "j", "c", "old", "new")
+    assert everywhere.order == ("i", "j", "c", "new", "old")  # "ubis" also reorders the batch tier
+    no_usage = _two_interactive("ubis-interactive", PriorityWeights(usage=0.0))  # the node terms decide
+    assert no_usage.priorities["j"] > no_usage.priorities["i"] and no_usage.order[:2] == ("j", "i")
+    assert ranked.rms_priorities["i"] > ranked.rms_priorities["j"] > ranked.rms_priorities["c"]
+
+
+UBIS_INTERACTIVE = SchedulingConfig(tier_order="ubis-interactive")
+
+
+def test_ubis_interactive_replays_move_with_a_weight_and_agree_with_the_whole_queue_sort() -> None:
+    """A replay under "ubis-interactive" changes with one weight (the interactive tier is
+    ranked), and the compiled order gives `full_sort_vjob`'s schedule, with preemptions."""
+    workload, model = _workload()
+    paper = PriorityConfig(interactive_cap=0.15)
+    # the node terms off: the interactive tier goes by fair share and queue time instead
+    changed = PriorityConfig(interactive_cap=0.15, weights=PriorityWeights(os_available=0.0, free_nodes=0.0))
+    compiled = simulate(workload, model, "vjob", paper, scheduling=UBIS_INTERACTIVE)  # type: ignore[arg-type]
+    other = simulate(workload, model, "vjob", changed, scheduling=UBIS_INTERACTIVE)  # type: ignore[arg-type]
+    submit = simulate(workload, model, "vjob", paper)  # type: ignore[arg-type]
+    assert compiled.preemptions > 0
+    assert schedule_digest(compiled) != schedule_digest(other)
+    assert schedule_digest(compiled) != schedule_digest(submit)
+    sim = Simulation(workload, model, "vjob", paper, scheduling=UBIS_INTERACTIVE)  # type: ignore[arg-type]
+    sim.rules.full_sort_vjob = True
+    assert schedule_digest(sim.run()) == schedule_digest(compiled)

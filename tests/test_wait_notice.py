@@ -4,7 +4,7 @@ PBS side of it (`PbsAdapter.tell_wait`, on the recorded-output stand-ins).
 The step is driven here by real passes (`tick.decide`) over hand-made clusters, against an RMS
 kept in memory whose field is edited by the real vjob.record_text, so that what is counted is
 the step's writes: one per change, none while the reason stands, one to remove it when the job
-starts. The live proof on Slurm (scontrol, squeue -O AdminComment, the user's --comment) is
+starts. The live proof on Slurm (scontrol, squeue -O admin_comment, the user's --comment) is
 tests/test_wait_notice_slurm.py; PBS cannot run here (docs/pbs.md), so its commands are checked
 on the stand-ins (tests/pbs_standins.py)."""
 
@@ -200,3 +200,30 @@ def test_a_reason_an_earlier_agent_left_is_removed_once() -> None:
     for _ in range(3):
         notices.update(rms, decide(view, _cfg(1.0), knob=None, checkpointable=set(), sleeping={}), view, *args)
     assert rms.texts["5"] == LABEL and rms.calls == ["5"] and notices.writes == 1
+
+
+def test_a_reason_another_writer_dropped_is_back_within_resync_s() -> None:
+    """An operator's `scontrol update AdminComment=...` replaces the whole field, dropping vjob's
+    group: the next reading (every resync_s) finds it missing and adds it back beside the
+    operator's words; between readings a steady reason costs no call, and a reading that finds
+    the reason in place writes nothing."""
+    job = Job(id="6", user="bob", job_class=JobClass.INTERACTIVE, submit_time=NOW - 5)
+    rms = FieldRMS({"6": LABEL})
+    clock = [0.0]
+    notices, args = WaitNotices(resync_s=300.0, clock=lambda: clock[0]), (log.get("test"), AgentMetrics())
+    view = _view(job)
+    decision = decide(view, _cfg(1.0), knob=None, checkpointable=set(), sleeping={})
+    group = f"[{decision.waits['6'].text()}]"
+    notices.update(rms, decision, view, *args)
+    assert rms.texts["6"] == f"{LABEL} {group}" and notices.writes == 1
+    rms.texts["6"] = "ops: node n0 drained\ttill noon"  # the operator's write, whole
+    for t in (10.0, 150.0, 299.0):
+        clock[0] = t
+        notices.update(rms, decision, view, *args)
+    assert len(rms.calls) == 1  # trusted between readings
+    clock[0] = 300.0
+    notices.update(rms, decision, view, *args)
+    assert rms.texts["6"] == f"ops: node n0 drained\ttill noon {group}" and notices.writes == 2
+    clock[0] = 600.0
+    notices.update(rms, decision, view, *args)
+    assert len(rms.calls) == 3 and notices.writes == 2  # read again, found in place: no write

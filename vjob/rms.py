@@ -26,17 +26,25 @@ class PriorityKnob:
     """The RMS's per-job integer priority: UBIS's P/Σw in 0..1 maps linearly onto low..high.
 
     `min_step`: the smallest change worth a command (queue time moves every priority a little
-    each tick; Slurm's site factor spans a million, so a change of 1 is noise)."""
+    each tick; Slurm's site factor spans a million, so a change of 1 is noise).
+    `share`: how much of the order within a tier vjob owns beside the RMS's own priority
+    (preemption.scheduling.site_order; Slurm `[slurm] order_share`): 1 = vjob's whole order
+    on the knob; below 1 the knob carries vjob's tier in bands and `share` of the within-tier
+    range, and the site's own factors (fair share) the rest — used when the adapter can read
+    them (`site_priorities`)."""
 
     low: int
     high: int
     min_step: int = 1
+    share: float = 1.0
 
     def __post_init__(self) -> None:
         if self.high <= self.low:
             raise ValueError(f"priority knob {self.low}..{self.high}: high must be above low")
         if self.min_step < 1:
             raise ValueError(f"priority knob min_step = {self.min_step}: must be >= 1")
+        if not 0.0 <= self.share <= 1.0:
+            raise ValueError(f"priority knob share = {self.share}: must be in 0..1")
 
 
 @dataclass(frozen=True)

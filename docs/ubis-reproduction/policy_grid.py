@@ -48,6 +48,16 @@ ABLATION: dict[str, dict[str, Any]] = {
         "interactive_reserve_nodes": 100,
         "interactive_reserve_arrivals": 2,
     },
+    "UBIS in the interactive tier": {"tier_order": "ubis-interactive"},
+    "UBIS in the interactive tier + slack 300 s": {"tier_order": "ubis-interactive", "head_slack_s": 300.0},
+    "UBIS in the interactive tier + slack 0 s": {"tier_order": "ubis-interactive", "head_slack_s": 0.0},
+    "UBIS in the interactive tier + slack 1800 s": {"tier_order": "ubis-interactive", "head_slack_s": 1800.0},
+    "UBIS in the interactive tier + bound 1": {"tier_order": "ubis-interactive", "max_preemptions": 1},
+    "UBIS in the interactive tier + victims harmless to the guard first": {
+        "tier_order": "ubis-interactive",
+        "victims": "guard",
+    },
+    "UBIS in every tier": {"tier_order": "ubis"},
 }
 _TRACE: dict[str, Any] = {}
 
@@ -135,6 +145,7 @@ def main() -> None:
             cells, args.seeds.split(","), runs, args.cap_modes.split(",")
         )
     ]
+    started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.workers) as pool, open(args.out, "a") as out:
         futures = [pool.submit(run, s) for s in specs]
         for k, fut in enumerate(as_completed(futures), 1):
@@ -144,6 +155,16 @@ def main() -> None:
             print(
                 f"policy_grid: {k}/{len(specs)} {line['label']} {line['frac']}/{line['size']}/{line['cap']}", flush=True
             )
+    print(
+        json.dumps(
+            {
+                "bench": "policy_grid",
+                "runs": len(specs),
+                "out": args.out,
+                "seconds": round(time.perf_counter() - started),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from typing import TypeVar
 from plugins.pbs import names, records
 from plugins.pbs.config import PbsConfig
 from plugins.pbs.convert import Conventions
+from plugins.pbs.held_priority import held_priorities
 from plugins.pbs.parse import parse_jobs, parse_nodes
 from provisioning.images import StoreNodeOS, with_node_os
 from vjob import log, proc, record_text
@@ -81,6 +82,9 @@ class PbsAdapter:
             os_property_prefix=self.config.os_property_prefix,
         )
         self._log = log.get("pbs")
+        self.held: dict[str, int] = {}
+        """The Priority each job held at the last `jobs()` read (held_priority.py): what a
+        user's `qalter -p` may have changed; the agent sends its own value again (`resync`)."""
 
     # -- running a command ----------------------------------------------------------------------
     def _program(self, name: str) -> str:
@@ -101,7 +105,9 @@ class PbsAdapter:
 
     def _read(self, args: Sequence[str], parse: Callable[..., list[T]]) -> list[T]:
         """Run an observing command and parse its output; garbage becomes a CommandError."""
-        text = self._run(args)
+        return self._parse(args, self._run(args), parse)
+
+    def _parse(self, args: Sequence[str], text: str, parse: Callable[..., list[T]]) -> list[T]:
         try:
             return parse(text, source=" ".join(args), conventions=self.conventions)
         except InputError as exc:
@@ -126,7 +132,13 @@ class PbsAdapter:
         An array's parent record (`123[].server`) is dropped when its subjobs are listed
         (`-t`): the subjobs are the work, and counting the parent too would count it twice.
         """
-        listed = [j for j in self._read(self.job_command(), parse_jobs) if not j.state.finished]
+        args = self.job_command()
+        text = self._run(args)
+        listed = [j for j in self._parse(args, text, parse_jobs) if not j.state.finished]
+        try:
+            self.held = held_priorities(text, source=" ".join(args))
+        except InputError:
+            self.held = {}
         parents_with_subjobs = {_array_parent(j.id) for j in listed if "[" in j.id and "[]" not in j.id}
         return [j for j in listed if j.id not in parents_with_subjobs]
 

@@ -27,7 +27,9 @@ from plugins.slurm import hostlist, parse_json, parse_text
 from plugins.slurm.commands import SlurmCommands, check_job_id
 from plugins.slurm.environment import ENVIRONMENT, wake_file
 from plugins.slurm.site_default import sync_partition_defaults
+from plugins.slurm.site_priority import SiteReader
 from plugins.slurm.vm_sizes import Publisher, sizes_file
+from preemption.scheduling.site_order import SiteOrder
 from provisioning.images import StoreNodeOS, with_node_os
 from vjob import log, record_text
 from vjob.config import Config
@@ -62,6 +64,7 @@ class SlurmAdapter:
         site_factor_max: int = 1_000_000,
         node_os: Callable[[], dict[str, str]] | None = None,
         on_nodes: Callable[[list[Node]], None] | None = None,
+        order_share: float = 1.0,
     ) -> None:
         self.cmd = commands or SlurmCommands()
         self.node_os = node_os
@@ -72,8 +75,11 @@ class SlurmAdapter:
         self._forced_json = use_json is True
         self.site_factor_max = min(site_factor_max, SITE_FACTOR_LIMIT)
         self._version: tuple[int, int] | None = None
+        knob = PriorityKnob(0, self.site_factor_max, min_step=max(1, self.site_factor_max // 1000), share=order_share)
+        self.site = SiteReader(self.cmd, self.site_factor_max, order_share) if order_share < 1.0 else None
+        """Reads the site's own priorities when vjob shares the order (`[slurm] order_share` < 1)."""
         self.abilities = Abilities(
-            priority=PriorityKnob(0, self.site_factor_max, min_step=max(1, self.site_factor_max // 1000)),
+            priority=knob,
             requeue_hold=True,
             hold_release=True,
             suspend=True,
@@ -189,8 +195,9 @@ class SlurmAdapter:
 
     def tell_wait(self, job_id: str, reason: str | None) -> bool:
         """Why a held-back interactive job waits, in its AdminComment: only root and SlurmUser
-        may write it, `scontrol show job` and `squeue -O AdminComment` show it to the user, and
-        the user's own `--comment` stays theirs. Read, edited by vjob.record_text (every other
+        may write it (the user's `scontrol update` is refused), `scontrol show job`, `squeue -O
+        admin_comment` (22.05 refuses `AdminComment` there) and `squeue --json` show it to the
+        user, and the user's own `--comment` stays theirs. Read, edited by vjob.record_text (every other
         character kept) and written back only when it changed; False when nothing was written."""
         current = self.job_fields(job_id).get("AdminComment", "")
         current = "" if current == "(null)" else current
@@ -241,6 +248,14 @@ class SlurmAdapter:
                 row[name] = int(number_value)
             factors[parts[0]] = row
         return factors
+
+    def site_priorities(self) -> SiteOrder | None:
+        """The pending jobs' own multifactor priority (sprio's PRIORITY − SITE) and the site's
+        span (its PriorityWeight* summed), when vjob shares the order with the site; None when
+        it owns it (`order_share` = 1). A span whose bands do not fit site_factor_max raises."""
+        if self.site is None:
+            return None
+        return self.site.read(self.priority_factors())
 
     # -- act -------------------------------------------------------------------------------------
     def set_priority(self, job_id: str, value: int) -> None:
@@ -327,5 +342,9 @@ def make_adapter(config: Config) -> SlurmAdapter:
     )
     sizes = Publisher(sizes_file(config.slurm.conf), config.provisioning.vm_overhead_mib)
     return SlurmAdapter(
-        commands, site_factor_max=config.slurm.site_factor_max, node_os=StoreNodeOS(config), on_nodes=sizes
+        commands,
+        site_factor_max=config.slurm.site_factor_max,
+        node_os=StoreNodeOS(config),
+        on_nodes=sizes,
+        order_share=config.slurm.order_share,
     )

@@ -22,6 +22,13 @@ class SlurmConfig(Section):
     """Directory of the Slurm commands; empty means search PATH."""
     site_factor_max: int = Field(1_000_000, ge=1)
     """The site factor a priority of 1.0 maps to (Slurm's PriorityWeightSite scale)."""
+    order_share: float = Field(0.5, ge=0.0, le=1.0, allow_inf_nan=False)
+    """How much of the order within a tier vjob owns beside the site's multifactor (fair
+    share, age, QOS): 0 leaves each tier to the site's factors, 0.5 weighs vjob's UBIS
+    priority as much as all of them together, 1 sends vjob's whole order over
+    0..site_factor_max (the former rule: the site's factors then matter only between
+    neighbours). Below 1 the tiers go in bands above the site's PriorityWeight* sum
+    (docs/slurm.md, "vjob's order and the site's priority")."""
     conf: str = ""
     """slurm.conf the commands use (passed as SLURM_CONF); empty means Slurm's own default."""
     image_list: str = ""

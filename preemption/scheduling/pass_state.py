@@ -71,6 +71,8 @@ class PassState:
         self.head_slack_s = cfg.scheduling.head_slack_s
         self.interactive_ahead = cfg.scheduling.interactive_ahead
         self.ubis_tiers = cfg.scheduling.tier_order == "ubis"
+        self.ubis_interactive = cfg.scheduling.tier_order == "ubis-interactive"
+        """vjob: only the interactive tier (jobs within the cap) ranked by UBIS priority."""
         self.guarded = self.by_cost and self.interactive_ahead == "guarded"
         self.harmless_first = cfg.scheduling.victims == "guard"
         self.fallback = cfg.scheduling.victims == "fallback"

@@ -17,9 +17,11 @@ interactive job may take nodes from running batch jobs:
   that does not fit checkpoints the lowest-priority batch jobs (victims.py) and starts once
   their checkpoints are written; preempted jobs queue again with their Pn/Pt raised.
 - `vjob` (the default; docs/policy.md): tiers — interactive jobs within the cap, then the
-  jobs vjob checkpointed (they already waited), then the rest — and within a tier the UBIS
-  priority, highest first, so the weights and a user's fair share decide who goes first
-  inside a tier but never lift a job into another; an interactive job within the cap that does
+  jobs vjob checkpointed (they already waited), then the rest — and within a tier, as
+  `[scheduling] tier_order` says, submission time (the default), or the UBIS priority, highest
+  first, in the interactive tier only (`ubis-interactive`) or in every tier (`ubis`): the
+  weights and a user's fair share then decide who goes first inside a ranked tier but never
+  lift a job into another; an interactive job within the cap that does
   not fit checkpoints batch jobs chosen by cost (fewest earlier preemptions, then nodes
   already on its image, then the smallest checkpoint), never a job already preempted
   `[scheduling] max_preemptions` times, and only when that does not push the reserved start

@@ -50,6 +50,7 @@ from preemption.scheduling.policies import (
     vjob_tiers,
 )
 from preemption.scheduling.reserve import need_beside
+from preemption.scheduling.site_order import SiteOrder, site_values, walk_order
 from preemption.scheduling.waiting import WaitReason
 from ubis_priority import compute, integer_priority
 from vjob.config import Config
@@ -81,8 +82,9 @@ class Decision:
     """UBIS priority of every pending or held job."""
     rms_priorities: Mapping[str, int] = field(default_factory=dict)
     """For the RMS's integer knob (Slurm site factor, PBS priority): the pass's queue order
-    (`order`), first job highest, under every policy (`_rank_priorities`); empty when the RMS
-    has none (OAR)."""
+    (`order`), first job highest (`_rank_priorities`); under vjob with a knob `share` below 1
+    and the site's own priorities read, the tiers in bands and vjob's share of each tier
+    (`_site_priorities`, site_order.py); empty when the RMS has none (OAR)."""
     preemptions: tuple[Preemption, ...] = ()
     releases: tuple[Release, ...] = ()
     waiting_interactive: tuple[str, ...] = ()
@@ -100,6 +102,10 @@ class Decision:
     order: tuple[str, ...] = ()
     """The queue (pending and held jobs) in the policy's order, the one the pass walks and
     `rms_priorities` follows."""
+    exact_priorities: bool = False
+    """`rms_priorities` are tier bands the RMS adds to its own priority (`_site_priorities`):
+    it must hold these very values, not only their order, for the pass's walk to be its order
+    (the agent then sends every changed value, agent.site_read.resync)."""
     tiers: Mapping[str, int] = field(default_factory=dict)
     """vjob: each queued job's tier (`policies.TIER_NAMES`: 0 interactive within the cap,
     1 checkpointed, 2 interactive ahead of batch, 3 the rest); empty under other policies."""
@@ -118,6 +124,7 @@ def decide(
     bill_victims: bool = False,
     cap_mode: str = "preempt",
     anchors: Mapping[str, float] | None = None,
+    site: SiteOrder | None = None,
 ) -> Decision:
     """One scheduling pass of `policy` over `view` (see the module docstring).
 
@@ -135,16 +142,24 @@ def decide(
     interactive jobs are not backfilled; policies.py). `anchors`: vjob, the reserved starts
     guarded jobs had when first protected (`Decision.anchors` of the previous tick), so that
     the slack bounds the whole delay of the queue's first batch job, not each tick's.
+    `site`: the RMS's own priority of the queued jobs (Slurm's multifactor without vjob's
+    site factor); with a knob whose `share` is below 1, vjob sends its tiers in bands and its
+    share of each tier, and walks each tier in the order the RMS will follow (site_order.py).
     """
     pol = policy_named(cfg.scheduling.policy if policy is None else policy)
     hard = check_cap_mode(cap_mode) == "hard"
-    pending_prio = compute(view, cfg.priority).as_dict()
+    prios = compute(view, cfg.priority)
+    pending_prio = prios.as_dict()
 
     state = PassState(view, cfg, costs or Costs(), checkpointable, sleeping, bill_victims, pol)
     state.anchors.update(anchors or {})
     queue = [j for j in view.pending if j.state is JobState.PENDING or j.id in sleeping]
     ordered, tiers = _order(pol, queue, pending_prio, state)
-    rms_prio = {} if knob is None else _rank_priorities(ordered, pending_prio, knob)
+    exact = knob is not None and knob.share < 1.0 and site is not None and bool(tiers)
+    if exact:
+        ordered, rms_prio = _site_priorities(ordered, tiers, pending_prio, prios.terms.max_priority, knob, site, state)
+    else:
+        rms_prio = {} if knob is None else _rank_priorities(ordered, pending_prio, knob)
     started, preemptions, head, head_at, head_priv = _walk(ordered, state, pol, hard)
     if head is not None and state.free_count() > 0 and not (pol.blocks_behind_interactive and head_priv):
         started += _backfill(view.now, head, head_priv, ordered[head_at + 1 :], state, backfill_depth, hard)
@@ -168,6 +183,7 @@ def decide(
         placements={job_id: state.jobs[job_id].allocated_nodes for job_id in started},
         anchors={k: v for k, v in state.anchors.items() if k in pending_prio and k not in done},
         order=tuple(j.id for j in ordered),
+        exact_priorities=exact,
         tiers=tiers,
     )
 
@@ -259,7 +275,10 @@ def _order(
         privileged = [j.interactive and state.within_caps(j) for j in queue]
         ahead = [j.interactive for j in queue] if state.interactive_ahead in ("queue", "guarded") else None
         resumed = [j.preempt_count > 0 for j in queue]
-        rated = [prio[j.id] for j in queue] if state.ubis_tiers else [0.0] * len(queue)
+        rated = [
+            prio[j.id] if state.ubis_tiers or (state.ubis_interactive and p) else 0.0
+            for j, p in zip(queue, privileged, strict=True)
+        ]
         order = vjob_order(submit, privileged, resumed, ahead, rated, id_ranks(queue))
         tiers = vjob_tiers(privileged, resumed, ahead)
         tier_of = {queue[k].id: int(t) for k, t in enumerate(tiers.tolist())}
@@ -280,6 +299,29 @@ def id_ranks(jobs: Sequence[Job]) -> list[int]:
     for place, k in enumerate(by_id):
         ranks[k] = place
     return ranks
+
+
+def _site_priorities(
+    ordered: Sequence[Job],
+    tiers: Mapping[str, int],
+    pending: Mapping[str, float],
+    max_priority: float,
+    knob: PriorityKnob,
+    site: SiteOrder,
+    state: PassState,
+) -> tuple[list[Job], dict[str, int]]:
+    """vjob's tiers in bands and its share of each tier on the knob, the site's own priority
+    the rest (site_order.py); the queue re-walked in the order the RMS will then follow, and
+    the guard (the first batch job) taken from that order, so that the job it protects is
+    the one the RMS starts first. Pending jobs outside the queue get the lowest value."""
+    rated = [j for j in ordered if state.ubis_tiers or (state.ubis_interactive and tiers[j.id] == 0)]
+    fractions = {j.id: pending[j.id] / max_priority for j in rated} if max_priority > 0 else {}
+    sent = site_values(ordered, tiers, fractions, knob, site.span)
+    walked = walk_order(ordered, sent, site.own)
+    state.guard = next((j for j in walked if not j.interactive), None)
+    out = dict.fromkeys(pending, knob.low)
+    out.update(sent)
+    return walked, out
 
 
 def _rank_priorities(ordered: Sequence[Job], pending: Mapping[str, float], knob: PriorityKnob) -> dict[str, int]:

@@ -58,13 +58,14 @@ def _add_run(tsub: Any) -> None:
         description="Create the study (or resume it with the same set-up) and run trials until "
         "it holds --trials complete ones, here or as a Slurm job array.",
     )
-    run.add_argument("--trace", required=True, help="SWF (plain or .gz) or Torque accounting log")
-    run.add_argument("--nodes", type=int, required=True, help="machine size (nodes)")
-    run.add_argument("--study", required=True, help="study name (letters, digits, . _ -)")
-    run.add_argument("--storage", default=None, help="SQLAlchemy URL of the study database (see below)")
-    run.add_argument("--trials", type=int, default=50, help="complete trials the study ends with (count)")
+    run.add_argument("--trace", metavar="FILE", required=True, help="SWF (plain or .gz) or Torque accounting log")
+    run.add_argument("--nodes", metavar="N", type=int, required=True, help="machine size (nodes)")
+    run.add_argument("--study", metavar="NAME", required=True, help="study name (letters, digits, . _ -)")
+    run.add_argument("--storage", metavar="URL", default=None, help="SQLAlchemy URL of the study database (see below)")
+    run.add_argument("--trials", metavar="N", type=int, default=50, help="complete trials the study ends with (count)")
     run.add_argument(
         "--objectives",
+        metavar="LIST",
         default=None,
         help="comma list (default [tune] objectives): "
         "interactive_response, interactive_wait, batch_response, batch_slowdown, "
@@ -72,12 +73,16 @@ def _add_run(tsub: Any) -> None:
     )
     run.add_argument(
         "--search",
+        metavar="LIST",
         default=None,
         help="parameters searched, comma list (default [tune] search): "
         "w1..w7 or usage..interactive, interactive_cap, head_slack_s, max_preemptions, "
-        "interactive_reserve_nodes; default: all the policy reads",
+        "interactive_reserve_nodes, tier_order (vjob: submit, ubis or ubis-interactive); "
+        "default: all the policy reads",
     )
-    run.add_argument("--bounds", default=None, help="name=low:high,... over [tune] bounds (e.g. w3=0:0.3)")
+    run.add_argument(
+        "--bounds", metavar="RANGES", default=None, help="name=low:high,... over [tune] bounds (e.g. w3=0:0.3)"
+    )
     run.add_argument(
         "--policy",
         choices=("ubis", "vjob"),
@@ -85,18 +90,38 @@ def _add_run(tsub: Any) -> None:
         help="policy tuned and later applied (default [tune] policy, else [scheduling] policy)",
     )
     run.add_argument("--sampler", choices=("nsga2", "tpe"), default=None, help="Optuna sampler (default [tune])")
-    run.add_argument("--train-fraction", type=float, default=None, help="share of the span tuned on (0..1)")
-    run.add_argument("--interactive-frac", type=float, default=0.2, help="share of all jobs injected as interactive")
-    run.add_argument("--interactive-mean-size", type=float, default=100.0, help="Poisson mean of interactive sizes")
-    run.add_argument("--os-count", type=int, default=2, help="OS images (count)")
+    run.add_argument(
+        "--train-fraction", metavar="FRACTION", type=float, default=None, help="share of the span tuned on (0..1)"
+    )
+    run.add_argument(
+        "--interactive-frac",
+        metavar="FRACTION",
+        type=float,
+        default=0.2,
+        help="share of all jobs injected as interactive",
+    )
+    run.add_argument(
+        "--interactive-mean-size", metavar="NODES", type=float, default=100.0, help="Poisson mean of interactive sizes"
+    )
+    run.add_argument("--os-count", metavar="N", type=int, default=2, help="OS images (count)")
     run.add_argument("--cap-mode", choices=("preempt", "hard"), default="preempt", help="as for vjob simulate")
-    run.add_argument("--seed", type=int, default=1, help="seed of the set-up (interactive jobs, OS draws)")
-    run.add_argument("--max-jobs", type=int, default=None, help="use only the first N trace jobs (count)")
-    run.add_argument("--backfill-depth", type=int, default=500, help="queued jobs per backfill pass (count)")
-    run.add_argument("--priority-refresh", type=float, default=0.0, help="ubis: reuse priorities this many s")
+    run.add_argument("--seed", metavar="N", type=int, default=1, help="seed of the set-up (interactive jobs, OS draws)")
+    run.add_argument("--max-jobs", metavar="N", type=int, default=None, help="use only the first N trace jobs (count)")
+    run.add_argument(
+        "--backfill-depth", metavar="N", type=int, default=500, help="queued jobs per backfill pass (count)"
+    )
+    run.add_argument(
+        "--priority-refresh", metavar="SECONDS", type=float, default=0.0, help="ubis: reuse priorities this many s"
+    )
     run.add_argument("--lenient", action="store_true", help="skip and count malformed trace lines")
     run.add_argument("--no-defaults", action="store_true", help="do not start with the configured values as trial 0")
-    run.add_argument("--heartbeat-s", type=int, default=30, help="worker heartbeat (s); a silent trial fails after 2x")
+    run.add_argument(
+        "--heartbeat-s",
+        metavar="SECONDS",
+        type=int,
+        default=30,
+        help="worker heartbeat (s); a silent trial fails after 2x",
+    )
     run.add_argument(
         "--submit",
         choices=("local", "slurm", "none"),
@@ -104,9 +129,11 @@ def _add_run(tsub: Any) -> None:
         help="where the workers run: here, as a Slurm array, or none (create the study only; start "
         "`vjob tune worker` yourself, e.g. as a PBS or OAR array)",
     )
-    run.add_argument("--array", type=int, default=4, help="--submit slurm: array tasks (workers)")
-    run.add_argument("--time", default=None, help="--submit slurm: time limit of each task (sbatch --time)")
-    run.add_argument("--log-dir", default=".", help="--submit slurm: where the tasks write their output")
+    run.add_argument("--array", metavar="N", type=int, default=4, help="--submit slurm: array tasks (workers)")
+    run.add_argument(
+        "--time", metavar="LIMIT", default=None, help="--submit slurm: time limit of each task (sbatch --time)"
+    )
+    run.add_argument("--log-dir", metavar="DIR", default=".", help="--submit slurm: where the tasks write their output")
     run.add_argument("--no-progress", action="store_true", help="plain progress lines even on a terminal")
     run.set_defaults(func=_run)
 
@@ -122,10 +149,16 @@ def _add_worker(tsub: Any) -> None:
         "  VJOB_TUNE_STUDY=site1 VJOB_TUNE_STORAGE=postgresql://tune:PW@db/tune vjob tune worker",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    worker.add_argument("--study", default=None, help="study name (default $VJOB_TUNE_STUDY)")
-    worker.add_argument("--storage", default=None, help="study database URL (default $VJOB_TUNE_STORAGE)")
+    worker.add_argument("--study", metavar="NAME", default=None, help="study name (default $VJOB_TUNE_STUDY)")
     worker.add_argument(
-        "--heartbeat-s", type=int, default=None, help="heartbeat (s; default $VJOB_TUNE_HEARTBEAT_S or 30)"
+        "--storage", metavar="URL", default=None, help="study database URL (default $VJOB_TUNE_STORAGE)"
+    )
+    worker.add_argument(
+        "--heartbeat-s",
+        metavar="SECONDS",
+        type=int,
+        default=None,
+        help="heartbeat (s; default $VJOB_TUNE_HEARTBEAT_S or 30)",
     )
     worker.add_argument("--no-progress", action="store_true", help="plain progress lines")
     worker.set_defaults(func=_worker)
@@ -142,8 +175,8 @@ def _add_show(tsub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     show.add_argument("study", help="study name")
-    show.add_argument("--storage", default=None, help="study database URL")
-    show.add_argument("--png", default=None, help="write the front as a PNG here")
+    show.add_argument("--storage", metavar="URL", default=None, help="study database URL")
+    show.add_argument("--png", metavar="FILE", default=None, help="write the front as a PNG here")
     show.add_argument("--json", action="store_true", help="print JSON instead of a table")
     show.set_defaults(func=_show)
 
@@ -160,8 +193,8 @@ def _add_apply(tsub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     app.add_argument("study", help="study name")
-    app.add_argument("--trial", type=int, required=True, help="trial number (see vjob tune show)")
-    app.add_argument("--storage", default=None, help="study database URL")
+    app.add_argument("--trial", metavar="N", type=int, required=True, help="trial number (see vjob tune show)")
+    app.add_argument("--storage", metavar="URL", default=None, help="study database URL")
     app.add_argument("--dry-run", action="store_true", help="print the new file instead of writing it")
     app.add_argument(
         "--policy",
@@ -216,16 +249,21 @@ def _run(args: argparse.Namespace) -> int:
         priority=cfg.priority.model_dump(),
         scheduling=cfg.scheduling.model_dump(),
         bounds={k: [lo, hi] for k, (lo, hi) in space.bounds.items()},
+        choices={k: list(v) for k, v in space.choices.items()},
     )
     if not Path(args.trace).exists():
         raise InputError(f"--trace {args.trace}: no such file or directory")
     train, test = jobs_per_part(spec)  # reads and splits the trace: bad input fails here, before any study
     url = st.storage_url(args.storage, cfg.data_path)
-    defaults = None if args.no_defaults else _configured(spec, space.bounds)
+    if args.submit == "slurm":  # before the study is created: a refused run leaves no study
+        from simulator.tune.submit import require_server_storage  # heavy: optuna
+
+        require_server_storage(url)
+    defaults = None if args.no_defaults else _configured(spec, space.bounds, space.choices)
     st.create(url, name, spec, args.trials, args.sampler or cfg.tune.sampler, defaults=defaults)
     print(
         f"study {name}: {train} jobs to tune on, {test} held back; objectives {', '.join(objectives)}; "
-        f"searching {', '.join(space.bounds)}",
+        f"searching {', '.join(space.names)}",
         file=sys.stderr,
     )
     if args.submit == "none":
@@ -258,16 +296,19 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _configured(spec: Any, bounds: dict[str, tuple[float, float]]) -> dict[str, float] | None:
+def _configured(
+    spec: Any, bounds: dict[str, tuple[float, float]], choices: dict[str, tuple[str, ...]]
+) -> dict[str, float | str] | None:
     """The configured values of the searched parameters, when all lie within the bounds."""
     flat = dict(spec.priority["weights"]) | {
+        "tier_order": spec.scheduling.get("tier_order", "submit"),
         "interactive_cap": spec.priority["interactive_cap"],
         "head_slack_s": spec.scheduling["head_slack_s"],
         "max_preemptions": spec.scheduling["max_preemptions"],
         "interactive_reserve_nodes": spec.scheduling.get("interactive_reserve_nodes", 0),
     }
-    point = {k: flat[k] for k in bounds}
-    if all(lo <= point[k] <= hi for k, (lo, hi) in bounds.items()):
+    point = {k: flat[k] for k in [*choices, *bounds]}
+    if all(lo <= point[k] <= hi for k, (lo, hi) in bounds.items()) and all(point[k] in v for k, v in choices.items()):
         return point
     return None
 
@@ -400,7 +441,10 @@ def trial_updates(
                 f"(it reads {', '.join(POLICY_PARAMS.get(policy, ()))}); nothing written"
             )
         section = "priority.weights" if key in WEIGHTS else "scheduling" if key in SCHEDULING else "priority"
-        updates.append((section, key, int(value) if key in INTEGERS else float(f"{value:.6g}")))
+        if isinstance(value, str):  # a choice (tier_order): the loader's model checks the value
+            updates.append((section, key, value))
+        else:
+            updates.append((section, key, int(value) if key in INTEGERS else float(f"{value:.6g}")))
     return updates
 
 

@@ -7,11 +7,11 @@ this model into the one file).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field, field_validator
 
-from vjob.config import PriorityWeights, Section
+from vjob.config import PriorityWeights, SchedulingConfig, Section
 
 TUNE_OBJECTIVES = (
     "interactive_response",
@@ -31,9 +31,15 @@ TUNE_BOUNDS: dict[str, tuple[float, float]] = {
     "interactive_reserve_nodes": (0.0, 32.0),
 }
 """Tunable parameters and their built-in search ranges (the first value is also the floor)."""
+TUNE_CHOICES: dict[str, tuple[str, ...]] = {
+    "tier_order": get_args(SchedulingConfig.model_fields["tier_order"].annotation),
+}
+"""Tunable parameters that take one of a few values (Optuna's categorical), with those values:
+`[scheduling] tier_order` decides whether the seven weights order anything under vjob."""
 
 POLICY_PARAMS: dict[str, tuple[str, ...]] = {
     "vjob": (
+        "tier_order",
         *PriorityWeights.model_fields,
         "interactive_cap",
         "head_slack_s",
@@ -42,10 +48,12 @@ POLICY_PARAMS: dict[str, tuple[str, ...]] = {
     ),
     "ubis": (*PriorityWeights.model_fields, "interactive_cap"),
 }
-"""What each tunable policy's pass reads, hence what a trial of it may set. The vjob policy
-orders each tier by the UBIS priority (preemption/scheduling/tick.py `_order`), so the seven
-weights move its order as they move ubis's; ubis ignores vjob's guard, preemption bound and
-reserve."""
+"""What each tunable policy's pass reads, hence what a trial of it may set. Under vjob the
+seven weights order a tier only as `tier_order` lets them (preemption/scheduling/tick.py
+`_order`: "submit" none, "ubis-interactive" the interactive tier, "ubis" every tier), so a
+vjob study searches `tier_order` with them: a search of the weights alone under the default
+"submit" would measure seven parameters that change nothing. ubis ignores vjob's guard,
+preemption bound, reserve and tier order."""
 
 
 class TuneConfig(Section):
@@ -65,7 +73,7 @@ class TuneConfig(Section):
     sampler: Literal["nsga2", "tpe"] = "nsga2"
     """Optuna's sampler: NSGA-II (a genetic front) or multi-objective TPE (better with few trials)."""
     search: list[str] | None = None
-    """Parameters searched; unset: all the policy reads (vjob: the seven weights,
+    """Parameters searched; unset: all the policy reads (vjob: tier_order, the seven weights,
     interactive_cap, head_slack_s, max_preemptions, interactive_reserve_nodes; ubis: the seven
     weights and interactive_cap). The others keep their [priority] / [scheduling] values."""
     bounds: dict[str, tuple[float, float]] = Field(default_factory=dict)
@@ -81,8 +89,9 @@ class TuneConfig(Section):
         if value is None:
             return None
         for name in value:
-            if name not in TUNE_BOUNDS:
-                raise ValueError(f"{name!r}: not a tunable parameter ({', '.join(TUNE_BOUNDS)})")
+            if name not in TUNE_BOUNDS and name not in TUNE_CHOICES:
+                known = ", ".join([*TUNE_BOUNDS, *TUNE_CHOICES])
+                raise ValueError(f"{name!r}: not a tunable parameter ({known})")
         if not value:
             raise ValueError("nothing to search: name at least one parameter")
         return value

@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from simulator.tune.config import POLICY_PARAMS, TUNE_BOUNDS, TUNE_OBJECTIVES, TuneConfig
+from simulator.tune.config import POLICY_PARAMS, TUNE_BOUNDS, TUNE_CHOICES, TUNE_OBJECTIVES, TuneConfig
 from vjob.config import PriorityConfig, PriorityWeights, SchedulingConfig
 from vjob.errors import InputError
 
 WEIGHTS = tuple(PriorityWeights.model_fields)
 """w1..w7 in the paper's order, named as in [priority.weights]."""
 INTEGERS = frozenset({"max_preemptions", "interactive_reserve_nodes"})
-SCHEDULING = frozenset({"head_slack_s", "max_preemptions", "interactive_reserve_nodes"})
+SCHEDULING = frozenset({"head_slack_s", "max_preemptions", "interactive_reserve_nodes", "tier_order"})
 """Parameters that live in [scheduling] (the others in [priority])."""
 
 MAXIMISED = frozenset({"utilization"})
@@ -52,19 +52,28 @@ def directions(names: list[str]) -> list[str]:
 
 @dataclass(frozen=True)
 class Space:
-    """The parameters searched and their [low, high] ranges."""
+    """The parameters searched: numbers with their [low, high] ranges, and (`choices`) the
+    ones that take one of a few values (TUNE_CHOICES)."""
 
     bounds: dict[str, tuple[float, float]]
+    choices: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
-    def suggest(self, trial: Any) -> dict[str, float]:
+    def suggest(self, trial: Any) -> dict[str, float | str]:
         """One point of the space, asked of an Optuna trial."""
-        out: dict[str, float] = {}
+        out: dict[str, float | str] = {}
+        for name, options in self.choices.items():
+            out[name] = trial.suggest_categorical(name, list(options))
         for name, (low, high) in self.bounds.items():
             if name in INTEGERS:
                 out[name] = float(trial.suggest_int(name, int(low), int(high)))
             else:
                 out[name] = trial.suggest_float(name, low, high)
         return out
+
+    @property
+    def names(self) -> list[str]:
+        """Every parameter searched, the chosen-among ones first."""
+        return [*self.choices, *self.bounds]
 
 
 def tuned_policy(given: str | None, cfg_policy: str | None, site_policy: str) -> str:
@@ -97,6 +106,7 @@ def space(search: str | None, bounds: str | None, cfg: TuneConfig, policy: str =
                 f"(it reads {', '.join(POLICY_PARAMS[policy])})"
             )
     ranges = {name: tuple(TUNE_BOUNDS[name]) for name in TUNE_BOUNDS} | {k: tuple(v) for k, v in cfg.bounds.items()}
+    names = list(dict.fromkeys(names))
     for part in (bounds or "").split(","):
         if not part.strip():
             continue
@@ -104,6 +114,8 @@ def space(search: str | None, bounds: str | None, cfg: TuneConfig, policy: str =
         if not m:
             raise InputError(f"--bounds {part[:60]!r}: expected name=low:high")
         name = _param(m.group(1))
+        if name in TUNE_CHOICES:
+            raise InputError(f"--bounds {name}: takes one of {', '.join(TUNE_CHOICES[name])}, not a range")
         try:
             low, high = float(m.group(2)), float(m.group(3))
         except ValueError:
@@ -113,20 +125,24 @@ def space(search: str | None, bounds: str | None, cfg: TuneConfig, policy: str =
         if low < TUNE_BOUNDS[name][0]:
             raise InputError(f"--bounds {name}={low:g}:{high:g}: low must be >= {TUNE_BOUNDS[name][0]:g}")
         ranges[name] = (low, high)
-    return Space({name: (float(ranges[name][0]), float(ranges[name][1])) for name in dict.fromkeys(names)})
+    return Space(
+        {name: (float(ranges[name][0]), float(ranges[name][1])) for name in names if name not in TUNE_CHOICES},
+        {name: TUNE_CHOICES[name] for name in names if name in TUNE_CHOICES},
+    )
 
 
 def _param(text: str) -> str:
     key = text.strip()
     if re.fullmatch(r"w[1-7]", key):
         return weight_name(key)
-    if key not in TUNE_BOUNDS:
-        raise InputError(f"parameter {key[:40]!r}: not tunable (known: w1..w7, {', '.join(TUNE_BOUNDS)})")
+    if key not in TUNE_BOUNDS and key not in TUNE_CHOICES:
+        known = ", ".join([*TUNE_BOUNDS, *TUNE_CHOICES])
+        raise InputError(f"parameter {key[:40]!r}: not tunable (known: w1..w7, {known})")
     return key
 
 
 def configs(
-    params: dict[str, float], priority: dict[str, Any], scheduling: dict[str, Any]
+    params: dict[str, float | str], priority: dict[str, Any], scheduling: dict[str, Any]
 ) -> tuple[PriorityConfig, SchedulingConfig]:
     """The [priority] and [scheduling] a point of the space stands for (others as given)."""
     prio = dict(priority)

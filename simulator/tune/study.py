@@ -142,7 +142,10 @@ def work(url: str, name: str, *, heartbeat_s: int | None = 30, show: bool = True
     numbers of the trials this worker ran."""
     study, spec = load(url, name, heartbeat_s)
     target = int(study.user_attrs.get("trials", 0))
-    space = Space({k: (float(v[0]), float(v[1])) for k, v in spec.bounds.items()})
+    space = Space(
+        {k: (float(v[0]), float(v[1])) for k, v in spec.bounds.items()},
+        {k: tuple(v) for k, v in spec.choices.items()},
+    )
     parts(spec)  # read and split the trace once, before the first trial
     worker = f"{socket.gethostname()}:{os.getpid()}" + (
         f":task{os.environ['SLURM_ARRAY_TASK_ID']}" if "SLURM_ARRAY_TASK_ID" in os.environ else ""

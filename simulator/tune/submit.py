@@ -16,8 +16,9 @@ from pathlib import Path
 
 from plugins.slurm.config import SlurmConfig
 from simulator.tune.study import STORAGE_ENV
-from vjob.errors import InputError
+from vjob.errors import InputError, UsageError
 from vjob.proc import run
+from vjob.secrets import mask_url
 
 STUDY_ENV = "VJOB_TUNE_STUDY"
 HEARTBEAT_ENV = "VJOB_TUNE_HEARTBEAT_S"
@@ -33,10 +34,27 @@ def worker_script() -> str:
     )
 
 
+def require_server_storage(url: str) -> None:
+    """Refuse a SQLite study for an array: its tasks run on many nodes at once, and a SQLite file
+    shared by writers on several hosts is what Optuna's documentation advises against (SQLite
+    locks the whole file, and its locks are not reliable on NFS: a lost lock corrupts the study,
+    a held one stalls every task). Optuna's journal file storage was the other way out; it also
+    leans on a lock file on the shared file system, and `vjob tune show/apply` and the workers'
+    heartbeats would then need a second code path, so a database server it is."""
+    if url.startswith("sqlite"):
+        raise UsageError(
+            f"--submit slurm: the study storage {mask_url(url)} is a SQLite file, which the array's "
+            "tasks on many nodes would share (Optuna advises against it: file locks over NFS); give "
+            "--storage a database server (e.g. postgresql://tune@db/tune, or $VJOB_TUNE_STORAGE), "
+            "or run the workers on this host with --submit local"
+        )
+
+
 def submit_slurm(
     slurm: SlurmConfig, study: str, url: str, tasks: int, *, heartbeat_s: int, log_dir: Path, time_limit: str | None
 ) -> str:
     """Submit `tasks` workers of `study` as one array job; returns the Slurm job id."""
+    require_server_storage(url)
     if not 1 <= tasks <= 10000:
         raise InputError(f"--array = {tasks}: must be in 1..10000 (tasks)")
     try:

@@ -43,6 +43,8 @@ class Spec:
     priority: dict[str, Any] = field(default_factory=dict)
     scheduling: dict[str, Any] = field(default_factory=dict)
     bounds: dict[str, list[float]] = field(default_factory=dict)
+    choices: dict[str, list[str]] = field(default_factory=dict)
+    """Parameters searched among a few values (`[scheduling] tier_order`), with those values."""
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -103,7 +105,9 @@ def _from_zero(w: Workload) -> Workload:
     return w
 
 
-def evaluate(spec: Spec, params: dict[str, float], part: str = "train", policy: str | None = None) -> dict[str, Any]:
+def evaluate(
+    spec: Spec, params: dict[str, float | str], part: str = "train", policy: str | None = None
+) -> dict[str, Any]:
     """The summary (simulator.metrics.summary) of `params` replayed on `part` of the trace,
     with `objectives`: the spec's objectives measured on it."""
     # heavy: numba (the engine compiles its passes on import)

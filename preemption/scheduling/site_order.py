@@ -1,0 +1,110 @@
+"""How vjob's order and the site's own priority (Slurm's multifactor) combine, pure.
+
+Why not vjob's whole order on the knob: Slurm adds the site factor unweighted to the site's
+multifactor sum, so an order spread over 0..1,000,000 swamps the fair share, age and QOS
+terms the site keeps (at most the sum of its PriorityWeight* values). Here vjob owns two
+things and the site the rest:
+
+* **the tier**, in bands above the site's whole span: a band is wider than everything the
+  site's factors and vjob's own part can add, so an interactive job within the cap, a
+  checkpointed vjob and a batch job keep vjob's tier order whatever their fair share. The
+  lowest tier (batch) has the second band, not the first: a job outside vjob's queue (held
+  by its user or an admin) keeps the knob's lowest value and stays below every queued one;
+* **a share of the order within a tier**: the job's UBIS priority (P/Σw, 0..1) times
+  W = S × share / (1 − share), S the site's span. vjob's part is then one more term of the
+  multifactor sum, weighted so that it owns `share` of the within-tier range: 0 leaves the
+  tier to the site, 0.5 weighs UBIS as much as all the site's factors together. `share` = 1
+  is the former rule (vjob's whole order, evenly spread: `tick._rank_priorities`).
+
+Under `tier_order = "submit"` vjob has no opinion inside a tier (its order is submission,
+which the site's age factor and Slurm's tie-break by job id already give): its part is 0.
+
+The pass must walk the order the RMS will follow, or its head (the job the guard protects,
+whose reservation Slurm's backfill then keeps) would not be the job Slurm starts first:
+`walk_order` sorts each tier by what the RMS will hold, own priority plus the site factor
+sent, and keeps vjob's order where those are equal (Slurm breaks such ties by job id, and so
+does vjob's order after submission time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from vjob.model import Job
+from vjob.rms import PriorityKnob
+
+TIERS = 4
+"""vjob's tiers (policies.TIER_NAMES): each gets its own band of the knob."""
+
+
+@dataclass(frozen=True)
+class SiteOrder:
+    """The site's own priority of the queued jobs, as the RMS computes it without vjob.
+
+    `own`: job id → the RMS's priority minus vjob's site factor (Slurm: sprio's PRIORITY − SITE);
+    a job missing (held jobs have none, a job submitted after the read) counts as 0.
+    `span`: the most the site's own factors can give a job (Slurm: the sum of the
+    PriorityWeight* in slurm.conf)."""
+
+    own: Mapping[str, int]
+    span: int
+
+    def __post_init__(self) -> None:
+        if self.span < 0:
+            raise ValueError(f"site priority span = {self.span}: must be >= 0")
+
+
+def vjob_width(span: int, share: float) -> int:
+    """W, the part of a tier's range vjob's own order spans: `share` of it, the site the rest."""
+    if not 0.0 <= share < 1.0:
+        raise ValueError(f"order share = {share}: must be at least 0 and below 1 here")
+    return round(span * share / (1.0 - share))
+
+
+def band(span: int, share: float) -> int:
+    """The width of one tier's band: wider than the site's span and vjob's part together."""
+    return vjob_width(span, share) + span + 1
+
+
+def needed_range(span: int, share: float) -> int:
+    """The knob's range (high − low) the tier bands need (the first band is left to the jobs
+    outside the queue); the adapter checks it fits."""
+    return (TIERS + 1) * band(span, share) - 1
+
+
+def site_value(tier: int, fraction: float, share: float, span: int, low: int = 0, step: int = 1) -> int:
+    """The integer vjob sends for one job: its tier's band (tier 0 the highest, batch the
+    second lowest) plus its share of the order within the tier. `fraction`: its UBIS priority
+    over Σw (0..1), 0 when vjob has no opinion inside the tier. The RMS then holds this plus
+    the job's own priority. `step`: vjob's part moves in whole steps (the knob's `min_step`),
+    so that every change is worth a command and the agent can send each value exactly (the
+    pass assumes the RMS holds these very values; queue time moves UBIS priorities a little
+    every tick)."""
+    if not 0 <= tier < TIERS:
+        raise ValueError(f"tier {tier}: must be in 0..{TIERS - 1}")
+    frac = min(1.0, max(0.0, fraction))
+    part = int(vjob_width(span, share) * frac / step) * step  # rounded down: never above W
+    return low + (TIERS - tier) * band(span, share) + part
+
+
+def site_values(
+    queue: Sequence[Job], tiers: Mapping[str, int], fractions: Mapping[str, float], knob: PriorityKnob, span: int
+) -> dict[str, int]:
+    """`site_value` of every queued job; the knob's range must hold the bands (`needed_range`)."""
+    if needed_range(span, knob.share) > knob.high - knob.low:
+        raise ValueError(
+            f"the tier bands need a range of {needed_range(span, knob.share)} for a site span of {span}"
+            f" at order share {knob.share}; the knob has {knob.high - knob.low}"
+        )
+    return {
+        j.id: site_value(tiers[j.id], fractions.get(j.id, 0.0), knob.share, span, knob.low, knob.min_step)
+        for j in queue
+    }
+
+
+def walk_order(ordered: Sequence[Job], sent: Mapping[str, int], own: Mapping[str, int]) -> list[Job]:
+    """`ordered` (vjob's order) sorted by what the RMS will hold, highest first: the value
+    sent plus the job's own priority; equal totals keep vjob's order (a stable sort)."""
+    place = {j.id: k for k, j in enumerate(ordered)}
+    return sorted(ordered, key=lambda j: (-(sent[j.id] + own.get(j.id, 0)), place[j.id]))
