@@ -286,26 +286,37 @@ def pull_early(inst: Instance, placement: Placement) -> Placement:
                 first_mem[n] += vm.mem
             else:
                 late.append((vm, n))
+    # The search for a node runs over arrays (5,000 nodes × thousands of late VMs at scale):
+    # the cheapest node with room is the VM's home when it has room, else the first in order
+    # (every other node costs the same), exactly what a scan in node order picks.
+    order = list(nodes)
+    index = {m: i for i, m in enumerate(order)}
+    cap_cpu = np.array([nodes[m].cpu for m in order], dtype=np.int64)
+    cap_mem = np.array([nodes[m].mem for m in order], dtype=np.int64)
+    f_cpu = np.array([first_cpu[m] for m in order], dtype=np.int64)
+    f_mem = np.array([first_mem[m] for m in order], dtype=np.int64)
+    e_cpu = np.array([end_cpu[m] for m in order], dtype=np.int64)
+    e_mem = np.array([end_mem[m] for m in order], dtype=np.int64)
     for vm, n in sorted(late, key=lambda pair: (-pair[0].mem, pair[0].id)):
         if vm.pinned:
             continue  # it waits for room at home: nowhere else is allowed
-        best: str | None = None
-        for m in nodes:
-            if m == n:
+        fits = (f_cpu + vm.cpu <= cap_cpu) & (f_mem + vm.mem <= cap_mem)
+        fits &= (e_cpu + vm.cpu <= cap_cpu) & (e_mem + vm.mem <= cap_mem)
+        fits[index[n]] = False
+        h = index.get(vm.host) if vm.host is not None else None
+        if h is not None and fits[h]:
+            b = h
+        else:
+            found = np.flatnonzero(fits)
+            if found.size == 0:
                 continue
-            fits_first = first_cpu[m] + vm.cpu <= nodes[m].cpu and first_mem[m] + vm.mem <= nodes[m].mem
-            fits_end = end_cpu[m] + vm.cpu <= nodes[m].cpu and end_mem[m] + vm.mem <= nodes[m].mem
-            if fits_first and fits_end and (best is None or action_cost(vm, m) < action_cost(vm, best)):
-                best = m
-                if m == vm.host:
-                    break
-        if best is None:
-            continue
-        out[vm.id] = best
-        end_cpu[n] -= vm.cpu
-        end_mem[n] -= vm.mem
-        end_cpu[best] += vm.cpu
-        end_mem[best] += vm.mem
-        first_cpu[best] += vm.cpu
-        first_mem[best] += vm.mem
+            b = int(found[0])
+        out[vm.id] = order[b]
+        i = index[n]
+        e_cpu[i] -= vm.cpu
+        e_mem[i] -= vm.mem
+        e_cpu[b] += vm.cpu
+        e_mem[b] += vm.mem
+        f_cpu[b] += vm.cpu
+        f_mem[b] += vm.mem
     return out
