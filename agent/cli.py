@@ -13,13 +13,12 @@ import sys
 import threading
 from typing import Any
 
-from agent.loop import Agent
-from agent.metrics import AgentMetrics
 from plugins import make_adapter
-from vjob import log
 from vjob.cli import load_config, require_extra
 from vjob.errors import UsageError
-from vjob.sdnotify import Notifier
+
+# The agent (numba, SQLAlchemy, the adapters) is imported by _agent when it runs, so that
+# `vjob agent --help` loads none of it (issue 36).
 
 EPILOG = """\
 examples:
@@ -72,6 +71,12 @@ def register(sub: Any) -> None:
 
 
 def _agent(args: argparse.Namespace) -> int:
+    # AgentMetrics through agent.loop, which imports it anyway (prometheus_client alone is no
+    # reason for a function-level import).
+    from agent.loop import Agent, AgentMetrics  # heavy: numba
+    from vjob import log  # heavy: structlog
+    from vjob.sdnotify import Notifier  # heavy: structlog
+
     cfg = load_config(args)
     rms = args.rms or cfg.agent.rms
     if rms == "sim":

@@ -15,19 +15,19 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agent.loop import live_view
-from agent.prio_order import Placed, pass_order, render_order
-from agent.prio_users import render_users
-from ubis_priority.integers import pbs_priority, slurm_site_factor
-from ubis_priority.terms import TERMS
-from ubis_priority.user_shares import user_shares
-from ubis_priority.view import Explanation, Priorities, compute
 from vjob.cli import load_config
-from vjob.config import Config
 from vjob.errors import InputError
-from vjob.model import ClusterView
+
+if TYPE_CHECKING:
+    from agent.prio_order import Placed
+    from ubis_priority.view import Explanation, Priorities
+    from vjob.config import Config
+    from vjob.model import ClusterView
+
+# The priorities (numpy, numba) and the agent are imported by the functions that use them, so
+# that `vjob prio --help` loads neither (issue 36).
 
 COLUMNS: dict[str, str] = {
     "usage": "USAGE",
@@ -43,6 +43,8 @@ COLUMNS: dict[str, str] = {
 
 def view_from_file(value: str, _config: Config) -> ClusterView:
     """A ClusterView saved as JSON (`-` reads standard input)."""
+    from vjob.model import ClusterView  # heavy: pydantic
+
     if value == "-":
         text, source = sys.stdin.read(), "<stdin>"
     else:
@@ -63,6 +65,8 @@ def view_from_file(value: str, _config: Config) -> ClusterView:
 
 def view_from_rms(value: str, config: Config) -> ClusterView:
     """The live view of an RMS, as the agent observes it (agent.loop.live_view)."""
+    from agent.loop import live_view  # heavy: numba
+
     return live_view(value, config)
 
 
@@ -97,6 +101,7 @@ def register(sub: Any) -> None:
     )
     source.add_argument("--rms", choices=("slurm", "pbs", "oar"), help="the live jobs of this RMS")
     p.add_argument("--format", choices=("table", "json", "csv"), default="table", help="output format (default table)")
+    p.add_argument("--json", dest="format", action="store_const", const="json", help="the same as --format json")
     p.add_argument(
         "--explain",
         metavar="JOBID",
@@ -118,6 +123,11 @@ def load_view(args: argparse.Namespace, config: Config) -> ClusterView:
 
 
 def _prio(args: argparse.Namespace) -> int:
+    from agent.prio_order import pass_order, render_order  # heavy: numba
+    from agent.prio_users import render_users  # heavy: pydantic
+    from ubis_priority.user_shares import user_shares  # heavy: pydantic
+    from ubis_priority.view import compute  # heavy: pydantic
+
     config = load_config(args)
     view = load_view(args, config)
     if getattr(args, "users", False):  # agent.prio_users
@@ -128,7 +138,14 @@ def _prio(args: argparse.Namespace) -> int:
         order = pass_order(view, config, prios)
         policy = config.scheduling.policy
         sys.stdout.write(
-            render_order(order, args.format, policy=policy, max_priority=prios.terms.max_priority, columns=COLUMNS)
+            render_order(
+                order,
+                args.format,
+                policy=policy,
+                max_priority=prios.terms.max_priority,
+                columns=COLUMNS,
+                within=config.scheduling.tier_order,
+            )
         )
         return 0
     if args.explain is not None:
@@ -159,6 +176,9 @@ def _where(order: list[Placed], job_id: str, policy: str) -> str:
 
 def rows(prios: Priorities, *, site_factor_max: int) -> list[dict[str, Any]]:
     """One dict per pending job, highest priority first."""
+    from ubis_priority.integers import pbs_priority, slurm_site_factor  # heavy: pydantic
+    from ubis_priority.terms import TERMS  # heavy: pydantic
+
     t = prios.terms
     site = slurm_site_factor(t.priority, t.max_priority, site_factor_max)
     pbs = pbs_priority(t.priority, t.max_priority)
@@ -179,6 +199,8 @@ def rows(prios: Priorities, *, site_factor_max: int) -> list[dict[str, Any]]:
 
 
 def render(prios: Priorities, fmt: str, *, site_factor_max: int) -> str:
+    from ubis_priority.terms import TERMS  # heavy: pydantic
+
     data = rows(prios, site_factor_max=site_factor_max)
     if fmt == "json":
         return json.dumps({"max_priority": prios.terms.max_priority, "jobs": data}, indent=2) + "\n"

@@ -1,29 +1,25 @@
 """`vjob status`: the vjobs, their VMs and the recent preemptions, from the pilots and the store.
 
 Why from those two and not from the RMS: status must answer when the RMS or the database is
-down — it is what an operator runs first. Each source that fails is reported, not fatal.
+down — it is what an operator runs first. Each source that fails is reported on stderr and the
+rest still printed; an unreadable store makes the exit status 1, so a script can tell.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from agent.consolidate import STATUS_NAME as CONTROL_STATUS_NAME
-from agent.deadline import STATUS_NAME
-from agent.observe import hear, store_records
-from agent.remap_step import STATUS_NAME as REMAP_STATUS_NAME
-from agent.wait_notice import STATUS_NAME as WAIT_STATUS_NAME
+from vjob import text_table
 from vjob.cli import load_config
 from vjob.errors import StoreError
-from vjob.pilot_files import all_dirs, pilot_root, vms_of
-from vjob.store import journal
-from vjob.store import snapshots as store_snapshots
-from vjob.store import vms as store_vms
-from vjob.store.db import open_store
+
+# The agent's modules, the store and the pilots' files are imported by the functions that read
+# them: `vjob status --help` then loads no numba, SQLAlchemy or pydantic (issue 36).
 
 EPILOG = """\
 examples:
@@ -32,7 +28,25 @@ examples:
   vjob status --json | jq '.vjobs[] | select(.pilot == "saved")'
   vjob status --snapshots 100       the 100 newest snapshots (memory states) with size and sha256
 
-Works with the RMS or the database down: each source that fails is a warning."""
+Works with the RMS or the database down: each source that fails is a warning on stderr. In a
+pipe the tables are plain aligned text; on a narrow terminal each row becomes a block. Exit 1
+when the store could not be read (the rest is still printed), 2 on bad usage."""
+
+
+MAX_ROWS = 10_000
+"""The most switches or snapshots `vjob status` lists: more is a mistake, not a report."""
+
+
+def _count(text: str) -> int:
+    """A row count for --switches / --snapshots: argparse names the option and the value when
+    this raises (exit 2)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: not a whole number") from None
+    if not 0 <= n <= MAX_ROWS:
+        raise argparse.ArgumentTypeError(f"{n}: must be 0..{MAX_ROWS}")
+    return n
 
 
 def register(sub: Any) -> None:
@@ -45,10 +59,12 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--rms", choices=("slurm", "pbs", "oar"), help="only this RMS's vjobs (default: [agent] rms)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-    p.add_argument("--switches", type=int, default=10, metavar="N", help="recent switches to show (default 10)")
+    p.add_argument(
+        "--switches", type=_count, default=10, metavar="N", help=f"recent switches to show, 0..{MAX_ROWS} (default 10)"
+    )
     p.add_argument(
         "--snapshots",
-        type=int,
+        type=_count,
         default=20,
         metavar="N",
         help="newest snapshots to list, whoever took them: pilot, agent, Saline, `vjob vm save` (default 20)",
@@ -64,6 +80,13 @@ def collect(cfg: Any, rms: str, switches: int = 10, snapshots: int = 20) -> dict
     """Where root recorded each job's VMs (the `vms` rows): the real hosts, which after a
     remapping swap are not the nodes the RMS shows for the job."""
     moves: dict[str, list[str]] = {}
+    from agent.observe import hear, store_records  # heavy: sqlalchemy
+    from vjob.pilot_files import all_dirs, pilot_root, vms_of  # heavy: pydantic
+    from vjob.store import journal  # heavy: sqlalchemy
+    from vjob.store import snapshots as store_snapshots  # heavy: sqlalchemy
+    from vjob.store import vms as store_vms  # heavy: sqlalchemy
+    from vjob.store.db import open_store  # heavy: sqlalchemy
+
     store = None
     try:
         store = open_store(cfg)
@@ -169,26 +192,34 @@ def _read_status_file(path: Path, errors: list[str], what: str, empty: dict[str,
 def read_remap_status(cfg: Any, errors: list[str]) -> dict[str, Any]:
     """The remapping step's last summary (agent.remap_step.publish): why it left each vjob alone,
     its last moves and balloon targets. Missing: remapping never ran."""
+    from agent.remap_step import STATUS_NAME  # heavy: pydantic
+
     empty: dict[str, Any] = {"at": None, "skipped": {}, "moves": [], "memory": []}
-    return _read_status_file(cfg.data_path / REMAP_STATUS_NAME, errors, "remap status", empty, "skipped")
+    return _read_status_file(cfg.data_path / STATUS_NAME, errors, "remap status", empty, "skipped")
 
 
 def read_control_status(cfg: Any, errors: list[str]) -> dict[str, Any]:
     """The control loop's last step (agent.consolidate.record): each vjob's target and why, the
     overloaded nodes, the plan and its switch. Missing: the loop never ran (planner.interval_s 0)."""
+    from agent.consolidate import STATUS_NAME  # heavy: pydantic
+
     empty: dict[str, Any] = {"at": None, "policy": None, "vjobs": {}, "overloaded": {}, "unmeasured": [], "plan": None}
-    return _read_status_file(cfg.data_path / CONTROL_STATUS_NAME, errors, "control loop status", empty, "vjobs")
+    return _read_status_file(cfg.data_path / STATUS_NAME, errors, "control loop status", empty, "vjobs")
 
 
 def read_wait_status(cfg: Any, errors: list[str]) -> dict[str, Any]:
     """Why each held-back interactive job waits, as the agent's last tick said
     (agent.wait_notice). Missing: no agent ticked here yet."""
-    return _read_status_file(cfg.data_path / WAIT_STATUS_NAME, errors, "wait reasons", {"at": None, "jobs": {}}, "jobs")
+    from agent.wait_notice import STATUS_NAME  # heavy: numba
+
+    return _read_status_file(cfg.data_path / STATUS_NAME, errors, "wait reasons", {"at": None, "jobs": {}}, "jobs")
 
 
 def read_deadline_status(cfg: Any, errors: list[str]) -> dict[str, Any]:
     """The agent's last deadline evaluation (agent.deadline): X and each job's deadline, x and
     predicted end. Missing file: no deadline policy ran; a broken one is a warning."""
+    from agent.deadline import STATUS_NAME  # heavy: numba
+
     empty: dict[str, Any] = {
         "X": None,
         "admission": None,
@@ -200,119 +231,124 @@ def read_deadline_status(cfg: Any, errors: list[str]) -> dict[str, Any]:
     return _read_status_file(cfg.data_path / STATUS_NAME, errors, "deadline status", empty, "jobs")
 
 
+class _Out:
+    """Where the tables go: standard output, fitted to the terminal when it is one (the width is
+    None in a pipe: aligned columns, one line per row). Has what the printers use of a rich
+    Console (`print`, `width`), so a test may hand them one."""
+
+    def __init__(self) -> None:
+        self.width = text_table.terminal_width(sys.stdout)
+
+    def print(self, text: str = "", **_style: Any) -> None:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+
+
+def _table(out: Any, title: str, headers: tuple[str, ...], rows: list[list[Any]]) -> None:
+    out.print(text_table.render(title, headers, rows, getattr(out, "width", None)), markup=False)
+
+
+VJOB_COLUMNS = (
+    "job",
+    "VM",
+    "node",
+    "hosts (store)",
+    "moves",
+    "pilot",
+    "image",
+    "boots",
+    "restores (local)",
+    "last save",
+    "Pn",
+    "Pt (s)",
+    "remap: left alone",
+)
+
+
 def _status(args: argparse.Namespace) -> int:
+    """Exit 1 when the store could not be read (what the pilots' files say is still shown), 0
+    otherwise; every warning goes to stderr, the data alone to stdout."""
     cfg = load_config(args)
     data = collect(cfg, args.rms or cfg.agent.rms, args.switches, args.snapshots)
     if args.json:
         print(json.dumps(data, indent=2, sort_keys=True))
-        return 0
-    from rich.console import Console
-    from rich.table import Table
+    else:
+        _print_tables(_Out(), data)
+    for err in data["errors"]:
+        print(f"vjob: warning: {err}", file=sys.stderr)
+    if any(err.startswith("state store:") for err in data["errors"]):
+        print("vjob: error: the state store could not be read (warnings above)", file=sys.stderr)
+        return 1
+    return 0
 
-    console = Console()
-    vt = Table(title=f"vjobs ({data['rms']})")
-    cols = (
-        "job",
-        "VM",
-        "node",
-        "hosts (store)",
-        "moves",
-        "pilot",
-        "image",
-        "boots",
-        "restores (local)",
-        "last save",
-        "Pn",
-        "Pt (s)",
-        "remap: left alone",
-    )
-    for col in cols:
-        vt.add_column(col)
+
+def _print_tables(out: _Out, data: dict[str, Any]) -> None:
+    rows = []
     for v in data["vjobs"]:
         save = f"{v['save_seconds']:.2f} s / {v['save_bytes'] / 2**20:.0f} MiB" if v["save_bytes"] else "-"
-        vt.add_row(
-            v["job"],
-            _vm_cell(v),
-            v["node"],
-            ",".join(v["hosts"] or []) or "-",
-            ", ".join(v["migrations"]) or "-",
-            v["pilot"],
-            v["image"],
-            str(v["boots"]),
-            f"{v['restores']} ({v['local_restores']})",
-            save,
-            "-" if v["preempt_count"] is None else str(v["preempt_count"]),
-            "-" if v["preempted_seconds"] is None else f"{v['preempted_seconds']:.0f}",
-            v["remap_skipped"] or "-",
+        rows.append(
+            [
+                v["job"],
+                _vm_cell(v),
+                v["node"],
+                ",".join(v["hosts"] or []) or "-",
+                ", ".join(v["migrations"]) or "-",
+                v["pilot"],
+                v["image"],
+                str(v["boots"]),
+                f"{v['restores']} ({v['local_restores']})",
+                save,
+                "-" if v["preempt_count"] is None else str(v["preempt_count"]),
+                "-" if v["preempted_seconds"] is None else f"{v['preempted_seconds']:.0f}",
+                v["remap_skipped"] or "-",
+            ]
         )
-    console.print(vt)
-    st = Table(title="recent context switches")
-    for col in ("switch", "state", "why", "victims", "when"):
-        st.add_column(col)
+    _table(out, f"vjobs ({data['rms']})", VJOB_COLUMNS, rows)
+    rows = []
     for sw in data["switches"]:
         victims = ", ".join(f"{a['job']}@{a['node']}:{a['state']}" for a in sw["actions"])
         started = [a["started_at"] for a in sw["actions"] if a["started_at"]]
         when = time.strftime("%H:%M:%S", time.localtime(min(started))) if started else "-"
-        st.add_row(str(sw["id"]), sw["state"], sw["reason"], victims, when)
-    console.print(st)
-    snap = Table(title="snapshots (newest first)")
-    for col in ("job", "VM", "kind", "node", "size", "sha256", "taken", "path"):
-        snap.add_column(col)
+        rows.append([str(sw["id"]), sw["state"], sw["reason"], victims, when])
+    _table(out, "recent context switches", ("switch", "state", "why", "victims", "when"), rows)
+    rows = []
     for r in data["snapshots"]:
         taken = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created_at"]))
-        snap.add_row(
-            r["job"],
-            r["vm"],
-            r["kind"],
-            r["node"],
-            f"{r['size_bytes'] / 2**20:.1f} MiB",
-            r["sha256"][:12],
-            taken,
-            r["path"],
-        )
-    console.print(snap)
+        size = f"{r['size_bytes'] / 2**20:.1f} MiB"
+        rows.append([r["job"], r["vm"], r["kind"], r["node"], size, r["sha256"][:12], taken, r["path"]])
+    _table(out, "snapshots (newest first)", ("job", "VM", "kind", "node", "size", "sha256", "taken", "path"), rows)
     dl = data["deadline"]
     if dl["jobs"]:
-        dt = Table(title=f"deadlines (X = {dl['X']}, {dl['admission']}, failure rate {dl['failure_rate']})")
-        for col in ("job", "deadline", "x", "predicted end", "decision"):
-            dt.add_column(col)
-        for job_id, j in sorted(dl["jobs"].items()):
-            fmt = "%Y-%m-%d %H:%M:%S"
-            dt.add_row(
+        fmt = "%Y-%m-%d %H:%M:%S"
+        rows = [
+            [
                 job_id,
                 time.strftime(fmt, time.localtime(j["deadline"])),
                 "-" if j["x"] is None else f"{j['x']:.3f}",
                 "-" if j["predicted_end"] is None else time.strftime(fmt, time.localtime(j["predicted_end"])),
                 j["decision"],
-            )
-        console.print(dt)
-    _print_control(console, data["control"])
-    _print_waiting(console, data["waiting"])
+            ]
+            for job_id, j in sorted(dl["jobs"].items())
+        ]
+        title = f"deadlines (X = {dl['X']}, {dl['admission']}, failure rate {dl['failure_rate']})"
+        _table(out, title, ("job", "deadline", "x", "predicted end", "decision"), rows)
+    _print_control(out, data["control"])
+    _print_waiting(out, data["waiting"])
     vo = dl["vo_model"]
     if isinstance(vo, dict):
-        console.print(
+        out.print(
             f"VO model: {vo.get('source')} ({vo.get('observations')} finished jobs observed, "
             f"learned kinds: {', '.join(vo.get('learned') or []) or 'none'}); slowdown given to the hooks "
-            f"{vo.get('slowdown')}, base {vo.get('base')}, per neighbour {vo.get('per_neighbour')}"
+            f"{vo.get('slowdown')}, base {vo.get('base')}, per neighbour {vo.get('per_neighbour')}",
+            markup=False,
         )
-    for err in data["errors"]:
-        console.print(f"[yellow]warning:[/] {err}")
-    return 0
 
 
-def _print_waiting(console: Any, waiting: dict[str, Any]) -> None:
+def _print_waiting(out: Any, waiting: dict[str, Any]) -> None:
     """The held-back interactive jobs and why (the same text their users read in the RMS)."""
-    from rich.markup import escape
-    from rich.table import Table
-
     if not waiting["jobs"]:
         return
-    wt = Table(title="interactive jobs held back (as of the agent's last tick)")
-    for col in ("job", "why"):
-        wt.add_column(col)
-    for job_id, why in sorted(waiting["jobs"].items()):
-        wt.add_row(escape(str(job_id)), escape(str(why)))
-    console.print(wt)
+    rows = [[str(job_id), str(why)] for job_id, why in sorted(waiting["jobs"].items())]
+    _table(out, "interactive jobs held back (as of the agent's last tick)", ("job", "why"), rows)
 
 
 def _vm_cell(v: dict[str, Any]) -> str:
@@ -322,7 +358,7 @@ def _vm_cell(v: dict[str, Any]) -> str:
     return str(v["vm"])
 
 
-def _print_control(console: Any, ctl: dict[str, Any]) -> None:
+def _print_control(out: Any, ctl: dict[str, Any]) -> None:
     """The control loop's last decision (each vjob's target and why) and its plan."""
     if ctl["at"] is None:
         return
@@ -331,26 +367,24 @@ def _print_control(console: Any, ctl: dict[str, Any]) -> None:
         or not isinstance(ctl["overloaded"], dict)
         or not all(isinstance(v, dict) for v in ctl["vjobs"].values())
     ):
-        console.print("[yellow]warning:[/] the control loop's status record is not in the shape it writes")
+        print("vjob: warning: the control loop's status record is not in the shape it writes", file=sys.stderr)
         return
-    from rich.table import Table
-
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ctl["at"]))
     plan = ctl["plan"] if isinstance(ctl["plan"], dict) else {}
-    ct = Table(title=f"control loop, last step {when} ({ctl['policy']})")
-    for col in ("vjob", "now", "target", "why"):
-        ct.add_column(col)
-    for job, v in sorted(ctl["vjobs"].items(), key=lambda kv: kv[1].get("position", 0)):
-        ct.add_row(job, str(v.get("state")), str(v.get("target")), str(v.get("why")))
-    console.print(ct)
+    rows = [
+        [job, str(v.get("state")), str(v.get("target")), str(v.get("why"))]
+        for job, v in sorted(ctl["vjobs"].items(), key=lambda kv: kv[1].get("position", 0))
+    ]
+    _table(out, f"control loop, last step {when} ({ctl['policy']})", ("vjob", "now", "target", "why"), rows)
     for node, why in sorted(ctl["overloaded"].items()):
-        console.print(f"overloaded: {node} ({why})")
+        out.print(f"overloaded: {node} ({why})", markup=False)
     actions = ", ".join(
         f"{a.get('action')} {a.get('vm')}" + (f" {a.get('from')}→{a.get('to')}" if a.get("action") == "migrate" else "")
         for a in plan.get("actions", [])
     )
     cost = "" if plan.get("cost") is None else f", cost {plan['cost']}"
     switch = "" if plan.get("switch") is None else f", switch {plan['switch']}"
-    console.print(
-        f"plan: {plan.get('outcome')} ({plan.get('why')}){cost}{switch}" + (f": {actions}" if actions else "")
+    out.print(
+        f"plan: {plan.get('outcome')} ({plan.get('why')}){cost}{switch}" + (f": {actions}" if actions else ""),
+        markup=False,
     )

@@ -1,11 +1,14 @@
-"""`vjob --help` wall time against `python -c pass` in the same run (the interpreter's floor).
+"""`vjob --help` and `vjob COMMAND --help` wall time against `python -c pass` in the same run
+(the interpreter's floor).
 
-Why a ratio: the CI machine is shared; the goal (< 0.3 s on an idle machine, issue 22) is read
-off the absolute figure, the ratio says how much vjob adds to a bare interpreter.
+Why a ratio: the CI machine is shared; the goal (< 0.3 s on an idle machine, issues 22 and 36)
+is read off the absolute figure, the ratio says how much vjob adds to a bare interpreter. One
+JSON line per command; `--commands agent,status` measures only those.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -13,9 +16,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from vjob.cli import COMMANDS  # noqa: E402  (after the path: run from a checkout)
 
 
-def best_of(cmd: list[str], n: int = 7) -> float:
+def best_of(cmd: list[str], n: int = 5) -> float:
     times = []
     for _ in range(n):
         t0 = time.perf_counter()
@@ -25,19 +31,27 @@ def best_of(cmd: list[str], n: int = 7) -> float:
 
 
 def main() -> None:
-    floor = best_of([sys.executable, "-c", "pass"])
-    help_s = best_of([sys.executable, "-m", "vjob.cli", "--help"])
-    print(f"vjob --help: {help_s:.3f} s; bare interpreter: {floor:.3f} s")
-    print(
-        json.dumps(
-            {
-                "bench": "cli_help",
-                "help_s": round(help_s, 3),
-                "python_s": round(floor, 3),
-                "ratio": round(help_s / floor, 2),
-            }
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--commands", help="comma-separated commands (default: all, and `vjob --help`)")
+    parser.add_argument("--runs", type=int, default=5, help="runs per command, the best kept (default 5)")
+    args = parser.parse_args()
+    names = args.commands.split(",") if args.commands else ["", *COMMANDS]
+    floor = best_of([sys.executable, "-c", "pass"], args.runs)
+    for name in names:
+        words = [name] if name else []
+        help_s = best_of([sys.executable, "-m", "vjob.cli", *words, "--help"], args.runs)
+        print(
+            json.dumps(
+                {
+                    "bench": "cli_help",
+                    "command": name or "vjob",
+                    "help_s": round(help_s, 3),
+                    "python_s": round(floor, 3),
+                    "ratio": round(help_s / floor, 2),
+                }
+            ),
+            flush=True,
         )
-    )
 
 
 if __name__ == "__main__":

@@ -53,10 +53,10 @@ SAME_LAYER_FORBIDDEN: frozenset[tuple[str, str]] = frozenset(
     }
 )
 
-HEAVY = ("libvirt", "ortools", "numba", "matplotlib", "optuna", "pydantic", "structlog")
-"""Optional heavy dependencies, and the two slow imports `vjob --help` must not pay for (the
-command loads its configuration only when a command runs): the only reasons an import may sit
-inside a function."""
+HEAVY = ("libvirt", "ortools", "numba", "matplotlib", "optuna", "pydantic", "structlog", "sqlalchemy")
+"""Optional heavy dependencies, and the three slow imports `vjob COMMAND --help` must not pay
+for (the command loads its configuration and opens its store only when it runs): the only
+reasons an import may sit inside a function."""
 
 
 def modules(root: Path = REPO) -> list[Path]:

@@ -87,14 +87,17 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--rms", choices=sorted(RMS_PACKAGES), default="slurm", help="the RMS running this job (default slurm)"
     )
-    p.add_argument("--job-id", help="the RMS job id (default: from the job's environment)")
-    p.add_argument("--node", help="the RMS node name (default: from the job's environment)")
+    p.add_argument("--job-id", metavar="ID", help="the RMS job id (default: from the job's environment)")
+    p.add_argument("--node", metavar="NODE", help="the RMS node name (default: from the job's environment)")
     p.add_argument(
         "--nodes",
+        metavar="NODES",
         help="a multi-node job's nodes, comma-separated (default: the job's node list: one VM per node;"
         " the counter guest is one VM unless --nodes names several)",
     )
-    p.add_argument("--os", dest="os_image", help="OS image (default: $VJOB_OS or the script's #VJOB os= line)")
+    p.add_argument(
+        "--os", metavar="IMAGE", dest="os_image", help="OS image (default: $VJOB_OS or the script's #VJOB os= line)"
+    )
     p.add_argument(
         "--memory",
         type=int,

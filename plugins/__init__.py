@@ -12,11 +12,14 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping
 from types import ModuleType
+from typing import TYPE_CHECKING
 
-from vjob.allocation import Allocation
-from vjob.config import Config
 from vjob.errors import UsageError
-from vjob.rms import JobEnvironment, RMSAdapter
+
+if TYPE_CHECKING:  # names for the signatures only: `vjob deploy --help` then loads no pydantic
+    from vjob.allocation import Allocation
+    from vjob.config import Config
+    from vjob.rms import JobEnvironment, RMSAdapter
 
 RMS_PACKAGES = {"slurm": "plugins.slurm", "pbs": "plugins.pbs", "oar": "plugins.oar"}
 """RMS name → the package holding its adapter, `parse_output` and installable files."""

@@ -18,7 +18,6 @@ from typing import Any
 from plugins import RMS_PACKAGES, rms_package
 from plugins import deploy as deploy_files
 from vjob.errors import InputError
-from vjob.model import to_plain
 
 RMS_EPILOG = """\
 examples:
@@ -98,6 +97,7 @@ def _register_deploy(sub: Any) -> None:
     )
     ins.add_argument("names", nargs="+", metavar="NAME", help="names from `vjob deploy list`, or all (needs --dest)")
     ins.add_argument("--dest", type=Path, metavar="DIR", help="install into DIR (same file names) instead")
+    ins.add_argument("--json", action="store_true", help="print a JSON list (name, path, verdict, mode) instead")
     ins.add_argument("--force", action="store_true", help="replace an existing file whose content differs")
     ins.set_defaults(func=_deploy_install)
 
@@ -112,6 +112,8 @@ def _parse(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise InputError(f"{path}: cannot read: {exc.strerror}") from None
         source = str(path)
+    from vjob.model import to_plain  # heavy: pydantic
+
     items = rms_package(args.rms).parse_output(args.kind, text, source=source)
     json.dump([to_plain(x) for x in items], sys.stdout, indent=2)
     sys.stdout.write("\n")
@@ -150,11 +152,16 @@ def _deploy_install(args: argparse.Namespace) -> int:
     clashes = {t for t in targets if targets.count(t) > 1}
     if clashes and args.dest is None:
         raise InputError(f"these names install to the same file {', '.join(map(str, sorted(clashes)))}: give one")
+    done: list[dict[str, str]] = []
     for entry in entries:
         if args.dest is not None and targets.count(deploy_files.destination(entry, args.dest)) > 1:
             dest = args.dest / entry.name  # the three example vjob.toml files: one directory each
         else:
             dest = args.dest
         path, verdict = deploy_files.install(entry, dest, force=args.force)
-        print(f"{verdict:<9} {path}  ({entry.name}, mode {entry.mode:04o})")
+        done.append({"name": entry.name, "path": str(path), "verdict": verdict, "mode": f"{entry.mode:04o}"})
+        if not args.json:
+            print(f"{verdict:<9} {path}  ({entry.name}, mode {entry.mode:04o})")
+    if args.json:
+        print(json.dumps(done, indent=2))
     return 0

@@ -10,19 +10,19 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.table import Table
-
-from provisioning import image_build
 from provisioning.distribution import Plan, Transfer, routing_tables
-from provisioning.driver import Driver
-from provisioning.images import Catalogue
 from vjob.cli import load_config
-from vjob.config import Config
 from vjob.errors import InputError, VjobError
-from vjob.store.db import open_store
+
+if TYPE_CHECKING:
+    from provisioning.driver import Driver
+    from provisioning.images import Catalogue
+    from vjob.config import Config
+
+# The catalogue, the driver (libvirt) and the store are imported by the commands when they
+# run, so that `vjob image --help` and `vjob vm --help` load none of them (issue 36).
 
 
 def _action(sub: Any, name: str, help_text: str, description: str, *examples: str) -> argparse.ArgumentParser:
@@ -83,8 +83,10 @@ def _image_add_parser(isub: Any) -> None:
         "vjob image add centos7 --file centos7.qcow2 --version 2024.1",
     )
     add.add_argument("name", help="image name: letters, digits, '.', '_', '-'")
-    add.add_argument("--file", required=True, type=Path, help="qcow2 or raw disk image")
-    add.add_argument("--version", default="1", help="version label (default 1): letters, digits, '.', '_', '-'")
+    add.add_argument("--file", metavar="FILE", required=True, type=Path, help="qcow2 or raw disk image")
+    add.add_argument(
+        "--version", metavar="VERSION", default="1", help="version label (default 1): letters, digits, '.', '_', '-'"
+    )
     add.set_defaults(func=_image_add)
 
 
@@ -100,8 +102,14 @@ def _image_build_parser(isub: Any) -> None:
         "vjob image build site2 --from site.qcow2",
     )
     bld.add_argument("name", nargs="?", default="debian12", help="image name (default debian12)")
-    bld.add_argument("--packages", help="comma-separated Debian packages the site's jobs need")
-    bld.add_argument("--from", dest="from_file", type=Path, help="import this qcow2/raw image (ext4 on the whole disk)")
+    bld.add_argument("--packages", metavar="LIST", help="comma-separated Debian packages the site's jobs need")
+    bld.add_argument(
+        "--from",
+        metavar="FILE",
+        dest="from_file",
+        type=Path,
+        help="import this qcow2/raw image (ext4 on the whole disk)",
+    )
     bld.set_defaults(func=_image_build)
 
 
@@ -128,7 +136,7 @@ def _image_remove_parser(isub: Any) -> None:
         "vjob image remove centos7 --version 2024.1",
     )
     rm.add_argument("name", help="image name")
-    rm.add_argument("--version", help="only this version (default: all versions)")
+    rm.add_argument("--version", metavar="VERSION", help="only this version (default: all versions)")
     rm.set_defaults(func=_image_remove)
 
 
@@ -156,8 +164,8 @@ def _image_distribute_parser(isub: Any) -> None:
         "vjob image distribute debian12 --nodes node1,node2 --dry-run",
     )
     dist.add_argument("name", help="image name")
-    dist.add_argument("--version", help="this version (default: the newest)")
-    dist.add_argument("--nodes", required=True, help="comma-separated target nodes")
+    dist.add_argument("--version", metavar="VERSION", help="this version (default: the newest)")
+    dist.add_argument("--nodes", metavar="NODES", required=True, help="comma-separated target nodes")
     dist.add_argument("--dry-run", action="store_true", help="print the transfer plan by round, copy nothing")
     dist.add_argument("--json", action="store_true", help="print the plan as JSON")
     dist.set_defaults(func=_image_distribute)
@@ -173,7 +181,7 @@ def _vm_list_parser(vsub: Any) -> None:
         "vjob vm list --node node1",
         "vjob vm list --json",
     )
-    vl.add_argument("--node", action="append", help="only this node (repeatable)")
+    vl.add_argument("--node", metavar="NODE", action="append", help="only this node (repeatable)")
     vl.add_argument("--json", action="store_true", help="print JSON instead of a table")
     vl.set_defaults(func=_vm_list)
 
@@ -188,7 +196,7 @@ def _vm_save_parser(vsub: Any) -> None:
         "vjob vm save vjob-slurm-42 --node node1",
     )
     vs.add_argument("vm", help="VM (libvirt domain) name")
-    vs.add_argument("--node", required=True, help="node the VM runs on")
+    vs.add_argument("--node", metavar="NODE", required=True, help="node the VM runs on")
     vs.set_defaults(func=_vm_save)
 
 
@@ -202,8 +210,8 @@ def _vm_restore_parser(vsub: Any) -> None:
         "vjob vm restore vjob-slurm-42 --node node3 --from node1",
     )
     vr.add_argument("vm", help="VM (libvirt domain) name")
-    vr.add_argument("--node", required=True, help="node to resume on")
-    vr.add_argument("--from", dest="from_node", help="node holding the saved state (default: --node)")
+    vr.add_argument("--node", metavar="NODE", required=True, help="node to resume on")
+    vr.add_argument("--from", metavar="NODE", dest="from_node", help="node holding the saved state (default: --node)")
     vr.set_defaults(func=_vm_restore)
 
 
@@ -216,8 +224,8 @@ def _vm_migrate_parser(vsub: Any) -> None:
         "vjob vm migrate vjob-slurm-42 --from node1 --to node2",
     )
     vmg.add_argument("vm", help="VM (libvirt domain) name")
-    vmg.add_argument("--from", dest="from_node", required=True, help="node the VM runs on")
-    vmg.add_argument("--to", dest="to_node", required=True, help="node to move it to")
+    vmg.add_argument("--from", metavar="NODE", dest="from_node", required=True, help="node the VM runs on")
+    vmg.add_argument("--to", metavar="NODE", dest="to_node", required=True, help="node to move it to")
     vmg.set_defaults(func=_vm_migrate)
 
 
@@ -230,12 +238,15 @@ def _vm_destroy_parser(vsub: Any) -> None:
         "vjob vm destroy vjob-slurm-42 --node node1",
     )
     vd.add_argument("vm", help="VM (libvirt domain) name")
-    vd.add_argument("--node", required=True, help="node the VM is on")
+    vd.add_argument("--node", metavar="NODE", required=True, help="node the VM is on")
     vd.set_defaults(func=_vm_destroy)
 
 
 # -- image ------------------------------------------------------------------------------------
 def _catalogue(args: argparse.Namespace) -> Catalogue:
+    from provisioning.images import Catalogue  # heavy: sqlalchemy
+    from vjob.store.db import open_store  # heavy: sqlalchemy
+
     cfg = load_config(args)
     return Catalogue(open_store(cfg), cfg.provisioning, data_dir=cfg.data_path)
 
@@ -247,6 +258,10 @@ def _image_add(args: argparse.Namespace) -> int:
 
 
 def _image_build(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from provisioning import image_build  # heavy: sqlalchemy
+
     console = Console(stderr=True)
     with console.status(f"building image {args.name}") as status:
         result = image_build.build(
@@ -261,6 +276,9 @@ def _image_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([vars(i) for i in images], indent=1))
         return 0
+    from rich.console import Console
+    from rich.table import Table
+
     table = Table("NAME", "VERSION", "FORMAT", "SIZE", "SHA256", "NODES (received from)")
     for i in images:
         holders = ", ".join(f"{n}" + (f" ({src})" if src else "") for n, src in i.holders.items())
@@ -294,6 +312,8 @@ def _image_distribute(args: argparse.Namespace) -> int:
         plan = cat.plan(args.name, nodes, version=args.version)
         _print_plan(plan, args.json)
         return 0
+    from rich.console import Console
+
     console = Console(stderr=True)
     with console.status(f"distributing {args.name}") as status:
 
@@ -343,6 +363,9 @@ def _size(n: int) -> str:
 
 # -- vm ---------------------------------------------------------------------------------------
 def _driver(args: argparse.Namespace) -> tuple[Config, Driver]:
+    from provisioning.driver import Driver  # heavy: libvirt
+    from vjob.store.db import open_store  # heavy: sqlalchemy
+
     cfg = load_config(args)
     return cfg, Driver(cfg.provisioning, data_dir=cfg.data_path, store=open_store(cfg))
 
@@ -360,6 +383,9 @@ def _vm_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([{**vars(r), "state": r.state.value} for r in rows], indent=1))
         return 0
+    from rich.console import Console
+    from rich.table import Table
+
     table = Table("NODE", "VM", "STATE", "MEMORY", "VCPUS", "PERSISTENT")
     for r in rows:
         table.add_row(

@@ -45,6 +45,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--socket",
+        metavar="PATH",
         default=None,
         help="the manager's socket path (default $VJOB_SALINE_SOCKET, else saline.socket for the manager, "
         "else /run/vjob/saline.sock)",
@@ -65,13 +66,24 @@ def _add_submit(bsub: Any) -> None:
         description="Submit a best-effort vjob; prints its key (OAR's job is named after it).",
         epilog="example: vjob besteffort submit --image debian12 --memory 512 -- python3 fit.py --steps 1000",
     )
-    s.add_argument("--image", required=True, help="OS image from the catalogue")
-    s.add_argument("--vms", type=int, default=1, help="number of VMs (one OAR resource each)")
-    s.add_argument("--vcpus", type=int, default=1, help="virtual CPUs per VM (default 1)")
-    s.add_argument("--memory", type=int, default=128, help="MiB per VM")
-    s.add_argument("-l", "--walltime", dest="walltime", default=None, help="H:MM:SS (default saline.default_walltime)")
-    s.add_argument("--site", default=None, help="site to start at (default: the first with free resources)")
-    s.add_argument("--user", default=None, help="submit for this user (root only, checked by the manager)")
+    s.add_argument("--image", metavar="IMAGE", required=True, help="OS image from the catalogue")
+    s.add_argument("--vms", metavar="N", type=int, default=1, help="number of VMs (one OAR resource each)")
+    s.add_argument("--vcpus", metavar="N", type=int, default=1, help="virtual CPUs per VM (default 1)")
+    s.add_argument("--memory", metavar="MIB", type=int, default=128, help="MiB per VM")
+    s.add_argument(
+        "-l",
+        "--walltime",
+        metavar="H:MM:SS",
+        dest="walltime",
+        default=None,
+        help="H:MM:SS (default saline.default_walltime)",
+    )
+    s.add_argument(
+        "--site", metavar="SITE", default=None, help="site to start at (default: the first with free resources)"
+    )
+    s.add_argument(
+        "--user", metavar="USER", default=None, help="submit for this user (root only, checked by the manager)"
+    )
     s.add_argument(
         "--no-workdir",
         action="store_true",
@@ -79,6 +91,7 @@ def _add_submit(bsub: Any) -> None:
     )
     s.add_argument(
         "--stage-limit-mb",
+        metavar="MB",
         type=int,
         default=ProvisioningConfig().stage_limit_mb,
         help="refuse a current directory bigger than this (the manager enforces the site's own limit too)",
@@ -99,6 +112,7 @@ def _add_manager(bsub: Any) -> None:
     m.add_argument("--once", action="store_true", help="one pass, then exit (no socket)")
     m.add_argument(
         "--socket-group",
+        metavar="GROUP",
         default=None,
         help="only this group (and root) may use the socket (mode 0660); default saline.socket_group, "
         "empty: everyone (0666)",
@@ -163,6 +177,7 @@ def _add_stage(bsub: Any) -> None:
     st.add_argument("key", help="the vjob's key")
     st.add_argument(
         "--stage-limit-mb",
+        metavar="MB",
         type=int,
         default=ProvisioningConfig().stage_limit_mb,
         help="refuse a directory bigger than this",

@@ -34,12 +34,21 @@ def register(sub: Any) -> None:
         "vjobs with oarsub -t besteffort -t vjob=IMAGE [-t vjob_vms=N] COMMAND.",
         epilog="example: vjob oar install-rules --site nancy --socket /run/vjob/saline.sock",
     )
-    i.add_argument("--site", default=None, help="the Saline site this OAR serves (default: the only configured site)")
     i.add_argument(
-        "--socket", default=None, help="the manager's socket path the rule's hook calls (default saline.socket)"
+        "--site",
+        metavar="SITE",
+        default=None,
+        help="the Saline site this OAR serves (default: the only configured site)",
+    )
+    i.add_argument(
+        "--socket",
+        metavar="PATH",
+        default=None,
+        help="the manager's socket path the rule's hook calls (default saline.socket)",
     )
     i.add_argument(
         "--timeout",
+        metavar="SECONDS",
         type=int,
         default=admission.HOOK_TIMEOUT_S,
         help="seconds oarsub waits for the site master before accepting the job untouched (1-60)",
@@ -63,6 +72,7 @@ def register(sub: Any) -> None:
     )
     d.add_argument(
         "--threshold-file",
+        metavar="FILE",
         default=None,
         help="the file the agent publishes X in (default: [deadline] threshold_file, which must then be set)",
     )
@@ -98,7 +108,10 @@ def _rule_options(parser: Any, func: Callable[[argparse.Namespace], int], *, ins
     if install:
         parser.add_argument("--print", action="store_true", help="print the rendered rule instead of installing it")
     parser.add_argument(
-        "--oaradmissionrules", default="oaradmissionrules", help="path of OAR's oaradmissionrules command"
+        "--oaradmissionrules",
+        metavar="PATH",
+        default="oaradmissionrules",
+        help="path of OAR's oaradmissionrules command",
     )
     parser.set_defaults(func=func)
 

@@ -82,10 +82,12 @@ def test_status_answers_with_the_store_unreachable(tmp_path: Path):
     (tmp_path / "none").mkdir()
     (tmp_path / "none" / "x.sqlite").touch()  # there but empty (a missing one would be created)
     res = _status(config)
-    assert res.returncode == 0, res.stderr
+    # Still answers (the JSON on stdout), but exits 1 with the store's failure on stderr (issue 36)
+    assert res.returncode == 1, res.stderr
     data = json.loads(res.stdout)
     assert data["vjobs"] == [] and data["switches"] == []
     assert any("vjob db upgrade" in e for e in data["errors"])
+    assert "vjob db upgrade" in res.stderr
 
 
 def test_status_shows_why_the_remapping_left_a_vjob_alone(tmp_path: Path):

@@ -129,6 +129,34 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(f"{self.prog}: {message}")
 
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        """argparse checks the required arguments before it looks at the words it does not know,
+        so a typo (`--node` for `--nodes`) was reported as a missing option: name the typo."""
+        try:
+            return super().parse_known_args(args, namespace)
+        except UsageError as exc:
+            message = str(exc)  # also "one of the arguments --from --rms is required"
+            if not message.startswith(f"{self.prog}: ") or "required" not in message:
+                raise
+            unknown = self._unknown_options(list(sys.argv[1:] if args is None else args))
+            if not unknown:
+                raise
+            raise UsageError(f"{self.prog}: unrecognized arguments: {' '.join(unknown)}") from None
+
+    def _unknown_options(self, words: list[str]) -> list[str]:
+        """The words of `words` that look like an option of no action here (nor a prefix of one)."""
+        known = self._option_string_actions
+        unknown = []
+        for word in words:
+            if word == "--":
+                break
+            name = word.split("=", 1)[0]
+            short = not word.startswith("--") and word[:2] in known  # -ofile: -o with its value
+            if word.startswith("-") and not word[1:2].isdigit() and not short:
+                if not any(o.startswith(name) for o in known):
+                    unknown.append(word)
+        return unknown
+
 
 EPILOG = """\
 examples:

@@ -6,10 +6,10 @@ import argparse
 import json
 from typing import Any
 
-import tomli_w
-
-from vjob import config as vconfig
 from vjob.cli import load_config
+
+# The configuration models (pydantic) are imported by the commands when they run, so that
+# `vjob config --help` does not load them (issue 36).
 
 EPILOG = """\
 examples:
@@ -56,17 +56,23 @@ def register(sub: Any) -> None:
 
 
 def _check(args: argparse.Namespace) -> int:
+    from vjob import config as vconfig  # heavy: pydantic
+
     vconfig.load(args.file)
     print(f"{args.file}: ok")
     return 0
 
 
 def _reference(args: argparse.Namespace) -> int:
+    from vjob import config as vconfig  # heavy: pydantic
+
     print(vconfig.reference(), end="")
     return 0
 
 
 def _show(args: argparse.Namespace) -> int:
+    from vjob import config as vconfig  # heavy: pydantic
+
     data = vconfig.masked(load_config(args))
     if args.format == "json":
         print(json.dumps(data, indent=2, sort_keys=True))
@@ -93,6 +99,8 @@ def _to_toml(data: dict[str, Any]) -> str:
             else:
                 out[key] = value
         return out
+
+    import tomli_w
 
     body = tomli_w.dumps(present(data, ""))
     return (f"# unset: {', '.join(unset)}\n" if unset else "") + body

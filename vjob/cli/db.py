@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vjob.cli import load_config
 from vjob.errors import StoreError
-from vjob.store.db import Store, create_if_missing, head_revision, known_revision, sqlite_file
+
+if TYPE_CHECKING:
+    from vjob.store.db import Store
+
+# The store (SQLAlchemy, Alembic) is imported by the commands when they run, so that
+# `vjob db --help` loads neither (issue 36).
 
 EPILOG = """\
 examples:
@@ -16,6 +22,8 @@ examples:
   vjob db check && systemctl start vjob-agent
   vjob db current                    the database's revision and the code's
   vjob --config /etc/vjob/vjob.toml db downgrade 0003
+  vjob db backup /var/backups/vjob-$(date +%F).db      safe while the agent runs
+  vjob db restore /var/backups/vjob-2026-11-29.db      into an empty store (--force: replace)
 
 The database is [database] url (SQLite under the data directory by default)."""
 
@@ -56,11 +64,36 @@ def register(sub: Any) -> None:
         "exit 0 only if the database is at this vjob's schema",
         "Exit 0 when the database schema matches this vjob, 1 otherwise (what to run is said).",
     ).set_defaults(func=_check)
+    bk = action(
+        "backup",
+        "write a consistent copy of vjob's tables to FILE (mode 0600)",
+        "Copy the store to FILE while the agent may be writing: SQLite's online backup API for a "
+        "SQLite store, a dump of vjob's tables from one snapshot for PostgreSQL (docs/operator.md).",
+    )
+    bk.add_argument("file", metavar="FILE", type=Path, help="where to write the backup (replaced whole)")
+    bk.set_defaults(func=_backup)
+    rs = action(
+        "restore",
+        "load a backup FILE into the store (all or nothing)",
+        "Load a backup made by 'vjob db backup' into the store, in one transaction. Refuses a store "
+        "that holds rows unless --force, and a backup of another schema than this vjob's unless "
+        "--any-revision.",
+    )
+    rs.add_argument("file", metavar="FILE", type=Path, help="a backup written by 'vjob db backup'")
+    rs.add_argument("--force", action="store_true", help="replace the rows the store already holds")
+    rs.add_argument(
+        "--any-revision",
+        action="store_true",
+        help="restore a backup of another schema revision (then run 'vjob db upgrade')",
+    )
+    rs.set_defaults(func=_restore)
 
 
 def _store(args: argparse.Namespace, *, create: bool = False) -> Store:
     """The configured store; a SQLite file that does not exist is opened only to be created
     (`upgrade`): reading or downgrading it would leave an empty file behind."""
+    from vjob.store.db import Store, sqlite_file  # heavy: sqlalchemy
+
     cfg = load_config(args)
     path = sqlite_file(cfg.database_url)
     if path is not None and not path.exists() and not create:
@@ -71,6 +104,8 @@ def _store(args: argparse.Namespace, *, create: bool = False) -> Store:
 
 
 def _upgrade(args: argparse.Namespace) -> int:
+    from vjob.store.db import Store, create_if_missing, known_revision, sqlite_file  # heavy: sqlalchemy
+
     revision = known_revision(args.revision)
     cfg = load_config(args)
     if revision == "head" and create_if_missing(cfg.database_url, busy_timeout_s=cfg.database.busy_timeout_s):
@@ -93,6 +128,8 @@ def _upgrade(args: argparse.Namespace) -> int:
 
 
 def _downgrade(args: argparse.Namespace) -> int:
+    from vjob.store.db import known_revision  # heavy: sqlalchemy
+
     store = _store(args)
     store.downgrade(known_revision(args.revision))
     print(f"database {store.safe_url} at schema {store.current_revision() or 'base (empty)'}")
@@ -100,6 +137,8 @@ def _downgrade(args: argparse.Namespace) -> int:
 
 
 def _current(args: argparse.Namespace) -> int:
+    from vjob.store.db import head_revision  # heavy: sqlalchemy
+
     store = _store(args)
     current = store.current_revision()
     head = head_revision()
@@ -111,4 +150,39 @@ def _check(args: argparse.Namespace) -> int:
     store = _store(args)
     rev = store.check()
     print(f"database {store.safe_url} is at schema {rev}: ok")
+    return 0
+
+
+def _backup(args: argparse.Namespace) -> int:
+    from vjob.store.backup import backup  # heavy: sqlalchemy
+
+    result = backup(_store(args), args.file)
+    total = sum(result.rows.values())
+    tables = len(result.rows)
+    print(f"backup {result.path}: schema {result.revision}, {total} rows in {tables} tables ({result.format})")
+    return 0
+
+
+def _restore(args: argparse.Namespace) -> int:
+    """Restore into the configured store; a SQLite file this command had to create is removed
+    again when the restore fails (no empty store left behind)."""
+    from vjob.store.backup import restore  # heavy: sqlalchemy
+    from vjob.store.db import Store, head_revision, sqlite_file  # heavy: sqlalchemy
+
+    cfg = load_config(args)
+    path = sqlite_file(cfg.database_url)
+    fresh = path is not None and not path.exists()
+    store = Store.from_config(cfg)
+    try:
+        result = restore(store, args.file, force=args.force, any_revision=args.any_revision)
+    except BaseException:
+        store.close()
+        if fresh and path is not None:
+            for leftover in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+                leftover.unlink(missing_ok=True)
+        raise
+    total = sum(result.rows.values())
+    print(f"database {store.safe_url} restored from {result.path}: schema {result.revision}, {total} rows")
+    if result.revision != head_revision():
+        print("the backup's schema is older than this vjob's: run 'vjob db upgrade'", file=sys.stderr)
     return 0

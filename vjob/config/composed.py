@@ -28,6 +28,7 @@ from typing import Annotated, Any
 from pydantic import Field, PlainSerializer, PlainValidator, SerializationInfo, ValidationError, ValidationInfo
 
 from vjob.config.policy import DeadlineConfig, PlannerConfig, PriorityConfig, RemapConfig, SchedulingConfig
+from vjob.config.secret_file import read_secret, with_password
 from vjob.config.section import Section
 from vjob.config.site import AgentConfig, DatabaseConfig, LoggingConfig, ProvisioningConfig
 from vjob.config.toml_file import MAX_CONFIG_BYTES, parse_toml
@@ -154,6 +155,10 @@ class Config(Section):
 
     @property
     def database_url(self) -> str:
+        """The URL the store opens, with the password of [database] password_file filled in
+        (read now, checked: vjob.config.secret_file); never print it unmasked."""
+        if self.database.password_file:
+            return with_password(self.database.url, read_secret(self.database.password_file))
         return self.database.url or f"sqlite:///{self.data_path / 'vjob.sqlite'}"
 
 
@@ -212,11 +217,17 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
     return parse(parse_toml(raw, str(chosen)), source=str(chosen))
 
 
+NOT_SECRET = frozenset({"password_file"})
+"""Keys named like a secret that hold where the secret is, not the secret: shown as they are."""
+
+
 def masked(config: Config) -> dict[str, Any]:
     """The effective configuration as a dict with secrets masked (vjob.secrets: a key named like
     a secret has its value replaced, every URL loses its password and secret query values)."""
     data = config.model_dump(mode="json")
-    data["database"]["effective_url"] = config.database_url
+    # The password file is not read to be shown (a user may not read it): its slot is masked.
+    shown = with_password(config.database.url, MASK) if config.database.password_file else config.database_url
+    data["database"]["effective_url"] = shown
     return _mask(data)
 
 
@@ -226,7 +237,7 @@ def _mask(value: Any, key: str = "") -> Any:
     if isinstance(value, list):
         return [_mask(v, key) for v in value]
     if isinstance(value, str) and value:
-        if is_secret_name(key):
+        if is_secret_name(key) and key not in NOT_SECRET:
             return MASK
         return mask_text(value)
     return value

@@ -7,11 +7,11 @@ from __future__ import annotations
 import ipaddress
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from vjob.config.section import Section
 from vjob.save_time import BUDGET_S_PER_GIB, budget_s
-from vjob.secrets import raw_at_in_userinfo
+from vjob.secrets import raw_at_in_userinfo, secret_values
 
 
 class DatabaseConfig(Section):
@@ -29,6 +29,28 @@ class DatabaseConfig(Section):
                 "the user name or password holds a raw '@', so the URL would be cut at it and the "
                 "rest taken for the host name; write each '@' in it as %40"
             )
+        return value
+
+    password_file: str = ""
+    """A file holding the database password (its first line), so that vjob.toml holds none: an
+    absolute path (owned by root or vjob's user, no access for others, e.g. 0600), or a bare
+    name read in systemd's $CREDENTIALS_DIRECTORY (the unit's LoadCredential=NAME:PATH). url
+    then names the user and no password. Read when the store is opened."""
+
+    @field_validator("password_file")
+    @classmethod
+    def _password_file(cls, value: str, info: ValidationInfo) -> str:
+        if not value:
+            return value
+        if not value.startswith("/") and ("/" in value or value in (".", "..")):
+            raise ValueError("must be an absolute path, or a bare credential name (systemd LoadCredential=)")
+        url = str(info.data.get("url", ""))
+        if not url or url.startswith("sqlite"):
+            raise ValueError(
+                "needs a database url with a user name (a server database, e.g. postgresql://vjob@db/vjob)"
+            )
+        if secret_values(url):
+            raise ValueError("url holds a password already: keep it in one place only (remove it from url)")
         return value
 
     connect_timeout_s: float = Field(5.0, gt=0, le=300)
