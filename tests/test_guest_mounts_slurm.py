@@ -24,15 +24,12 @@ from pathlib import Path
 import pytest
 
 from devkit.devcluster import DevCluster
-from provisioning import image_build, network
-from provisioning.images import Catalogue
+from provisioning import network
 from provisioning.node_service import net_rules, network_ops, nfs_ops
-from tests.services import wait_for
+from tests.services import user_pilot, wait_for
 from tests.services.node_service import running
 from tests.test_multinode_slurm import _as_user_python
-from tests.test_realjob_slurm import USER, _shim, _user, wrapped_cluster  # noqa: F401
-from vjob.config import ProvisioningConfig
-from vjob.store.db import Store
+from tests.test_realjob_slurm import USER, _user, wrapped_cluster  # noqa: F401
 
 pytestmark = [pytest.mark.slurm, pytest.mark.realvm, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[1]
@@ -84,19 +81,9 @@ def test_a_users_job_works_in_place_on_the_site_filesystems_across_a_requeue(
     work = base / "home" / USER / "run"
     job = ""
     try:
-        store = Store(f"sqlite:///{top / 'vjob.sqlite'}")
-        store.upgrade()
-        image_build.build(Catalogue(store, ProvisioningConfig(), data_dir=top / "data"), "debian12")
-        store.close()
-        (top / "pilots").mkdir(mode=0o1777)
-        (top / "pilots").chmod(0o1777)
+        bindir = user_pilot.prepare(top)
         mounts = (base / "mounts.toml").read_text().split("\n", 1)[1]
-        (top / "vjob.toml").write_text(
-            f'data_dir = "{top / "data"}"\n[agent]\npilot_dir = "{top / "pilots"}"\n[node]\nsocket = "{sock}"\n'
-            f"[guest]\n{mounts}"
-        )
-        (top / "vjob.toml").chmod(0o644)
-        bindir = _shim(top)
+        user_pilot.write_config(top, f'[node]\nsocket = "{sock}"\n[guest]\n{mounts}')
         work.mkdir()
         (work / "job.sh").write_text(JOB)
         (work / "input.txt").write_text("seed-from-home\n")

@@ -26,15 +26,12 @@ from pathlib import Path
 import pytest
 
 from devkit.devcluster import DevCluster
-from provisioning import image_build, network
-from provisioning.images import Catalogue
+from provisioning import network
 from provisioning.node_service import network_ops, site_bridge
 from tests.services import site_network as sn
-from tests.services import wait_for
+from tests.services import user_pilot, wait_for
 from tests.services.node_service import running
-from tests.test_realjob_slurm import USER, _shim, _user, wrapped_cluster  # noqa: F401
-from vjob.config import ProvisioningConfig
-from vjob.store.db import Store
+from tests.test_realjob_slurm import USER, _user, wrapped_cluster  # noqa: F401
 
 pytestmark = [pytest.mark.slurm, pytest.mark.realvm, pytest.mark.slow]
 
@@ -82,12 +79,7 @@ def _prepare(top: Path, work: Path, site: sn.Site) -> Path:
     """The image (from the cache), the job's directory; the shim's directory. Before the node
     service starts: its test harness reads its notify socket only until READY=1, and a service
     whose watchdog datagrams fill that socket's queue (10 of them, one every 10 s) blocks."""
-    store = Store(f"sqlite:///{top / 'vjob.sqlite'}")
-    store.upgrade()
-    image_build.build(Catalogue(store, ProvisioningConfig(), data_dir=top / "data"), "debian12")
-    store.close()
-    (top / "pilots").mkdir(mode=0o1777)
-    (top / "pilots").chmod(0o1777)
+    bindir = user_pilot.prepare(top)
     probe = PROBE
     for key, value in {
         "@NAME@": sn.LICENCE_NAME,
@@ -99,7 +91,7 @@ def _prepare(top: Path, work: Path, site: sn.Site) -> Path:
     work.mkdir()
     (work / "job.sh").write_text(JOB)
     (work / "probe.py").write_text(probe)
-    return _shim(top)
+    return bindir
 
 
 def test_a_users_vjob_on_the_operators_bridge_gets_a_site_address(wrapped_cluster: DevCluster) -> None:  # noqa: F811
@@ -114,13 +106,9 @@ def test_a_users_vjob_on_the_operators_bridge_gets_a_site_address(wrapped_cluste
         for p in (work, work / "job.sh", work / "probe.py"):
             os.chown(p, user.pw_uid, user.pw_gid)
         with running(wrapped_cluster, f'network = "bridge"\nbridge = "{bridge}"', "vjob-n2br-") as service:
-            (top / "vjob.toml").write_text(
-                f'data_dir = "{top / "data"}"\n[agent]\npilot_dir = "{top / "pilots"}"\n'
-                f'[node]\nsocket = "{service.socket}"\n'
-            )
-            (top / "vjob.toml").chmod(0o644)
+            conf = user_pilot.write_config(top, f'[node]\nsocket = "{service.socket}"\n')
             env = {**wrapped_cluster.env, "HOME": user.pw_dir, "PATH": f"{bindir}:/usr/bin:/bin"}
-            env["VJOB_CONFIG"] = str(top / "vjob.toml")
+            env["VJOB_CONFIG"] = str(conf)
             _run_job(wrapped_cluster, env, work)
     finally:
         sn.stop(site)

@@ -28,15 +28,12 @@ from pathlib import Path
 import pytest
 
 from devkit.devcluster import DevCluster
-from provisioning import image_build, network
-from provisioning.images import Catalogue
+from provisioning import network
 from provisioning.node_service import network_ops
 from tests.services import site_network as sn
-from tests.services import wait_for
+from tests.services import user_pilot, wait_for
 from tests.services.node_service import running
-from tests.test_realjob_slurm import USER, _shim, _user, wrapped_cluster  # noqa: F401
-from vjob.config import ProvisioningConfig
-from vjob.store.db import Store
+from tests.test_realjob_slurm import USER, _user, wrapped_cluster  # noqa: F401
 
 pytestmark = [pytest.mark.slurm, pytest.mark.realvm, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[1]
@@ -99,17 +96,8 @@ def test_a_users_one_node_vjob_reaches_the_site_and_not_the_node(
     work = Path(user.pw_dir) / f"n2net-{os.getpid()}"
     job = ""
     try:
-        store = Store(f"sqlite:///{top / 'vjob.sqlite'}")
-        store.upgrade()
-        image_build.build(Catalogue(store, ProvisioningConfig(), data_dir=top / "data"), "debian12")
-        store.close()
-        (top / "pilots").mkdir(mode=0o1777)
-        (top / "pilots").chmod(0o1777)
-        (top / "vjob.toml").write_text(
-            f'data_dir = "{top / "data"}"\n[agent]\npilot_dir = "{top / "pilots"}"\n[node]\nsocket = "{sock}"\n'
-        )
-        (top / "vjob.toml").chmod(0o644)
-        bindir = _shim(top)
+        bindir = user_pilot.prepare(top)
+        user_pilot.write_config(top, f'[node]\nsocket = "{sock}"\n')
         work.mkdir()
         probe = PROBE
         for key, value in {

@@ -60,18 +60,16 @@ import pytest
 from devkit.devcluster import DevCluster
 from plugins.slurm import hostlist
 from plugins.slurm.accounting import usage_of
-from provisioning import image_build, network
+from provisioning import network
 from provisioning.driver import Driver
-from provisioning.images import Catalogue
 from provisioning.node_service import net_rules, network_ops, nfs_ops
 from tests import bench_scripts
 from tests.services import site_network as sn
-from tests.services import wait_for
+from tests.services import user_pilot, wait_for
 from tests.services.user_site import UserSite, user_site
-from tests.test_realjob_slurm import REPO, USER, _shim, _user, wrapped_cluster  # noqa: F401 - the fixture
+from tests.test_realjob_slurm import REPO, USER, _user, wrapped_cluster  # noqa: F401 - the fixture
 from vjob.config import ProvisioningConfig, load
 from vjob.pilot_files import PilotDir, PilotState
-from vjob.store.db import Store
 
 pytestmark = [pytest.mark.slurm, pytest.mark.libvirt, pytest.mark.realvm, pytest.mark.slow]
 ROUNDS = 12
@@ -139,21 +137,15 @@ def site() -> Iterator[Path]:
     site = Path(tempfile.mkdtemp(prefix="vjob-mnslurm-", dir="/var/tmp"))
     site.chmod(0o755)
     try:
-        store = Store(f"sqlite:///{site / 'vjob.sqlite'}")
-        store.upgrade()
-        image_build.build(Catalogue(store, ProvisioningConfig(), data_dir=site / "data"), "debian12")
-        store.close()
-        (site / "pilots").mkdir()
-        (site / "pilots").chmod(0o1777)
-        (site / "vjob.toml").write_text(f'data_dir = "{site / "data"}"\n[agent]\npilot_dir = "{site / "pilots"}"\n')
-        (site / "vjob.toml").chmod(0o644)
+        user_pilot.prepare(site)
+        user_pilot.write_config(site)
         yield site
     finally:
         shutil.rmtree(site, ignore_errors=True)
 
 
 def _as_user_python(code: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """`code` run as the test user by the system python3 with this checkout (as _shim does)."""
+    """`code` run as the test user by the system python3 with this checkout (as the shim does)."""
     user = pwd.getpwnam(USER)
     path = f"{REPO}:{sysconfig.get_paths()['purelib']}"
     env = [f"HOME={user.pw_dir}", f"USER={USER}", f"PYTHONPATH={path}", "PATH=/usr/bin:/bin"]
@@ -231,7 +223,7 @@ def submit(cluster: DevCluster, site: Path, case: Case, work: Path, files: dict[
     work.mkdir()
     for name, text in files.items():
         (work / name).write_text(text)
-    env = {**cluster.env, "PATH": f"{_shim(site)}:/usr/bin:/bin", "VJOB_CONFIG": str(conf)}
+    env = {**cluster.env, "PATH": f"{site / 'bin'}:/usr/bin:/bin", "VJOB_CONFIG": str(conf)}
     sbatch = ["env", "-i", *(f"{k}={v}" for k, v in env.items()), "sbatch", "--parsable", "--requeue", "job.sh"]
     if case.user:
         user = _user()

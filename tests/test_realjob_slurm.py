@@ -16,7 +16,6 @@ import pwd
 import re
 import shutil
 import subprocess
-import sysconfig
 import tempfile
 import time
 from collections.abc import Iterator
@@ -28,12 +27,9 @@ from devkit.devcluster import JOB_SUBMIT_LUA, DevCluster
 from plugins.slurm.config import SlurmConfig
 from plugins.slurm.images import read_image_list, write_image_list
 from plugins.slurm.site_default import DEFAULTS_NAME, sync_partition_defaults
-from provisioning import image_build
-from provisioning.images import Catalogue
-from tests.services import wait_for
+from tests.services import user_pilot, wait_for
 from tests.test_realjob_realvm import SCRIPT, STEPS, expected_chain
 from vjob.config import ProvisioningConfig
-from vjob.store.db import Store
 
 pytestmark = [pytest.mark.slurm]
 SIZE_LINE = "echo \"size $(nproc) $(awk '/^MemTotal/ {print $2}' /proc/meminfo)\"\n"
@@ -112,17 +108,6 @@ def _user() -> pwd.struct_passwd:
         return pwd.getpwnam(USER)
 
 
-def _shim(site: Path) -> Path:
-    """`vjob` for the user: this checkout with the venv's packages under the system python3
-    (the venv's own interpreter may live where users cannot reach, e.g. under /root)."""
-    bindir = site / "bin"
-    bindir.mkdir(mode=0o755)
-    path = f"{REPO}:{sysconfig.get_paths()['purelib']}"
-    (bindir / "vjob").write_text(f'#!/bin/sh\nPYTHONPATH={path} exec /usr/bin/python3 -m vjob.cli "$@"\n')
-    (bindir / "vjob").chmod(0o755)
-    return bindir
-
-
 @pytest.mark.realvm
 @pytest.mark.slow
 def test_plain_sbatch_runs_the_unchanged_script_in_the_guest_across_a_requeue(wrapped_cluster: DevCluster) -> None:
@@ -131,15 +116,8 @@ def test_plain_sbatch_runs_the_unchanged_script_in_the_guest_across_a_requeue(wr
     site.chmod(0o755)
     work = Path(user.pw_dir) / f"rjtest-{os.getpid()}"
     try:
-        store = Store(f"sqlite:///{site / 'vjob.sqlite'}")
-        store.upgrade()
-        image_build.build(Catalogue(store, ProvisioningConfig(), data_dir=site / "data"), "debian12")
-        store.close()
-        (site / "pilots").mkdir(mode=0o1777)
-        (site / "pilots").chmod(0o1777)
-        (site / "vjob.toml").write_text(f'data_dir = "{site / "data"}"\n[agent]\npilot_dir = "{site / "pilots"}"\n')
-        (site / "vjob.toml").chmod(0o644)
-        bindir = _shim(site)
+        bindir = user_pilot.prepare(site)
+        user_pilot.write_config(site)
         work.mkdir()
         # No #VJOB line: the partition is the operator's vjob partition (issue 33 item 6)
         head = "#!/bin/bash\n#SBATCH -N1 -c2 --mem=768M\n" + SIZE_LINE
