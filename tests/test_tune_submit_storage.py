@@ -5,6 +5,7 @@ before the study is created or sbatch is run, as the user who runs the command."
 from __future__ import annotations
 
 import os
+import pwd
 import tempfile
 from pathlib import Path
 
@@ -32,7 +33,9 @@ def test_a_user_is_told_before_anything_is_made() -> None:
     --storage are both refused with exit 2 and one line naming the storage; no study file."""
     with tempfile.TemporaryDirectory(prefix="vjob-tune-submit-") as where:
         base = Path(where)
-        base.chmod(0o777)
+        nobody = pwd.getpwnam("nobody")
+        os.chown(base, nobody.pw_uid, nobody.pw_gid)  # the user's own directory, nobody else's
+        base.chmod(0o700)
         data, given = base / "data", base / "given.sqlite"
 
         def work() -> int:
