@@ -89,14 +89,14 @@ def register(sub: Any) -> None:
     rs.set_defaults(func=_restore)
 
 
-def _store(args: argparse.Namespace, *, create: bool = False) -> Store:
-    """The configured store; a SQLite file that does not exist is opened only to be created
-    (`upgrade`): reading or downgrading it would leave an empty file behind."""
+def _store(args: argparse.Namespace) -> Store:
+    """The configured store; a SQLite file that does not exist is refused (only `upgrade`
+    creates one, through `create_if_missing`): reading it would leave an empty file behind."""
     from vjob.store.db import Store, sqlite_file  # heavy: sqlalchemy
 
     cfg = load_config(args)
     path = sqlite_file(cfg.database_url)
-    if path is not None and not path.exists() and not create:
+    if path is not None and not path.exists():
         raise StoreError(
             f"database {path} does not exist yet: the first command that needs it creates it, or run 'vjob db upgrade'"
         )
@@ -104,26 +104,15 @@ def _store(args: argparse.Namespace, *, create: bool = False) -> Store:
 
 
 def _upgrade(args: argparse.Namespace) -> int:
-    from vjob.store.db import Store, create_if_missing, known_revision, sqlite_file  # heavy: sqlalchemy
+    from vjob.store.db import Store, create_if_missing, known_revision  # heavy: sqlalchemy
 
     revision = known_revision(args.revision)
     cfg = load_config(args)
-    if revision == "head" and create_if_missing(cfg.database_url, busy_timeout_s=cfg.database.busy_timeout_s):
-        store = Store.from_config(cfg)
-        print(f"database {store.safe_url} created at schema {store.current_revision()}")
-        return 0
-    store = _store(args, create=True)
-    path = sqlite_file(cfg.database_url)
-    fresh = path is not None and not path.exists()
-    try:
+    made = create_if_missing(cfg.database_url, revision=revision, busy_timeout_s=cfg.database.busy_timeout_s)
+    store = Store.from_config(cfg)
+    if not made:
         store.upgrade(revision)
-    except BaseException:
-        if fresh and store.current_revision() is None:  # nothing of it is worth keeping
-            store.close()
-            for leftover in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
-                leftover.unlink(missing_ok=True)
-        raise
-    print(f"database {store.safe_url} at schema {store.current_revision()}")
+    print(f"database {store.safe_url} {'created at' if made else 'at'} schema {store.current_revision()}")
     return 0
 
 

@@ -284,9 +284,9 @@ def known_revision(revision: str) -> str:
     raise UsageError(f"revision {revision[:80]!r}: unknown; known: head, base, {', '.join(reversed(known))}")
 
 
-def create_if_missing(url: str, *, busy_timeout_s: float = 30.0) -> bool:
-    """Create a SQLite store that does not exist yet at the code's schema (the embedded
-    default's first use needs no `vjob db upgrade`); True when this call made it.
+def create_if_missing(url: str, *, revision: str = "head", busy_timeout_s: float = 30.0) -> bool:
+    """Create a SQLite store that does not exist yet at `revision` (the code's schema: the
+    embedded default's first use needs no `vjob db upgrade`); True when this call made it.
 
     The file is built beside its place and linked in whole: a command racing this one finds
     no file or a complete one, and a failure leaves no file behind (an empty database would
@@ -301,9 +301,11 @@ def create_if_missing(url: str, *, busy_timeout_s: float = 30.0) -> bool:
         raise StoreError(f"database {_safe_url(url)}: cannot create its directory: {exc.strerror}") from None
     tmp = path.with_name(f".{path.name}.new-{os.getpid()}")
     try:
-        store = Store(make_url(url).set(database=str(tmp)).render_as_string(hide_password=False))
+        store = Store(
+            make_url(url).set(database=str(tmp)).render_as_string(hide_password=False), busy_timeout_s=busy_timeout_s
+        )
         try:
-            store.upgrade()
+            store.upgrade(revision)
         finally:
             store.close()
         try:
