@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from agent.loop import Agent
+from tests.services import wait_for
 from vjob.config import parse
 
 pytestmark = pytest.mark.slurm
@@ -65,15 +66,16 @@ def _sbatch(env: dict[str, str], *args: str) -> str:
     )
 
 
-def _states(env: dict[str, str]) -> dict[str, str] | None:
-    """Job id -> state from squeue; None when slurmctld did not answer (2 busy shared cores)."""
+def _states(env: dict[str, str], srun_name: str = INTERACTIVE) -> dict[str, str] | None:
+    """Job id -> state from squeue, and the interactive srun's by its name `srun_name`; None
+    when slurmctld did not answer (2 busy shared cores)."""
     res = subprocess.run(
         ["squeue", "-h", "-o", "%i %T %j"], env=env, capture_output=True, text=True, timeout=30, check=False
     )
     if res.returncode != 0:
         return None
     rows = [line.split() for line in res.stdout.splitlines() if line.strip()]
-    return {job: state for job, state, _ in rows} | {name: state for _, state, name in rows if name == INTERACTIVE}
+    return {job: state for job, state, _ in rows} | {name: state for _, state, name in rows if name == srun_name}
 
 
 def test_interactive_starts_at_once_and_the_large_head_job_is_not_passed(slurm_cluster, slurm_adapter, tmp_path: Path):
@@ -101,10 +103,7 @@ def test_interactive_starts_at_once_and_the_large_head_job_is_not_passed(slurm_c
     try:
         running = _sbatch(env, *avoid, f"-N{size // 2}", "-t", "1", "--wrap", "sleep 18")
         jobs.append(running)
-        deadline = time.monotonic() + 30
-        while (_states(env) or {}).get(running) != "RUNNING":
-            assert time.monotonic() < deadline, "the first batch job never started"
-            time.sleep(0.2)
+        wait_for(lambda: (_states(env) or {}).get(running) == "RUNNING", 30, "the first batch job running")
         large = _sbatch(env, *avoid, f"-N{size}", "-t", "1", "--wrap", "sleep 3")
         small = _sbatch(env, *avoid, "-N2", "-t", "10", "--wrap", "sleep 2")  # 10 min: it would delay `large`
         jobs += [large, small]

@@ -31,7 +31,8 @@ import pytest
 from agent.loop import Agent
 from plugins.slurm.adapter import SlurmAdapter
 from plugins.slurm.commands import SlurmCommands
-from tests.test_policy_live_order import _cleared, _sbatch
+from tests.services import wait_for
+from tests.test_policy_live_order import _cleared, _sbatch, _states
 from vjob.config import parse
 from vjob.store.db import Store
 
@@ -109,16 +110,6 @@ def _prio(env: dict[str, str]) -> dict[str, dict[str, int]]:
     return {r[0]: {n: int(float(v)) for n, v in zip(names, r[1:], strict=True)} for r in rows}
 
 
-def _states(env: dict[str, str]) -> dict[str, str] | None:
-    res = subprocess.run(
-        ["squeue", "-h", "-o", "%i %T %j"], env=env, capture_output=True, text=True, timeout=30, check=False
-    )
-    if res.returncode != 0:
-        return None
-    rows = [line.split() for line in res.stdout.splitlines() if line.strip()]
-    return {job: state for job, state, _ in rows} | {name: state for _, state, name in rows if name == INTERACTIVE}
-
-
 def _agent(slurm_cluster, tmp_path) -> Agent:
     """The agent as `vjob agent --rms slurm` builds it (plugins.slurm.make_adapter's knob), with
     the defaults this test is about."""
@@ -155,10 +146,7 @@ def test_fair_share_orders_a_tier_the_tier_beats_it_and_the_head_is_kept(slurm_c
     try:
         filler = _sbatch(env, *avoid, f"-N{size}", "-t", "1", "--wrap", "sleep 14")
         jobs.append(filler)
-        deadline = time.monotonic() + 30
-        while (_states(env) or {}).get(filler) != "RUNNING":
-            assert time.monotonic() < deadline, "the filler job never started"
-            time.sleep(0.2)
+        wait_for(lambda: (_states(env, INTERACTIVE) or {}).get(filler) == "RUNNING", 30, "the filler job running")
         first = _sbatch_as(worse, env, *avoid, f"-N{size}", "-t", "1", "--wrap", "sleep 2")
         time.sleep(1.1)
         head = _sbatch_as(better, env, *avoid, f"-N{size}", "-t", "1", "--wrap", "sleep 2")
@@ -193,7 +181,7 @@ def test_fair_share_orders_a_tier_the_tier_beats_it_and_the_head_is_kept(slurm_c
             report = agent.tick()
             assert not report.errors, report.errors
             decisions.append(report.decision)
-            states = _states(env)
+            states = _states(env, INTERACTIVE)
             if states is None:
                 continue
             inter = next((j for j in report.decision.order if report.decision.tiers.get(j) == 0), None)
