@@ -90,25 +90,48 @@ set -eo pipefail
 echo "in $(pwd) as $(id -un)"
 rounds=$(cat input.txt)
 for h in $(cut -d' ' -f1 "$VJOB_NODEFILE"); do ssh "$h" sh "$PWD/size.sh"; done
-python3 licence.py before
+python3 licence.py before "$(cat node_port.txt)"
 mpirun --hostfile "$VJOB_NODEFILE" -np @NODES@ python3 ring.py "$rounds" | while IFS= read -r line; do
   echo "$line"
   case "$line" in "round "*) echo "$line" >> "/scratch/$(id -un)/rounds.txt" ;; esac
 done
-python3 licence.py after
+python3 licence.py after "$(cat node_port.txt)"
 echo "rounds $(wc -l < "/scratch/$(id -un)/rounds.txt")" > result.txt
 """
 """The user's script (the combined scenario of issue 33's "Tests"): it runs in place in its
 working directory on the /home stand-in, reads the ring's length from input.txt there, fetches
 the licence token by name before the ring and after it (the checkpoint falls in between), and
 copies each ring round rank 0 prints into /scratch."""
-LICENCE_PY = f"""import socket, sys
+LICENCE_PY = f"""import fcntl, os, socket, struct, sys
+when, node_port = sys.argv[1], int(sys.argv[2])
 ip = socket.gethostbyname("{sn.LICENCE_NAME}")
 with socket.create_connection((ip, {sn.LICENCE_PORT}), timeout=20) as s:
-    print("licence", sys.argv[1], ip, s.recv(200).decode().strip(), flush=True)
+    print("licence", when, ip, s.recv(200).decode().strip(), flush=True)
+for name in sorted(os.listdir("/sys/class/net")):
+    if name != "lo":
+        req = struct.pack("256s", name.encode())
+        addr = fcntl.ioctl(socket.socket(socket.AF_INET, socket.SOCK_DGRAM), 0x8915, req)[20:24]
+        mac = open(f"/sys/class/net/{{name}}/address").read().strip()
+        print("nic", when, mac, socket.inet_ntoa(addr), flush=True)
+gw = ""
+for line in open("/proc/net/route").read().splitlines()[1:]:
+    f = line.split()
+    if f[1] == "00000000":
+        gw = socket.inet_ntoa(struct.pack("<L", int(f[2], 16)))
+print("route", when, gw)
+print("dns", when, " ".join(l.split()[1] for l in open("/etc/resolv.conf") if l.startswith("nameserver")))
+for host in (gw, "{sn.HOST_IP}"):
+    try:
+        socket.create_connection((host, node_port), timeout=10).close()
+        print("node", when, host, "connected", flush=True)
+    except OSError as exc:
+        print("node", when, host, type(exc).__name__, flush=True)
 """
-"""The licence fetch: the site's name server resolves the name, the token comes back with the
-address the server saw (the node's, through the job's NAT)."""
+"""What the first VM sees of the site, run before the ring and after it: the licence token
+fetched by name (the site's name server resolves it, the token comes back with the address the
+server saw: the node's, through the job's NAT); its NIC, default route and name servers (the
+same after the restore); and the node's own listener (argv[2]) refused on the job's gateway
+address and on the node's site address."""
 
 
 @dataclass(frozen=True)
@@ -313,6 +336,7 @@ def test_an_mpi_ring_is_checkpointed_mid_run_and_finishes_on_other_nodes(
         with (site / "vjob.toml").open("a") as fh:
             fh.write(f'[node]\nsocket = "{users.socket}"\n[guest]\n{users.guest}\n')
         files |= {"size.sh": SIZE_SH, "licence.py": LICENCE_PY, "input.txt": f"{ROUNDS}\n"}
+        files["node_port.txt"] = f"{users.net.node_port}\n"  # the node's own listener
     else:
         request.getfixturevalue("libvirt_system")  # root's libvirt: the leader's bridge and VMs
     t0 = time.monotonic()
@@ -366,11 +390,27 @@ def _check_site(users: UserSite, job: str, work: Path, first_run: str, text: str
     assert [line for line in first_run.splitlines() if line.startswith("licence ")] == [
         next(line for line in lines if line.startswith("licence before "))
     ], first_run[-4000:]
+    _check_first_vm_network(job, text)
     rounds = users.scratch(USER) / "rounds.txt"
     assert rounds.read_text().splitlines() == [f"round {r} counter {2 * r}" for r in range(1, ROUNDS + 1)]
     assert (work / "result.txt").read_text() == f"rounds {ROUNDS}\n"
     for f in (rounds, work / "result.txt", work / f"slurm-{job}.out"):
         assert (f.stat().st_uid, f.stat().st_gid) == (user.pw_uid, user.pw_gid), f
+
+
+def _check_first_vm_network(job: str, text: str) -> None:
+    """Before and after the restore, the first VM has the same NIC (the job's MAC and vmID 1 of
+    its /24), its default route via the job's gateway and the site's name server; the node's own
+    listener refuses it on the gateway address and on the node's site address."""
+    sub = network.pilot_subnet_id("slurm", job)
+    me, gw = network.ip_address(sub, 1), network.gateway_address(sub)
+    mac = network.pilot_addresses("slurm", job, ["vm0"])[0].mac
+    lines = text.splitlines()
+    for when in ("before", "after"):
+        assert f"nic {when} {mac} {me}" in lines, text[-4000:]
+        assert f"route {when} {gw}" in lines and f"dns {when} {sn.SITE_IP}" in lines, text[-4000:]
+        for host in (gw, sn.HOST_IP):
+            assert f"node {when} {host} ConnectionRefusedError" in lines, text[-4000:]
 
 
 def _sacct_row(cluster: DevCluster, job: str) -> list[str]:

@@ -1,7 +1,8 @@
 """The whole site an ordinary user's job meets, for the combined CI scenario (issue 33, "Tests").
 
-One context, `user_site(cluster)`, starts what tests/test_guest_network_slurm.py and
-tests/test_guest_mounts_slurm.py start separately, so one job (one VM boot) can use all of it:
+One context, `user_site(cluster)`, starts the whole site, so one job (one boot) uses all of it
+(tests/test_multinode_slurm.py's user case; the one-node network and filesystem tests that
+started parts of it separately were folded into that job):
 
 * the /home and /scratch stand-ins: plain directories on this host (`<base>/home`,
   `<base>/scratch`) with the user's own `home/<user>` (0755) and `scratch/<user>` (0700), declared
