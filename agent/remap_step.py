@@ -23,8 +23,11 @@ VM (the sample's `memory_kib`), never the pilot's declared `memory_mb`: the stat
 job user's. A pilot whose job ends while a swap has its VM away holds its node (pilot.pilot,
 bounded) until this step has sent the partner's VM home and writes it a `release` (`release`).
 
-Scope: vjobs of one VM. A pilot refuses to migrate a job of several VMs VM by VM
-(pilot.switch_requests), so those are not remapped yet (the pure parts handle several VMs).
+Scope: vjobs of one VM. A job of several VMs moves whole or not at all: the pure parts decide
+it as one job (one decision for all its VMs: preemption.remap.live), `allowed_moves` drops a
+decision whole, and `switch_plan` makes its move one cut (all its VMs suspended in one pool,
+resumed on their new nodes in the next). But its pilot resumes its VMs only where they slept
+(pilot.switch_requests refuses a resume elsewhere), so such jobs are left out here until it can.
 
 A look is two halves with the agent's arbiter between them (agent.arbiter, one plan per tick):
 `propose` profiles and decides (the moves it wants), `carry_out` migrates the moves the arbiter
@@ -43,7 +46,6 @@ from agent.pilot_performer import live_executor
 from agent.ports import Ports
 from agent.status_file import write_status_file
 from preemption.executor import ExecutionReport
-from preemption.planner.plan import Plan, PlanAction
 from preemption.remap.claims import PassClaims, allowed_moves, remappable
 from preemption.remap.farm import load_subclusters
 from preemption.remap.live import (
@@ -57,12 +59,13 @@ from preemption.remap.live import (
     released,
     running_jobs,
     seen_memory,
+    switch_plan,
 )
 from preemption.remap.memory import MemoryTarget, balloon_target_mib, targets_after
 from preemption.remap.models import Profile, SubCluster
 from preemption.remap.policy import Decision, RemapParams
 from vjob.errors import VjobError
-from vjob.model import Action, JobState
+from vjob.model import JobState
 from vjob.pilot_files import PilotState, RequestKind, vms_of
 from vjob.store import journal
 from vjob.store import vms as store_vms
@@ -230,7 +233,7 @@ def carry_out(ports: Ports, obs: Observation, state: RemapState, proposal: Propo
     report = None
     moved: list[Move] = []
     if moves:
-        state.report = report = _migrate(ports, obs, moves)
+        state.report = report = _migrate(ports, obs, moves, every)
         for m in moves:
             state.samples.pop(m.vm, None)  # its next window starts on the new host
         done = {(a.vm, a.dst) for a in report.done}
@@ -354,11 +357,11 @@ def _profile(
     return out
 
 
-def _migrate(ports: Ports, obs: Observation, moves: Sequence[Move]) -> ExecutionReport:
-    """The moves as one journalled switch of `migrate` actions through the pilots; each VM
-    moved is then recorded on its new host in the store."""
-    actions = tuple(PlanAction(Action.MIGRATE, m.vm, m.job, m.src, m.dst) for m in moves)
-    plan = Plan(pools=(actions,), placement={m.vm: m.dst for m in moves}, cost=len(moves), optimizer="remap")
+def _migrate(ports: Ports, obs: Observation, moves: Sequence[Move], every: Sequence[Placement]) -> ExecutionReport:
+    """The moves as one journalled switch through the pilots (`switch_plan`: a live migration
+    per one-VM job, one cut per job of several VMs); each VM moved is then recorded on its new
+    host in the store."""
+    plan = switch_plan(moves, every)
     why = "; ".join(sorted({f"{m.job} {m.why}" for m in moves}))
     if not ports.lease.held():
         raise VjobError("remap: the agent lease is held by another agent; no migration")

@@ -116,9 +116,10 @@ class Driver(VMLifecycle):
 
     # -- migrate ---------------------------------------------------------------------------
     def migrate(self, vm: str, src: str, dst: str, *, live: bool | None = None) -> bool:
-        """Migrate a running VM; both nodes must see its overlay at the same path. Returns
-        whether the copy was live: live on KVM, paused for the whole copy under QEMU's
-        emulator, TCG, unless `live` says otherwise (migration: why)."""
+        """Migrate a running VM; where the nodes share no VM directory its overlay and job
+        disk go too (copied and checked on arrival while paused, or mirrored by QEMU when
+        live). Returns whether the copy was live: live on KVM, paused for the whole copy
+        under QEMU's emulator, TCG, unless `live` says otherwise (migration: why)."""
         return migration.migrate(self, vm, src, dst, live=live)
 
     # -- memory ----------------------------------------------------------------------------

@@ -42,6 +42,9 @@ def pull_forward(inst: Instance, plan: Plan, deadline: float | None = None) -> P
     placement = dict(plan.placement)
     moved = 0
     actions_of = Counter(a.vm for pool in pools for a in pool)
+    # A VM with an earlier action (a vjob moved by one cut: suspended, then resumed) may act
+    # again only from the pool after it.
+    after = {a.vm: p + 1 for p, pool in enumerate(pools) for a in pool if a.kind is Action.SUSPEND}
     for k in range(len(pools) - 1, -1, -1):
         # The units to move: each run or migration alone (not a VM that migrates twice, via a
         # pivot: its order matters), each vjob's resumes together; dearest first.
@@ -55,7 +58,7 @@ def pull_forward(inst: Instance, plan: Plan, deadline: float | None = None) -> P
         for unit in order:
             if deadline is not None and time.perf_counter() > deadline:
                 break
-            new = _earliest(inst, unit, k, pool_max, room)
+            new = _earliest(inst, unit, k, pool_max, room, max(after.get(a.vm, 0) for a in unit))
             if new is None:
                 continue
             j, actions = new
@@ -127,9 +130,10 @@ class _Room:
 
 
 def _earliest(
-    inst: Instance, unit: list[PlanAction], k: int, pool_max: list[int], room: _Room
+    inst: Instance, unit: list[PlanAction], k: int, pool_max: list[int], room: _Room, first: int = 0
 ) -> tuple[int, list[PlanAction]] | None:
-    """The earliest pool j <= k that takes the whole unit without a dearer pool, for a net gain, and its actions.
+    """The earliest pool j (`first` <= j <= k) that takes the whole unit without a dearer pool, for a net
+    gain, and its actions.
 
     The unit's arrivals in pool k are taken out of the room first, and put back if no move pays.
     """
@@ -140,7 +144,7 @@ def _earliest(
         _footprint(room, a, col[a.dst] if a.dst is not None else -1, k, -1)
     old_local = sum(local_cost(a, mem_of[a.vm]) for a in unit)
     # j == k: the same pool, worth it only when resumes become local (saved is 0 there).
-    for j in range(k + 1):
+    for j in range(first, k + 1):
         saved = len(unit) * sum(pool_max[j:k])
         placed: list[tuple[PlanAction, int]] = []
         for a in sorted(unit, key=lambda x: (-mem_of[x.vm], x.vm)):

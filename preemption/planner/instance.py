@@ -57,8 +57,16 @@ class Instance:
     nodes: tuple[NodeSpec, ...]
     vms: tuple[VMSpec, ...]
     target: Mapping[str, VJobState] = field(default_factory=dict)
+    whole: frozenset[str] = frozenset()
+    """vjobs whose VMs move only together, by one cut: never migrated VM by VM; a plan that
+    moves any of their VMs suspends them all in one pool and resumes them all, each on its
+    new node, in a later one (one coordinated checkpoint). Why: one pilot holds the VMs of a
+    multi-node job and checkpoints them as one consistent cut (provisioning.coordinated);
+    moving some of them live while the others run would split the job (docs/planner.md,
+    "vjobs that move whole")."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "whole", frozenset(self.whole))
         _check(self)
         full = {vm.vjob: vm.state for vm in self.vms}
         full.update(self.target)
@@ -88,7 +96,7 @@ class Instance:
         return [vm for vm in self.vms if self.target[vm.vjob] is VJobState.RUNNING]
 
     def with_target(self, target: Mapping[str, VJobState]) -> Instance:
-        return Instance(self.nodes, self.vms, dict(target))
+        return Instance(self.nodes, self.vms, dict(target), self.whole)
 
     # -- JSON -----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -100,7 +108,7 @@ class Instance:
                 for v in self.vms
             ],
             "target": {k: s.value for k, s in self.target.items()},
-        }
+        } | ({"whole": sorted(self.whole)} if self.whole else {})
 
     @classmethod
     def from_dict(cls, data: Any, *, source: str = "instance") -> Instance:
@@ -109,7 +117,7 @@ class Instance:
         parsed = validate(InstanceInput, data, source)
         nodes = tuple(NodeSpec(n.id, n.cpu, n.mem) for n in parsed.nodes)
         vms = tuple(VMSpec(v.id, v.vjob, v.cpu, v.mem, VJobState(v.state), v.host, v.pinned) for v in parsed.vms)
-        return cls(nodes, vms, {k: VJobState(v) for k, v in parsed.target.items()})
+        return cls(nodes, vms, {k: VJobState(v) for k, v in parsed.target.items()}, frozenset(parsed.whole))
 
 
 class NodeInput(InputModel):
@@ -146,6 +154,9 @@ class InstanceInput(InputModel):
     vms: list[VMInput] = Field(max_length=MAX_ITEMS)
     target: dict[Name, Literal[tuple(s.value for s in VJobState)]] = Field({}, max_length=MAX_ITEMS)  # type: ignore[valid-type]
     """vjob → the state it must reach; a vjob not listed keeps its state."""
+    whole: list[Name] = Field([], max_length=MAX_ITEMS)
+    """vjobs whose VMs move only together, by one cut (suspended in one pool, resumed on their
+    new nodes in a later one), never migrated VM by VM: a multi-node vjob's."""
 
 
 def _check(inst: Instance) -> None:
@@ -178,6 +189,9 @@ def _check(inst: Instance) -> None:
             raise InputError(
                 f"vjob {vm.vjob}: its VMs are in different states ({first.value} and {vm.state.value} for {vm.id})"
             )
+    for vjob in sorted(inst.whole):
+        if vjob not in states:
+            raise InputError(f"whole: {vjob!r}: unknown vjob (no VM belongs to it)")
     for vjob, goal in inst.target.items():
         if vjob not in states:
             raise InputError(f"target.{vjob}: unknown vjob (no VM belongs to it)")

@@ -7,7 +7,10 @@ everything still there during that pool, a migrating VM counting on both its nod
 pool ends. A node is only ever blocked by VMs that are still to leave it, so when no action
 fits the pending migrations form a cycle (paper Figure 8), broken by moving one of its VMs to
 a pivot node outside the cycle. The resumes of one vjob are admitted together or not at all,
-so a vjob wakes up in a single pool.
+so a vjob wakes up in a single pool. A vjob that moves only whole (`Instance.whole`) and whose
+placement moves any of its VMs is moved by one cut instead of migrations: all its VMs
+suspended in the first pool, then resumed together, each on its planned node (the ones that
+stay, in place), in a later pool.
 """
 
 from __future__ import annotations
@@ -61,6 +64,8 @@ def build_plan(
     migrations: dict[str, PlanAction] = {}  # vm -> pending migration
     resumes: dict[str, list[PlanAction]] = {}  # vjob -> its resumes
     runs: list[PlanAction] = []
+    cut = cut_vjobs(inst, placement)
+    after_cut: list[list[PlanAction]] = []  # their resumes: from the pool after their suspends
     for vm in inst.vms:
         goal = inst.target_of(vm)
         if vm.state is VJobState.RUNNING:
@@ -69,7 +74,7 @@ def build_plan(
             load.mem[vm.host] += vm.mem
             if goal is VJobState.TERMINATED:
                 free_now.append(PlanAction(Action.STOP, vm.id, vm.vjob, src=vm.host))
-            elif goal is VJobState.SLEEPING:
+            elif goal is VJobState.SLEEPING or vm.vjob in cut:
                 free_now.append(PlanAction(Action.SUSPEND, vm.id, vm.vjob, src=vm.host))
             elif placement[vm.id] != vm.host:
                 migrations[vm.id] = PlanAction(Action.MIGRATE, vm.id, vm.vjob, src=vm.host, dst=placement[vm.id])
@@ -80,12 +85,20 @@ def build_plan(
         elif goal is VJobState.RUNNING:
             runs.append(PlanAction(Action.RUN, vm.id, vm.vjob, dst=placement[vm.id]))
 
+    for vjob in sorted(cut):
+        after_cut.append(
+            [PlanAction(Action.RESUME, v.id, vjob, src=v.host, dst=placement[v.id]) for v in inst.vjobs()[vjob]]
+        )
     # Dearest first: they gain most from an early pool (every later action pays for its pool).
     runs.sort(key=lambda a: (-vms[a.vm].mem, a.vm))
     groups = sorted(resumes.values(), key=lambda g: (-sum(vms[a.vm].mem for a in g), g[0].vjob))
     pools: list[list[PlanAction]] = []
     budget = 4 * (len(migrations) + len(runs) + len(groups)) + 4
-    while free_now or migrations or runs or groups:
+    budget += 4 * len(after_cut)
+    while free_now or migrations or runs or groups or after_cut:
+        if pools and after_cut:  # the cuts were taken in the first pool: their resumes may go now
+            groups.extend(after_cut)
+            after_cut = []
         if len(pools) > budget:
             raise SequencingError(f"no viable order found after {len(pools)} pools (migration cycles keep forming)")
         pool = list(free_now)
@@ -109,6 +122,18 @@ def build_plan(
     mem_of = {vm.id: vm.mem for vm in inst.vms}
     frozen = tuple(tuple(p) for p in pools)
     return Plan(pools=frozen, placement=dict(placement), cost=plan_cost(frozen, mem_of), optimizer=optimizer)
+
+
+def cut_vjobs(inst: Instance, placement: Mapping[str, str]) -> set[str]:
+    """The vjobs moved by one cut: those that move only whole, stay running, and whose
+    placement puts one of their VMs on another node."""
+    out: set[str] = set()
+    for vm in inst.vms:
+        if vm.vjob not in inst.whole or vm.state is not VJobState.RUNNING:
+            continue
+        if inst.target_of(vm) is VJobState.RUNNING and placement[vm.id] != vm.host:
+            out.add(vm.vjob)
+    return out
 
 
 class _PoolRoom:

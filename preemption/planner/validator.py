@@ -12,7 +12,11 @@ replays every pool from the starting configuration and checks that
 * every node that receives VMs in a pool has room for them on top of everything on it during
   the pool (a migrating VM counts on both ends); a node that receives nothing may stay
   overloaded until it is relieved, as the starting configuration may be;
-* the suspends of one vjob share a pool, and so do its resumes;
+* the suspends of one vjob share a pool, and so do its resumes; a suspend is a cut of the
+  whole vjob: it takes every VM of the vjob running in that pool (one VM suspended while the
+  others run would be moved, or woken, apart from them);
+* a vjob that moves only whole (`Instance.whole`) is never migrated VM by VM: it moves by one
+  cut (suspend all, resume all on their new nodes) or not at all;
 * after the last pool every vjob is in its target state, every node is viable, the running
   VMs are where the plan's placement says, and the announced cost is the model's cost.
 """
@@ -70,6 +74,8 @@ class _Replay:
                 self.used_mem[v.host] += v.mem
         self.suspend_pool: dict[str, set[int]] = defaultdict(set)
         self.resume_pool: dict[str, set[int]] = defaultdict(set)
+        self.whole = inst.whole
+        self.vjob_vms = {j: [v.id for v in vs] for j, vs in inst.vjobs().items()}
 
     def pool(self, i: int, pool: Sequence[PlanAction]) -> None:
         """Pool `i`: each action checked and applied, the room on the receiving nodes, then the moves."""
@@ -78,6 +84,7 @@ class _Replay:
         arrivals: list[tuple[str, str]] = []
         for a in pool:
             self._action(i, a, touched, leaving, arrivals)
+        self._check_cuts(i, pool)
         self._check_room(i, arrivals)
         self._move(leaving, arrivals)
 
@@ -103,6 +110,10 @@ class _Replay:
         for n in (a.src, a.dst):
             if n is not None and n not in self.nodes:
                 problems.append(f"{tag}: unknown node {n!r}")
+        if a.kind is Action.MIGRATE and vm.vjob in self.whole:
+            problems.append(
+                f"{tag}: vjob {vm.vjob} moves only whole (one cut of all its VMs), not VM by VM: a partial move"
+            )
         if not self._apply(i, a, vm.vjob, leaving, arrivals):
             problems.append(f"{tag}: the VM is not {_expected(a.kind)} at {a.src!r} before this pool")
         if vm.pinned and a.dst is not None and a.dst != vm.host:
@@ -135,6 +146,18 @@ class _Replay:
             else:
                 state[a.vm] = VJobState.TERMINATED
         return ok
+
+    def _check_cuts(self, i: int, pool: Sequence[PlanAction]) -> None:
+        """A suspend in pool `i` takes every VM of its vjob still running after the pool's
+        actions: some VMs saved while the others run on is a partial cut."""
+        suspended = {self.vms[a.vm].vjob for a in pool if a.kind is Action.SUSPEND and a.vm in self.vms}
+        for vjob in sorted(suspended):
+            running = [v for v in self.vjob_vms.get(vjob, []) if self.state[v] is VJobState.RUNNING]
+            if running:
+                self.problems.append(
+                    f"pool {i}: vjob {vjob} is suspended with {', '.join(running)} left running: "
+                    "a partial cut (a suspend takes all its VMs at once)"
+                )
 
     def _check_room(self, i: int, arrivals: list[tuple[str, str]]) -> None:
         """Every node receiving VMs in pool `i` holds them on top of all it holds during the pool."""

@@ -10,7 +10,8 @@ checkpointed in the middle of a swap. The rule, both ways:
   on, or an allocation including, a node the pass gives to a job it starts (`remappable`):
   such a job is in no swap. A move home (the RMS view of preemption.remap.live) goes unless
   its job is suspended or its destination is given away; leaving a node the pass gives away
-  is exactly what it must do (`allowed_moves`);
+  is exactly what it must do (`allowed_moves`, which drops a decision whole: never half a
+  swap, never some VMs of a job);
 - the pass never takes as a victim a vjob the remapping has moved: one with a VM off its own
   allocation, or whose own node another job's VM sits on (`remapped`). The agent's
   `checkpointable` (a running pilot on an allocated node) applies the first half; a swap
@@ -76,14 +77,27 @@ def remappable(places: Iterable[Placement], c: PassClaims) -> tuple[list[Placeme
 
 
 def allowed_moves(moves: Iterable[Move], c: PassClaims) -> tuple[list[Move], list[tuple[Move, str]]]:
-    """Home moves that respect the pass's claims, and the dropped ones with their reasons."""
+    """The moves that respect the pass's claims, and the dropped ones with their reasons. A
+    decision goes whole or not at all (`Move.key`: both jobs of a swap, every VM of a job going
+    home): one move refused drops every other move of its decision, with that reason."""
+    moves = list(moves)
+    own: dict[Move, str] = {}
+    for m in moves:
+        if m.job in c.suspending:
+            own[m] = "the vjob policy suspends it this tick"
+        elif m.dst in c.given:
+            own[m] = f"the vjob policy gives {m.dst} to another job this tick"
+    first = {}
+    for m, why in own.items():
+        first.setdefault(m.key, (m, why))
     keep: list[Move] = []
     dropped: list[tuple[Move, str]] = []
     for m in moves:
-        if m.job in c.suspending:
-            dropped.append((m, "the vjob policy suspends it this tick"))
-        elif m.dst in c.given:
-            dropped.append((m, f"the vjob policy gives {m.dst} to another job this tick"))
+        if m in own:
+            dropped.append((m, own[m]))
+        elif m.key in first:
+            other, why = first[m.key]
+            dropped.append((m, f"{m.key} goes whole or not at all, and {other.vm} of {other.job} may not move: {why}"))
         else:
             keep.append(m)
     return keep, dropped

@@ -15,6 +15,11 @@ records where its VMs really run (the journal's migrations, the store's `vms` ro
   goes back to its own node at once, whatever the gain or the migration bound — the RMS has
   freed the node it sits on, or given it to another job.
 - A job on nodes of several sub-clusters, or of a node of no known sub-cluster, is left alone.
+- A job moves whole: every move belongs to one decision (`Move.decision`: a swap's two jobs,
+  or one job going home) and a decision is carried out whole or not at all
+  (preemption.remap.claims.allowed_moves drops it whole). A job of several VMs goes home only
+  when all its VMs away can, in one step; its move is one cut (`switch_plan`: all its VMs
+  suspended in one pool, resumed on their new nodes in the next), never VM by VM.
 """
 
 from __future__ import annotations
@@ -22,9 +27,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from preemption.planner.plan import Plan, PlanAction, plan_cost
 from preemption.remap.models import Profile, SubCluster, migration_cost_s, subcluster_of
 from preemption.remap.policy import Decision, RemapParams, RunningJob, decide, running_job
-from vjob.model import Node
+from vjob.model import Action, Node
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +62,13 @@ class Move:
     src: str
     dst: str
     why: str
+    decision: str = ""
+    """The decision it carries out, shared by all its moves ("swap j+k", "home j"); "" = its job's own."""
+
+    @property
+    def key(self) -> str:
+        """What is carried out whole: the decision, else the job."""
+        return self.decision or f"job {self.job}"
 
 
 def node_subclusters(nodes: Iterable[Node], farm: Mapping[str, SubCluster]) -> dict[str, str]:
@@ -155,9 +168,10 @@ def moves_for(decisions: Iterable[Decision], placements: Iterable[Placement]) ->
         if len(j.vms) != len(k.vms):
             raise ValueError(f"swap of jobs {j.job} and {k.job}: {len(j.vms)} and {len(k.vms)} VMs")
         why = f"swap ({d.reason}, {d.gain_s:.0f} VM-s)"
+        key = f"swap {j.job}+{k.job}"
         for a, b in ((j, k), (k, j)):
             for (vm, src), dst in zip(sorted(a.vms, key=lambda v: v[1]), sorted(b.hosts), strict=True):
-                out.append(Move(a.job, vm, src, dst, why))
+                out.append(Move(a.job, vm, src, dst, why, key))
     return out
 
 
@@ -165,7 +179,8 @@ def homeward(placements: Sequence[Placement]) -> list[Move]:
     """VMs off their job's allocation sent back to it once the node they sit on is no longer
     lent: no running job away from its own nodes holds that node in the RMS any more (the swap
     partner ended, so the RMS has freed the node or given it to someone else). Going home is
-    always what the RMS expects, whoever else it placed there."""
+    always what the RMS expects, whoever else it placed there. A job goes home whole: all its
+    VMs away in one step, or none of them while one of them still sits on a lent node."""
     out: list[Move] = []
     current = list(placements)
     while True:  # a VM going home may end the lending of the node another one sits on (chains)
@@ -173,15 +188,61 @@ def homeward(placements: Sequence[Placement]) -> list[Move]:
         step: list[Move] = []
         for p in sorted(current, key=lambda p: p.job):
             homes = [n for n in sorted(p.allocated) if n not in p.hosts]
-            for vm, node in sorted(p.vms):
-                if not p.allocated or node in p.allocated or node in lent or not homes:
-                    continue
-                step.append(Move(p.job, vm, node, homes.pop(0), "home"))
+            away = [(vm, node) for vm, node in sorted(p.vms) if p.allocated and node not in p.allocated]
+            if not away or len(homes) < len(away) or any(node in lent for _, node in away):
+                continue
+            legs = zip(away, homes[: len(away)], strict=True)
+            step.extend(Move(p.job, vm, node, home, "home", f"home {p.job}") for (vm, node), home in legs)
         if not step:  # each round puts at least one VM on its own node: this ends
             return out
         out.extend(step)
         dst = {m.vm: m.dst for m in step}
         current = [replace(p, vms=tuple((vm, dst.get(vm, h)) for vm, h in p.vms)) for p in current]
+
+
+def switch_plan(moves: Sequence[Move], placements: Iterable[Placement]) -> Plan:
+    """The moves as one switch: a one-VM job's move is a live migration in the first pool; a
+    job of several VMs moves by one cut — all its VMs suspended in the first pool (the ones
+    not moving too: the cut is the whole job's), all resumed in the second, each on its new
+    node (the others where they slept): never VM by VM. Raises ValueError for a job moved by
+    two decisions, or a move of a VM that is not where the job's placement says it runs."""
+    by_job = {p.job: p for p in placements}
+    grouped: dict[str, list[Move]] = {}
+    for m in moves:
+        grouped.setdefault(m.job, []).append(m)
+    first: list[PlanAction] = []
+    second: list[PlanAction] = []
+    mem: dict[str, int] = {}
+    placement: dict[str, str] = {}
+    for job, ms in grouped.items():
+        p = by_job.get(job)
+        if p is None:
+            raise ValueError(f"job {job}: moved but not a running placement")
+        _check_whole(job, ms, p)
+        dst = {m.vm: m.dst for m in ms}
+        for vm, node in p.vms:
+            mem[vm] = p.memory_mb
+            placement[vm] = dst.get(vm, node)
+        if len(p.vms) == 1:
+            first.extend(PlanAction(Action.MIGRATE, m.vm, job, m.src, m.dst) for m in ms)
+            continue
+        first.extend(PlanAction(Action.SUSPEND, vm, job, node) for vm, node in p.vms)
+        second.extend(PlanAction(Action.RESUME, vm, job, node, dst.get(vm, node)) for vm, node in p.vms)
+    pools = tuple(tuple(pool) for pool in (first, second) if pool)
+    return Plan(pools=pools, placement=placement, cost=plan_cost(pools, mem), optimizer="remap")
+
+
+def _check_whole(job: str, moves: Sequence[Move], p: Placement) -> None:
+    """A job's moves: one decision, each of its VMs at most once, from where it runs."""
+    keys = sorted({m.key for m in moves})
+    if len(keys) > 1:
+        raise ValueError(f"job {job}: moved by {len(keys)} decisions ({', '.join(keys)}): a job moves whole, once")
+    where = dict(p.vms)
+    seen: set[str] = set()
+    for m in moves:
+        if where.get(m.vm) != m.src or m.vm in seen:
+            raise ValueError(f"job {job}: move of {m.vm} {m.src}->{m.dst}: not one of its VMs where it runs")
+        seen.add(m.vm)
 
 
 __all__ = [
@@ -195,4 +256,5 @@ __all__ = [
     "released",
     "running_jobs",
     "seen_memory",
+    "switch_plan",
 ]
