@@ -24,7 +24,7 @@ from agent.metrics import AgentMetrics
 from agent.observe import Observation
 from agent.pilot_performer import EXECUTOR_TAG
 from preemption.planner.plan import Plan, PlanAction
-from preemption.remap.live import Move
+from preemption.remap.live import Move, Placement
 from tests.services import wait_for
 from tests.stand_ins import answering_pilot
 from vjob.config import parse
@@ -92,7 +92,8 @@ def _pilot(pdir: PilotDir, answer_when: Callable[[], bool]) -> contextlib.Abstra
 
 def _migrate(agent: Agent, obs: Observation) -> Any:
     with agent.ports.lease.keeping():
-        return remap_step._migrate(agent.ports, obs, [Move(JOB, VM, "n1", "n2", "home")])
+        placed = Placement(JOB, ((VM, "n1"),), ("n1",), memory_mb=obs.pilots[JOB].memory_mb)
+        return remap_step._migrate(agent.ports, obs, [Move(JOB, VM, "n1", "n2", "home")], [placed])
 
 
 def _open_live_suspend(store: Store) -> int:
