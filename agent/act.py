@@ -13,10 +13,13 @@ import shutil
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Protocol, runtime_checkable
 
+from agent import pause_checkpoint
 from agent.observe import Observation
 from agent.pilot_performer import checkpoint_timeout_for, wait_for
 from agent.ports import Ports
+from preemption.drain_fit import drain_wait_text
 from preemption.executor import Abandoned
 from preemption.planner import PlanAction, instance_from_view, make_plan
 from preemption.scheduling.tick import Preemption, Release
@@ -43,10 +46,14 @@ class PilotPerformer:
     executor hands it the suspends of all its VMs together (a JobPerformer), and they are one
     request, one save, one requeue-hold."""
 
-    def __init__(self, ports: Ports, obs: Observation, reason: str) -> None:
+    def __init__(
+        self, ports: Ports, obs: Observation, reason: str, notice: pause_checkpoint.DrainNotice | None = None
+    ) -> None:
+        """`notice`: the interactive job's wait reason while pause-first victims drain."""
         self.ports = ports
         self.obs = obs
         self.reason = reason
+        self.notice = notice
         self.job_of = {vm: job_id for job_id, st in obs.pilots.items() for vm, _node in vms_of(st)}
         self.done: list[str] = []
 
@@ -68,6 +75,11 @@ class PilotPerformer:
         """Ask the pilot of `job_id` to save (all its VMs), wait for the save, requeue-hold the job."""
         if job_id in self.done:
             return  # its pilot already saved every VM of it, in one cut
+        if pause_checkpoint.usable(self.ports, self.obs, job_id):  # CPUs handed over before the save
+            pause_checkpoint.checkpoint(self.ports, self.obs, job_id, vm, self.reason, self.notice)
+            finish_checkpoint(self.ports, job_id)
+            self.done.append(job_id)
+            return
         pdir = self.ports.pilot_dir(job_id)
         request_id = f"{vm}@{time.time():.6f}"
         pdir.request_checkpoint(request_id, reason=self.reason, nodes=self.obs.view.job(job_id).allocated_nodes)
@@ -209,8 +221,13 @@ def preempt(ports: Ports, pre: Preemption, obs: Observation, *, reason: str = ""
     )
     reason = reason or f"interactive job {pre.job_id} needs nodes {','.join(pre.nodes)}"
     ports.log.info("switch planned", jobs=[pre.job_id, *pre.victims], nodes=list(pre.nodes), cost=plan.cost)
-    performer = PilotPerformer(ports, obs, reason)
-    report = ports.executor(performer).execute(plan, reason=reason)
+    waits = drain_wait_text(obs.view, pre.job_id, pre.nodes, pre.victims) if pre.job_id not in pre.victims else None
+    notice = pause_checkpoint.DrainNotice(ports, pre.job_id, waits)
+    performer = PilotPerformer(ports, obs, reason, notice)
+    try:
+        report = ports.executor(performer).execute(plan, reason=reason)
+    finally:
+        notice.take_back()  # the victims are requeued (their memory free) or the switch failed
     ports.metrics.switch_seconds.observe(time.monotonic() - t0)
     ports.log.info("switch finished", switch=report.switch_id, summary=report.summary(), jobs=performer.done)
     return performer.done

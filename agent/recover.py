@@ -72,7 +72,7 @@ def recover(ports: Ports) -> list[int]:
                 if saved and job_id in finished:
                     journal.set_action(store, action.id, "done")
                     continue
-                if saved and state is JobState.RUNNING:
+                if saved and state in (JobState.RUNNING, JobState.SUSPENDED):  # suspended: a pause-first one
                     finish_checkpoint(ports, job_id)
                     finished.add(job_id)
                     journal.set_action(store, action.id, "done")
@@ -87,12 +87,23 @@ def recover(ports: Ports) -> list[int]:
                 all_done = False
                 continue
             pdir.withdraw_request()
+            if state is JobState.SUSPENDED and ports.adapter.abilities.suspend:
+                _resume_paused(ports, job_id)  # a pause-first checkpoint cut short: its pilot runs the VM again
             journal.set_action(store, action.id, "undone", "agent restarted before the checkpoint")
             all_done = False
         journal.set_switch(store, sw.id, "done" if all_done else "rolled_back")
         ports.log.info("recovered switch", switch=sw.id, outcome="done" if all_done else "rolled_back")
         handled.append(sw.id)
     return handled
+
+
+def _resume_paused(ports: Ports, job_id: str) -> None:
+    """Resume in the RMS a job an earlier agent suspended for a pause-first checkpoint
+    (agent.pause_checkpoint): its stopped pilot then sees the request withdrawn."""
+    try:
+        ports.adapter.resume(job_id)
+    except CommandError as exc:
+        ports.log.error("could not resume a suspended victim during recovery", jobs=[job_id], error=str(exc))
 
 
 def _observation(ports: Ports, sw: journal.JournalSwitch, rms_jobs: tuple[Job, ...]) -> Observation:

@@ -295,13 +295,7 @@ class Pilot:
             self.usage.sample()  # the VMs' CPU up to the cut: their QEMU ends with the save
         path, size = self.vm.save()
         took = time.monotonic() - t0
-        try:
-            printed = self.vm.console_log().stat().st_size
-        except OSError:
-            printed = 0
-        for tail in self._tails:
-            tail.drain()  # everything the guest printed before the save is in the job's output now
-        copied = [t.offset for t in self._tails] if self.real and len(self._tails) == 2 else []
+        printed, copied = self.output_marks()
         self.set_state(
             PilotState.SAVED,
             saved_node=self.vm.node,  # the pilot's node unless a context switch moved the VM
@@ -328,6 +322,18 @@ class Pilot:
         partner's VM runs on the pilot's node): wait, at most `partner_hold_s`, for the agent's
         `release` — it sends the partner's VM home first — so the RMS does not give the node to
         another job while a foreign VM still runs there. Bounded and fail-open: the RMS's end of
+    def output_marks(self) -> tuple[int, list[int]]:
+        """Once the guest is stopped (saved or paused): its console's size and, for a real job,
+        how far each output copy went, after copying everything it printed into the job's
+        output (noted in the state for the job's restart)."""
+        try:
+            printed = self.vm.console_log().stat().st_size
+        except OSError:
+            printed = 0
+        for tail in self._tails:
+            tail.drain()  # everything the guest printed before the save is in the job's output now
+        return printed, [t.offset for t in self._tails] if self.real and len(self._tails) == 2 else []
+
         the job is delayed by the bound at most, and only for a job whose VM the agent moved
         (the agent releases only when its journal shows no foreign VM on the node)."""
         own, away, bound = self.s.node, self.vm.node, self.s.partner_hold_s

@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
+from pilot import pause_drain
 from pilot.settings import PilotSettings
 from pilot.signals import Signals
 from pilot.vm import DriverVM
@@ -52,6 +53,8 @@ class SwitchedPilot(Protocol):
 
     def retail(self) -> None: ...
 
+    def output_marks(self) -> tuple[int, list[int]]: ...
+
 
 def carry_out(pilot: SwitchedPilot, req: CheckpointRequest) -> int | None:
     """Carry out one switch request; returns the pilot's exit status when the job ends, else None."""
@@ -60,6 +63,8 @@ def carry_out(pilot: SwitchedPilot, req: CheckpointRequest) -> int | None:
     if req.request_id == st.request_id:
         return None  # answered already (or being slept on): nothing to do twice
     try:
+        if req.kind is RequestKind.PAUSE_CHECKPOINT:  # the RMS's checkpoint that hands the CPUs over first
+            return pause_drain.checkpoint(pilot, req)
         if req.kind is RequestKind.SUSPEND:
             pilot.save(req.request_id, req.nodes)
             return _sleep(pilot, req.request_id)

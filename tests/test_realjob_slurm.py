@@ -3,10 +3,13 @@
 A plain `sbatch job.sh` by an ordinary user, whose script says nothing of vjob: the partition
 is the operator's vjob partition (`[slurm] vjob_partitions`, issue 33 item 6), so
 job_submit.lua wraps it, the pilot runs it in the guest as that user (qemu:///session: no
-privilege anywhere), Slurm requeues it mid-run (SIGTERM: the VM is saved) and starts it again
-(the VM is restored). The result must equal the chain computed here, slurm-<id>.out must hold
-every progress line, Slurm must record the script's `exit 3`, and the files belong to the user.
-The job asks `-c2 --mem=768M`: its guest has 2 vCPUs and 768 MiB minus the VM's overhead.
+privilege anywhere); mid-run the vjob agent preempts it pause-first for the same user's
+interactive job on every node (the VM paused, the job suspended, its memory drained to disk by
+pilot.pause_drain, then requeue-held: the interactive job must run before the save ends), and
+releases it once that job ended (the VM is restored; docs/preempt-pause.md). The result must
+equal the chain computed here, slurm-<id>.out must hold every progress line, Slurm must record
+the script's `exit 3`, and the files belong to the user. The job asks `-c2 --mem=768M`: its
+guest has 2 vCPUs and 768 MiB minus the VM's overhead.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from devkit.devcluster import JOB_SUBMIT_LUA, DevCluster
+from devkit.preempt_pause import PauseRun
 from plugins.slurm.config import SlurmConfig
 from plugins.slurm.images import read_image_list, write_image_list
 from plugins.slurm.site_default import DEFAULTS_NAME, sync_partition_defaults
@@ -161,7 +165,6 @@ def test_plain_sbatch_runs_the_unchanged_script_in_the_guest_across_a_requeue(wr
         first_line_s = time.monotonic() - t0
         scontrol = ["scontrol"]
         cenv = {**os.environ, **wrapped_cluster.env}
-        subprocess.run([*scontrol, "requeue", job], env=cenv, check=True, timeout=30, capture_output=True)
 
         def state() -> tuple[str, str]:
             text = subprocess.run(
@@ -171,7 +174,23 @@ def test_plain_sbatch_runs_the_unchanged_script_in_the_guest_across_a_requeue(wr
             e = re.search(r"ExitCode=(\S+)", text)
             return (m.group(1) if m else "", e.group(1) if e else "")
 
-        wait_for(lambda: state()[0] in ("COMPLETED", "FAILED", "CANCELLED"), 600, f"job {job} to end")
+        # Preempted by the agent, pause-first, for the user's interactive job on every node
+        # (issue 37 item 2): the job's CPUs are handed over while its memory drains to disk,
+        # and its memory (the hash chain it computes) must come back intact.
+        listed = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], env=cenv, capture_output=True, text=True, timeout=30)
+        agent_work = Path(tempfile.mkdtemp(prefix="vjob-rjagent-", dir="/var/tmp"))
+        run = PauseRun(wrapped_cluster, site, bindir, USER, agent_work)
+        run.outputs[job] = out
+        run.start_agent(pause_first=True)
+        try:
+            got = run.preempt("pause", job, 512, nodes=len(set(listed.stdout.split())), mem_mib=1024)
+            assert got.started_before_saved, got  # the interactive job ran while the save went on
+            assert got.paused_to_saved_s is not None and got.save_bytes > 0, got
+            # released by the agent once the interactive job ended: restored, run to its end
+            wait_for(lambda: state()[0] in ("COMPLETED", "FAILED", "CANCELLED"), 600, f"job {job} to end")
+        finally:
+            run.stop_agent()
+            shutil.rmtree(agent_work, ignore_errors=True)
         assert state() == ("FAILED", "3:0"), out.read_text(errors="replace")[-3000:]
         text = out.read_text()
         assert "restoring VM" in text, text[-3000:]

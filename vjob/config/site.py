@@ -111,6 +111,11 @@ class AgentConfig(Section):
     pilot that is not root always runs per-node: the first node cannot reach another node's
     qemu:///session."""
     member_address: str = ""
+    pause_first: bool = False
+    """Checkpoint a victim by pausing its VM first: its CPUs go to the interactive job at once
+    (Slurm: `scontrol suspend`, which keeps its memory allocated) while its memory drains to
+    disk, then it is requeue-held. Needs an RMS that can suspend and a proctrack that does not
+    freeze the drainer (Slurm's linuxproc or pgid, not cgroup); docs/preempt-pause.md."""
     """The IP address a per-node job's leader pilot listens on and gives its member pilots: one of
     the first node's addresses the other nodes reach. Empty: the source address of this node's
     route toward the first member node (its name resolved; no packet sent), else the address of

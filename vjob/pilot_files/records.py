@@ -120,9 +120,12 @@ class RequestKind(StrEnum):
     (on `node`, from the state on `from_node`), `migrate` moves the running VM live to `node`,
     `stop` powers it off and ends the job. Removing a `suspend` request wakes the VM where it
     slept (the switch was rolled back). `release` lets a pilot whose job ended go (it holds its
-    node while a VM remapping lent it still runs there, docs/remap.md)."""
+    node while a VM remapping lent it still runs there, docs/remap.md). `pause_checkpoint`: a
+    checkpoint that pauses the VM, answers `saving` at once (the RMS may then hand its CPUs over)
+    and saves from a process outside the job's (pilot.pause_drain, docs/preempt-pause.md)."""
 
     CHECKPOINT = "checkpoint"
+    PAUSE_CHECKPOINT = "pause_checkpoint"
     SUSPEND = "suspend"
     RESUME = "resume"
     MIGRATE = "migrate"
