@@ -15,19 +15,17 @@ import signal
 import socket
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from plugins.node_authority import authority
-from plugins.usage_writers import usage_writer
-from provisioning.node_service import site, usage_ops
-from provisioning.node_service.config import DEFAULT_SOCKET
 from provisioning.node_service.operations import Sweep, registry, sweepers
-from provisioning.node_service.server import Limits, NodeService
-from vjob import log
 from vjob.cli import load_config
-from vjob.config import Config
 from vjob.errors import UsageError
-from vjob.sdnotify import Notifier
+
+if TYPE_CHECKING:
+    from vjob.config import Config
+
+# The service itself (the RMS's authority, the server, pydantic, structlog) is imported by
+# _node_service when it runs, so that `vjob node-service --help` loads none of it (issue 36).
 
 EPILOG = """\
 examples:
@@ -53,7 +51,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--rms", choices=("slurm", "oar", "pbs"), help="whose record says a job runs here (default: [node] rms)"
     )
-    p.add_argument("--socket", metavar="PATH", help=f"socket path (default: [node] socket, else {DEFAULT_SOCKET})")
+    p.add_argument("--socket", metavar="PATH", help="socket path (default: [node] socket, else /run/vjob/node.sock)")
     p.add_argument(
         "--names", metavar="N1,N2", help="node names served (default: [node] names, else the short host name)"
     )
@@ -74,9 +72,18 @@ def served_names(cfg: Config, given: str | None) -> frozenset[str]:
 
 
 def _node_service(args: argparse.Namespace) -> int:
-    cfg = load_config(args)
-    if os.geteuid() != 0:
+    if os.geteuid() != 0:  # before loading anything: an ordinary user gets this line, nothing else
         raise UsageError("vjob node-service: must run as root (it makes bridges, taps and exports for jobs)")
+    from plugins.node_authority import authority  # heavy: pydantic
+    from plugins.usage_writers import usage_writer  # heavy: pydantic
+    from provisioning.node_service import site, usage_ops  # heavy: pydantic
+    from provisioning.node_service.config import DEFAULT_SOCKET  # heavy: pydantic
+    from provisioning.node_service.server import Limits, NodeService  # heavy: structlog
+    from provisioning.node_service.tunnel import install_addresses  # heavy: sqlalchemy
+    from vjob import log  # heavy: structlog
+    from vjob.sdnotify import Notifier  # heavy: structlog
+
+    cfg = load_config(args)
     rms = args.rms or cfg.node.rms
     path = args.socket or cfg.node.socket or DEFAULT_SOCKET
     names = served_names(cfg, args.names)
@@ -84,6 +91,7 @@ def _node_service(args: argparse.Namespace) -> int:
     usage_ops.install_writer(usage_writer(rms, cfg))
     operations = registry()
     judge = authority(rms, cfg)
+    install_addresses(getattr(judge, "node_addresses", None))  # the far ends of jobs' tunnels
     if args.once_check:
         print(
             json.dumps(
@@ -136,6 +144,8 @@ def _sweep_loop(sweeps: list[tuple[str, Sweep]], judge: Any, stop: threading.Eve
     """Every sweep at start, then every `every_s` ([node] sweep_interval_s) until the service
     stops; one that fails (the RMS unreachable, a command's error) is logged and tried again next
     time."""
+    from vjob import log  # heavy: structlog
+
     logger = log.get("node-service")
     while not stop.is_set():
         for name, sweep in sweeps:

@@ -9,8 +9,9 @@ share an address. One bridge per job (`vjob-<subnetID in hex>`) keeps jobs apart
 A pilot has no store credentials: `pilot_addresses` derives the same kind of identities from
 the RMS job id alone (`pilot_subnet_id`), and `ensure_bridge` makes the job's bridge a transient
 libvirt network on a node's libvirt (root's): no forward, no host address, so the job's VMs
-reach each other and nothing else. Spanning real hosts (a VXLAN in each node's bridge) is the
-operator's part (docs/multinode.md).
+reach each other and nothing else. Where the node service makes the bridge, it also joins it
+across hosts (a VXLAN per job, provisioning.node_service.tunnel; docs/multinode.md, "Spanning real
+hosts"); a root pilot's libvirt bridge on hosts without the service is not joined.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from plugins.slurm import hostlist, parse_json
@@ -49,6 +49,20 @@ class SlurmJobAuthority:
     def owned(self, job: str, node: str) -> Grant | None:
         check_job_id(job)
         return grant_of(self._document(job), job, node, source=f"slurm job {job}", running=False)
+
+    def node_addresses(self, nodes: Sequence[str]) -> dict[str, str]:
+        """Each node's NodeAddr (an address or a host name, as slurm.conf says): the far ends of a
+        job's tunnel (provisioning.node_service.tunnel). `scontrol --json show node` from 23.02,
+        `sinfo --json` before (every node: 22.05 ignores its filters)."""
+        parser = self.adapter.data_parser()
+        if parser:
+            command, args = "scontrol", [f"--json={parser}", "show", "node"]
+        elif self.adapter.uses_json:
+            command, args = "sinfo", ["--json"]
+        else:
+            raise CommandError(["sinfo", "--json"], "Slurm before 20.11 prints no JSON: the node service needs it")
+        source = f"{command} {args[0]}"
+        return addresses_of(_load(self.adapter.cmd.run(command, args), source), nodes, source=source)
 
     def _document(self, job: str) -> dict[str, Any]:
         parser = self.adapter.data_parser()
@@ -109,6 +123,28 @@ def grant_of(doc: Mapping[str, Any], job: str, node: str, *, source: str, runnin
         cpus=cpus,
         memory_mib=memory,
     )
+
+
+def addresses_of(doc: Mapping[str, Any], nodes: Sequence[str], *, source: str) -> dict[str, str]:
+    """NodeAddr of each of `nodes` in a `sinfo --json` / `scontrol --json show node` document
+    (its `nodes` list of {name, address}); InputError naming a node it lacks or a malformed one."""
+    parse_json.check_layout(doc, source=source)
+    items = doc.get("nodes")
+    if not isinstance(items, list):
+        raise InputError(f"{source}: no 'nodes' list")
+    wanted, found = set(nodes), {}
+    for item in items:
+        name = item.get("name") if isinstance(item, Mapping) else None
+        if name not in wanted:
+            continue
+        address = parse_json._get(item, "address", str, f"{source}: node {name}", "")
+        if not address or len(address) > 253:
+            raise InputError(f"{source}: node {name} has no usable address ({address[:60]!r})")
+        found[name] = address
+    missing = sorted(wanted - set(found))
+    if missing:
+        raise InputError(f"{source}: no record of node(s) {', '.join(missing[:8])}")
+    return found
 
 
 def _is(item: Mapping[str, Any], job: str, source: str) -> bool:

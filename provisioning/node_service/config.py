@@ -7,6 +7,7 @@ the pilots (ordinary users) read `socket` from the same file to know whether to 
 
 from __future__ import annotations
 
+import ipaddress
 import re
 
 from pydantic import Field, field_validator
@@ -50,6 +51,28 @@ class NodeConfig(Section):
     """How often what ended jobs left on the node (networks, NFS gateways) is reaped, asking the
     RMS once per job; 0 never (only for a second service beside the node's own, as the tests
     run: a sweep takes every job object of this host that its own records do not claim)."""
+
+    tunnel_networks: list[str] = Field(default_factory=list, max_length=16)
+    """The cluster networks (IPv4 CIDRs, e.g. "10.1.0.0/16") that may carry a multi-node job's
+    private network between hosts: when a job's nodes sit on several hosts, each node's service
+    joins the job's bridge to the others' by VXLAN over these, to the nodes' addresses from the RMS
+    (Slurm's NodeAddr), and refuses a node address outside them. Empty: no tunnels (a job's VMs on
+    different hosts do not reach each other). docs/multinode.md, "Spanning real hosts"."""
+    tunnel_port: int = Field(4789, ge=1, le=65535)
+    """UDP port of those tunnels on every node (IANA's VXLAN port by default): the nodes must
+    let it through between them."""
+
+    @field_validator("tunnel_networks")
+    @classmethod
+    def _tunnel_networks(cls, value: list[str]) -> list[str]:
+        for text in value:
+            try:
+                net = ipaddress.IPv4Network(text)
+            except ValueError as exc:
+                raise ValueError(f"{text[:60]!r}: an IPv4 network such as 10.1.0.0/16 ({exc})") from None
+            if net.is_loopback or net.is_multicast or net.is_unspecified or net.prefixlen == 0:
+                raise ValueError(f"{text[:60]!r}: the cluster network, not loopback, multicast or everything")
+        return value
 
     @field_validator("socket")
     @classmethod

@@ -32,7 +32,10 @@ class Grant:
 
 
 class JobAuthority(Protocol):
-    """The RMS's word on a job (plugins/<rms>/job_grant.py)."""
+    """The RMS's word on a job (plugins/<rms>/job_grant.py). An authority may also answer
+    `node_addresses(nodes) -> {node: address}` (Slurm's: NodeAddr), the far ends of a job's
+    tunnel between hosts (provisioning.node_service.tunnel); without it a node's name is its
+    host name."""
 
     def grant(self, job: str, node: str) -> Grant | None:
         """The job's grant on `node` when it is running there, else None."""

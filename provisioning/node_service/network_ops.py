@@ -8,7 +8,7 @@ Grant), each tap owned by the job's uid so that only the job's QEMU can open it;
 gets `<interface type='ethernet'><target dev=TAP managed='no'/>` (pilot.site_network).
 
     net.up {job, node, vms, first_vm_id}
-      -> {bridge, gateway, prefix, dns, mode, nfs_port, vms: [{vm_id, tap, mac, ip}]}
+      -> {bridge, gateway, prefix, dns, mode, nfs_port, tunnel, vms: [{vm_id, tap, mac, ip}]}
          (`[guest] network = "bridge"`: also site_bridge, and each VM's site_tap and site_mac)
     net.down {job, node}  -> {removed: [...]}
 
@@ -20,11 +20,15 @@ the site when `[guest] network = "nat"`, nothing of the node's own services but 
 other job, no forged source). The answer's `dns` is `[guest] dns`, or the node's resolv.conf.
 With `[guest] network = "bridge"` each VM also gets a tap on the operator's bridge (`[guest]
 bridge`, checked to be an existing Linux bridge at every net.up) with a fixed MAC, and the job's
-nftables bridge table filters them (provisioning.node_service.site_bridge).
+nftables bridge table filters them (provisioning.node_service.site_bridge). When the job's nodes
+sit on several hosts (their addresses from the RMS) and `[node] tunnel_networks` is set, the
+bridge also gets the job's VXLAN to the other hosts and its rules (provisioning.node_service.
+tunnel; `tunnel` in the answer: device, VNI, this end, the peers; null without one).
 
 Both are idempotent (a pilot may retry, a resumed job asks again on the node it lands on):
-net.up makes what is missing and rewrites the job's chains in one commit; net.down removes
-this node's taps of the job, and the bridge and chains with the last of them.
+net.up makes what is missing and rewrites the job's chains in one commit (and the tunnel's peers
+to what the RMS says now); net.down removes this node's taps of the job, and the bridge, tunnel
+and chains with the last of them.
 
 State and restarts: the kernel holds the objects, named after the job; the service keeps one
 record per job bridge under STATE_DIR (/run: gone at a reboot, with the objects) saying whose it
@@ -49,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from provisioning import network
-from provisioning.node_service import net_rules, site, site_bridge
+from provisioning.node_service import net_rules, site, site_bridge, tunnel
 from provisioning.node_service.grant import Grant, JobAuthority
 from provisioning.node_service.net_rules import MAX_VMS_PER_REQUEST, NFS_PORT, JobNet
 from provisioning.node_service.protocol import Integer, OperationSpec
@@ -63,7 +67,7 @@ SYS_NET = Path("/sys/class/net")
 PROC_SYS = Path("/proc/sys")
 RESOLV_CONF = Path("/etc/resolv.conf")
 COMMAND_TIMEOUT_S = 10.0
-OWN_LINK_RE = re.compile(r"vjob-([0-9a-f]{4})(?:-[ts]([0-9a-f]{2}))?")
+OWN_LINK_RE = re.compile(r"vjob-([0-9a-f]{4})(?:-[ts]([0-9a-f]{2})|-vx)?")
 OWN_CHAIN_RE = re.compile(r"-N (vjob-([0-9a-f]{4})-(?:in|out|back|nat))")
 _lock = threading.Lock()
 """One network change at a time on this node: two pilots of one job (the dev cluster's nodes
@@ -217,8 +221,8 @@ def _taps_of(net: JobNet) -> list[str]:
 
 
 def teardown(net: JobNet, *, bridge_too: bool = True) -> list[str]:
-    """Everything of the job's network on this node: taps, bridge, chains, record."""
-    removed = []
+    """Everything of the job's network on this node: tunnel, taps, bridge, chains, record."""
+    removed = tunnel.remove(net)
     for link in [*_taps_of(net), *([net.bridge] if bridge_too else [])]:
         if _exists(link):
             _run(net_rules.link_del(link))
@@ -263,13 +267,22 @@ def _up(grant: Grant, fields: Mapping[str, Any]) -> dict[str, Any]:
     bridged = net.mode == "bridge"
     if bridged:
         site_bridge.check_bridge(guest.bridge, grant.node, str(SYS_NET))
+    node_cfg = site.config().node  # the RMS's node addresses asked before the lock: it may take a while
+    wire = tunnel.plan_for(net, grant.node, grant.nodes, node_cfg.tunnel_networks, node_cfg.tunnel_port)
     with _lock:
         rec = _mine(net, grant) or Record(grant.rms, grant.job, grant.uid)
         rec.nodes[grant.node] = sorted({*rec.nodes.get(grant.node, []), *ids})
         _write_record(net.bridge, rec)  # first: whatever is made next is found again
         make_links(net, ids, grant.uid)
         apply_firewall(net)
+        if wire is not None:
+            tunnel.ensure(net, wire)
+            _sysctl(tunnel.device(net))
+        elif tunnel.exists(net):  # all of the job on this host now, or tunnels switched off
+            tunnel.remove(net)
         if bridged:
+            if node_cfg.tunnel_networks:  # a guest on the site's LAN must not pose as a node's VXLAN
+                tunnel.ensure_guard(node_cfg.tunnel_port)
             apply_site_rules(net, rec)  # the rules before the taps join the operator's bridge
             make_site_taps(net, ids, grant.uid, guest.bridge)
     try:
@@ -285,6 +298,7 @@ def _up(grant: Grant, fields: Mapping[str, Any]) -> dict[str, Any]:
         "dns": list(guest.dns[: net_rules.MAX_DNS]) if bridged else net_rules.name_servers(list(guest.dns), resolv),
         "mode": net.mode,
         "nfs_port": NFS_PORT,
+        "tunnel": tunnel.describe(net, wire),
         "vms": [
             {
                 "vm_id": i,
@@ -331,6 +345,7 @@ def own_objects() -> dict[str, list[str]]:
         listing = _run([net_rules.IPTABLES, "-w", "5", "-t", table, "-S"])
         chains += [m.group(1) for m in OWN_CHAIN_RE.finditer(listing)]
     tables = [f"bridge {network.bridge_name(i)}" for i in _site_tables()]
+    tables += [f"tunnel {network.bridge_name(i)}" for i in sorted(tunnel.tables())]
     return {"links": links, "chains": sorted(chains), "tables": tables}
 
 
@@ -372,7 +387,7 @@ def sweep(authority: JobAuthority, subnets: Collection[int] | None = None) -> li
         objects = own_objects()
         unclaimed = {int(OWN_LINK_RE.fullmatch(n).group(1), 16) for n in objects["links"] if _ours(n)}  # type: ignore[union-attr]
         unclaimed |= {int(c.split("-")[1], 16) for c in objects["chains"]}
-        unclaimed |= set(_site_tables())
+        unclaimed |= set(_site_tables()) | tunnel.tables()
         if subnets is not None:
             unclaimed &= set(subnets)
         for subnet_id in sorted(unclaimed - claimed):
@@ -384,12 +399,18 @@ def sweep(authority: JobAuthority, subnets: Collection[int] | None = None) -> li
 
 
 def _ours(link: str) -> bool:
-    """A tap named like a job's, or a job bridge carrying the service's gateway MAC."""
+    """A tap named like a job's, a VXLAN named like a job's tunnel, or a job bridge carrying the
+    service's gateway MAC."""
     m = OWN_LINK_RE.fullmatch(link)
     if m is None:
         return False
     if m.group(2) is not None:
         return True
+    if link.endswith("-vx"):
+        try:
+            return "DEVTYPE=vxlan" in (SYS_NET / link / "uevent").read_text().split()
+        except OSError:
+            return False
     try:
         return (SYS_NET / link / "address").read_text().strip() == JobNet(int(m.group(1), 16)).gateway_mac
     except OSError:
