@@ -53,6 +53,11 @@ ABLATION: dict[str, dict[str, Any]] = {
     "UBIS in the interactive tier + slack 0 s": {"tier_order": "ubis-interactive", "head_slack_s": 0.0},
     "UBIS in the interactive tier + slack 1800 s": {"tier_order": "ubis-interactive", "head_slack_s": 1800.0},
     "UBIS in the interactive tier + bound 1": {"tier_order": "ubis-interactive", "max_preemptions": 1},
+    "UBIS in the interactive tier + slack 0 s + bound 1": {
+        "tier_order": "ubis-interactive",
+        "head_slack_s": 0.0,
+        "max_preemptions": 1,
+    },
     "UBIS in the interactive tier + victims harmless to the guard first": {
         "tier_order": "ubis-interactive",
         "victims": "guard",
