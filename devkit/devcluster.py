@@ -16,13 +16,11 @@ run/ (pid files, started.json), log/ (daemon logs), mysql/ (MariaDB's datadir an
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
-import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +38,7 @@ from devkit.devcluster_daemons import (
     wait_until,
 )
 from devkit.devcluster_files import catalogue_images, slurm_conf, vjob_toml, write_if_changed
+from devkit.devcluster_hosts import Topology, plan
 from plugins.slurm.commands import SlurmCommands
 from plugins.slurm.environment import wake_file as slurm_wake_file
 from plugins.slurm.images import SHIPPED_IMAGES, read_image_list, write_image_list
@@ -72,6 +71,9 @@ class Settings:
     libvirt: bool = True
     port: int = field(default_factory=lambda: default_port())
     """slurmctld's port; default $VJOB_DEVCLUSTER_PORT or 6817."""
+    hosts: int = 1
+    """1: every node on this machine; 2 or 3: the nodes split over network-namespace hosts
+    (devkit.devcluster_hosts), each with its own libvirtd, directories, sshd and node service."""
 
     def __post_init__(self) -> None:
         if self.port not in PORTS:
@@ -82,6 +84,8 @@ class Settings:
             raise UsageError(f"--cpus {self.cpus}: must be between 1 and 256")
         if self.memory_mb < 256:
             raise UsageError(f"--memory-mb {self.memory_mb}: must be at least 256 (a small QEMU guest)")
+        if self.hosts != 1:
+            plan(self.hosts, self.nodes)  # refused here when the nodes do not split
         if self.agent not in ("auto", "yes", "no"):
             raise UsageError(f"--agent {self.agent}: must be auto, yes or no")
 
@@ -180,6 +184,11 @@ class DevCluster:
                 f"the cluster in {self.root} runs {started['nodes']} nodes, not {settings.nodes}: "
                 "run `deploy/devcluster down` first"
             )
+        if int(started.get("hosts", 1)) != settings.hosts and self._ctld_alive():
+            raise UsageError(
+                f"the cluster in {self.root} runs on {started.get('hosts', 1)} host(s), not {settings.hosts}: "
+                "run `deploy/devcluster down` first"
+            )
         self._make_dirs(settings)
         if self._start_munge(started):
             progress("munged started")
@@ -188,6 +197,7 @@ class DevCluster:
         self._write_config(settings)
         started["nodes"] = settings.nodes
         started["port"] = settings.port
+        started["hosts"] = settings.hosts
         self._save_started(started)
         ctld_alive = self._ctld_alive()
         if not ctld_alive and port_open(settings.port):
@@ -202,9 +212,15 @@ class DevCluster:
             args = ["-f", str(self.conf)] + (["-c"] if clean else [])
             start_daemon(["/usr/sbin/slurmctld", *args], "slurmctld", self.log)
             progress("slurmctld started")
+        hosts = plan(settings.hosts, settings.nodes) if settings.hosts > 1 else []
+        topology = Topology(self.root)
+        if hosts:
+            topology.up(hosts, progress)
         for node in self._nodes(settings):
             if not proc.alive(read_pid(self.run / f"slurmd-{node}.pid")):
-                start_daemon(["/usr/sbin/slurmd", "-f", str(self.conf), "-N", node], f"slurmd {node}", self.log)
+                where = topology.enter(topology.host_of(node).name) if hosts else []
+                slurmd = [*where, "/usr/sbin/slurmd", "-f", str(self.conf), "-N", node]
+                start_daemon(slurmd, f"slurmd {node}", self.log)
         wait_until(lambda: len(self._ready_nodes()) >= settings.nodes, 60, f"{settings.nodes} Slurm nodes")
         if not self._ctld_alive():  # the nodes answered, but through someone else's controller
             raise VjobError(f"devcluster: slurmctld of {self.root} is not running; see {self.log}/slurmctld.log")
@@ -257,6 +273,7 @@ class DevCluster:
             memory_mb=settings.memory_mb,
             port=settings.port,
             first_node_port=first_node_port,
+            hosts=plan(settings.hosts, settings.nodes) if settings.hosts > 1 else None,
         )
         if write_if_changed(self.conf, text, 0o644) and self._ctld_alive():
             self.slurm.run("scontrol", ["reconfigure"])
@@ -303,6 +320,7 @@ class DevCluster:
             "slurmd": slurmd,
             "nodes": node_states,
             "libvirt": libvirt,
+            "hosts": {h.name: f"{h.address} {','.join(h.nodes)}" for h in Topology(self.root).hosts()},
             "agent": "running" if proc.alive(agent_pid) else started.get("agent", "not started"),
             "up": bool(nodes) and self._ctld_alive() and all(slurmd.values()) and accounting.dbd_alive(),
         }
@@ -353,6 +371,7 @@ class DevCluster:
                 progress(f"scontrol shutdown failed ({exc}); stopping the daemons by pid")
         for pidfile in [*sorted(self.run.glob("slurmd-*.pid")), self.run / "slurmctld.pid"]:
             stop_pidfile(pidfile, pidfile.stem, progress, grace=10.0, expect="slurm")
+        Topology(self.root).down(progress)  # the hosts' daemons, namespaces and bridge, if any
         # after the controller (it sends slurmdbd what it still holds), before munged
         Accounting(self.root, int(started.get("port", CTLD_PORT))).stop(keep_records=keep_state, progress=progress)
         if started.get("libvirt_pids"):
@@ -413,84 +432,3 @@ def _wait_quiet(predicate: Callable[[], bool], timeout: float) -> None:
         except CommandError:
             return
         time.sleep(0.2)
-
-
-# -- command line ---------------------------------------------------------------------------------------
-def main(argv: Sequence[str] | None = None) -> int:
-    """`deploy/devcluster up|status|down|env`; a VjobError is one line on stderr and its exit code."""
-    parser = argparse.ArgumentParser(prog="deploy/devcluster", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dir", type=Path, default=None, help=f"run directory (default ${ENV_DIR} or {DEFAULT_DIR})")
-    sub = parser.add_subparsers(dest="action", required=True)
-    up = sub.add_parser("up", help="start everything (idempotent); returns when all is ready")
-    up.add_argument("--nodes", type=int, default=8)
-    up.add_argument(
-        "--port", type=int, default=None, help=f"slurmctld port (default ${ENV_PORT} or {CTLD_PORT}; step 10)"
-    )
-    up.add_argument("--cpus", type=int, default=4, help="CPUs per node")
-    up.add_argument("--memory-mb", type=int, default=4096, help="memory per node")
-    up.add_argument("--agent", choices=("auto", "yes", "no"), default="auto", help="start `vjob agent --rms slurm`")
-    up.add_argument("--no-libvirt", action="store_true", help="do not start virtlogd/libvirtd")
-    st = sub.add_parser("status", help="say what runs (exit 0 when the cluster is up, 1 otherwise)")
-    st.add_argument("--json", action="store_true")
-    down = sub.add_parser("down", help="stop what `up` started, by pid (idempotent)")
-    down.add_argument("--keep-state", action="store_true", help="keep Slurm's saved jobs for the next `up`")
-    sub.add_parser("env", help="print the environment (SLURM_CONF, VJOB_CONFIG) as shell exports")
-    args = parser.parse_args(argv)
-    cluster = DevCluster(args.dir)
-
-    def say(message: str) -> None:
-        """Progress on stderr: stdout holds only the command's answer."""
-        print(f"devcluster: {message}", file=sys.stderr, flush=True)
-
-    try:
-        if args.action == "up":
-            if os.geteuid() != 0:
-                raise UsageError("deploy/devcluster up: must run as root (munged, slurmd and libvirtd need it)")
-            settings = Settings(
-                run_dir=cluster.root,
-                nodes=args.nodes,
-                cpus=args.cpus,
-                memory_mb=args.memory_mb,
-                agent=args.agent,
-                libvirt=not args.no_libvirt,
-                **({"port": args.port} if args.port is not None else {}),
-            )
-            result = cluster.up(settings, progress=say)
-            say(f"up in {result['timings']['total_s']:.2f} s; use: source {cluster.etc / 'env'}")
-            print(json.dumps({"devcluster": "up", "run_dir": result["run_dir"], **result["timings"]}))
-            return 0
-        if args.action == "status":
-            status = cluster.status()
-            if args.json:
-                print(json.dumps(status, indent=1))
-            else:
-                _print_status(status)
-            return 0 if status["up"] else 1
-        if args.action == "down":
-            cluster.down(keep_state=args.keep_state, progress=say)
-            say("down")
-            return 0
-        for key, value in cluster.env.items():
-            print(f"export {key}={value}")
-        return 0
-    except VjobError as exc:
-        print(f"devcluster: {exc}", file=sys.stderr)
-        return exc.exit_code
-
-
-def _print_status(status: dict[str, Any]) -> None:
-    """`status` without --json: one component a line."""
-    print(f"run dir    {status['run_dir']}")
-    print(f"munged     {'running' if status['munged'] else 'not running'}")
-    print(f"slurmctld  {'running' if status['slurmctld'] else 'not running'}")
-    print(f"slurmdbd   {'running' if status['slurmdbd'] else 'not running'}")
-    print(f"mariadb    {'running' if status['mariadb'] else 'not running'}")
-    for node, alive in status["slurmd"].items():
-        print(f"slurmd     {node:<8} {'running' if alive else 'not running':<12} {status['nodes'].get(node, '-')}")
-    print(f"libvirtd   {status['libvirt']}")
-    print(f"agent      {status['agent']}")
-    print(f"cluster    {'UP' if status['up'] else 'DOWN'}")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -17,6 +17,7 @@ from pathlib import Path
 from sqlalchemy import select
 
 from devkit.devcluster_accounting import dbd_port
+from devkit.devcluster_hosts import CONTROLLER_ADDR, Host, node_lines
 from vjob.errors import VjobError
 from vjob.store.db import Store
 from vjob.store.schema import ImageRecord
@@ -24,10 +25,31 @@ from vjob.store.schema import ImageRecord
 TEMPLATE = Path(__file__).resolve().parents[1] / "deploy" / "slurm" / "slurm.conf.in"
 
 
-def slurm_conf(root: Path, *, nodes: int, cpus: int, memory_mb: int, port: int, first_node_port: int) -> str:
-    """slurm.conf of a cluster of `nodes` nodes on this host, its controller on `port`."""
+def slurm_conf(
+    root: Path,
+    *,
+    nodes: int,
+    cpus: int,
+    memory_mb: int,
+    port: int,
+    first_node_port: int,
+    hosts: list[Host] | None = None,
+) -> str:
+    """slurm.conf of a cluster of `nodes` nodes, its controller on `port`: all on this host, or
+    split over the network-namespace `hosts` (devkit.devcluster_hosts), the controller then
+    reached on the hosts' bridge."""
     host = socket.gethostname().split(".")[0]
+    if hosts:
+        lines = node_lines(hosts, host=host, cpus=cpus, memory_mb=memory_mb, first_port=first_node_port)
+    else:
+        lines = (
+            f"NodeName=node[1-{nodes}] NodeHostname={host} NodeAddr=127.0.0.1 "
+            f"Port=[{first_node_port}-{first_node_port + nodes - 1}] CPUs={cpus} Boards=1 SocketsPerBoard=1 "
+            f"CoresPerSocket={cpus} ThreadsPerCore=1 RealMemory={memory_mb} State=UNKNOWN"
+        )
     return string.Template(TEMPLATE.read_text()).substitute(
+        ctld_addr=CONTROLLER_ADDR if hosts else "127.0.0.1",
+        node_lines=lines,
         root=str(root),
         host=host,
         nodes=nodes,
@@ -37,8 +59,6 @@ def slurm_conf(root: Path, *, nodes: int, cpus: int, memory_mb: int, port: int, 
         ctld_port=port,
         slurmd_port=port + 1,
         dbd_port=dbd_port(port),
-        first_node_port=first_node_port,
-        last_node_port=first_node_port + nodes - 1,
     )
 
 

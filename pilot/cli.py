@@ -14,6 +14,7 @@ The job id and node come from the RMS's environment (the variables its adapter d
 plugins.job_environment: SLURM_JOB_ID and SLURMD_NODENAME; PBS and OAR equivalents), or
 --job-id/--node. The OS image comes from --os, $VJOB_OS, or the
 `#VJOB os=NAME` line of the job's script (already validated by job_submit.lua at submission).
+The options are declared in pilot.run_args, which imports this module only when `vjob run` runs.
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ from pilot.specs import (
 )
 from pilot.usage import for_pilot
 from pilot.vm import DriverVM
-from plugins import RMS_PACKAGES, job_allocations, job_environment
-from plugins.member_launch import LEADER_ENV, TOKEN_ENV
+from plugins import job_allocations, job_environment
+from plugins.member_launch import TOKEN_ENV
 from provisioning import images, job_disk, network, safe_dirs
 from provisioning.vm_types import Nic
 from vjob.allocation import MAX_CPUS, MAX_MEMORY_MIB
@@ -62,83 +63,6 @@ from vjob.config import Config, ProvisioningConfig
 from vjob.errors import InputError, UsageError
 from vjob.pilot_files import PilotDir, pilot_root, vm_name, vm_names
 from vjob.rms import JobEnvironment
-
-RUN_EPILOG = """\
-examples:
-  vjob run                                         in a job script: image from #VJOB os= or $VJOB_OS
-  vjob run --os debian12 --script job.sh -- a b     the unchanged job.sh in a Debian guest, args a b
-  vjob run --os debian-tiny --payload work.sh       the counter guest runs work.sh
-  vjob run --rms pbs --memory 512 --script job.sh   under PBS, a 512 MiB guest
-
-The job id and node come from the RMS's environment (e.g. SLURM_JOB_ID, SLURMD_NODENAME);
-see docs/realjobs.md."""
-
-
-def register(sub: Any) -> None:
-    p = sub.add_parser(
-        "run",
-        help="the in-job pilot: run this job inside a VM that survives checkpoints",
-        description="Run as a job's command inside its RMS allocation: start the job's VM (the tiny\n"
-        "counter guest, or a catalogue image running the job's script unchanged), resume it from its\n"
-        "snapshot after a requeue, save it when the agent checkpoints the job, and exit with the\n"
-        "script's status. Normally started by the RMS hook (job_submit.lua, the PBS hook), not by hand.",
-        epilog=RUN_EPILOG,
-    )
-    p.add_argument(
-        "--rms", choices=sorted(RMS_PACKAGES), default="slurm", help="the RMS running this job (default slurm)"
-    )
-    p.add_argument("--job-id", metavar="ID", help="the RMS job id (default: from the job's environment)")
-    p.add_argument("--node", metavar="NODE", help="the RMS node name (default: from the job's environment)")
-    p.add_argument(
-        "--nodes",
-        metavar="NODES",
-        help="a multi-node job's nodes, comma-separated (default: the job's node list: one VM per node;"
-        " the counter guest is one VM unless --nodes names several)",
-    )
-    p.add_argument(
-        "--os", metavar="IMAGE", dest="os_image", help="OS image (default: $VJOB_OS or the script's #VJOB os= line)"
-    )
-    p.add_argument(
-        "--memory",
-        type=int,
-        metavar="MIB",
-        help="VM memory in MiB (default: a real image gets the job's memory on the node minus [provisioning]"
-        " vm_overhead_mib, or 256 where the RMS gives none; the counter guest 128, at least 72); capped by"
-        " the allocation",
-    )
-    p.add_argument(
-        "--cpus",
-        type=int,
-        metavar="N",
-        help="a real image's vCPUs (default: the CPUs the RMS allocated on the node); capped by the allocation",
-    )
-    p.add_argument("--payload", metavar="FILE", help="shell script the guest runs instead of its counter")
-    p.add_argument(
-        "--script", metavar="FILE", help="real image: the job's script, run unchanged in the guest ('-': stdin)"
-    )
-    p.add_argument("--base64", action="store_true", help="the script is base64 (the Slurm wrapper's encoding)")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="-- then the script's arguments")
-    p.add_argument(
-        "--member",
-        action="store_true",
-        help="a member pilot of a multi-node job, started by the first node's pilot (Slurm: srun, the leader's"
-        f" address and token in ${LEADER_ENV} and ${TOKEN_ENV}; OAR: oarsh, one line on"
-        " stdin; PBS: pbsdsh, --leader and --nonce, the token from $PBS_JOBCOOKIE)",
-    )
-    p.add_argument(
-        "--leader", metavar="HOST:PORT", help="with --member under PBS: the leader's address (put there by its pbsdsh)"
-    )
-    p.add_argument(
-        "--nonce", metavar="HEX", help="with --member under PBS: the nonce the job's token is derived from (not secret)"
-    )
-    p.add_argument(
-        "--orphan-resume",
-        type=float,
-        default=30.0,
-        metavar="S",
-        help="after a save the agent asked for, resume here if not requeued within S seconds (default 30)",
-    )
-    p.set_defaults(func=_run)
 
 
 def _build_disk(prov: ProvisioningConfig, workdir: Path, job: job_disk.JobDescription, disk: Path) -> None:
@@ -149,7 +73,8 @@ def _build_disk(prov: ProvisioningConfig, workdir: Path, job: job_disk.JobDescri
     )
 
 
-def _run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
+    """`vjob run` (its arguments: pilot.run_args)."""
     cfg = load_config(args)
     env = job_environment(args.rms)
     job_id = args.job_id or env.job_id_from(os.environ)
@@ -198,7 +123,7 @@ def _run_real(
     # Whether the RMS's output file is fresh or truncated by a requeue (the pilot then copies
     # the guest's output again, pilot.pilot): looked at before the sizing's log lines reach it.
     replay = empty_file(sys.stdout)
-    prov = user_provisioning(cfg.provisioning)
+    prov = user_provisioning(cfg.provisioning, node)
     nodes = job_nodes(args.rms, args.nodes, node)
     sizes = _sizes(args, prov, node, nodes)  # a job no VM can honour is refused first, before anything starts
     local = check_image(image, cfg, node)
@@ -218,6 +143,7 @@ def _run_real(
         restart_count=restart_count(bool(args.job_id), env),
         workdir=workdir,
         partner_hold_s=partner_hold_s(cfg),
+        config_path=getattr(args, "config", None) or "",  # for the processes it starts (pilot.pause_drain)
     )
     driver = open_driver(cfg, prov)
     if len(nodes) > 1:
@@ -260,6 +186,7 @@ def _run_tiny(
         orphan_resume_s=args.orphan_resume,
         restart_count=restart_count(bool(args.job_id), env),
         partner_hold_s=partner_hold_s(cfg),
+        config_path=getattr(args, "config", None) or "",  # for the processes it starts (pilot.pause_drain)
     )
     driver = open_driver(cfg)
     qemu_user = cfg.provisioning.qemu_user
@@ -364,7 +291,7 @@ def _run_member(cfg: Config, args: argparse.Namespace, node: str, job_id: str) -
     call = launcher(args.rms).calling(os.environ, node, leader=args.leader or "", nonce=args.nonce or "", stdin_fd=0)
     node = call.node
     os.environ.pop(TOKEN_ENV, None)  # nothing this process starts needs it
-    prov = user_provisioning(cfg.provisioning)
+    prov = user_provisioning(cfg.provisioning, node)
     link = connect(call.leader, call.token, node)
     driver = open_driver(cfg, prov)
 

@@ -187,7 +187,7 @@ class Pilot:
             self.say(f"adopting VM {self.vm.name}, still running from the job's previous start")
             self.set_state(PilotState.RUNNING)
             return
-        if previous is not None and previous.memory_saved:
+        if previous is not None and (previous.memory_saved or self._saved_elsewhere(previous)):
             self._resumed = True
             self._restore(previous.saved_node, previous.member_nodes)
             return
@@ -195,6 +195,18 @@ class Pilot:
         self.vm.boot()
         self.set_state(PilotState.RUNNING, boots=self.status.boots + 1)
         self.log.info("booted")
+
+    def _saved_elsewhere(self, previous: PilotStatus) -> bool:
+        """Whether the state file says the VM was saved on another node, into a directory of
+        that node's own (`user_vm_dir`, a `vm_dir` not shared): its path is not a file here,
+        yet the restore copies it over and checks it on arrival. Found on two hosts (issue 38):
+        looking for the path here made the job boot afresh, its work and state left behind."""
+        return (
+            previous.state is PilotState.SAVED
+            and bool(previous.memory_path)
+            and bool(previous.saved_node)
+            and previous.saved_node != self.s.node
+        )
 
     def _restore(self, saved_on: str, member_nodes: Sequence[str] = ()) -> None:
         local = saved_on == self.s.node

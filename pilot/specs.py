@@ -50,16 +50,31 @@ def partner_hold_s(cfg: Config) -> float:
     return cfg.remap.partner_hold_s if cfg.remap.farm_file else 0.0
 
 
-def user_provisioning(prov: ProvisioningConfig) -> ProvisioningConfig:
+def user_provisioning(prov: ProvisioningConfig, node: str = "") -> ProvisioningConfig:
     """The provisioning settings of a pilot that is not root: the user's own libvirt.
 
     Why: a job runs as its user, who cannot use root's libvirt (qemu:///system) nor write its
     VM directories. With qemu:///session QEMU runs as the user, the VM's disks and memory
     states are the user's own files (under $XDG_DATA_HOME/vjob, normally on the shared home,
     so a resume on another node finds them), and no privilege is involved anywhere.
+    With `user_vm_dir` they are on this node's own disk instead, and a resume elsewhere copies
+    them from the node that saved them over ssh as the user (`hosts`, `copy_method`; `node`, the
+    pilot's own, is this machine): found on two hosts sharing nothing but the home (issue 38).
     """
     if os.geteuid() == 0:
         return prov
+    if prov.user_vm_dir:
+        base = user_vm_base(prov)
+        hosts = {**prov.hosts, node: ""} if node else dict(prov.hosts)
+        return prov.model_copy(
+            update={
+                "default_uri": "qemu:///session",
+                "nodes": {},
+                "vm_dir": str(base / "vms"),
+                "snapshot_dir": str(base / "snapshots"),
+                "hosts": hosts,
+            }
+        )
     xdg = os.environ.get("XDG_DATA_HOME")
     base = Path(xdg) / "vjob" if xdg else Path.home() / USER_DATA_DIR
     return prov.model_copy(
@@ -73,9 +88,35 @@ def user_provisioning(prov: ProvisioningConfig) -> ProvisioningConfig:
     )
 
 
+def user_vm_base(prov: ProvisioningConfig) -> Path:
+    """This user's node-local directory under `user_vm_dir` (0700, made when missing)."""
+    import pwd
+
+    name = pwd.getpwuid(os.geteuid()).pw_name
+    base = Path(prov.user_vm_dir.replace("{user}", name))
+    base.mkdir(mode=0o700, parents=False, exist_ok=True)
+    return base
+
+
+def node_local_session(prov: ProvisioningConfig) -> None:
+    """Point the user's session libvirt (which the first connection starts) at this node's
+    disk when `user_vm_dir` is set: its socket ($XDG_RUNTIME_DIR, else ~/.cache), domain
+    definitions ($XDG_CONFIG_HOME) and logs ($XDG_CACHE_HOME) would otherwise be in the shared
+    home, where another node's session daemon reads the same definitions and, on one
+    machine, even answers on the same socket. Called after the job's environment was taken."""
+    if os.geteuid() == 0 or not prov.user_vm_dir:
+        return
+    base = user_vm_base(prov) / "s"  # short: QEMU's monitor socket lives under XDG_CONFIG_HOME (108 bytes)
+    for var, sub in (("XDG_RUNTIME_DIR", "r"), ("XDG_CONFIG_HOME", "c"), ("XDG_CACHE_HOME", "h")):
+        (base / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.environ[var] = str(base / sub)
+
+
 def open_driver(cfg: Config, prov: ProvisioningConfig | None = None) -> Any:
     """The VM driver with `prov` (a user pilot's, user_provisioning) or the configuration's."""
     from provisioning.driver import Driver  # heavy: libvirt-python
+
+    node_local_session(cfg.provisioning)
 
     return Driver(prov or cfg.provisioning, data_dir=cfg.data_path)
 

@@ -5,6 +5,7 @@ offers the same verbs for all its VMs at once.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -49,9 +50,23 @@ class DriverVM:
 
     def save(self) -> tuple[Path, int]:
         snap = self.driver.save(self.name, self.node)
+        if self.driver.config.user_vm_dir and os.geteuid() != 0:
+            self._undefine()
         if self.site is not None:
             self.site.down()
         return Path(snap.memory_path), int(snap.size_bytes)
+
+    def _undefine(self) -> None:
+        """Forget the saved VM's definition in the user's session libvirt of this node (its
+        state file holds the domain, a restore here defines it again). Why: with node-local VMs
+        (`user_vm_dir`) a resume on another node cannot reach this node's session libvirt, so
+        the definition would stay here for good (found on two hosts, issue 38)."""
+        import libvirt  # heavy: libvirt-python, only in a pilot that runs a VM
+
+        try:
+            self.driver.connection(self.node).lookupByName(self.name).undefine()
+        except (libvirt.libvirtError, VjobError):  # gone already: nothing to forget
+            return
 
     def restore(self, saved_on: str, member_nodes: Sequence[str] = ()) -> None:
         """`member_nodes`: a multi-node job's (pilot.multinode); one VM has none."""

@@ -216,3 +216,9 @@ class ProvisioningConfig(Section):
     (debian12 under TCG, 2 vCPUs, the job holding most of guest RAM): 246.8 MiB at 512 MiB,
     247.4 MiB at 1024 MiB, flat with the guest's size; rounded up to 256. KVM has no translation
     cache: a KVM site may lower it (docs/realjobs.md, "Size")."""
+    user_vm_dir: str = ""
+    """Where the pilot of an ordinary user's job keeps its VMs (disks, memory states and its
+    session libvirt's files), `{user}` replaced by the user's name: a node-local directory (the
+    site makes its parent mode 1777), so that a resume on another node copies them there with
+    `copy_method` over ssh as the user (`hosts`) and checks them on arrival. Empty: the user's
+    $XDG_DATA_HOME/vjob or ~/.local/share/vjob, normally on the shared home (nothing copied)."""
