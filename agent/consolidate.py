@@ -17,10 +17,14 @@ job the RMS forgot), or more if root measured more — and is logged: the pilot'
 after every vjob it does in the FCFS queue, so it cannot push another user's VM out.
 
 A multi-node vjob (one pilot holding `<vm>-0`, `<vm>-1`…, pilot.multinode) is each of its
-VMs, measured on the node its pilot's `member_nodes` names, so the planner weighs its real size;
-its VMs are pinned to their nodes in the planner's instance (they may sleep and wake in place,
+VMs, measured on the node its pilot's `member_nodes` names, so the planner weighs its real size.
+When its pilot can resume its VMs on other nodes (agent.remap_whole.unmovable: a root job's
+leader-mode pilot without the node service's job network) the vjob is `whole` in the planner's
+instance: the planner moves it only by one cut (all its VMs suspended in one pool, resumed on
+their new nodes in a later one), which its pilot takes as one suspend and one resume naming
+every VM's node. Otherwise its VMs are pinned to their nodes (they may sleep and wake in place,
 together, never move), so the planner relieves an overload by moving another vjob or by
-suspending the multi-node one whole; its plan actions are coalesced into the one request its
+suspending the multi-node one whole. Its plan actions are coalesced into the one request its
 pilot takes (agent.pilot_coalesce), which still refuses, journalled, a plan that would move
 its VMs one by one (a safety net: the validator already rejects such a plan).
 
@@ -43,23 +47,25 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from agent.observe import Observation
-from agent.pilot_coalesce import MembersMoved, coalesce, journal_refusal
-from agent.pilot_performer import EXECUTOR_TAG, live_executor
+from agent.pilot_coalesce import MembersMoved, WholeMovePerformer, coalesce, journal_refusal, whole_moves
+from agent.pilot_performer import EXECUTOR_TAG, live_performer
 from agent.ports import Ports
+from agent.remap_whole import unmovable
 from agent.status_file import write_status_file
 from preemption.executor import ExecutionReport
-from preemption.planner import NodeSpec, Plan
+from preemption.planner import Instance, NodeSpec, Plan
 from preemption.planner.control import ControlDecision, ObservedVM, cpu_demand, decide, plan_for
 from vjob import log
-from vjob.errors import StoreError, VjobError
-from vjob.model import Node, VJobState
+from vjob.errors import InputError, StoreError, VjobError
+from vjob.model import Action, Node, VJobState
 from vjob.pilot_files import PilotState, PilotStatus, vms_of
 from vjob.store import jobs as store_jobs
+from vjob.store import vms as store_vms
 
 if TYPE_CHECKING:
     from provisioning.profiling import DomainSample
@@ -91,6 +97,8 @@ class ControlState:
     requested size)."""
     members: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
     """Each multi-node vjob seen by the last step: (VM, node) of each of its VMs, its pilot's first."""
+    whole: frozenset[str] = frozenset()
+    """The multi-node vjobs of the last step whose pilots move them whole (not pinned)."""
     refused: str = ""
     """Why the last plan was refused (a multi-node vjob moved VM by VM); the same refusal again
     is logged, not journalled a second time."""
@@ -168,13 +176,19 @@ def root_size(allotment: Allotment | None, node: Node | None) -> tuple[int, int]
 
 
 def observed_vms(
-    obs: Observation, state: ControlState, *, busy: float, forgotten: Mapping[str, tuple[int, int]] | None = None
+    obs: Observation,
+    state: ControlState,
+    *,
+    busy: float,
+    forgotten: Mapping[str, tuple[int, int]] | None = None,
+    whole: Collection[str] = (),
 ) -> list[ObservedVM]:
     """The vjobs with a pilot, each running VM weighing what root measured on its node since
     the previous step; a sleeping VM keeps what it was last measured. A VM root has not measured
     (not found where its pilot says, or asleep since before a restart) weighs no less than root
     knows (root_size: the RMS's allocation, the store's record of it for a job the RMS forgot,
-    what root last measured); the pilot's `memory_mb` and `vcpus` play no part."""
+    what root last measured); the pilot's `memory_mb` and `vcpus` play no part. The VMs of a
+    multi-node vjob are pinned unless it is in `whole` (its pilot moves them whole)."""
     if state.sampler is None:
         raise VjobError("control loop: no sampler to measure the VMs with")
     sizes = allotments(obs, forgotten)
@@ -190,17 +204,18 @@ def observed_vms(
         vms = members_of(st)
         if len(vms) > 1:
             state.members[job_id] = tuple(vms)
+        pinned = len(vms) > 1 and job_id not in whole
         for vm, node in vms:
             root_mem, cpus = root_size(sizes.get(job_id), node_of.get(node))
             if st.state is PilotState.SAVED:
                 mem = state.memory.get(vm) or root_mem  # never measured (a restarted agent): root's figure
                 out.append(
                     ObservedVM(
-                        vm, job_id, VJobState.SLEEPING, node, mem, cpus, state.demand.get(vm, cpus), pinned=len(vms) > 1
+                        vm, job_id, VJobState.SLEEPING, node, mem, cpus, state.demand.get(vm, cpus), pinned=pinned
                     )
                 )
             else:
-                running.setdefault(node, []).append((job_id, vm, cpus, len(vms) > 1))
+                running.setdefault(node, []).append((job_id, vm, cpus, pinned))
     fresh: dict[str, DomainSample] = {}
     unmeasured = []
     for node, members in sorted(running.items()):
@@ -276,13 +291,19 @@ def propose(ports: Ports, obs: Observation, state: ControlState) -> Proposal | N
     nodes = [NodeSpec(n.name, n.cpus, n.memory_mb) for n in usable]
     names = {n.name for n in usable}
     forgotten = forgotten_sizes(ports, obs)
-    vms = [o for o in observed_vms(obs, state, busy=ports.cfg.planner.busy, forgotten=forgotten) if o.host in names]
+    movable = {j.id for j in obs.view.jobs if not unmovable(ports.cfg, j)}
+    observed = observed_vms(obs, state, busy=ports.cfg.planner.busy, forgotten=forgotten, whole=movable)
+    vms = [o for o in observed if o.host in names]
+    state.whole = frozenset(j for j in state.members if j in movable and j in {o.vjob for o in vms})
     state.decision = state.plan = None
     if not vms:
         publish(ports, state, record(state, [], "nothing to decide", "no vjob with a pilot on a usable node"))
         return None
     queue = fcfs_queue(obs, (o.vjob for o in vms))
-    state.decision = decide(nodes, vms, queue)
+    state.decision = decided = decide(nodes, vms, queue)
+    if state.whole:  # moved only by one cut (planner: "vjobs that move whole")
+        inst = decided.instance
+        state.decision = replace(decided, instance=Instance(inst.nodes, inst.vms, dict(inst.target), state.whole))
     try:
         state.plan = plan = plan_for(
             state.decision, optimizer=ports.cfg.planner.optimizer, time_limit_s=min(ports.cfg.planner.time_limit_s, 5.0)
@@ -308,7 +329,7 @@ def propose(ports: Ports, obs: Observation, state: ControlState) -> Proposal | N
         unmeasured=list(state.unmeasured),
     )
     try:
-        return Proposal(plan, queue, coalesce(plan, state.members))
+        return Proposal(plan, queue, coalesce(plan, state.members, movable=state.whole))
     except MembersMoved as refused:
         return Proposal(plan, queue, refused)
 
@@ -341,11 +362,34 @@ def carry_out(ports: Ports, obs: Observation, state: ControlState, proposal: Pro
         return None
     doing = f"carrying out {len(plan.actions)} action(s) in {len(plan.pools)} pool(s)"
     publish(ports, state, record(state, queue, "switching", doing))
-    executor = live_executor(ports, obs, "consolidation")  # memory-scaled waits, lease-bound
-    report = executor.execute(requests, reason="consolidation: measured demand")
+    moves = whole_moves(plan, state.members)
+    performer = WholeMovePerformer(live_performer(ports, obs, "consolidation"), moves)  # memory-scaled, lease-bound
+    report = ports.executor(performer, tag=EXECUTOR_TAG).execute(requests, reason="consolidation: measured demand")
+    remember_moves(ports, obs, report, moves, state.members)
     ports.log.info("consolidation done", switch=report.switch_id, summary=report.summary())
     publish(ports, state, record(state, queue, report.state, report.summary(), report))
     return report
+
+
+def remember_moves(
+    ports: Ports,
+    obs: Observation,
+    report: ExecutionReport,
+    moves: Mapping[str, tuple[str, ...]],
+    members: Mapping[str, tuple[tuple[str, str], ...]],
+) -> None:
+    """Each VM of a vjob moved whole recorded on its new node (root's record, which vouches for a
+    VM off its allocation: agent.remap_whole.believed); a failure is logged, the move is done."""
+    jobs = {j.id: j for j in obs.view.jobs}
+    for a in report.done:
+        job, st = jobs.get(a.vjob), obs.pilots.get(a.vjob)
+        if a.kind is not Action.RESUME or a.vjob not in moves or job is None or st is None:
+            continue
+        try:
+            for (vm, _slept), node in zip(members[a.vjob], moves[a.vjob], strict=True):
+                store_vms.remember(ports.store(), ports.rms, job, vm=vm, node=node, image=st.image)
+        except (StoreError, InputError) as exc:
+            ports.log.warning("control loop: a moved vjob's VMs not recorded", job=a.vjob, error=str(exc))
 
 
 def vjob_reasons(decision: ControlDecision, queue: list[str]) -> dict[str, dict[str, Any]]:

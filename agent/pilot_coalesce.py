@@ -9,19 +9,28 @@ pilot's first VM: all suspended → one suspend, all resumed on the nodes they s
 resume in place, all stopped → one stop. The executor journals and keys that one action like
 any other, so a restarted agent finishes it with the same request id (agent.recover).
 
-A plan that moves a member (migrate, resume elsewhere) or splits the vjob (some members only,
-or over several pools) is refused whole, before anything is done: `MembersMoved` says which
-vjob and why, and `journal_refusal` records it as a failed switch, every action named.
+A vjob whose pilot can resume its VMs on other nodes (`movable`: a leader-mode pilot without
+a node service's job network, docs/multinode.md) may also be moved whole: all its VMs suspended
+in one pool and all resumed, each on its new node, in a later one. The resume is then one
+request naming every VM's node in rank order (`nodes`; `whole_moves` finds them in the plan,
+`WholeMovePerformer` writes them), and the journalled action is the first VM's resume.
+
+A plan that migrates a member, moves a vjob whose pilot cannot move it, or splits the vjob
+(some members only, or over several pools other than one cut's two) is refused whole, before anything is done:
+`MembersMoved` says which vjob and why, and `journal_refusal` records it as a failed switch,
+every action named.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
+from agent.pilot_performer import PilotRequestPerformer, _expected, _state
 from preemption.executor import ExecutionReport
 from preemption.planner import Plan, PlanAction
 from vjob.errors import VjobError
 from vjob.model import Action
+from vjob.pilot_files import PilotState, RequestKind
 from vjob.store import journal
 from vjob.store.db import Store
 
@@ -39,11 +48,12 @@ class MembersMoved(VjobError):
         self.actions = tuple(actions)
 
 
-def coalesce(plan: Plan, members: Members) -> Plan:
+def coalesce(plan: Plan, members: Members, movable: Collection[str] = ()) -> Plan:
     """`plan` with each multi-node vjob's member actions as one action on its pilot's first VM.
 
     Raises MembersMoved, naming the vjob and what the plan asks, when its pilot cannot do it
-    as one request. Vjobs not in `members` (one VM per pilot) keep their actions."""
+    as one request. Vjobs not in `members` (one VM per pilot) keep their actions; vjobs in
+    `movable` may be resumed away from where they slept (a whole move: `whole_moves`)."""
     where = {vm: vjob for vjob, vms in members.items() for vm, _node in vms}
     pools_of: dict[str, dict[int, list[PlanAction]]] = {}
     for index, pool in enumerate(plan.pools):
@@ -51,7 +61,7 @@ def coalesce(plan: Plan, members: Members) -> Plan:
             if a.vm in where:
                 pools_of.setdefault(where[a.vm], {}).setdefault(index, []).append(a)
     for vjob, by_pool in pools_of.items():
-        if len(by_pool) > 1:
+        if len(by_pool) > 1 and not _one_cut(by_pool):
             split = [a for acts in by_pool.values() for a in acts]
             raise MembersMoved(
                 f"vjob {vjob}: the plan acts on its VMs in pools {', '.join(map(str, by_pool))}; "
@@ -62,13 +72,26 @@ def coalesce(plan: Plan, members: Members) -> Plan:
     for index, pool in enumerate(plan.pools):
         out = [a for a in pool if a.vm not in where]
         out += [
-            _one_request(vjob, by_pool[index], members[vjob]) for vjob, by_pool in pools_of.items() if index in by_pool
+            _one_request(vjob, by_pool[index], members[vjob], vjob in movable)
+            for vjob, by_pool in pools_of.items()
+            if index in by_pool
         ]
         pools.append(tuple(out))
     return Plan(tuple(pools), plan.placement, plan.cost, plan.optimizer, plan.warnings, plan.stats)
 
 
-def _one_request(vjob: str, acts: Sequence[PlanAction], vms: Sequence[tuple[str, str]]) -> PlanAction:
+def _one_cut(by_pool: Mapping[int, Sequence[PlanAction]]) -> bool:
+    """Whether a vjob's actions over several pools are one cut: its suspends in one pool, its
+    resumes in a later one (each pool then one request; whether it may move: `_one_request`)."""
+    if len(by_pool) != 2:
+        return False
+    first, second = (by_pool[i] for i in sorted(by_pool))
+    return all(a.kind is Action.SUSPEND for a in first) and all(a.kind is Action.RESUME for a in second)
+
+
+def _one_request(
+    vjob: str, acts: Sequence[PlanAction], vms: Sequence[tuple[str, str]], movable: bool = False
+) -> PlanAction:
     """The one action the pilot of `vjob` carries out for all of `acts` (one per member)."""
     node_of = dict(vms)
     moved = [a for a in acts if a.kind is Action.MIGRATE]
@@ -78,12 +101,18 @@ def _one_request(vjob: str, acts: Sequence[PlanAction], vms: Sequence[tuple[str,
             "moved VM by VM (its pilot suspends and resumes it as one cut where its VMs are)",
             moved,
         )
-    away = [a for a in acts if a.kind is Action.RESUME and (a.dst != node_of[a.vm] or a.src != node_of[a.vm])]
-    if away:
+    stale = [a for a in acts if a.kind is Action.RESUME and a.src != node_of[a.vm]]
+    away = [a for a in acts if a.kind is Action.RESUME and a.dst != node_of[a.vm]]
+    if stale or (away and not movable):
         raise MembersMoved(
             f"vjob {vjob}: the plan resumes its VMs away from the nodes they slept on "
-            f"({_moves(away)}); a multi-node vjob resumes only in place",
-            away,
+            f"({_moves(stale or away)}); "
+            + (
+                "its VMs' states are elsewhere"
+                if stale
+                else "its pilot resumes them only in place (per-node pilots, or a node service's job network)"
+            ),
+            stale or away,
         )
     kinds = {a.kind for a in acts}
     if len(kinds) > 1 or sorted(vm for vm, _ in vms) != sorted(a.vm for a in acts):
@@ -96,10 +125,62 @@ def _one_request(vjob: str, acts: Sequence[PlanAction], vms: Sequence[tuple[str,
     (kind,) = kinds
     leader, home = vms[0]
     if kind is Action.RESUME:
-        return PlanAction(Action.RESUME, leader, vjob, home, home)
+        dst = next(a.dst for a in acts if a.vm == leader)
+        return PlanAction(Action.RESUME, leader, vjob, home, dst)
     if kind in (Action.SUSPEND, Action.STOP):
         return PlanAction(kind, leader, vjob, home)
     raise MembersMoved(f"vjob {vjob}: a {kind.value} of its VMs is the resource manager's to do", acts)
+
+
+def whole_moves(plan: Plan, members: Members) -> dict[str, tuple[str, ...]]:
+    """vjob → the node of each of its VMs, in rank order, for every multi-node vjob the plan
+    resumes anywhere but where it slept (coalesce checked it is movable and resumed whole)."""
+    out: dict[str, tuple[str, ...]] = {}
+    for vjob, vms in members.items():
+        dst = {a.vm: a.dst for a in plan.actions if a.kind is Action.RESUME and a.vjob == vjob}
+        if len(dst) == len(vms) and any(dst[vm] != node for vm, node in vms):
+            out[vjob] = tuple(dst[vm] or node for vm, node in vms)
+    return out
+
+
+class WholeMovePerformer:
+    """The pilots' performer (agent.pilot_performer) for a plan with whole moves: the resume of
+    a vjob in `moves` is one request whose `nodes` name each VM's new node in rank order (what
+    the pilot's JobVMs.move needs); every other action is the inner performer's own.
+
+    Why the list travels in the request and not in the journalled action: a plan action names
+    one node. A restarted agent's recovery repeats the journalled first-VM resume with the
+    nodes the pilot slept on; the pilot then refuses it (its node is not the first listed)
+    rather than guess, and the vjob stays asleep where it slept (docs/remap.md)."""
+
+    def __init__(self, inner: PilotRequestPerformer, moves: Mapping[str, Sequence[str]]) -> None:
+        self.inner = inner
+        self.moves = {vjob: tuple(nodes) for vjob, nodes in moves.items()}
+
+    def perform(self, action: PlanAction, key: str) -> None:
+        nodes = self.moves.get(action.vjob) if action.kind is Action.RESUME else None
+        if nodes is None:
+            self.inner.perform(action, key)
+            return
+        pdir = self.inner.pilot_dir(action)
+        st = _state(pdir)
+        if st is None or st.request_id != key:  # a repeated action already answered is not asked again
+            pdir.request(
+                RequestKind.RESUME,
+                key,
+                node=nodes[0],
+                from_node=action.src or "",
+                reason=self.inner.reason,
+                nodes=nodes,
+            )
+        answer = self.inner._wait(pdir, key, action)
+        if answer.request_error:
+            raise VjobError(f"resume {action.vm}: the pilot refused: {answer.request_error}")
+        if answer.state is not _expected(action) or list(answer.member_nodes) != list(nodes):
+            raise VjobError(
+                f"resume {action.vm}: the pilot answered {answer.state.value} on "
+                f"{', '.join(answer.member_nodes) or answer.node}, not {PilotState.RUNNING.value} on {', '.join(nodes)}"
+            )
 
 
 def _moves(acts: Sequence[PlanAction]) -> str:
@@ -130,4 +211,4 @@ def journal_refusal(
     return report
 
 
-__all__ = ["NOT_STARTED", "Members", "MembersMoved", "coalesce", "journal_refusal"]
+__all__ = ["NOT_STARTED", "Members", "MembersMoved", "WholeMovePerformer", "coalesce", "journal_refusal", "whole_moves"]

@@ -23,11 +23,13 @@ VM (the sample's `memory_kib`), never the pilot's declared `memory_mb`: the stat
 job user's. A pilot whose job ends while a swap has its VM away holds its node (pilot.pilot,
 bounded) until this step has sent the partner's VM home and writes it a `release` (`release`).
 
-Scope: vjobs of one VM. A job of several VMs moves whole or not at all: the pure parts decide
-it as one job (one decision for all its VMs: preemption.remap.live), `allowed_moves` drops a
-decision whole, and `switch_plan` makes its move one cut (all its VMs suspended in one pool,
-resumed on their new nodes in the next). But its pilot resumes its VMs only where they slept
-(pilot.switch_requests refuses a resume elsewhere), so such jobs are left out here until it can.
+A job of several VMs moves whole or not at all: the pure parts decide it as one job (one
+decision for all its VMs: preemption.remap.live), `allowed_moves` drops a decision whole, and
+`switch_plan` makes its move one cut (all its VMs suspended in one pool, resumed on their new
+nodes in the next), which its pilot takes as one suspend and one resume naming every VM's node
+(agent.remap_whole, agent.pilot_coalesce). Only a pilot that can resume its VMs elsewhere (a
+root job's leader-mode pilot without the node service's job network) is remapped; the others
+are left alone with the reason (agent.remap_whole.unmovable).
 
 A look is two halves with the agent's arbiter between them (agent.arbiter, one plan per tick):
 `propose` profiles and decides (the moves it wants), `carry_out` migrates the moves the arbiter
@@ -44,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from agent.observe import Observation
 from agent.pilot_performer import live_executor
 from agent.ports import Ports
+from agent.remap_whole import believed, executor_for, recorded_nodes, unmovable, whole_move_counts
 from agent.status_file import write_status_file
 from preemption.executor import ExecutionReport
 from preemption.remap.claims import PassClaims, allowed_moves, remappable
@@ -65,10 +68,11 @@ from preemption.remap.memory import MemoryTarget, balloon_target_mib, targets_af
 from preemption.remap.models import Profile, SubCluster
 from preemption.remap.policy import Decision, RemapParams
 from vjob.errors import VjobError
-from vjob.model import JobState
+from vjob.model import Action, JobState
 from vjob.pilot_files import PilotState, RequestKind, vms_of
 from vjob.store import journal
 from vjob.store import vms as store_vms
+from vjob.store.db import Store
 
 if TYPE_CHECKING:
     from libvirt import virConnect
@@ -139,26 +143,75 @@ def libvirt_sampler(connection: Callable[[str], virConnect]) -> Sampler:
     return sample
 
 
-def placements(obs: Observation, moved_to: Mapping[str, str], counts: Mapping[str, int]) -> list[Placement]:
-    """Running one-VM vjobs with a running pilot, each on the node its pilot names when the RMS
-    allocated it or the journal moved its VM there (`moved_to`: VM → last destination)."""
+def placements(
+    obs: Observation,
+    moved_to: Mapping[str, str],
+    counts: Mapping[str, int],
+    several: Mapping[str, Sequence[tuple[str, str]]] | None = None,
+) -> list[Placement]:
+    """Running vjobs with a running pilot: a one-VM vjob on the node its pilot names when the
+    RMS allocated it or the journal moved its VM there (`moved_to`: VM → last destination); a
+    vjob of several VMs only when `several` holds it (its VMs where root believes them, and a
+    pilot that moves them whole: agent.remap_whole)."""
     out = []
     now = obs.view.now
+    several = several or {}
     for job in obs.view.running:
         st = obs.pilots.get(job.id)
         if job.state is not JobState.RUNNING or st is None or st.state is not PilotState.RUNNING:
             continue
-        if job.nodes != 1 or len(job.allocated_nodes) > 1 or len(vms_of(st)) > 1:
-            continue  # several nodes, or VMs: not migrated VM by VM (module docstring)
-        if job.allocated_nodes and st.node not in job.allocated_nodes and moved_to.get(st.vm) != st.node:
-            continue  # a node the pilot claims but neither the RMS nor root put it on
         remaining = None
         if job.walltime is not None and job.start_time is not None:
             remaining = max(0.0, job.start_time + job.walltime - now)
+        if job.id in several:
+            vms = tuple(several[job.id])
+            out.append(Placement(job.id, vms, job.allocated_nodes, st.memory_mb, remaining, counts.get(job.id, 0)))
+            continue
+        if job.nodes != 1 or len(job.allocated_nodes) > 1 or len(vms_of(st)) > 1:
+            continue  # several nodes, or VMs, not vouched for whole (module docstring)
+        if job.allocated_nodes and st.node not in job.allocated_nodes and moved_to.get(st.vm) != st.node:
+            continue  # a node the pilot claims but neither the RMS nor root put it on
         out.append(
             Placement(job.id, ((st.vm, st.node),), job.allocated_nodes, st.memory_mb, remaining, counts.get(job.id, 0))
         )
     return out
+
+
+def several_vms(
+    ports: Ports, obs: Observation, store: Store, moved_to: dict[str, str], counts: dict[str, int]
+) -> tuple[dict[str, list[tuple[str, str]]], dict[str, str]]:
+    """The running vjobs of several VMs the step may move whole, each VM where root believes it
+    (agent.remap_whole.believed), and why each other one is left alone. Adds to `moved_to` the
+    nodes root recorded for the VMs of vjobs it moved whole (their pilots' release needs them)
+    and to `counts` their whole moves (the bound against ping-pong)."""
+    multi = [j for j in obs.view.running if j.nodes > 1 or len(j.allocated_nodes) > 1]
+    multi += [
+        j
+        for j in obs.view.running
+        if j not in multi and (st := obs.pilots.get(j.id)) is not None and len(vms_of(st)) > 1
+    ]
+    whole = whole_move_counts(store, ports.rms, [j.id for j in multi])
+    for job_id, n in whole.items():
+        counts[job_id] = counts.get(job_id, 0) + n
+    out: dict[str, list[tuple[str, str]]] = {}
+    skipped: dict[str, str] = {}
+    for job in multi:
+        st = obs.pilots.get(job.id)
+        recorded = recorded_nodes(store, ports.rms, job.id) if whole.get(job.id) else {}
+        moved_to.update({vm: node for vm, node in recorded.items() if node not in job.allocated_nodes})
+        if st is None or st.state is not PilotState.RUNNING:
+            continue
+        vms = vms_of(st)
+        why = unmovable(ports.cfg, job)
+        if len(vms) < 2:
+            skipped[job.id] = f"{max(job.nodes, len(job.allocated_nodes))} nodes but one VM: not remapped"
+        elif why:
+            skipped[job.id] = f"several VMs ({', '.join(vm for vm, _ in vms)}), not moved: {why}"
+        elif (believed_vms := believed(st, job, recorded)) is None:
+            skipped[job.id] = "its pilot names nodes the RMS did not allocate and root did not move it to"
+        else:
+            out[job.id] = believed_vms
+    return out, skipped
 
 
 @dataclass(frozen=True)
@@ -190,20 +243,13 @@ def propose(ports: Ports, obs: Observation, state: RemapState, claims: PassClaim
     counts: dict[str, int] = {}
     for m in done:
         counts[m.rms_job_id] = counts.get(m.rms_job_id, 0) + 1
-    every = placements(obs, moved_to, counts)
+    several, left = several_vms(ports, obs, store, moved_to, counts)
+    every = placements(obs, moved_to, counts, several)
     moves, dropped = allowed_moves(homeward(every), claims)
     places, skipped = remappable(every, claims)
+    skipped.update(left)
     for m, why in dropped:
         skipped[m.job] = why
-    for job in obs.view.running:
-        if job.nodes != 1 or len(job.allocated_nodes) > 1:
-            st = obs.pilots.get(job.id)
-            vms = [vm for vm, _node in vms_of(st)] if st is not None else []
-            skipped[job.id] = (
-                f"several VMs ({', '.join(vms)}): a pilot migrates no job VM by VM (not remapped yet)"
-                if len(vms) > 1
-                else f"{max(job.nodes, len(job.allocated_nodes))} nodes: a multi-node vjob is not remapped yet"
-            )
     if skipped != state.skipped:  # logged when it changes, not every tick
         ports.log.info("remap: left alone", vjobs=skipped)
     state.skipped = skipped
@@ -237,7 +283,8 @@ def carry_out(ports: Ports, obs: Observation, state: RemapState, proposal: Propo
         for m in moves:
             state.samples.pop(m.vm, None)  # its next window starts on the new host
         done = {(a.vm, a.dst) for a in report.done}
-        moved = [m for m in moves if (m.vm, m.dst) in done]
+        whole = {a.vjob for a in report.done if a.kind is Action.RESUME}  # a cut: all its VMs or none
+        moved = [m for m in moves if (m.vm, m.dst) in done or m.job in whole]
     if moved:
         farm = state.farm or {}  # loaded by `propose`
         node_sc = node_subclusters(obs.view.nodes, farm)
@@ -366,17 +413,24 @@ def _migrate(ports: Ports, obs: Observation, moves: Sequence[Move], every: Seque
     if not ports.lease.held():
         raise VjobError("remap: the agent lease is held by another agent; no migration")
     ports.log.info("remap: migrating", moves=[f"{m.vm} {m.src}->{m.dst} ({m.why})" for m in moves])
-    executor = live_executor(ports, obs, "remap")  # memory-scaled waits, lease-bound
-    report = executor.execute(plan, reason=f"remap: {why}")
+    moving = {m.job for m in moves}
+    members = {p.job: p.vms for p in every if p.job in moving and len(p.vms) > 1}
+    if members:  # whole moves: one suspend and one resume per job, through its pilot
+        executor, requests = executor_for(ports, obs, "remap", plan, members, movable=set(members))
+    else:
+        executor, requests = live_executor(ports, obs, "remap"), plan  # memory-scaled waits, lease-bound
+    report = executor.execute(requests, reason=f"remap: {why}")
     jobs = {j.id: j for j in obs.view.jobs}
     for a in report.done:
         st = obs.pilots.get(a.vjob)
         job = jobs.get(a.vjob)
-        if job is not None and st is not None and a.dst is not None:
-            store_vms.remember(
-                ports.store(), ports.rms, job, vm=a.vm, node=a.dst, image=st.image, memory_mb=st.memory_mb
-            )
-            ports.recorded_vms[job.id] = (a.dst, st.image)
+        if job is None or st is None or a.dst is None or a.kind is Action.SUSPEND:
+            continue
+        whole = a.vjob in members  # a whole move: every VM's new node, from the plan
+        nodes = [(vm, plan.placement.get(vm, a.dst)) for vm, _ in members[a.vjob]] if whole else [(a.vm, a.dst)]
+        for vm, node in nodes:
+            store_vms.remember(ports.store(), ports.rms, job, vm=vm, node=node, image=st.image, memory_mb=st.memory_mb)
+        ports.recorded_vms[job.id] = (",".join(node for _, node in nodes), st.image)
     ports.log.info("remap: done", switch=report.switch_id, summary=report.summary())
     return report
 

@@ -21,6 +21,7 @@ provisioning.coordinated's, through them.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,10 @@ from vjob.pilot_files import member_names
 from vjob.store.identities import Address
 
 _log = log.get("pilot")
+
+
+class MoveRolledBack(VjobError):
+    """A move of the whole job failed and was undone: every VM runs again where it slept."""
 
 
 def network_of(addresses: Sequence[Address], rank: int, ssh: tuple[str, str] | None) -> dict[str, object]:
@@ -90,6 +95,9 @@ class JobVMs:
                 )
             self.members[rank] = remote
         self.leader = self.members[0]
+        self.home = tuple(nodes)
+        """The allocation's nodes, one per VM: a VM off them was moved whole by the agent
+        (`move`), and the pilot then holds its nodes at the job's end (Pilot._hold_while_lent)."""
         self.name = self.leader.name
         self.node = self.leader.node
         self.uri = self.leader.uri
@@ -212,6 +220,10 @@ class JobVMs:
 
         cut = coordinated.checkpoint(self.driver, self._coordinated())
         snap = cut.snapshots[self.leader.name]
+        if self.driver.config.user_vm_dir and os.geteuid() != 0:  # as DriverVM.save: node-local session
+            for m in self.members:  # libvirt, which a resume on another host cannot reach (issue 38)
+                if isinstance(m, DriverVM):
+                    m._undefine()
         self._remove_network()
         _log.info(
             "multi-node job saved",
@@ -232,6 +244,60 @@ class JobVMs:
             vms=len(self.members),
             restore_to_running_s=round(resumed.restore_to_running_s, 3),
         )
+
+    def movable(self) -> str:
+        """Why this job's VMs cannot be resumed on other nodes ("" when they can): a member
+        pilot's VM is driven on its own node by that member, which exists on no other node; a
+        job network from the node service is this pilot's node's only (the other nodes' taps
+        are their members' to ask)."""
+        if any(isinstance(m, MemberVM) for m in self.members):
+            return "its VMs are driven by per-node pilots, each on its own node: none can resume a VM elsewhere"
+        if self.site is not None:
+            return "its job network is the node service's of this pilot's node: its VMs cannot leave their nodes"
+        return ""
+
+    def move(self, destinations: Sequence[str]) -> None:
+        """Resume the sleeping job with VM `rank` on `destinations[rank]`, each state copied from
+        where it slept and checked on arrival (provisioning.coordinated.restore: all restored
+        paused, then all run). If any restore fails, the whole job is rolled back: every VM
+        restored where it slept (a state the failed attempt restored and saved again on its new
+        node is copied back), and the error raised — no VM is left on a new node while another
+        stays behind. Only a leader-mode pilot without a node service moves (`movable`)."""
+        why = self.movable()
+        if why:
+            raise VjobError(why)
+        slept = self.nodes()
+        if len(destinations) != len(slept) or len(set(destinations)) != len(destinations):
+            raise VjobError(f"a move of {len(slept)} VMs needs one distinct node each, not {', '.join(destinations)}")
+        self._point_at(destinations)
+        try:
+            self.restore(self.node, slept)
+        except Exception as exc:  # any failure: roll back, then say why
+            self._point_at(slept)
+            try:
+                self.restore(self.node, destinations)  # each from where the failed attempt left it
+            except Exception as back:  # noqa: BLE001 - states kept where they are; the pilot says so
+                raise VjobError(f"the move failed ({exc}) and so did the resume where the VMs slept: {back}") from exc
+            self._drop_bridges(set(destinations) - set(slept))
+            raise MoveRolledBack(f"rolled back, every VM running where it slept: {exc}") from exc
+        self._drop_bridges(set(slept) - set(destinations))
+
+    def _point_at(self, nodes: Sequence[str]) -> None:
+        for m, node in zip(self.members, nodes, strict=True):
+            assert isinstance(m, DriverVM)  # movable() refused member pilots' VMs
+            m.node, m.uri = node, self.driver.uri(node)
+        self.node, self.uri = self.leader.node, self.leader.uri
+
+    def _drop_bridges(self, nodes: set[str]) -> None:
+        """The job's bridge on nodes none of its VMs is on any more — unless such a node's
+        libvirt is one a VM is still on (the dev cluster's nodes share one libvirtd: the bridge
+        there is the moved VMs' too)."""
+        kept = {self.driver.uri(m.node) for m in self.members}
+        for node in sorted(n for n in nodes if self.driver.uri(n) not in kept):
+            try:
+                network.remove_bridge(self.driver.connection(node), self.subnet_id)
+            except Exception as exc:  # noqa: BLE001 - a bridge left behind costs nothing; logged
+                _log.warning("job network not removed", node=node, error=str(exc))
 
     def delete(self) -> None:
         for m in self.members:

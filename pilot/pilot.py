@@ -322,18 +322,6 @@ class Pilot:
         self.say(f"checkpointed VM {self.vm.name} on {self.s.node}: {size / 2**20:.0f} MiB in {took:.2f} s")
         self.log.info("saved", request=request_id, seconds=round(took, 3), bytes=size)
 
-    def _save_and_exit(self, why: str) -> int:
-        if self.vm.active():
-            self.save("")
-        self.say(f"{why}: exiting, VM state kept for the job's restart")
-        self._hold_while_lent()
-        return EXIT_CHECKPOINTED
-
-    def _hold_while_lent(self) -> None:
-        """The job ends with its VM away from its own node (a remapping swap moved it; the
-        partner's VM runs on the pilot's node): wait, at most `partner_hold_s`, for the agent's
-        `release` — it sends the partner's VM home first — so the RMS does not give the node to
-        another job while a foreign VM still runs there. Bounded and fail-open: the RMS's end of
     def output_marks(self) -> tuple[int, list[int]]:
         """Once the guest is stopped (saved or paused): its console's size and, for a real job,
         how far each output copy went, after copying everything it printed into the job's
@@ -346,11 +334,26 @@ class Pilot:
             tail.drain()  # everything the guest printed before the save is in the job's output now
         return printed, [t.offset for t in self._tails] if self.real and len(self._tails) == 2 else []
 
+    def _save_and_exit(self, why: str) -> int:
+        if self.vm.active():
+            self.save("")
+        self.say(f"{why}: exiting, VM state kept for the job's restart")
+        self._hold_while_lent()
+        return EXIT_CHECKPOINTED
+
+    def _hold_while_lent(self) -> None:
+        """The job ends with its VM away from its own node (a remapping swap moved it; the
+        partner's VM runs on the pilot's node): wait, at most `partner_hold_s`, for the agent's
+        `release` — it sends the partner's VM home first — so the RMS does not give the node to
+        another job while a foreign VM still runs there. Bounded and fail-open: the RMS's end of
         the job is delayed by the bound at most, and only for a job whose VM the agent moved
         (the agent releases only when its journal shows no foreign VM on the node)."""
-        own, away, bound = self.s.node, self.vm.node, self.s.partner_hold_s
-        if own == away or bound <= 0 or len(self.vm.nodes()) > 1:
+        bound, now = self.s.partner_hold_s, self.vm.nodes()
+        home = getattr(self.vm, "home", (self.s.node,))  # a multi-node job's: every node of its allocation
+        lent = [n for n in home if n not in now]
+        if not lent or bound <= 0:
             return
+        own, away = ",".join(lent), ",".join(n for n in now if n not in home)
         self.say(
             f"the job ended with its VM on {away}: holding {own} (at most {bound:g} s) until the VM "
             f"remapping lent it goes home"

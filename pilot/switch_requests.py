@@ -13,9 +13,13 @@ a request already answered is never carried out twice, so the agent may repeat a
 a crash (agent.recover) without the VM moving twice.
 
 A multi-node job (pilot.multinode) is one cut of all its VMs: `suspend` saves them all
-(provisioning.coordinated), a `resume` where they slept restores them all, `stop` deletes them
-all; a `migrate` or a `resume` on (or from) another node would move its VMs one by one and is
-refused with a `request_error` that says so.
+(provisioning.coordinated), `stop` deletes them all, and a `resume` restores them all — where
+they slept, or each on its own new node when the request's `nodes` lists one per VM in rank
+order (its `node` then the first: the remapping's or the planner's move of the whole job, one
+cut; a state copied from where it slept and checked on arrival; any failure rolls the whole job
+back where it slept). A `migrate` would move its VMs one by one and is refused with a
+`request_error` that says so, and so is a resume elsewhere of a job whose VMs cannot leave their
+nodes (per-node pilots, a node service's job network: JobVMs.movable).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import time
 from typing import Any, Protocol
 
 from pilot import pause_drain
+from pilot.multinode import MoveRolledBack
 from pilot.settings import PilotSettings
 from pilot.signals import Signals
 from pilot.vm import DriverVM
@@ -108,7 +113,11 @@ def _sleep(pilot: SwitchedPilot, suspend_id: str) -> int | None:
             continue  # a request refused while asleep, not yet replaced
         try:
             if req.kind is RequestKind.RESUME:
-                _resume(pilot, req.node, req.from_node or pilot.status.saved_node or pilot.vm.node, req.request_id)
+                if len(pilot.vm.nodes()) > 1:
+                    if not _resume_job(pilot, req):
+                        return None  # rolled back: running where it slept, the refusal answered
+                else:
+                    _resume(pilot, req.node, req.from_node or pilot.status.saved_node or pilot.vm.node, req.request_id)
                 return None
             if req.kind is RequestKind.STOP:
                 return _stop(pilot, req.request_id)
@@ -148,6 +157,60 @@ def _resume(pilot: SwitchedPilot, node: str, saved_on: str, request_id: str) -> 
     pilot.log.info("resumed", node=node, local=local, seconds=round(took, 3))
 
 
+def _resume_job(pilot: SwitchedPilot, req: CheckpointRequest) -> bool:
+    """A multi-node job's resume: in place (no `nodes`, or the nodes they slept on), or the whole
+    job moved, VM `rank` onto `req.nodes[rank]` (JobVMs.move: one cut, rolled back whole on a
+    failure). The request is the agent's (root's) but checked all the same: one node per VM,
+    no node twice, `node` the first VM's."""
+    assert pilot.status is not None
+    slept = list(pilot.vm.nodes())
+    dest = list(req.nodes) or slept
+    if dest == slept and req.node == slept[0] and req.from_node in ("", slept[0]):
+        _resume(pilot, req.node, slept[0], req.request_id)  # in place: every VM where it slept
+        return True
+    if dest == slept:  # one node named for the whole job (or the recovery's repeat): VM by VM
+        from_ = f" from {req.from_node}" if req.from_node not in ("", req.node) else ""
+        raise VjobError(_one_by_one(pilot, f"a resume on {req.node}{from_}"))
+    what = f"a resume on {', '.join(dest)}"
+    if len(dest) != len(slept) or len(set(dest)) != len(dest) or req.node != dest[0]:
+        raise VjobError(
+            f"VM {pilot.vm.name}: {what} refused: a job of {len(slept)} VMs (asleep on {', '.join(slept)}) is "
+            f"resumed with one distinct node per VM, the first being the request's node ({req.node})"
+        )
+    why = getattr(pilot.vm, "movable", lambda: "")()
+    if why:
+        raise VjobError(_one_by_one(pilot, what, why))
+    pilot.say(f"resuming the job's {len(slept)} VMs on {', '.join(dest)} (slept on {', '.join(slept)})")
+    pilot.set_state(PilotState.RESTORING)
+    t0 = time.monotonic()
+    try:
+        pilot.vm.move(dest)  # type: ignore[attr-defined]
+    except MoveRolledBack as exc:  # every VM runs where it slept: the pilot watches it again
+        pilot.set_state(PilotState.RUNNING, node=pilot.vm.node, uri=pilot.vm.uri, memory_path="")
+        pilot.say(f"move refused: {exc}")
+        _refuse(pilot, req.request_id, f"VM {pilot.vm.name}: {what}: {exc}")
+        return False
+    except VjobError:
+        pilot.set_state(PilotState.SAVED)  # nothing runs: still asleep, states where the error says
+        raise
+    took = time.monotonic() - t0
+    _moved_to(pilot, pilot.vm.node)
+    st = pilot.status
+    pilot.set_state(
+        PilotState.RUNNING,
+        node=pilot.vm.node,
+        uri=pilot.vm.uri,
+        member_nodes=list(pilot.vm.nodes()),
+        memory_path="",
+        restores=st.restores + 1,
+        restore_seconds=took,
+        request_id=req.request_id,
+        request_error="",
+    )
+    pilot.log.info("job moved", nodes=list(pilot.vm.nodes()), slept=slept, seconds=round(took, 3))
+    return True
+
+
 def _migrate(pilot: SwitchedPilot, req: CheckpointRequest) -> None:
     src = pilot.vm.node
     if len(pilot.vm.nodes()) > 1:
@@ -159,14 +222,14 @@ def _migrate(pilot: SwitchedPilot, req: CheckpointRequest) -> None:
     pilot.log.info("migrated", source=src, destination=req.node)
 
 
-def _one_by_one(pilot: SwitchedPilot, what: str) -> str:
+def _one_by_one(pilot: SwitchedPilot, what: str, why: str = "") -> str:
     """Why a multi-node job refuses to move: its VMs are one job whose snapshot is one
     consistent cut (provisioning.coordinated); moving one VM (its leader) while the others stay
-    would split it, and a pilot has no way to place every VM of a plan's single action."""
+    would split it — it moves whole, by a resume naming a node per VM, or `why` not at all."""
+    how = f"and cannot be moved at all here: {why}" if why else "it is not moved VM by VM"
     return (
         f"VM {pilot.vm.name}: {what} refused: a multi-node job (VMs on {', '.join(pilot.vm.nodes())}) is "
-        "suspended, resumed and stopped "
-        "as a whole where its VMs are; it is not moved VM by VM (checkpoint it and let the resource "
+        f"suspended, resumed and stopped as a whole, {how} (checkpoint it and let the resource "
         "manager requeue it to place it elsewhere)"
     )
 

@@ -11,6 +11,9 @@ same two libvirtds. The decision's quality is the pure tests'; this is the real 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -98,3 +101,105 @@ def test_the_step_swaps_two_real_guests_by_crossing_live_migrations(site: Any) -
     status = {v["job"]: v for v in collect(cfg, "slurm")["vjobs"]}
     assert status["2501"]["hosts"] == ["b"] and status["2502"]["migrations"] == ["b->a"]
     print("swap seconds", {a.rms_job_id: round(times[a.id][1] - times[a.id][0], 2) for a in sw.actions})
+
+
+FARM_WHOLE = """
+[[subcluster]]
+name = "slow"
+nodes = 2
+cores_per_node = 1
+memory_mb_per_node = 4096
+freq_ghz = 1.0
+cycles = { cycles = 1.0 }
+[[subcluster]]
+name = "fast"
+nodes = 2
+cores_per_node = 1
+memory_mb_per_node = 4096
+freq_ghz = 3.0
+cycles = { cycles = 1.0 }
+"""
+
+
+@pytest.fixture
+def four_nodes(libvirt_system: str, libvirt_second_node: str, tiny_guest: guest.GuestFiles) -> Iterator[Any]:
+    """Nodes a1, a2 on the system libvirtd ("slow"), b1, b2 on the second one ("fast")."""
+    uris = {"a1": libvirt_system, "a2": libvirt_system, "b1": libvirt_second_node, "b2": libvirt_second_node}
+    live = bench_scripts.load("planner_live").LiveSite(uris, memory_mib=96, prefix="vjob-remap-whole-")
+    try:
+        yield live
+    finally:
+        live.close()
+
+
+def _multi_pilot(site: Any, job: str, nodes: tuple[str, str]) -> None:
+    """A root job's leader-mode pilot of two counter guests, one per node (what `--nodes` gives
+    the counter guest: pilot.multinode on real QEMU); LiveSite cleans up its VMs and bridge."""
+    for n in site.nodes:
+        for rank in range(2):
+            site.driver.delete(f"vjob-slurm-{job}-{rank}", n)
+    cmd = [sys.executable, "-m", "vjob.cli", "--config", str(site.config), "run", "--job-id", job, "--node", nodes[0]]
+    cmd += ["--nodes", ",".join(nodes), "--memory", "96"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    with open(site.work / f"pilot-{job}.out", "ab") as out:
+        site.procs[job] = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+    site.multi.add(job)
+
+
+def test_the_step_swaps_two_real_two_vm_jobs_whole(four_nodes: Any) -> None:
+    """Two 2-VM jobs (four counter guests) swapped whole by the agent's remap step: each pilot
+    gets one suspend (one cut of its two guests) and one resume naming each guest's new node on
+    the other libvirtd; every guest counts on from where it was (n → n+1), booted once."""
+    site = four_nodes
+    homes = {"2601": ("a1", "a2"), "2602": ("b1", "b2")}
+    for job, nodes in homes.items():
+        _multi_pilot(site, job, nodes)
+    console = {(job, r): site.driver.console_log(f"vjob-slurm-{job}-{r}", "a1") for job in homes for r in (0, 1)}
+    for job in homes:
+        site.wait(f"pilot {job} running", lambda j=job: site.state(j).state is PilotState.RUNNING, 120)
+        for r in (0, 1):
+            guest_probe.wait_for_counter(console[(job, r)], 2, 120)
+    (site.work / "farm.toml").write_text(FARM_WHOLE)
+    site.config.write_text(
+        site.config.read_text() + f'[remap]\nfarm_file = "{site.work / "farm.toml"}"\ntau_s = 2\nthreshold_s = -1e9\n'
+    )
+    cfg = vconfig.load(site.config)
+    agent = Agent(cfg, _NoRMS(), rms="slurm", metrics=AgentMetrics())  # type: ignore[arg-type]
+    agent.ports.store.opened = site.store
+    nodes = tuple(Node(n, 1, 4096, features=("slow" if n.startswith("a") else "fast",)) for n in site.nodes)
+    jobs = tuple(
+        Job(j, "root", rms="slurm", state=JobState.RUNNING, nodes=2, allocated_nodes=n) for j, n in homes.items()
+    )
+
+    def observation() -> Observation:
+        return Observation(
+            ClusterView(now=time.time(), nodes=nodes, jobs=jobs), {j: site.state(j) for j in homes}, {}, True
+        )
+
+    state = RemapState()
+    assert remap_look(agent.ports, observation(), state) is None  # first samples, through libvirt
+    time.sleep(2.5)
+    before = {k: guest_probe.last_counter(log) or 0 for k, log in console.items()}
+    t0 = time.monotonic()
+    report = remap_look(agent.ports, observation(), state)
+    took = time.monotonic() - t0
+    assert report is not None and report.state == "done", report.summary() if report else state.skipped
+    (d,) = state.decisions
+    assert d.kind == "swap" and set(d.jobs) == set(homes)
+    for job, want in (("2601", ["b1", "b2"]), ("2602", ["a1", "a2"])):
+        st = site.state(job)
+        assert (st.state, st.member_nodes) == (PilotState.RUNNING, want), job
+        for r, node in enumerate(want):
+            vm = f"vjob-slurm-{job}-{r}"
+            assert site.driver.state(vm, node) is VMState.RUNNING, (vm, node)
+            guest_probe.wait_for_counter(console[(job, r)], before[(job, r)] + 2, 60)
+            seen = guest_probe.counters(console[(job, r)])
+            assert seen == list(range(1, len(seen) + 1)) and guest_probe.boots(console[(job, r)]) == 1, vm
+    sw = journal.load(site.store, report.switch_id)
+    assert sorted((a.rms_job_id, a.action, a.state) for a in sw.actions) == [
+        ("2601", "resume", "done"),
+        ("2601", "suspend", "done"),
+        ("2602", "resume", "done"),
+        ("2602", "suspend", "done"),
+    ]
+    print(f"whole swap of two 2-VM jobs: {took:.2f} s")
