@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -171,6 +172,43 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> floa
     return time.monotonic() - start
 
 
+def plain_rsync(files: list[Path], host: str, dest: Path, ssh_config: Path) -> float:
+    """Seconds for one plain rsync of `files` to `host:dest` (made first, not timed) over ssh
+    with `ssh_config`: what the link gives with no check and no manager around it, the figure
+    a relocation's copy is set beside. `dest` is removed afterwards."""
+    ssh = ["ssh", "-F", str(ssh_config), host, "--"]
+    subprocess.run([*ssh, "mkdir", "-p", "-m", "700", "--", str(dest)], check=True, timeout=60)
+    try:
+        start = time.monotonic()
+        rsync = ["rsync", "-t", "-e", f"ssh -F {ssh_config}", *map(str, files), f"{host}:{dest}/"]
+        subprocess.run(rsync, check=True, timeout=600)
+        return time.monotonic() - start
+    finally:
+        subprocess.run([*ssh, "rm", "-rf", "--", str(dest)], check=False, timeout=60)
+
+
+def move_figures(snapshot: Mapping[str, Any], resumed: Mapping[str, Any], plain_s: float) -> dict[str, Any]:
+    """A relocation's figures from its journal entries (the snapshot it resumed from, the
+    resume): bytes moved, the time of each step, the copy's MB/s and a plain rsync's of the
+    same files (`plain_s`), and their ratio."""
+    moved = int(resumed["bytes"])
+    mb = moved / 1e6
+    copy_s = float(resumed["copy_s"])
+    return {
+        "bytes": moved,
+        "snapshot_s": snapshot.get("took_s"),
+        "snapshot_cut_s": snapshot.get("staged_s"),
+        "snapshot_to_repository_s": snapshot.get("gather_s"),
+        "copy_s": copy_s,
+        "check_s": resumed["check_s"],
+        "restore_s": resumed["restore_to_running_s"],
+        "copy_mb_per_s": round(mb / copy_s, 1) if copy_s > 0 else None,
+        "plain_rsync_s": round(plain_s, 3),
+        "plain_rsync_mb_per_s": round(mb / plain_s, 1) if plain_s > 0 else None,
+        "copy_vs_plain": round(copy_s / plain_s, 2) if plain_s > 0 else None,
+    }
+
+
 def evacuate_keeping_output(manager: Manager, key: str, log: Path) -> tuple[Path, float]:
     """OAR's checkpoint warning with no site that has room: one coordinated cut into the
     repository, the nodes freed (`evacuation.evacuate`). The first VM's output log goes with the
@@ -201,7 +239,9 @@ __all__ = [
     "SalineBench",
     "SecondNode",
     "evacuate_keeping_output",
+    "move_figures",
     "numbered_lines",
+    "plain_rsync",
     "require_root",
     "saline_bench",
     "wait_for",

@@ -110,6 +110,9 @@ def copy(
     if method == "local" or (src.host is None and dst.host is None):
         _copy_local(src.path, dst.path, mode)
         return
+    if src.host is not None and src.host == dst.host:  # both on one other host: rsync cannot, cp there
+        _copy_on(src.host, src.path, dst.path, mode, timeout_s)
+        return
     tmp = Endpoint(dst.path.with_name(f".{dst.path.name}.part"), dst.host)
     if method == "rsync":
         cmd = [
@@ -156,6 +159,15 @@ def copy(
     else:  # one ssh round trip (about a second each on a loaded node): chmod, then rename
         script = 'chmod "$1" -- "$2" && mv -f -- "$2" "$3"'
         run_on(dst.host, ["sh", "-c", script, "sh", f"{mode:o}", str(tmp.path), str(dst.path)], timeout_s=timeout_s)
+
+
+def _copy_on(host: str, src: Path, dst: Path, mode: int, timeout_s: float) -> None:
+    """A copy between two files of one other host (a node's snapshot dir and a repository
+    there, a labelled snapshot and a VM's overlay), in one ssh round trip: through a temporary
+    name created with `mode` from the start (install), then renamed."""
+    tmp = dst.with_name(f".{dst.name}.part")
+    script = 'install -m "$1" -- "$2" "$3" && mv -f -- "$3" "$4" || { rm -f -- "$3"; exit 1; }'
+    run_on(host, ["sh", "-c", script, "sh", f"{mode:o}", str(src), str(tmp), str(dst)], timeout_s=timeout_s)
 
 
 def _copy_local(src: Path, dst: Path, mode: int) -> None:

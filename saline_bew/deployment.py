@@ -12,7 +12,7 @@ from __future__ import annotations
 import signal
 
 from plugins.oar.parse import OarJob
-from saline_bew import identity, journal, output, phases, relocation
+from saline_bew import identity, journal, node_files, output, phases, relocation
 from saline_bew.events import EventKind, Phase
 from saline_bew.journal import SalineJob
 from saline_bew.ports import Ports
@@ -40,18 +40,24 @@ def _resume(ports: Ports, job: SalineJob, placement: list[str], seen: int, label
     """Restore the VMs from the vjob's latest safe snapshot `label` (possibly at another site)."""
     repo = ports.site(from_site).repository
     members = list(zip(job.vm_names, placement, strict=True))
+    events = journal.events(ports.store, job.key)
+    files = next((e.detail.get("files") for e in reversed(events) if _snapshot_of(e, label)), None)
     back = ports.vms.restore(
         members,
         label,
         repo.label_dir(job.key, label),
         repo.host,
         with_job_disk=ports.real(job, placement[0]),
+        expected={vm: node_files.expected_for(files, vm, label) for vm in job.vm_names},
     )
     store_jobs.record_resume(ports.store, journal.RMS, job.key)
-    detail: dict[str, object] = {"label": label, "from_site": from_site}
+    detail: dict[str, object] = {"label": label, "from_site": from_site, "from": repo.where}
     detail["hosts"] = placement
+    detail["bytes"] = back.fetched.bytes
+    detail["copy_s"] = round(back.fetched.copy_s, 3)
+    detail["check_s"] = round(back.fetched.check_s, 3)
     detail["restore_to_running_s"] = round(back.restore_to_running_s, 3)
-    warned_at = suspended_at(journal.events(ports.store, job.key))
+    warned_at = suspended_at(events)
     if warned_at is not None:  # suspended on OAR's warning: the suspend/resume path ends here
         detail["since_warning_s"] = round(ports.clock() - warned_at, 3)
         ports.metrics.relocation_seconds.labels(path=relocation.Path.SUSPEND).observe(ports.clock() - warned_at)
@@ -65,6 +71,11 @@ def _resume(ports: Ports, job: SalineJob, placement: list[str], seen: int, label
         error="",
     )
     _log.info("vjob resumed", jobs=[job.key], site=job.site, hosts=placement, label=label)
+
+
+def _snapshot_of(event: journal.Event, label: str) -> bool:
+    """The journal's entry of the safe snapshot `label` (its `files`: the digests taken then)."""
+    return event.kind == EventKind.SNAPSHOT and event.detail.get("label") == label
 
 
 def _boot(

@@ -76,7 +76,6 @@ def _relocate(
     elsewhere; else the plan (its reason is journalled) and the OAR jobs a failed try left
     holding VMs, which the suspension must give back too."""
     cfg = ports.cfg
-    possible = ports.vms.can_migrate()
     events = journal.events(ports.store, job.key)
     suspend_s = _last_detail(
         events, EventKind.SNAPSHOT, "took_s", default=relocation.suspend_estimate_s(job.memory_mb, job.vm_count)
@@ -95,12 +94,11 @@ def _relocate(
     plan = relocation.plan(
         need=job.vm_count * job.vcpus,
         site=job.site,
-        free=_free_cores(ports) if possible and cfg.migrate_wait_s > 0 else {},
+        free=_free_cores(ports) if cfg.migrate_wait_s > 0 else {},
         time_left_s=warned_at + cfg.checkpoint_delay_s - ports.clock(),
         suspend_s=suspend_s,
         migrate_s=migrate_s,
         wait_s=cfg.migrate_wait_s,
-        migration_possible=possible,
     )
     extra = []
     end = time.monotonic() + plan.wait_s
@@ -152,7 +150,7 @@ def _take_over(
         migrate_s=migrate_s,
         wait_s=ports.cfg.migrate_wait_s,
     )
-    if req.oar_job_id is None or req.site not in ports.sites or not ports.vms.can_migrate() or budget <= 0:
+    if req.oar_job_id is None or req.site not in ports.sites or budget <= 0:
         settle_request(ports, job, req)
         return False, []
     path = relocation.Path.SAME_SITE if req.site == job.site else relocation.Path.OTHER_SITE

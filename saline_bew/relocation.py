@@ -67,22 +67,20 @@ def plan(
     suspend_s: float,
     migrate_s: float,
     wait_s: float,
-    migration_possible: bool = True,
 ) -> Plan:
     """The migrations to try for a vjob needing `need` cores, warned at `site`.
 
     `free`: free cores per site as observed now (None: that site's OAR did not answer), the
     vjob's own cores not included (OAR is taking them back). `time_left_s`: until OAR's kill.
     `suspend_s`, `migrate_s`: estimates of a suspension to the repository and of moving the
-    VMs live. `wait_s`: the longest wait for OAR to start a job (0: never migrate).
-    `migration_possible`: the nodes can live-migrate at all (one overlay path on every node).
+    VMs live. `wait_s`: the longest wait for OAR to start a job (0: never migrate). Any two
+    nodes can migrate: where they share no VM directory the driver copies the disks too
+    (provisioning.migration), so no site is ruled out for its storage.
     """
     if need < 1:
         raise ValueError(f"need = {need}: a vjob needs at least one core")
     if wait_s <= 0:
         return Plan((), 0.0, "live migration disabled (saline.migrate_wait_s = 0)")
-    if not migration_possible:
-        return Plan((), 0.0, "live migration needs one overlay path on every node (a shared vm_dir)")
     roomy = [name for name, cores in free.items() if cores is not None and cores >= need]
     order = [Target(site, Path.SAME_SITE)] if site in roomy else []
     order += [Target(name, Path.OTHER_SITE) for name in roomy if name != site]

@@ -169,33 +169,33 @@ class Repository:
             self._under_root(key, label)
         return self.root / key / label
 
-    def put(self, src: Path, key: str, label: str) -> Path:
-        """Copy one file in (temporary name, then rename); an I/O error is a RepositoryError."""
+    def put(self, src: Endpoint, key: str, label: str) -> Path:
+        """Copy one file in (temporary name, then rename) from a node's snapshot dir, this
+        machine's or another host's; an I/O error is a RepositoryError."""
         dest_dir = self.label_dir(key, label)
+        name = src.path.name
         if self.host is not None:
             try:
                 self._remote_dirs(key, label)
-                transfer.copy(Endpoint(src), Endpoint(dest_dir / src.name, self.host), method="rsync")
+                transfer.copy(src, Endpoint(dest_dir / name, self.host), method="rsync")
             except VjobError as exc:
                 raise RepositoryError(
-                    f"site {self.site}: repository {self.where}: copy of {src.name} failed: {exc}"
+                    f"site {self.site}: repository {self.where}: copy of {name} failed: {exc}"
                 ) from None
-            return dest_dir / src.name
+            return dest_dir / name
         try:
             dest_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             if self._under_root(key, label) is None:
                 raise RepositoryError(f"site {self.site}: {dest_dir}: vanished while being created")
             os.chmod(dest_dir.parent, 0o700, follow_symlinks=False)
-            dest = dest_dir / src.name
-            transfer.copy(Endpoint(src), Endpoint(dest), method="local")
+            dest = dest_dir / name
+            transfer.copy(src, Endpoint(dest), method="local" if src.host is None else "rsync")
         except OSError as exc:
             raise RepositoryError(
-                f"site {self.site}: repository {self.root}: copy of {src.name} failed: {exc.strerror}"
+                f"site {self.site}: repository {self.root}: copy of {name} failed: {exc.strerror}"
             ) from None
         except VjobError as exc:
-            raise RepositoryError(
-                f"site {self.site}: repository {self.root}: copy of {src.name} failed: {exc}"
-            ) from None
+            raise RepositoryError(f"site {self.site}: repository {self.root}: copy of {name} failed: {exc}") from None
         return dest
 
     def verify(self, key: str, label: str, expected: dict[str, tuple[int, str]]) -> None:

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from provisioning import transfer
-from provisioning.transfer import sha256_file
-from saline_bew import output
+from saline_bew import node_files, output
 from saline_bew.events import EventKind
 from saline_bew.gathering import REPOSITORY, Gathering
 from saline_bew.journal import SalineJob
@@ -51,14 +49,12 @@ def snapshot(ports: Ports, job: SalineJob, *, reason: str, suspend: bool = False
     holdings: dict[str, tuple[str, ...]] = {}
     for vm, node in members:
         holdings[node] = (*holdings.get(node, ()), vm)
-    expected: dict[str, tuple[int, str]] = {}
-    for vm, node in zip(job.vm_names, job.hosts, strict=True):
-        for name in snapshot_files(vm, label, with_job_disk=real):
-            path = vms.stage_dir(node) / name
-            expected[name] = (path.stat().st_size, sha256_file(path))
     repo = ports.site(job.site).repository
     started = time.monotonic()
     try:
+        expected: dict[str, tuple[int, str]] = {}
+        for vm, node in members:  # hashed on the node's host: what the repository must receive
+            expected.update(node_files.digests(vms.driver, node, snapshot_files(vm, label, with_job_disk=real)))
         repo.check(sum(size for size, _ in expected.values()))
         Gathering(_copier(ports, job, label, with_job_disk=real)).run(holdings)
         repo.verify(job.key, label, expected)
@@ -75,7 +71,9 @@ def snapshot(ports: Ports, job: SalineJob, *, reason: str, suspend: bool = False
             "reason": reason,
             "bytes": sum(s for s, _ in expected.values()),
             "gather_s": round(time.monotonic() - started, 3),
+            "staged_s": round(started - began, 3),
             "took_s": round(time.monotonic() - began, 3),
+            "files": {name: list(pair) for name, pair in expected.items()},
             **output.keep(ports, job, at_cut),
         },
         snapshot_label=label,
@@ -123,20 +121,16 @@ def _copier(ports: Ports, job: SalineJob, label: str, *, with_job_disk: bool) ->
 
     def copy(vm: str, source: str, destination: str) -> None:
         for name in snapshot_files(vm, label, with_job_disk=with_job_disk):
-            src = vms.stage_dir(source) / name
+            src = node_files.at(vms.driver, source, vms.stage_dir(source) / name)
             if destination == REPOSITORY:
                 repo.put(src, job.key, label)
-                src.unlink(missing_ok=True)
+                transfer.remove(src)
                 continue
-            dest = vms.stage_dir(destination) / name  # relay to a peer, which sends it on later
-            if dest != src:  # nodes sharing one snapshot dir have nothing to relay
-                dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-                _copy_file(src, dest)
-                src.unlink(missing_ok=True)
+            # relayed to a peer, which sends it on later
+            dest = node_files.at(vms.driver, destination, vms.stage_dir(destination) / name)
+            if not transfer.same_file(src, dest):  # nodes sharing one snapshot dir have nothing to relay
+                vms.driver.ensure_dirs(destination)
+                transfer.copy(src, dest, method=node_files.method(src, dest))
+                transfer.remove(src)
 
     return copy
-
-
-def _copy_file(src: Path, dest: Path) -> None:
-    """A relay between nodes sharing this host's view of their snapshot directories."""
-    transfer.copy(transfer.Endpoint(src), transfer.Endpoint(dest), method="local")

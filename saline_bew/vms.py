@@ -27,25 +27,24 @@ import os
 import pwd
 import shlex
 import tempfile
+import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from provisioning import coordinated, guest, images, integrity, job_disk, nat, network, safe_dirs, transfer
+from provisioning import coordinated, guest, images, job_disk, nat, network, safe_dirs, transfer
 from provisioning.coordinated import Cut, Member, Resumed
 from provisioning.driver import (
-    MANIFEST_SUFFIX,
-    OVERLAY_COPY_SUFFIX,
-    STATE_SUFFIX,
     Driver,
     VMSpec,
 )
 from provisioning.images import Catalogue
-from provisioning.vm_types import Nic, Snapshot
-from saline_bew import workdir
+from provisioning.vm_types import Nic
+from saline_bew import node_files, workdir
 from saline_bew.config import SalineConfig
 from saline_bew.identity import NetworkIdentity
+from saline_bew.node_files import snapshot_files
 from vjob import log
 from vjob.errors import InputError
 from vjob.model import VMState
@@ -54,8 +53,6 @@ from vjob.store.db import Store
 _log = log.get("saline")
 
 
-JOB_DISK_COPY_SUFFIX = ".job.qcow2"
-"""A real image's VM: the copy of its job disk (provisioning.job_disk) in the snapshot."""
 REAL_MIN_MEMORY_MIB = 256
 """A real image (Debian's kernel, python3, sshd) does not boot in the tiny guest's 128 MiB."""
 JOB_SCRIPT = b'#!/bin/sh\nexec "$@"\n'
@@ -67,12 +64,17 @@ def nat_network(cfg: SalineConfig) -> nat.NatNetwork | None:
     return nat.from_config(cfg.nat_network, cfg.nat_range, cfg.nat_mac_prefix, cfg.nat_dns)
 
 
-def snapshot_files(vm: str, label: str, *, with_job_disk: bool = False) -> list[str]:
-    """The files one VM's snapshot is made of, as the driver names them (and the job disk's
-    copy for a real image: the job's files are part of its state)."""
-    base = f"{vm}@{label}{STATE_SUFFIX}"
-    files = [base, base + MANIFEST_SUFFIX, f"{vm}@{label}{OVERLAY_COPY_SUFFIX}"]
-    return [*files, f"{vm}@{label}{JOB_DISK_COPY_SUFFIX}"] if with_job_disk else files
+@dataclass(frozen=True)
+class Restored:
+    """A resume from a repository: the coordinated restore, and what fetching the files took."""
+
+    resumed: Resumed
+    fetched: node_files.Fetched
+
+    @property
+    def restore_to_running_s(self) -> float:
+        """From the first VM's restore (its files already on its node) to all running."""
+        return self.resumed.restore_to_running_s
 
 
 @dataclass(frozen=True)
@@ -290,11 +292,9 @@ class SalineVMs:
             if at_cut is not None:
                 at_cut()
             for vm, node in members:
-                _stage(self.driver, cut.snapshots[vm], vm, node, label, keep_state=keep_running)
+                node_files.stage(self.driver, cut.snapshots[vm], vm, node, label, keep_state=keep_running)
                 if with_job_disk:  # taken at the cut, while the VM is saved: its files as its memory has them
-                    copy = self.driver.snapshot_dir(node) / snapshot_files(vm, label, with_job_disk=True)[-1]
-                    src = transfer.Endpoint(self.driver.job_disk_path(vm, node))
-                    transfer.copy(src, transfer.Endpoint(copy), method="local")
+                    node_files.copy_job_disk(self.driver, vm, node, snapshot_files(vm, label, with_job_disk=True)[-1])
         except BaseException:
             for vm, node in members:
                 self.drop_staged(vm, node, label)
@@ -304,11 +304,6 @@ class SalineVMs:
         if keep_running:
             coordinated.restore(self.driver, coord)
         return cut
-
-    def can_migrate(self) -> bool:
-        """Live migration needs the overlay at one path on every node (`Driver.migrate`): a
-        vm_dir shared by the nodes, so not one with `{node}` in it."""
-        return "{node}" not in self.driver.config.vm_dir
 
     def migrate(self, vm: str, src: str, dst: str) -> None:
         """Move a running VM to `dst` by migration: no work is lost and no snapshot is written.
@@ -327,36 +322,41 @@ class SalineVMs:
         host: str | None = None,
         *,
         with_job_disk: bool = False,
-    ) -> Resumed:
+        expected: Mapping[str, Mapping[str, tuple[int, str]]] | None = None,
+    ) -> Restored:
         """Start the vjob's VMs (vm, node) from their snapshot files in `source_dir` (a
-        repository; on `host` over rsync when it is remote), as one job: every VM's files are
-        fetched first, then all are restored paused and let run together
-        (provisioning.coordinated), so no VM runs on, and sends to a peer still being restored,
-        before the whole cut is back. The driver checks each memory state that arrived against
-        its manifest before restoring it."""
-        method = "local" if host is None else "rsync"
+        repository; on `host` when it is remote), as one job: every VM's files are fetched to
+        its node first (over ssh when the node or the repository is another host), each
+        checked where it arrived against `expected` (per VM, the digests the journal took at
+        the snapshot: node_files.check_arrived), then all are restored paused and let run
+        together (provisioning.coordinated), so no VM runs on, and sends to a peer still being
+        restored, before the whole cut is back. The driver checks each memory state against its
+        manifest too. A copy that does not match is removed from the node, nothing is started,
+        and the repository's snapshot is untouched (SnapshotError)."""
+        fetched = node_files.Fetched()
         try:
             for vm, node in members:
                 self.driver.delete(vm, node)
-                dest = self.driver.snapshot_dir(node)
-                dest.mkdir(parents=True, exist_ok=True, mode=0o700)
-                for name in snapshot_files(vm, label, with_job_disk=with_job_disk):
-                    transfer.copy(
-                        transfer.Endpoint(source_dir / name, host), transfer.Endpoint(dest / name), method=method
-                    )
+                names = snapshot_files(vm, label, with_job_disk=with_job_disk)
+                got = node_files.fetch(self.driver, node, source_dir, host, names)
+                fetched.bytes += got.bytes
+                fetched.copy_s += got.copy_s
+                began = time.monotonic()
+                node_files.check_arrived(self.driver, vm, node, (expected or {}).get(vm, {}))
+                fetched.check_s += time.monotonic() - began
                 if with_job_disk:  # where the saved domain (retargeted to this node) looks for vdb
                     disk = self.driver.job_disk_path(vm, node)
-                    safe_dirs.ensure_dir(disk.parent, 0o711)  # the VM dir, as the driver makes it at define
-                    os.replace(dest / snapshot_files(vm, label, with_job_disk=True)[-1], disk)
+                    staged = self.driver.snapshot_dir(node) / names[-1]
+                    transfer.rename(node_files.at(self.driver, node, staged), disk)
                     self.driver.own_disk(vm, node, disk)  # the QEMU user's, as define() leaves it
-            return coordinated.restore(self.driver, [Member(vm, node) for vm, node in members], label=label)
+            back = coordinated.restore(self.driver, [Member(vm, node) for vm, node in members], label=label)
+            return Restored(back, fetched)
         finally:
             for vm, node in members:
                 self.drop_staged(vm, node, label)
 
     def drop_staged(self, vm: str, node: str, label: str) -> None:
-        for name in snapshot_files(vm, label, with_job_disk=True):
-            (self.driver.snapshot_dir(node) / name).unlink(missing_ok=True)
+        node_files.drop(self.driver, node, snapshot_files(vm, label, with_job_disk=True))
 
     def stop(self, vm: str, node: str) -> None:
         """Free the node: the VM is gone from it (its snapshot is what survives)."""
@@ -388,33 +388,3 @@ def _account(user: str) -> pwd.struct_passwd:
         return pwd.getpwnam(user)
     except KeyError:
         raise InputError(f"user = {user!r}: unknown on this machine (its uid owns the job in the VMs)") from None
-
-
-def _stage(driver: Driver, snap: Snapshot, vm: str, node: str, label: str, *, keep_state: bool) -> None:
-    """Name the saved state of `vm` and a copy of its overlay `label` in the node's snapshot dir,
-    with the manifest of the state, as `Driver.snapshot` names them (a restore is the same).
-
-    `keep_state`: the VM is restored from its state file next, so the labelled state is a hard
-    link to it (one directory, no copy of the memory); otherwise the state file is moved.
-    """
-    stage = driver.snapshot_dir(node)
-    memory = stage / f"{vm}@{label}{STATE_SUFFIX}"
-    overlay_copy = stage / f"{vm}@{label}{OVERLAY_COPY_SUFFIX}"
-    transfer.copy(transfer.Endpoint(driver.overlay_path(vm, node)), transfer.Endpoint(overlay_copy), method="local")
-    memory.unlink(missing_ok=True)  # a label is never reused; a crashed earlier attempt may have left it
-    if keep_state:
-        os.link(snap.memory_path, memory)
-    else:
-        os.replace(snap.memory_path, memory)
-    integrity.write_manifest(
-        memory,
-        {
-            "vm": vm,
-            "node": node,
-            "kind": "full",
-            "size_bytes": snap.size_bytes,
-            "sha256": snap.sha256,
-            "created_at": snap.created_at,
-            "overlay": None,
-        },
-    )

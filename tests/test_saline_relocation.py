@@ -60,11 +60,9 @@ def test_the_tries_wait_only_as_long_as_the_suspension_still_fits_after_them() -
     assert _plan(time_left_s=-5).targets == ()  # warned long ago (a manager restarted late)
 
 
-def test_disabled_or_impossible_migration_suspends_at_once() -> None:
+def test_disabled_migration_suspends_at_once() -> None:
     off = _plan(wait_s=0)
     assert off.targets == () and "migrate_wait_s = 0" in off.reason
-    shared = _plan(migration_possible=False)
-    assert shared.targets == () and "shared vm_dir" in shared.reason
 
 
 def test_bad_need_is_refused() -> None:

@@ -2,12 +2,15 @@
 
 The other host is the second host of tests/services/second_host.py: its own tmpfs at a path
 the first host sees empty, reached by ssh with the run's own key. The VMs run on libvirt's
-test driver (a save there writes a real state file); no guest is booted.
+test driver (a save there writes a real state file); no guest is booted. The last test puts
+a node on that host instead (issue 38 item 5: a resume there fetches the snapshot over ssh
+and checks it where it arrived); the real guest crossing hosts is test_saline_e2e's kill.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -18,8 +21,9 @@ import pytest
 from plugins.oar.client import OarRest
 from plugins.oar.parse import OarJob
 from provisioning import transfer
-from provisioning.driver import Driver
-from saline_bew import deployment, identity, journal, snapshots
+from provisioning.driver import Driver, SnapshotError
+from provisioning.transfer import Endpoint
+from saline_bew import deployment, identity, journal, node_files, snapshots
 from saline_bew.manager import Manager
 from saline_bew.repository import Repository, RepositoryError
 from saline_bew.sites import Site
@@ -179,6 +183,112 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _running_job(job: journal.SalineJob) -> OarJob:
-    """The vjob's OAR job as OAR shows it once it runs again on n1."""
-    return OarJob(id="2", state="Running", user=job.user, types=("besteffort",), hosts=("n1",), resources=(3,))
+def _running_job(job: journal.SalineJob, node: str = "n1") -> OarJob:
+    """The vjob's OAR job as OAR shows it once it runs again on `node`."""
+    return OarJob(id="2", state="Running", user=job.user, types=("besteffort",), hosts=(node,), resources=(3,))
+
+
+# A stand-in for a bad network around the real rsync: once the real copy is done, the byte at
+# offset 100 of the file whose name holds "$RSYNC_HIT" is changed where it arrived (on the
+# second host, before transfer.copy renames it into place). Every call is logged.
+FLIP = """#!/bin/sh
+echo "$*" >> "$RSYNC_CALLS"
+{real} "$@" || exit $?
+for last; do :; done
+case "$last" in
+  *"$RSYNC_HIT"*) ssh -F "$VJOB_SSH_CONFIG" "${{last%%:*}}" sh {flip} "${{last#*:}}" ;;
+esac
+"""
+FLIP_SCRIPT = """b=$(dd if="$1" bs=1 skip=100 count=1 status=none | od -An -tu1 | tr -d ' ')
+printf "\\\\$(printf %o $(((${b:-0} + 1) % 256)))" | dd of="$1" bs=1 seek=100 conv=notrunc status=none
+"""
+
+
+@pytest.fixture
+def cross(
+    tmp_path: Path,
+    test_nodes: dict[str, str],
+    second_host: SecondHost,  # noqa: F811
+) -> Iterator[Manager]:
+    """Site a's node n1 on this host, site b's node n2 on the second host (its snapshot dir
+    on the tmpfs only that host sees); one repository, on this host."""
+    store = Store(f"sqlite:///{tmp_path / 'vjob.sqlite'}")
+    store.upgrade()
+    make_image(store, tmp_path)
+    dead_api = f"http://127.0.0.1:{free_port()}/oarapi"
+    base = second_host.root / tmp_path.name
+    cfg = parse(
+        {
+            "data_dir": str(tmp_path),
+            "provisioning": {
+                "nodes": test_nodes,
+                "hosts": {"n1": "", "n2": second_host.ssh_host},
+                "copy_method": "rsync",
+                "snapshot_dir": str(base / "snap" / "{node}"),
+                "vm_dir": str(base / "vms" / "{node}"),
+            },
+            "saline": {"sites": [{"name": "a", "oar_api_url": dead_api, "repository": str(tmp_path / "repo")}]},
+        }
+    )
+    sites = {"a": Site("a", OarRest(dead_api, timeout_s=2), Repository("a", str(tmp_path / "repo")))}
+    with Driver(cfg.provisioning, data_dir=tmp_path, store=store) as driver:
+        yield Manager(cfg, store, sites, SalineVMs(driver, store))
+    store.close()
+    second_host.run("rm", "-rf", "--", str(base))
+
+
+def test_a_snapshot_altered_on_the_way_to_the_other_host_is_refused_and_kept(
+    cross: Manager,
+    second_host: SecondHost,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The resume at a node of another host fetches the snapshot from the repository over
+    ssh and checks every file where it arrived against the digests the journal took at the
+    snapshot: an overlay altered on the way (its state and manifest intact, so the driver's
+    own manifest check would pass) is refused before libvirt sees anything, the copies are
+    removed from that host, and the repository's snapshot still verifies."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (tmp_path / "flip.sh").write_text(FLIP_SCRIPT)
+    (bindir / "rsync").write_text(FLIP.format(real=shutil.which("rsync"), flip=tmp_path / "flip.sh"))
+    (bindir / "rsync").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    monkeypatch.setenv("RSYNC_CALLS", str(tmp_path / "rsync.calls"))
+    monkeypatch.setenv("RSYNC_HIT", ".overlay.qcow2")
+    ports = cross.ports
+    job = _running(cross)  # on n1, this host
+    assert snapshots.snapshot(ports, job, reason="periodic")
+    job = journal.get(ports.store, job.key)
+    label, vm = job.snapshot_label or "", job.vm_names[0]
+    files = next(e.detail["files"] for e in journal.events(ports.store, job.key) if e.kind == "snapshot")
+    assert sorted(files) == sorted(snapshot_files(vm, label))
+    ports.vms.stop(vm, "n1")
+
+    with pytest.raises(SnapshotError, match=rf"{vm}@{label}.overlay.qcow2 is corrupt"):
+        deployment.deploy(ports, job, _running_job(job, "n2"))
+    calls = (tmp_path / "rsync.calls").read_text()
+    assert f"{second_host.ssh_host}:" in calls and ".overlay.qcow2" in calls, calls  # it went over the wire
+    stage = ports.vms.stage_dir("n2")
+    assert second_host.run("ls", "-A", "--", str(stage)).split() == [], "the refused copies stay on the host"
+    assert ports.vms.driver.state(vm, "n2") is None  # nothing started there
+    assert journal.events(ports.store, job.key)[-1].kind == "snapshot"  # no resume journalled
+    ports.sites["a"].repository.verify(job.key, label, {n: (s, d) for n, (s, d) in files.items()})
+
+
+def test_the_copy_method_follows_where_both_ends_are() -> None:
+    here, a, b = Path("/s/x"), "node-a.grid", "node-b.grid"
+    assert node_files.method(Endpoint(here), Endpoint(here)) == "local"
+    assert node_files.method(Endpoint(here), Endpoint(here, a)) == "rsync"
+    assert node_files.method(Endpoint(here, a), Endpoint(here, a)) == "rsync"  # transfer.copy: cp on that host
+    assert node_files.method(Endpoint(here, a), Endpoint(here, b)) == "scp"  # rsync has no remote-to-remote
+
+
+def test_an_unreadable_journal_digest_is_not_trusted() -> None:
+    with pytest.raises(SnapshotError, match="malformed"):
+        node_files.expected_for({"vm0@s1.state": ["12", "ab"]}, "vm0", "s1")
+    with pytest.raises(SnapshotError, match="no memory state"):
+        node_files.expected_for({"vm0@s1.overlay.qcow2": [12, "ab"]}, "vm0", "s1")
+    assert node_files.expected_for(None, "vm0", "s1") == {}  # journalled before digests were
+    other = {"vm1@s1.state": [1, "x"], "vm0@s2.state": [1, "y"], "vm0@s1.state": [3, "z"]}
+    assert node_files.expected_for(other, "vm0", "s1") == {"vm0@s1.state": (3, "z")}
