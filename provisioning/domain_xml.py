@@ -153,4 +153,11 @@ def retarget(
         if log_el is not None and log_el.get("file") != want_log:
             log_el.set("file", want_log)
             changed = True
+    # A running domain's XML (what a migration sends) repeats serial port 0 as its <console>,
+    # log included: left on the source's path, the destination's QEMU cannot open it.
+    for console in root.findall("./devices/console"):
+        log_el = console.find("log")
+        if log_el is not None and log_el.get("file") != str(console_log):
+            log_el.set("file", str(console_log))
+            changed = True
     return ET.tostring(root, encoding="unicode") if changed else None

@@ -82,3 +82,10 @@ def test_a_real_job_vm_has_its_job_disk_output_ports_and_a_pinned_cpu(tmp_path: 
     assert disks == {"vda": str(other / "vm.qcow2"), "vdb": str(other / "vm.job.qcow2")}
     ports = [s.find("log").get("file") for s in root.iter("serial")]  # type: ignore[union-attr]
     assert ports == [str(other / "c.log"), str(other / "o"), str(other / "e")]
+    # A running domain's XML repeats serial 0 as its console, log included (a migration's)
+    live = xml.replace('<console type="pty">', f'<console type="pty"><log file="{tmp_path / "c.log"}" append="on" />')
+    assert live != xml
+    moved = domain_xml.retarget(live, overlay=other / "vm.qcow2", console_log=other / "c.log")
+    assert moved is not None
+    consoles = [c.find("log").get("file") for c in ET.fromstring(moved).iter("console")]  # type: ignore[union-attr]
+    assert consoles == [str(other / "c.log")]
