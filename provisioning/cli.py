@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from provisioning.distribution import Plan, Transfer, routing_tables
+from vjob import text_table
 from vjob.cli import load_config
 from vjob.errors import InputError, VjobError
 
@@ -118,7 +120,8 @@ def _image_list_parser(isub: Any) -> None:
         isub,
         "list",
         "images, sizes, checksums and the nodes holding them",
-        "Every image of the catalogue: version, format, size, sha256 and the nodes holding a copy.",
+        "Every image of the catalogue: version, format, size, sha256 and, per node holding a copy, whether the "
+        "whole image is there (disk, kernel, initrd and index at their recorded sizes; `verify` hashes them).",
         "vjob image list",
         "vjob image list --json | jq '.[].name'",
     )
@@ -158,8 +161,9 @@ def _image_distribute_parser(isub: Any) -> None:
         isub,
         "distribute",
         "send an image down the binary tree to nodes",
-        "Copy an image to nodes along the binary tree of UBIS III.C (each copy starts as soon as its source "
-        "holds the image); the nodes are recorded as holders.",
+        "Copy an image (disk, kernel, initrd, index) to nodes along the binary tree of UBIS III.C (each copy "
+        "starts as soon as its source holds the image); every file is checked on arrival against the catalogue "
+        "(size, sha256), a file already there is not copied again; the nodes are recorded as holders.",
         "vjob image distribute debian12 --nodes node1,node2,node3,node4",
         "vjob image distribute debian12 --nodes node1,node2 --dry-run",
     )
@@ -272,19 +276,39 @@ def _image_build(args: argparse.Namespace) -> int:
 
 
 def _image_list(args: argparse.Namespace) -> int:
-    images = _catalogue(args).list()
+    cat = _catalogue(args)
+    images = cat.list()
+    # Per holder, whether the whole image is there (every file at its recorded size, the index
+    # naming this version): a stat per file, over ssh for another host; `verify` hashes them.
+    states = {(i.name, i.version): cat.node_states(i, hashed=False) for i in images}
     if args.json:
-        print(json.dumps([vars(i) for i in images], indent=1))
+        rows = [{**vars(i), "nodes": _node_summary(states[i.name, i.version])} for i in images]
+        print(json.dumps(rows, indent=1))
         return 0
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table("NAME", "VERSION", "FORMAT", "SIZE", "SHA256", "NODES (received from)")
+    cells = []
     for i in images:
-        holders = ", ".join(f"{n}" + (f" ({src})" if src else "") for n, src in i.holders.items())
-        table.add_row(i.name, i.version, i.format, _size(i.size_bytes), i.sha256[:16], holders)
-    Console().print(table)
+        nodes = _node_summary(states[i.name, i.version])
+        shown = [f"{n}" + (f" (from {src})" if src else "") + f": {nodes[n]['state']}" for n, src in i.holders.items()]
+        cells.append([i.name, i.version, i.format, _size(i.size_bytes), i.sha256[:16], "; ".join(shown)])
+    headers = ("name", "version", "format", "size", "sha256", "nodes (received from): whole image?")
+    sys.stdout.write(text_table.render("images", headers, cells, text_table.terminal_width(sys.stdout)))
     return 0
+
+
+def _node_summary(states: dict[str, dict[str, str]]) -> dict[str, dict[str, Any]]:
+    """Per node: "whole", "not current" (its index names another version) or what is wrong."""
+    out: dict[str, dict[str, Any]] = {}
+    for node, files in states.items():
+        bad = {role: st for role, st in files.items() if st != "ok"}
+        current = [st for st in bad.values() if st.startswith("names version")]
+        if not bad:
+            state = "whole"
+        elif current and len(bad) == 1:
+            state = f"whole, not current (index {current[0]})"
+        else:
+            state = "not whole: " + ", ".join(f"{role} {st}" for role, st in bad.items())
+        out[node] = {"whole": not bad or (len(bad) == 1 and bool(current)), "state": state, "files": files}
+    return out
 
 
 def _image_remove(args: argparse.Namespace) -> int:
@@ -316,23 +340,30 @@ def _image_distribute(args: argparse.Namespace) -> int:
 
     console = Console(stderr=True)
     with console.status(f"distributing {args.name}") as status:
+        copied: dict[str, list[str]] = {}
 
-        def progress(t: Transfer) -> None:
+        def progress(t: Transfer, files: list[str]) -> None:
+            copied[t.target] = files
             status.update(f"round {t.round}: {t.source} -> {t.target} done")
 
         started = time.monotonic()
         plan = cat.distribute(args.name, nodes, version=args.version, on_transfer=progress)
-    _print_plan(plan, args.json)
+    _print_plan(plan, args.json, copied)
     info = cat.get(args.name, args.version)
     tables = routing_tables(plan.tree, info.holders)
     if not args.json:
         for node, table in sorted(tables.items()):
             print(f"routing table of {node}: " + ", ".join(f"{h} via {nxt}" for h, nxt in sorted(table.items())))
-        print(f"{len(plan.transfers)} copies in {plan.rounds} round(s), {time.monotonic() - started:.2f} s")
+        files = sum(len(f) for f in copied.values())
+        took = time.monotonic() - started
+        print(f"{len(plan.transfers)} node(s) in {plan.rounds} round(s), {files} file(s) copied, {took:.2f} s")
     return 0
 
 
-def _print_plan(plan: Plan, as_json: bool) -> None:
+def _print_plan(plan: Plan, as_json: bool, copied: dict[str, list[str]] | None = None) -> None:
+    """The plan; after a distribution (`copied`), what each copy carried (nothing: the node
+    held the whole image already)."""
+    done = copied or {}
     if as_json:
         print(
             json.dumps(
@@ -341,7 +372,11 @@ def _print_plan(plan: Plan, as_json: bool) -> None:
                     "tree": list(plan.tree.nodes),
                     "already": list(plan.already),
                     "rounds": [
-                        [{"source": t.source, "target": t.target, "route": list(t.route)} for t in ts]
+                        [
+                            {"source": t.source, "target": t.target, "route": list(t.route)}
+                            | ({"copied": done[t.target]} if t.target in done else {})
+                            for t in ts
+                        ]
                         for _r, ts in sorted(plan.by_round().items())
                     ],
                 },
@@ -354,7 +389,11 @@ def _print_plan(plan: Plan, as_json: bool) -> None:
         print(f"already there: {', '.join(plan.already)}")
     for rnd, transfers in sorted(plan.by_round().items()):
         for t in transfers:
-            print(f"round {rnd}: {t.source} -> {t.target}   via {' > '.join(t.route)}")
+            carried = ""
+            if t.target in done:
+                files = ", ".join(done[t.target])
+                carried = f"   copied: {files}" if files else "   whole already: nothing copied"
+            print(f"round {rnd}: {t.source} -> {t.target}   via {' > '.join(t.route)}{carried}")
 
 
 def _size(n: int) -> str:
@@ -379,19 +418,17 @@ def _vm_list(args: argparse.Namespace) -> int:
             try:
                 rows.extend(drv.list_vms(node))
             except VjobError as exc:
-                print(f"vjob: warning: {exc}")
+                print(f"vjob: warning: {exc}", file=sys.stderr)
     if args.json:
         print(json.dumps([{**vars(r), "state": r.state.value} for r in rows], indent=1))
         return 0
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table("NODE", "VM", "STATE", "MEMORY", "VCPUS", "PERSISTENT")
-    for r in rows:
-        table.add_row(
-            r.node, r.name, r.state.value, f"{r.memory_mib} MiB", str(r.vcpus), "yes" if r.persistent else "no"
-        )
-    Console().print(table)
+    # Plain aligned columns (vjob.text_table, as `vjob status`): full headers in 80 columns, no
+    # box drawing in a pipe.
+    cells = [
+        [r.node, r.name, r.state.value, f"{r.memory_mib} MiB", r.vcpus, "yes" if r.persistent else "no"] for r in rows
+    ]
+    headers = ("node", "VM", "state", "memory", "vCPUs", "persistent")
+    sys.stdout.write(text_table.render("VMs", headers, cells, text_table.terminal_width(sys.stdout)))
     return 0
 
 

@@ -10,7 +10,6 @@ live in `image_dir` on each node (the head node's copy is the catalogue's).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from collections.abc import Callable, Iterable
@@ -20,7 +19,8 @@ from typing import Any
 
 from sqlalchemy import select
 
-from provisioning import distribution, image_pipeline, safe_dirs, transfer
+from provisioning import distribution, image_files, image_pipeline, safe_dirs, transfer
+from provisioning.image_files import INDEX_SUFFIX, ImageFiles, Place, boot_paths
 from provisioning.transfer import Endpoint
 from provisioning.vm_types import check_name
 from vjob import log
@@ -30,8 +30,6 @@ from vjob.model import Node
 from vjob.store.db import Store, now, open_store
 from vjob.store.schema import ImageRecord, NodeImageRecord, VMRecord
 
-INDEX_SUFFIX = ".image.json"
-"""`<image_dir>/<name>.image.json`: the node's copy of an image, for pilots that have no store."""
 MAX_INDEX_BYTES = 64 * 1024
 _log = log.get("provisioning")
 VERSION_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
@@ -62,11 +60,6 @@ class LocalImage:
     kernel: Path | None
     initrd: Path | None
     cmdline: str
-
-
-def boot_paths(image: Path) -> tuple[Path, Path]:
-    """Where an image's kernel and initrd sit: beside it, same stem (they travel with it)."""
-    return image.with_suffix(".vmlinuz"), image.with_suffix(".initrd")
 
 
 def node_image_dir(config: ProvisioningConfig, data_dir: Path, node: str) -> Path:
@@ -113,35 +106,6 @@ def local_image(config: ProvisioningConfig, data_dir: Path, node: str, name: str
         raise InputError(f"image {name}: {index} is damaged ({exc}): run `vjob image distribute` again") from None
 
 
-def write_index(directory: Path, info: ImageInfo, *, cmdline: str = "") -> None:
-    """Write `<name>.image.json` in a node's image directory (ours, 0644), atomically."""
-    path = Path(info.path)
-    image = directory / path.name
-    kernel, initrd = boot_paths(image)
-    data = {
-        "name": info.name,
-        "version": info.version,
-        "format": info.format,
-        "path": str(image),
-        "sha256": info.sha256,
-        "size_bytes": info.size_bytes,
-        "kernel": str(kernel) if kernel.exists() else "",
-        "initrd": str(initrd) if initrd.exists() else "",
-        "cmdline": cmdline or _read_cmdline(directory, info.name),
-    }
-    tmp = directory / f".{info.name}{INDEX_SUFFIX}.{os.getpid()}"
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, directory / f"{info.name}{INDEX_SUFFIX}")
-
-
-def _read_cmdline(directory: Path, name: str) -> str:
-    try:
-        return str(json.loads((directory / f"{name}{INDEX_SUFFIX}").read_text()).get("cmdline", ""))
-    except (OSError, ValueError, AttributeError):
-        return ""
-
-
 class Catalogue:
     """The catalogue on one store, with the nodes' image directories from configuration."""
 
@@ -175,7 +139,9 @@ class Catalogue:
         target = Path(info.path)
         for src, dst in zip((kernel, initrd), boot_paths(target), strict=True):
             transfer.copy(Endpoint(src), Endpoint(dst), method="local", mode=0o644)
-        write_index(target.parent, info, cmdline=cmdline)
+        record = image_files.make_record(info, cmdline, check_disk=False)  # its digest was just compared
+        image_files.write_record(target, record)
+        transfer.write_text(Endpoint(target.parent / record.index_name()), record.index_text(target.parent), mode=0o644)
         return info
 
     def add(self, name: str, file: Path, *, version: str = "1") -> ImageInfo:
@@ -194,6 +160,8 @@ class Catalogue:
         target.parent.chmod(0o755)  # QEMU (libvirt-qemu) reads base images
         transfer.copy(Endpoint(file), Endpoint(target), method="local", mode=0o644)
         digest = transfer.sha256_file(target)
+        disk = image_files.FileRecord("disk", target.name, target.stat().st_size, digest)
+        image_files.write_record(target, ImageFiles(name, version, fmt, "", (disk,)))
         t = now()
         with self.store.session() as s:
             rec = ImageRecord(
@@ -263,35 +231,59 @@ class Catalogue:
                 s.delete(r)
         for info in removed:
             Path(info.path).unlink(missing_ok=True)
-            for extra in boot_paths(Path(info.path)):
+            for extra in (*boot_paths(Path(info.path)), image_files.record_path(Path(info.path))):
                 extra.unlink(missing_ok=True)
             index = Path(info.path).parent / f"{info.name}{INDEX_SUFFIX}"
             if _index_version(index) == info.version:
                 index.unlink(missing_ok=True)
         return removed
 
+    def files(self, info: ImageInfo, *, keep: bool = False) -> ImageFiles:
+        """Every file a node needs for `info`, with sizes and sha256 (image_files): the record
+        beside the catalogue's disk, made from the head's files for an image added before
+        records were kept (written there when `keep`)."""
+        record = image_files.read_record(info)
+        if record is None:
+            head_dir = Path(info.path).parent
+            record = image_files.make_record(info, image_files.previous_cmdline(head_dir, info.name))
+            if keep:
+                image_files.write_record(Path(info.path), record)
+        return record
+
+    def place(self, node: str, info: ImageInfo) -> Place:
+        """`node`'s image directory for `info`: the catalogue's own on the head (this machine),
+        over ssh (`hosts`) on the others unless copies are local."""
+        if node == self.head:
+            return Place(node, Path(info.path).parent, None)
+        host = None if self.config.copy_method == "local" else (self.config.hosts.get(node, node) or None)
+        return Place(node, self.image_dir(node), host)
+
+    def node_states(self, info: ImageInfo, *, hashed: bool) -> dict[str, dict[str, str]]:
+        """Per holder of `info`, what each of its files is on that node (image_files.check);
+        a node that cannot be reached reads {"node": the error}."""
+        record = self.files(info)
+        out: dict[str, dict[str, str]] = {}
+        for node in info.holders:
+            try:
+                states = image_files.check(record, self.place(node, info), hashed=hashed)
+            except (OSError, VjobError) as exc:
+                states = {"node": f"unreachable: {str(exc)[:200]}"}
+            index = states.get(image_files.INDEX, "")
+            if node == self.head and (index == image_files.MISSING or index.startswith("names version")):
+                states.pop(image_files.INDEX)  # the head needs none: an index there is for a pilot on it
+            out[node] = states
+        return out
+
     def verify(self, name: str | None = None) -> list[str]:
-        """Recompute every checksum reachable from here; returns the problems (empty: all good)."""
+        """Hash every file of every image on every holder, where it is (over ssh for another
+        host); returns the problems (empty: all good). An index naming another version is no
+        problem: the node's pilots run that one."""
         problems = []
-        images = [self.get(name)] if name else self.list()
-        for info in images:
-            for node in info.holders:
-                path = (
-                    Path(info.path)
-                    if node == self.head
-                    else self.image_path(node, info.name, info.version, info.format)
-                )
-                if self.config.copy_method != "local" and node != self.head:
-                    continue  # remote copies are checked on their node
-                if not path.exists():
-                    problems.append(f"image {info.name} {info.version} on node {node}: {path} is missing")
-                elif path.stat().st_size != info.size_bytes:
-                    problems.append(
-                        f"image {info.name} {info.version} on node {node}: {path} is "
-                        f"{path.stat().st_size} bytes, {info.size_bytes} recorded"
-                    )
-                elif transfer.sha256_file(path) != info.sha256:
-                    problems.append(f"image {info.name} {info.version} on node {node}: {path} sha256 differs")
+        for info in [self.get(name)] if name else self.list():
+            for node, states in self.node_states(info, hashed=True).items():
+                for role, state in states.items():
+                    if state != image_files.OK and not state.startswith("names version"):
+                        problems.append(f"image {info.name} {info.version} on node {node}: {role} {state}")
         return problems
 
     # -- distribution ----------------------------------------------------------------------
@@ -315,53 +307,63 @@ class Catalogue:
         targets: Iterable[str],
         *,
         version: str | None = None,
-        on_transfer: Callable[[distribution.Transfer], None] | None = None,
+        on_transfer: Callable[[distribution.Transfer, list[str]], None] | None = None,
     ) -> distribution.Plan:
-        """Carry out the plan, pipelined: each copy starts as soon as its source holds the
-        image and has finished its previous send, not when the whole round is over.
+        """Put the whole image (image_files: disk, kernel, initrd, index) on every target,
+        pipelined along the tree: each copy starts as soon as its source holds the image and
+        has finished its previous send, not when the whole round is over.
 
-        Holders are recorded as copies complete; a failed copy fails the copies that depended
-        on it, and the first error is raised after the others were recorded.
+        Every target is checked, recorded holders too (a node's copy may have been damaged or
+        wiped since): a file already there with the recorded size and sha256 is not copied,
+        so a re-run copies nothing. Holders are recorded as copies complete; a target whose
+        copy failed is no longer recorded as a holder; a failed copy fails the copies that
+        depended on it, and the first error is raised after the others were recorded.
+        `on_transfer` gets each completed transfer and the files it copied.
         """
         info = self.get(name, version)
-        the_plan = self.plan(name, targets, version=info.version)
+        wanted = list(targets)
+        if not wanted:
+            raise InputError("image distribute: --nodes: give at least one node")
+        record = self.files(info, keep=True)
+        tree = self.tree([*wanted, *info.holders])
+        sources = [h for h in info.holders if h not in wanted]
+        the_plan = distribution.plan(f"{info.name}-{info.version}", tree, sources, wanted)
+        copied: dict[str, list[str]] = {}
+
+        def send(t: distribution.Transfer) -> None:
+            copied[t.target] = self._send(info, record, t)
 
         def done(t: distribution.Transfer) -> None:
-            self._record_holder(info, t.target, t.source)
+            if copied[t.target] or t.target not in info.holders:
+                self._record_holder(info, t.target, t.source)
             if on_transfer is not None:
-                on_transfer(t)
+                on_transfer(t, copied[t.target])
 
-        what = f"image {info.name} {info.version}"
-        image_pipeline.carry_out(the_plan.transfers, what, lambda t: self._send(info, t), done)
+        image_pipeline.carry_out(the_plan.transfers, f"image {info.name} {info.version}", send, done)
         return the_plan
 
-    def _send(self, info: ImageInfo, t: distribution.Transfer) -> None:
-        src = self.image_path(t.source, info.name, info.version, info.format)
-        if t.source == self.head:
-            src = Path(info.path)
-        dst = self.image_path(t.target, info.name, info.version, info.format)
-        local = self.config.copy_method == "local"
-        where = f"image {info.name} {info.version}: copy {t.source} -> {t.target}"
+    def _send(self, info: ImageInfo, record: ImageFiles, t: distribution.Transfer) -> list[str]:
+        source, target = self.place(t.source, info), self.place(t.target, info)
         try:
-            if local:
-                safe_dirs.ensure_dir(dst.parent, 0o755)
-            transfer.copy(
-                Endpoint(src, None if local else self.config.hosts.get(t.source, t.source)),
-                Endpoint(dst, None if local else self.config.hosts.get(t.target, t.target)),
-                method=self.config.copy_method,
-                mode=0o644,
-                timeout_s=self.config.operation_timeout_s,
+            image_files.ensure_place(target)
+            return image_files.install(
+                record, source, target, method=self.config.copy_method, timeout_s=self.config.operation_timeout_s
             )
-            for extra_src, extra_dst in zip(boot_paths(src), boot_paths(dst), strict=True):
-                if local and extra_src.exists():
-                    transfer.copy(Endpoint(extra_src), Endpoint(extra_dst), method="local", mode=0o644)
-            if local and transfer.sha256_file(dst) != info.sha256:
-                dst.unlink(missing_ok=True)
-                raise VjobError(f"{where} has a wrong sha256")
-            if local:
-                write_index(dst.parent, info, cmdline=_read_cmdline(src.parent, info.name))
-        except (OSError, safe_dirs.UnsafePathError) as exc:
-            raise VjobError(f"{where}: {exc}") from None
+        except (OSError, VjobError) as exc:
+            self._forget_holder(info, t.target)
+            if isinstance(exc, VjobError) and str(exc).startswith(f"image {info.name} {info.version}: copy"):
+                raise
+            raise VjobError(f"image {info.name} {info.version}: copy {t.source} -> {t.target}: {exc}") from None
+
+    def _forget_holder(self, info: ImageInfo, node: str) -> None:
+        """`node` no longer counts as holding `info` (its copy is not whole)."""
+        with self.store.session() as s:
+            image_id = s.scalar(
+                select(ImageRecord.id).where(ImageRecord.name == info.name, ImageRecord.version == info.version)
+            )
+            rec = s.get(NodeImageRecord, (node, image_id))
+            if rec is not None:
+                s.delete(rec)
 
     def _record_holder(self, info: ImageInfo, node: str, source: str) -> None:
         with self.store.session() as s:

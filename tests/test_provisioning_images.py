@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import subprocess
@@ -11,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from provisioning import distribution
+from provisioning import distribution, images
 from provisioning.images import Catalogue
 from tests.services.libvirt import make_test_node
 from vjob.cli import main
@@ -113,7 +114,7 @@ def test_add_list_distribute_verify_remove(tmp_path: Path, catalogue: Catalogue,
 
     seen: list[tuple[int, str, str]] = []
     plan = catalogue.distribute(
-        "debian12", ["n1", "n2", "n3", "n4"], on_transfer=lambda t: seen.append((t.round, t.source, t.target))
+        "debian12", ["n1", "n2", "n3", "n4"], on_transfer=lambda t, _files: seen.append((t.round, t.source, t.target))
     )
     assert plan.rounds == 3 and len(seen) == 4
     for node in ("n1", "n2", "n3", "n4"):
@@ -129,6 +130,7 @@ def test_add_list_distribute_verify_remove(tmp_path: Path, catalogue: Catalogue,
         fh.seek(100)
         fh.write(b"\x01\x02")
     assert [p.split(":")[0] for p in catalogue.verify("debian12")] == ["image debian12 2024.1 on node n3"]
+    assert "disk sha256" in catalogue.verify("debian12")[0]
 
     job_id = jobs.track(store, Job(id="7", user="bob"))
     with store.session() as s:
@@ -208,9 +210,42 @@ def test_vm_commands_on_test_nodes(config_file: Path, capsys: pytest.CaptureFixt
     assert main([*cfg, "vm", "list", "--node", "n2", "--json"]) == 0
     (vm,) = json.loads(capsys.readouterr().out)  # test:///default holds one running domain, "test"
     assert (vm["name"], vm["state"], vm["node"]) == ("test", "running", "n2")
+    assert main([*cfg, "vm", "list", "--node", "n2"]) == 0
+    lines = capsys.readouterr().out.splitlines()  # not a terminal: plain aligned columns, full headers
+    assert lines[1].split() == ["node", "VM", "state", "memory", "vCPUs", "persistent"]
+    assert lines[2].split()[:3] == ["n2", "test", "running"] and lines[2].index("test") == lines[1].index("VM")
     assert main([*cfg, "vm", "save", "test", "--node", "n2"]) == 0
     assert "VM test saved on n2" in capsys.readouterr().out
     assert main([*cfg, "vm", "destroy", "ghost", "--node", "n1"]) == 0  # idempotent: nothing to do
     assert main([*cfg, "vm", "migrate", "ghost", "--from", "n1", "--to", "n2"]) == 1
     assert "migrate of VM ghost on node n1: no such domain" in capsys.readouterr().err
     assert main([*cfg, "vm", "save", "x;y", "--node", "n1"]) == 2
+
+
+def test_a_bootable_image_reaches_each_node_whole_and_is_repaired_file_by_file(
+    tmp_path: Path, catalogue: Catalogue
+) -> None:
+    """Shared-filesystem nodes (local copies): the kernel, initrd and index travel with the disk;
+    a damaged kernel is found by verify, withdrawn from the pilots and re-copied alone."""
+    (tmp_path / "k").write_bytes(b"kernel" * 1000)
+    (tmp_path / "i").write_bytes(b"initrd" * 1000)
+    info = catalogue.add_or_reuse(
+        "deb", qcow2(tmp_path / "src" / "d.qcow2"), kernel=tmp_path / "k", initrd=tmp_path / "i", cmdline="ro"
+    )
+    seen: dict[str, list[str]] = {}
+    catalogue.distribute("deb", ["n1", "n2"], on_transfer=lambda t, files: seen.update({t.target: files}))
+    assert seen == {n: ["disk", "kernel", "initrd", "index"] for n in ("n1", "n2")}
+    local = images.local_image(catalogue.config, tmp_path, "n2", "deb")
+    assert local is not None and local.kernel is not None and local.kernel.read_bytes() == b"kernel" * 1000
+    assert local.path.parent == tmp_path / "img" / "n2" and local.cmdline == "ro"
+    assert catalogue.verify() == []
+
+    local.kernel.write_bytes(b"other!" * 1000)  # same size, other bytes
+    now_, recorded = (hashlib.sha256(b * 1000).hexdigest()[:12] for b in (b"other!", b"kernel"))
+    assert catalogue.verify() == [f"image deb {info.version} on node n2: kernel sha256 {now_}…, {recorded}… recorded"]
+    assert catalogue.node_states(catalogue.get("deb"), hashed=False)["n2"]["kernel"] == "ok"  # list: sizes only
+    seen.clear()
+    catalogue.distribute("deb", ["n1", "n2"], on_transfer=lambda t, files: seen.update({t.target: files}))
+    assert seen == {"n1": [], "n2": ["kernel", "index"]}
+    assert catalogue.verify() == [] and local.kernel.read_bytes() == b"kernel" * 1000
+    assert not [p for p in (tmp_path / "img" / "n2").iterdir() if p.name.startswith(".")]

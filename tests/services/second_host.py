@@ -124,6 +124,8 @@ def second_host(libvirt_second_node: str) -> Iterator[SecondHost]:
         f"AuthorizedKeysFile {work / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"
         "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
         "MaxStartups 100\nMaxSessions 100\n"
+        # scp speaks SFTP since OpenSSH 9 (a node's sshd has this line from Debian's own config)
+        "Subsystem sftp internal-sftp\n"
     )
     (work / "ssh_config").write_text(
         f"Host {SSH_HOST}\n  HostName 127.0.0.1\n  Port {port}\n  User root\n  IdentityFile {work / 'client_key'}\n"
