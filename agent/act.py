@@ -191,6 +191,14 @@ def _in_order(ranked: Sequence[str], sent: Mapping[str, int]) -> list[int]:
     return run[::-1]
 
 
+@runtime_checkable
+class ManyPriorities(Protocol):
+    """An adapter that sends many priorities in one RMS call (plugins.slurm's set_priorities):
+    job id → error for each it could not set."""
+
+    def set_priorities(self, values: Mapping[str, int]) -> dict[str, str]: ...
+
+
 def apply_priorities(ports: Ports, wanted: Mapping[str, int], sent: dict[str, int]) -> None:
     """Send the changed integer priorities (none when the RMS has no knob); `sent`, what the
     RMS holds from this agent, is kept up to date (the jobs no longer wanted forgotten)."""
@@ -199,7 +207,15 @@ def apply_priorities(ports: Ports, wanted: Mapping[str, int], sent: dict[str, in
         return
     for gone in [k for k in sent if k not in wanted]:
         del sent[gone]
-    for job_id, value in priorities_to_send(sent, wanted, knob).items():
+    send = priorities_to_send(sent, wanted, knob)
+    if isinstance(ports.adapter, ManyPriorities):  # Slurm: one scontrol for the whole tick
+        failed = ports.adapter.set_priorities(send) if send else {}
+        sent.update({j: v for j, v in send.items() if j not in failed})
+        for job_id, error in failed.items():
+            ports.metrics.errors.labels(kind="rms").inc()
+            ports.log.warning("could not set the priority", jobs=[job_id], error=error)
+        return
+    for job_id, value in send.items():
         try:
             ports.adapter.set_priority(job_id, value)
             sent[job_id] = value

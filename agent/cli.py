@@ -8,6 +8,7 @@ unit) it tells the service manager when it is ready (vjob.sdnotify).
 from __future__ import annotations
 
 import argparse
+import importlib
 import signal
 import sys
 import threading
@@ -70,6 +71,15 @@ def register(sub: Any) -> None:
     p.set_defaults(func=_agent)
 
 
+def _has_ortools() -> bool:
+    """Whether CP-SAT can be used (only the package's top level is imported: a few ms)."""
+    try:
+        importlib.import_module("ortools")
+    except ImportError:
+        return False
+    return True
+
+
 def _agent(args: argparse.Namespace) -> int:
     # AgentMetrics through agent.loop, which imports it anyway (prometheus_client alone is no
     # reason for a function-level import).
@@ -94,14 +104,21 @@ def _agent(args: argparse.Namespace) -> int:
             cfg.agent.metrics_address = args.metrics_address
         except ValueError:
             raise UsageError(f"--metrics-address {args.metrics_address[:80]!r}: must be an IP address") from None
-    if cfg.planner.optimizer == "cpsat" and not args.dry_run:
-        # A context switch is planned with CP-SAT: fail now rather than at the first preemption.
-        require_extra('vjob agent with [planner] optimizer = "cpsat" (or set optimizer = "ffd")', "ortools")
+    if cfg.planner.optimizer == "cpsat" and not _has_ortools():
+        # CP-SAT is the [planner] extra (OR-Tools and pandas, about 170 MB): a base install plans
+        # its context switches with first-fit decreasing and says so once, here, not at each plan.
+        cfg.planner.optimizer = "ffd"
+        log.get("agent").warning(
+            "OR-Tools is not installed: context switches are planned with first-fit decreasing",
+            fix="pip install 'vjob[planner]' for CP-SAT plans, or set [planner] optimizer = \"ffd\"",
+        )
     metrics = AgentMetrics()
     port, address = cfg.agent.metrics_port, cfg.agent.metrics_address
+    if port and cfg.agent.metrics_web_config:
+        require_extra("vjob agent with [agent] metrics_web_config", "yaml", "bcrypt")
     if port:
         try:
-            metrics.serve(port, address)
+            metrics.serve(port, address, cfg.agent.metrics_web_config)
         except OSError as exc:
             raise UsageError(f"metrics exporter on {address} port {port}: {exc.strerror}") from None
     agent = Agent(cfg, make_adapter(rms, cfg), rms=rms, metrics=metrics, dry_run=args.dry_run)

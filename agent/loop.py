@@ -34,7 +34,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent import act, consolidate, deadline_actions, remap_step
+from agent import act, consolidate, deadline_actions, drain, pause_checkpoint, remap_step
 from agent.arbiter import (
     Proposals,
     TickPlan,
@@ -145,6 +145,8 @@ class Agent:
         """X for the submit hooks and the running vjobs' x-factors (agent.deadline)."""
         self.remap = remap_step.RemapState()
         """Live remapping's samples and last decisions (`[remap] farm_file`, agent.remap_step)."""
+        self.drain = drain.DrainState()
+        """`vjob drain`'s mark as last read (agent.drain): drained, a tick only undoes."""
 
     def _look_again(self) -> None:
         """The journal may hold a switch left open (by a previous lease holder, or cut short by
@@ -203,6 +205,12 @@ class Agent:
             act.charge_usage(self.ports, obs.view)
         report.resumed += act.record_resumes(self.ports, obs)
         self._observe_interactive_starts(obs.view)
+        if drain.is_drained(self.ports, self.drain):  # release, reset, clear; preempt nothing
+            done = drain.drain_pass(self.ports, obs, self.drain, self.sent_priorities, self.notices)
+            report.released += done.released
+            report.errors += done.errors
+            self.metrics.last_tick.set(time.time())
+            return report
         decision = self._decide(obs, self.anchors)
         self.anchors = dict(decision.anchors)  # the guard's slack counts from the first reservation
         report.decision = decision
@@ -318,6 +326,10 @@ class Agent:
             report.errors.append(str(exc))
             return report
         report.store_ok = obs.store_ok
+        if drain.is_drained(self.ports, self.drain):
+            self.log.info("dry run: drained (vjob drain), would release", releases=sorted(obs.sleeping))
+            self.metrics.last_tick.set(time.time())
+            return report
         report.decision = decision = self._decide(obs, None)
         self.log.info(
             "dry run: would do",
@@ -344,6 +356,7 @@ class Agent:
         stop = stop or threading.Event()
         if not self.dry_run:
             self.deadline.check_publishable()  # an admission that cannot publish X is said at once
+            pause_checkpoint.enabled(self.ports)  # pause-first on or off, and why: one log line at start
         wakes = wake_files(self.cfg, self.adapter)
         last_mtimes = _mtimes(wakes)
         try:

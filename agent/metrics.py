@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
 
+from vjob import prometheus_web
 from vjob.prometheus import describe_process, series_names
 
 # Checkpoints of a 128 MiB guest take 0.3-1.3 s; interactive waits range from seconds to hours.
@@ -67,9 +68,13 @@ class AgentMetrics:
         for (job_class, state), n in counts.items():
             self.queue.labels(job_class=job_class, state=state).set(n)
 
-    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
-        """Serve /metrics on `addr`:`port` (a daemon thread); OSError when the port is taken."""
-        start_http_server(port, addr=addr, registry=self.registry)
+    def serve(self, port: int, addr: str = "127.0.0.1", web_config: str = "") -> None:
+        """Serve /metrics on `addr`:`port` (a daemon thread); OSError when the port is taken,
+        ConfigError when `web_config` (TLS, basic auth: vjob.prometheus_web) does not hold."""
+        if not web_config:
+            start_http_server(port, addr=addr, registry=self.registry)
+            return
+        prometheus_web.serve(self.registry, port, addr, prometheus_web.load_web_config(web_config))
 
     def names(self) -> set[str]:
         """Every series name this registry exports (counters with _total and _created,

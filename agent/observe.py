@@ -9,10 +9,13 @@ one user's bad file never stops a tick for everybody.
 
 from __future__ import annotations
 
+import os
+import stat
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
 from sqlalchemy import select
 
@@ -52,10 +55,10 @@ def observe(ports: Ports, *, track: bool = True) -> Observation:
     jobs: list[Job] = []
     sleeping: dict[str, tuple[str, ...]] = {}
     store_ok = True
-    records: dict[str, JobRecord] = {}
+    records: dict[str, Tracked] = {}
     try:
         store = ports.store()
-        records = store_records(store, ports.rms, [j.id for j in rms_jobs])
+        records = _records(ports, store, rms_jobs)
         if track:
             for job in rms_jobs:
                 if job.id not in records:
@@ -70,12 +73,17 @@ def observe(ports: Ports, *, track: bool = True) -> Observation:
         rec = records.get(job.id)
         pilot = pilots.get(job.id)
         changes: dict[str, Any] = {}
-        if rec is not None:
+        if rec is not None and (rec.preempt_count, rec.preempted_seconds, rec.preempted_since) != (
+            job.preempt_count,
+            job.preempted_seconds,
+            job.preempted_since,
+        ):
             changes.update(
                 preempt_count=rec.preempt_count,
                 preempted_seconds=rec.preempted_seconds,
                 preempted_since=rec.preempted_since,
             )
+        if rec is not None:
             preempted = rec.preempted_since is not None
             if preempted and job.state is JobState.RUNNING and pilot and pilot.state is PilotState.SAVED:
                 # Requeue-held, its VM saved, but the RMS still winds it up (COMPLETING):
@@ -114,7 +122,14 @@ def read_pilots(
     keyed one (PilotDir.ensure): of a job's directories, the first its user (or root) owns is
     the one heard, and `ports.pilot_dirs` remembers it for the agent's requests.
     """
-    heard, refused = hear(dirs, users, max_vms=max_vms)
+    root = Path(ports.root)
+    heard, refused = hear(
+        dirs,
+        users,
+        max_vms=max_vms,
+        cache=_STATE_CACHES.setdefault(root, {}),
+        owners=_OWNER_CACHES.setdefault(root, {}),
+    )
     for job_id, vm, error in refused:
         if vm is None:
             ports.metrics.errors.labels(kind="pilot").inc()
@@ -125,8 +140,77 @@ def read_pilots(
     return {job_id: st for job_id, (_, st) in heard.items()}
 
 
+StateCache = dict[Path, tuple[tuple[int, ...], PilotStatus | None]]
+"""A state file's path → the signature of the file read and what it held (hear's `cache`)."""
+_STATE_CACHES: dict[Path, StateCache] = {}
+"""The agent's state caches, one per pilot root (read_pilots)."""
+
+
+def _signature(path: Path) -> tuple[int, ...] | None:
+    """What changes whenever a regular file's content may have: inode, size, modification and
+    change times (a user can set the modification time back, never the change time); None for
+    anything but a regular file (read_state then says why it refuses it) or no file."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(info.st_mode):
+        return None
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
+OwnerCache = dict[Path, tuple[tuple[int, ...], str | None, int | None, float]]
+"""A pilot directory → its lstat signature, the user asked for, the owner found, when (hear's `owners`)."""
+_OWNER_CACHES: dict[Path, OwnerCache] = {}
+OWNER_CACHE_S = 60.0
+"""How long a directory's owner check is taken as it was while the directory is unchanged: the
+check looks the user up (pwd), a file scan or a directory service query per vjob per tick."""
+
+
+def _check_owner(pdir: PilotDir, user: str | None, cache: OwnerCache | None) -> int | None:
+    """pdir.check_owner(user), not asked again while the directory itself (device, inode, owner,
+    mode) and its user are unchanged, for up to OWNER_CACHE_S: a link or another owner put in its
+    place changes the signature and is checked at once."""
+    if cache is None:
+        return pdir.check_owner(user)
+    try:
+        info = os.lstat(pdir.path)
+        sig: tuple[int, ...] | None = (info.st_dev, info.st_ino, info.st_uid, info.st_mode)
+    except OSError:
+        sig = None
+    now = time.monotonic()
+    kept = cache.get(pdir.path)
+    if sig is not None and kept is not None and kept[0] == sig and kept[1] == user and now - kept[3] < OWNER_CACHE_S:
+        return kept[2]
+    owner = pdir.check_owner(user)
+    if sig is not None:
+        cache[pdir.path] = (sig, user, owner, now)
+    return owner
+
+
+def _read_state(pdir: PilotDir, cache: StateCache | None, seen: set[Path]) -> PilotStatus | None:
+    """The directory's state (its owner checked already), read again only when its file changed."""
+    if cache is None:
+        return pdir.read_state()
+    path = pdir.state_file
+    seen.add(path)
+    sig = _signature(path)
+    kept = cache.get(path)
+    if sig is not None and kept is not None and kept[0] == sig:
+        return kept[1]
+    st = pdir.read_state()
+    if sig is not None and _signature(path) == sig:  # not changed while it was read
+        cache[path] = (sig, st)
+    return st
+
+
 def hear(
-    dirs: Sequence[PilotDir], users: Mapping[str, str], *, max_vms: int | None = None
+    dirs: Sequence[PilotDir],
+    users: Mapping[str, str],
+    *,
+    max_vms: int | None = None,
+    cache: StateCache | None = None,
+    owners: OwnerCache | None = None,
 ) -> tuple[dict[str, tuple[PilotDir, PilotStatus]], list[tuple[str, str | None, str]]]:
     """The owner rule, in one place for the agent (read_pilots) and `vjob status`
     (agent.status_cmd): job id → (its directory, its state) of each job heard, and (job id, VM
@@ -135,16 +219,22 @@ def hear(
     Of a job's directories (vjob.pilot_files.all_dirs: its plain name first), the first that is
     owned by `users[job]` or root, holds a state file that passes the checks, and speaks only
     of that job's VMs is heard; every other one is nobody's word. Why one function: a squatter's
-    forged row must be as invisible to the operator's view as to the agent's decisions."""
+    forged row must be as invisible to the operator's view as to the agent's decisions.
+
+    `cache` and `owners` (the agent's, kept between ticks): a state file whose signature
+    (_signature) has not changed since it was read is not read again, and a directory's owner
+    check is not repeated while the directory is the same one (_check_owner) — tens of thousands
+    of running vjobs each tick otherwise."""
     heard: dict[str, tuple[PilotDir, PilotStatus]] = {}
     refused: list[tuple[str, str | None, str]] = []
+    seen: set[Path] = set()
     for pdir in dirs:
         if pdir.job_id in heard:
             continue  # its own directory was read already; the others are nobody's word
         try:
-            owner = pdir.check_owner(users.get(pdir.job_id))
+            owner = _check_owner(pdir, users.get(pdir.job_id), owners)
             pdir.owners = (0,) if not owner else (owner, 0)  # its later requests and withdrawals: the same rule
-            st = pdir.read_state()
+            st = _read_state(pdir, cache, seen)
         except VjobError as exc:
             refused.append((pdir.job_id, None, str(exc)))
             continue
@@ -156,6 +246,12 @@ def hear(
             refused.append((pdir.job_id, st.vm, str(exc)))
             continue
         heard[pdir.job_id] = (pdir, st)
+    if cache is not None:
+        for gone in set(cache) - seen:
+            del cache[gone]
+    if owners is not None:
+        for gone in set(owners) - {d.path for d in dirs}:
+            del owners[gone]
     return heard, refused
 
 
@@ -167,7 +263,7 @@ def pilot_users(ports: Ports, dirs: Sequence[PilotDir], rms_users: dict[str, str
     unknown = sorted({d.job_id for d in dirs} - set(users))
     if unknown:
         try:
-            users.update({job_id: rec.user for job_id, rec in store_records(ports.store(), ports.rms, unknown).items()})
+            users.update({job_id: rec.user for job_id, rec in tracked(ports.store(), ports.rms, unknown).items()})
         except StoreError as exc:
             ports.log.warning(
                 "no store: pilots of jobs the RMS forgot are heard from root's directories only", error=str(exc)
@@ -236,6 +332,64 @@ def _shares(ports: Ports, store_ok: bool) -> tuple[dict[str, float], dict[str, f
         return {}, dict(ports.cfg.priority.targets)
 
 
+@dataclass
+class _Rows:
+    """The store rows observe last read, and the Job each was read for (_records)."""
+
+    jobs: dict[str, Job]
+    rows: dict[str, Tracked]
+    read_at: float = 0.0
+    ticks: int = 0
+
+
+_ROWS: dict[tuple[str, str], _Rows] = {}
+ROWS_FULL_EVERY = 30
+"""Ticks between two reads of every listed job's row (_records)."""
+ROWS_STALE_S = 60.0
+"""A pause longer than this (a standby, a store outage) and every row is read again."""
+
+
+def _records(ports: Ports, store: Store, rms_jobs: Sequence[Job]) -> dict[str, Tracked]:
+    """The store rows of the RMS's jobs, read again only where they may have changed.
+
+    Only the agent holding the lease writes a job's row (tracked, preempted, resumed), and each
+    of those writes follows a change the RMS shows: a requeue-held victim, a resumed job. So a
+    row is read again when its Job is not the very object of the last tick (the adapter keeps
+    unchanged jobs' objects: plugins.slurm.incremental; other adapters make new ones every tick,
+    and all their rows are read as before), when it is preempted now (its resume may come
+    first), when it was not in the store, every ROWS_FULL_EVERY ticks, and after a pause."""
+    cache = _ROWS.setdefault((ports.rms, str(ports.root)), _Rows({}, {}))
+    now = time.monotonic()
+    full = cache.ticks % ROWS_FULL_EVERY == 0 or now - cache.read_at > ROWS_STALE_S
+    stale = [
+        j.id
+        for j in rms_jobs
+        if full
+        or cache.jobs.get(j.id) is not j
+        or j.id not in cache.rows
+        or cache.rows[j.id].preempted_since is not None
+    ]
+    fresh = tracked(store, ports.rms, stale) if stale else {}
+    rows = {j.id: cache.rows[j.id] for j in rms_jobs if j.id in cache.rows and not full}
+    for job_id in stale:
+        rows.pop(job_id, None)
+    rows.update(fresh)
+    cache.jobs = {j.id: j for j in rms_jobs}
+    cache.rows, cache.read_at, cache.ticks = rows, now, cache.ticks + 1
+    return dict(rows)
+
+
+class Tracked(NamedTuple):
+    """What the agent reads of a job's store row each tick (not the ORM object: at a site's
+    size, 120,000 of those cost seconds a tick to build)."""
+
+    rms_job_id: str
+    user: str
+    preempt_count: int
+    preempted_seconds: float
+    preempted_since: float | None
+
+
 def store_records(store: Store, rms: str, job_ids: list[str], chunk: int = 2000) -> dict[str, JobRecord]:
     """The store's rows of these jobs, in a few queries instead of one per job."""
     out: dict[str, JobRecord] = {}
@@ -244,6 +398,24 @@ def store_records(store: Store, rms: str, job_ids: list[str], chunk: int = 2000)
             part = job_ids[i : i + chunk]
             rows = s.scalars(select(JobRecord).where(JobRecord.rms == rms, JobRecord.rms_job_id.in_(part)))
             out.update({r.rms_job_id: r for r in rows})
+    return out
+
+
+def tracked(store: Store, rms: str, job_ids: list[str], chunk: int = 2000) -> dict[str, Tracked]:
+    """What observe reads of these jobs' store rows, in a few queries of five columns."""
+    out: dict[str, Tracked] = {}
+    columns = (
+        JobRecord.rms_job_id,
+        JobRecord.user,
+        JobRecord.preempt_count,
+        JobRecord.preempted_seconds,
+        JobRecord.preempted_since,
+    )
+    with store.session() as s:
+        for i in range(0, len(job_ids), chunk):
+            part = job_ids[i : i + chunk]
+            rows = s.execute(select(*columns).where(JobRecord.rms == rms, JobRecord.rms_job_id.in_(part)))
+            out.update({r[0]: Tracked(*r) for r in rows})
     return out
 
 

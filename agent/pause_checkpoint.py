@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable
+from typing import Any
 
 from agent.observe import Observation
 from agent.pilot_performer import checkpoint_timeout_for, wait_for
@@ -32,14 +34,41 @@ PAUSE_TIMEOUT_S = 60.0
 bounded by `[agent] checkpoint_timeout_s` when that is shorter."""
 
 
+_said: weakref.WeakKeyDictionary[Any, tuple[bool, str]] = weakref.WeakKeyDictionary()
+"""Adapter → the answer `enabled` last logged for it: one line when it changes, not per victim."""
+
+
 def usable(ports: Ports, obs: Observation, job_id: str) -> bool:
-    """Whether this victim is checkpointed pause-first: the site asked for it (`[agent]
-    pause_first`), the RMS can suspend a job, and the vjob is one VM (a multi-node vjob is
-    saved as one cut by its pilot, provisioning.coordinated)."""
+    """Whether this victim is checkpointed pause-first: the vjob is one VM (a multi-node vjob
+    is saved as one cut by its pilot, provisioning.coordinated) and `enabled` says so."""
     st = obs.pilots.get(job_id)
-    return bool(
-        ports.cfg.agent.pause_first and ports.adapter.abilities.suspend and st is not None and not st.member_nodes
-    )
+    return st is not None and not st.member_nodes and enabled(ports)[0]
+
+
+def enabled(ports: Ports) -> tuple[bool, str]:
+    """Whether victims are checkpointed pause-first now, and why: `[agent] pause_first`, where
+    "auto" asks the RMS whether its suspend lets the drainer run (Slurm: ProctrackType, read
+    from the controller once and again when a minute old, plugins.slurm.proctrack). The agent
+    calls it when it starts, so the site reads the answer once in its log; again when it
+    changes."""
+    setting = ports.cfg.agent.pause_first
+    abilities = ports.adapter.abilities
+    if setting is False:
+        answer = (False, "[agent] pause_first = false")
+    elif not (abilities.suspend and abilities.cpu_handover):
+        answer = (False, f"{ports.adapter.name} cannot hand a suspended job's CPUs over while it keeps its memory")
+    elif setting is True:
+        answer = (True, "[agent] pause_first = true")
+    else:
+        try:
+            answer = ports.adapter.suspend_spares_detached()
+        except CommandError as exc:
+            answer = (False, f"cannot read how the RMS suspends a job: {exc}")
+    if _said.get(ports.adapter) != answer:
+        _said[ports.adapter] = answer
+        say = ports.log.info if answer[0] or setting is False else ports.log.warning
+        say(f"pause-first preemption {'on' if answer[0] else 'off (save-first)'}", why=answer[1], setting=setting)
+    return answer
 
 
 class DrainNotice:
@@ -164,4 +193,4 @@ def _resume(ports: Ports, job_id: str) -> None:
         ports.log.error("could not resume the suspended victim", jobs=[job_id], error=str(exc))
 
 
-__all__ = ["PAUSE_TIMEOUT_S", "DrainNotice", "checkpoint", "usable"]
+__all__ = ["PAUSE_TIMEOUT_S", "DrainNotice", "checkpoint", "enabled", "usable"]

@@ -88,8 +88,10 @@ def collect(cfg: Any, rms: str, switches: int = 10, snapshots: int = 20) -> dict
     from vjob.store.db import open_store  # heavy: sqlalchemy
 
     store = None
+    out["drained"] = None
     try:
         store = open_store(cfg)
+        out["drained"] = _drained(store, rms)
     except StoreError as exc:
         out["errors"].append(f"state store: {exc}")
     dirs = all_dirs(pilot_root(cfg), rms)
@@ -170,6 +172,14 @@ def collect(cfg: Any, rms: str, switches: int = 10, snapshots: int = 20) -> dict
         v["remap_skipped"] = out["remap"]["skipped"].get(v["job"])
         v["control"] = out["control"]["vjobs"].get(v["job"])
     return out
+
+
+def _drained(store: Any, rms: str) -> dict[str, Any] | None:
+    """`vjob drain`'s mark (agent.drain): who and since when; None when not drained."""
+    from agent.drain import mark_name, read_mark  # heavy: sqlalchemy
+
+    found = read_mark(store, mark_name(rms))
+    return None if found is None else {"by": found.by, "since": found.since}
 
 
 def _read_status_file(path: Path, errors: list[str], what: str, empty: dict[str, Any], table: str) -> dict[str, Any]:
@@ -282,6 +292,12 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _print_tables(out: _Out, data: dict[str, Any]) -> None:
+    if data.get("drained"):
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(data["drained"]["since"]))
+        out.print(
+            f"DRAINED since {since} by {data['drained']['by']}: vjob preempts nothing (vjob drain --undo)",
+            markup=False,
+        )
     rows = []
     for v in data["vjobs"]:
         save = f"{v['save_seconds']:.2f} s / {v['save_bytes'] / 2**20:.0f} MiB" if v["save_bytes"] else "-"

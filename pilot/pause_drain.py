@@ -22,8 +22,8 @@ guest's QEMU is under the libvirt daemon, outside it as well. The drainer writes
 job's state file, as the job's user; it holds nothing the job does not.
 
 The drainer learns what to save from its parent through a pipe (the VM, its node, the request),
-never from a file another user could write; it reads the configuration as the pilot did
-(`$VJOB_CONFIG`, inherited, else the site's file).
+never from a file another user could write; it reads the pilot's configuration (the file the
+pilot's `--config` named, passed in the order; else `$VJOB_CONFIG`, inherited, else the site's).
 """
 
 from __future__ import annotations
@@ -131,6 +131,7 @@ def _spawn_drainer(pilot: PausedPilot, req: CheckpointRequest) -> None:
         "request_id": req.request_id,
         "site": pilot.vm.site is not None,
         "real": pilot.s.workdir is not None,
+        "config": config_for_drainer(pilot.s.config_path),
     }
     try:
         subprocess.run(
@@ -143,6 +144,13 @@ def _spawn_drainer(pilot: PausedPilot, req: CheckpointRequest) -> None:
     except (OSError, subprocess.SubprocessError) as exc:
         pilot.vm.driver.unpause(pilot.vm.name, pilot.vm.node)
         raise VjobError(f"VM {pilot.vm.name}: could not start the process that saves it: {exc}") from None
+
+
+def config_for_drainer(config_path: str) -> str:
+    """The configuration file the drainer must read: the pilot's `--config` as an absolute
+    path (the drainer may not share its working directory for long), else "" (the drainer
+    then reads $VJOB_CONFIG, inherited, or the site's file, as the pilot did)."""
+    return os.path.abspath(config_path) if config_path else ""
 
 
 def _wait(pilot: PausedPilot, req: CheckpointRequest) -> int | None:
@@ -204,7 +212,10 @@ def _state(pdir: PilotDir) -> PilotStatus | None:
 # -- the drainer ------------------------------------------------------------------------------
 def drain(order: dict[str, Any]) -> int:
     """Save the paused VM named in `order` and answer `saved` (or the error) in the state file."""
-    cfg = load()  # as the pilot loaded it: $VJOB_CONFIG, inherited (or the site's file)
+    path = order.get("config") or None
+    if path is not None and not isinstance(path, str):
+        raise VjobError(f"the drainer's order: config = {str(path)[:80]!r}: must be a path")
+    cfg = load(path)  # the pilot's: its --config, else $VJOB_CONFIG (inherited) or the site's file
     pdir = PilotDir(Path(order["pilot_root"]), order["rms"], order["job_id"])
     pdir.ensure()
     vm, node, rid = order["vm"], order["node"], order["request_id"]

@@ -33,3 +33,6 @@ class PilotSettings:
     partner_hold_s: float = 0.0
     """When the job ends with its VM moved away by a remapping swap, how long the pilot holds its
     own node at most for the agent to send the partner's VM there home (`[remap] partner_hold_s`)."""
+    config_path: str = ""
+    """The configuration file `vjob --config` named, handed to the processes the pilot starts
+    (pilot.pause_drain's drainer) so they read the pilot's; empty: $VJOB_CONFIG or the site's."""

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from plugins import RMS_PACKAGES, rms_package
+from plugins import RMS_PACKAGES, deploy_manifest, rms_package
 from plugins import deploy as deploy_files
 from vjob.errors import InputError
 
@@ -97,6 +97,12 @@ def _register_deploy(sub: Any) -> None:
     )
     ins.add_argument("names", nargs="+", metavar="NAME", help="names from `vjob deploy list`, or all (needs --dest)")
     ins.add_argument("--dest", type=Path, metavar="DIR", help="install into DIR (same file names) instead")
+    ins.add_argument(
+        "--root",
+        type=Path,
+        metavar="DIR",
+        help="install to the usual places under DIR (a staging root; `vjob uninstall --root DIR` removes them)",
+    )
     ins.add_argument("--json", action="store_true", help="print a JSON list (name, path, verdict, mode) instead")
     ins.add_argument("--force", action="store_true", help="replace an existing file whose content differs")
     ins.set_defaults(func=_deploy_install)
@@ -142,6 +148,11 @@ def _deploy_path(args: argparse.Namespace) -> int:
 
 
 def _deploy_install(args: argparse.Namespace) -> int:
+    if args.root is not None and args.dest is not None:
+        raise InputError("vjob deploy install: --root and --dest exclude each other")
+    root = args.root.resolve() if args.root is not None else Path("/")
+    if args.root is not None:
+        args.dest = None
     if "all" in args.names:
         if args.dest is None:
             raise InputError("vjob deploy install all: give --dest DIR (the examples of every RMS share one name)")
@@ -158,7 +169,11 @@ def _deploy_install(args: argparse.Namespace) -> int:
             dest = args.dest / entry.name  # the three example vjob.toml files: one directory each
         else:
             dest = args.dest
+        if args.root is not None:
+            dest = deploy_manifest.under(root, entry.target).parent
         path, verdict = deploy_files.install(entry, dest, force=args.force)
+        if args.dest is None:  # the usual place (or under --root): `vjob uninstall` removes it
+            deploy_manifest.record(root, entry.name, path)
         done.append({"name": entry.name, "path": str(path), "verdict": verdict, "mode": f"{entry.mode:04o}"})
         if not args.json:
             print(f"{verdict:<9} {path}  ({entry.name}, mode {entry.mode:04o})")

@@ -18,8 +18,12 @@ from vjob.model import ClusterView
 
 def short_of_memory(view: ClusterView, job_id: str, nodes: Sequence[str]) -> dict[str, int]:
     """Node → MiB the interactive `job_id` lacks there while every running job, the paused
-    victims included, keeps its memory; only the nodes where it lacks some."""
-    need = view.job(job_id).memory_mb
+    victims included, keeps its memory; only the nodes where it lacks some. Nothing for a job
+    the view does not hold (a checkpoint for another reason than an interactive job's)."""
+    wanted = next((j for j in view.jobs if j.id == job_id), None)
+    if wanted is None:
+        return {}
+    need = wanted.memory_mb
     capacity = {n.name: n.memory_mb for n in view.nodes}
     used = dict.fromkeys(nodes, 0)
     for job in view.running:

@@ -5,7 +5,8 @@ oarstat (their OAR job is named after the vjob key); the site runs `vjob besteff
 
 Why `submit`, `list`, `show` and `cancel` talk to the manager's socket (saline_bew.server)
 instead of opening the store: the store's credentials are the operator's, and the manager
-learns who the caller is from the kernel, so it can act for that user only.
+learns who the caller is from the kernel, so it can act for that user only. The options are
+declared in saline_bew.cli_args, which imports this module only when an action runs.
 """
 
 from __future__ import annotations
@@ -25,164 +26,12 @@ from typing import Any
 
 from saline_bew import client, lease, protocol, server, sites, workdir
 from saline_bew.events import Phase
+from vjob import text_table
 from vjob.cli import load_config
 from vjob.config import ProvisioningConfig
 from vjob.errors import InputError, UsageError
 from vjob.sdnotify import Notifier
 from vjob.store.db import open_store
-
-
-def register(sub: Any) -> None:
-    """`vjob besteffort` and its actions, one function per action (in the order `--help` lists them)."""
-    p = sub.add_parser(
-        "besteffort",
-        help="Saline: best-effort OAR jobs that survive being killed",
-        description="Best-effort vjobs on OAR (Saline): snapshotted periodically and on OAR's checkpoint "
-        "signal, resubmitted from their last snapshot at this site or another when OAR kills them. Users "
-        "talk to the site's manager through its socket; the manager runs as root.",
-        epilog="example: vjob besteffort submit --image debian12 --vms 2 -l 2:00:00 -- ./simulate.sh 42",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument(
-        "--socket",
-        metavar="PATH",
-        default=None,
-        help="the manager's socket path (default $VJOB_SALINE_SOCKET, else saline.socket for the manager, "
-        "else /run/vjob/saline.sock)",
-    )
-    bsub = p.add_subparsers(dest="besteffort_command", metavar="ACTION", required=True)
-    _add_submit(bsub)
-    _add_manager(bsub)
-    _add_queries(bsub)
-    _add_output(bsub)
-    _add_stage(bsub)
-
-
-def _add_submit(bsub: Any) -> None:
-    """submit: a user's vjob, their current directory going with it (saline_bew.workdir)."""
-    s = bsub.add_parser(
-        "submit",
-        help="submit a best-effort vjob: vjob besteffort submit [options] -- COMMAND ...",
-        description="Submit a best-effort vjob; prints its key (OAR's job is named after it).",
-        epilog="example: vjob besteffort submit --image debian12 --memory 512 -- python3 fit.py --steps 1000",
-    )
-    s.add_argument("--image", metavar="IMAGE", required=True, help="OS image from the catalogue")
-    s.add_argument("--vms", metavar="N", type=int, default=1, help="number of VMs (one OAR resource each)")
-    s.add_argument("--vcpus", metavar="N", type=int, default=1, help="virtual CPUs per VM (default 1)")
-    s.add_argument("--memory", metavar="MIB", type=int, default=128, help="MiB per VM")
-    s.add_argument(
-        "-l",
-        "--walltime",
-        metavar="H:MM:SS",
-        dest="walltime",
-        default=None,
-        help="H:MM:SS (default saline.default_walltime)",
-    )
-    s.add_argument(
-        "--site", metavar="SITE", default=None, help="site to start at (default: the first with free resources)"
-    )
-    s.add_argument(
-        "--user", metavar="USER", default=None, help="submit for this user (root only, checked by the manager)"
-    )
-    s.add_argument(
-        "--no-workdir",
-        action="store_true",
-        help="do not copy the current directory to the first VM's /work (by default it is, as on Slurm)",
-    )
-    s.add_argument(
-        "--stage-limit-mb",
-        metavar="MB",
-        type=int,
-        default=ProvisioningConfig().stage_limit_mb,
-        help="refuse a current directory bigger than this (the manager enforces the site's own limit too)",
-    )
-    s.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARG ...], run inside the VMs")
-    s.set_defaults(func=_submit)
-
-
-def _add_manager(bsub: Any) -> None:
-    """manager: the site master, run as root by its systemd unit."""
-    m = bsub.add_parser(
-        "manager",
-        help="run the job manager (snapshots, kill detection, resubmission)",
-        description="The site master: runs as root (systemd unit: vjob deploy install saline-unit), listens on "
-        "the socket, snapshots, detects kills and resubmits.",
-        epilog="example: vjob --config /etc/vjob/vjob.toml besteffort manager --socket-group vjobusers",
-    )
-    m.add_argument("--once", action="store_true", help="one pass, then exit (no socket)")
-    m.add_argument(
-        "--socket-group",
-        metavar="GROUP",
-        default=None,
-        help="only this group (and root) may use the socket (mode 0660); default saline.socket_group, "
-        "empty: everyone (0666)",
-    )
-    m.set_defaults(func=_manager)
-
-
-def _add_queries(bsub: Any) -> None:
-    """list, show, cancel: a user's look at (and hand on) their own vjobs."""
-    ls = bsub.add_parser(
-        "list",
-        help="your best-effort vjobs and their state (root: everyone's)",
-        description="Your best-effort vjobs (root: everyone's), one line each: key, state, site, kills.",
-        epilog="example: vjob besteffort list --json",
-    )
-    ls.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
-    ls.set_defaults(func=_list)
-
-    sh = bsub.add_parser(
-        "show",
-        help="one of your vjobs with its journal",
-        description="One of your vjobs with its journal: submissions, snapshots, kills, resumptions.",
-        epilog="example: vjob besteffort show be0123456789",
-    )
-    sh.add_argument("key", help="the vjob's key, as submit printed it (be + 10 hex digits)")
-    sh.set_defaults(func=_show)
-
-    c = bsub.add_parser(
-        "cancel",
-        help="end one of your vjobs: delete its OAR job, VMs and snapshots",
-        description="End one of your vjobs: the manager holding it deletes its OAR job, VMs and snapshots.",
-        epilog="example: vjob besteffort cancel be0123456789",
-    )
-    c.add_argument("key", help="the vjob's key, as submit printed it (be + 10 hex digits)")
-    c.set_defaults(func=_cancel)
-
-
-def _add_output(bsub: Any) -> None:
-    """output: what COMMAND printed, passed as a descriptor of root's copy (saline_bew.output)."""
-    o = bsub.add_parser(
-        "output",
-        help="what COMMAND printed (its stdout, or --stderr)",
-        description="What COMMAND printed in the first VM: up to the last snapshot while it runs, all of it once "
-        "it ended (kept 7 days). Its exit status is in `show` (exit_code).",
-        epilog="example: vjob besteffort output be0123456789 > result.txt",
-    )
-    o.add_argument("key", help="the vjob's key")
-    o.add_argument("--stderr", action="store_true", help="its standard error instead")
-    o.add_argument("--both", action="store_true", help="its stdout to stdout and its stderr to stderr")
-    o.set_defaults(func=_output)
-
-
-def _add_stage(bsub: Any) -> None:
-    """stage: the holder's half of an oarsub vjob's directory (saline_bew.staging)."""
-    st = bsub.add_parser(
-        "stage",
-        help="(run by the holder of an oarsub vjob) send the current directory to the first VM",
-        description="Run by the OAR job of a vjob submitted with oarsub, as the user, in the submission directory: "
-        "builds its job disk with the user's rights and passes it to the manager (as submit does).",
-        epilog="example (holder.sh, as OAR runs it): vjob besteffort --socket /run/vjob/saline.sock stage be0123456789",
-    )
-    st.add_argument("key", help="the vjob's key")
-    st.add_argument(
-        "--stage-limit-mb",
-        metavar="MB",
-        type=int,
-        default=ProvisioningConfig().stage_limit_mb,
-        help="refuse a directory bigger than this",
-    )
-    st.set_defaults(func=_stage)
 
 
 def build(args: argparse.Namespace) -> Any:
@@ -208,7 +57,7 @@ def _call(args: argparse.Namespace, request: dict[str, Any]) -> Any:
     return client.call(protocol.socket_path(args.socket), request)
 
 
-def _submit(args: argparse.Namespace) -> int:
+def submit_cmd(args: argparse.Namespace) -> int:
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
@@ -236,8 +85,13 @@ def _submit(args: argparse.Namespace) -> int:
 def _submit_with_workdir(args: argparse.Namespace, request: dict[str, Any]) -> Any:
     """Build the working directory's disk as the user (saline_bew.workdir) and pass it open
     with the request: the manager (root) never opens a path of the user's."""
-    with _workdir_disk(request["command"], args.stage_limit_mb) as fd:
+    with _workdir_disk(request["command"], _stage_limit_mb(args)) as fd:
         return client.call(protocol.socket_path(args.socket), request, fd=fd)
+
+
+def _stage_limit_mb(args: argparse.Namespace) -> int:
+    """--stage-limit-mb, else the built-in [provisioning] stage_limit_mb (as the manager's own)."""
+    return int(args.stage_limit_mb) if args.stage_limit_mb is not None else ProvisioningConfig().stage_limit_mb
 
 
 @contextlib.contextmanager
@@ -253,7 +107,7 @@ def _workdir_disk(command: list[str], limit_mb: int) -> Iterator[int]:
             os.close(fd)
 
 
-def _output(args: argparse.Namespace) -> int:
+def output_cmd(args: argparse.Namespace) -> int:
     """Copy the descriptor the manager passed (its own copy of the output) to stdout (stderr)."""
     streams = ("stdout", "stderr") if args.both else ("stderr",) if args.stderr else ("stdout",)
     for stream in streams:
@@ -272,12 +126,12 @@ def _output(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stage(args: argparse.Namespace) -> int:
+def stage_cmd(args: argparse.Namespace) -> int:
     """The holder's half of `oarsub` staging: the directory's job disk, built as the user;
     a directory that cannot be sent is declined with the reason (the manager goes on at once)."""
     path = protocol.socket_path(args.socket)
     try:
-        with _workdir_disk(["-"], args.stage_limit_mb) as fd:
+        with _workdir_disk(["-"], _stage_limit_mb(args)) as fd:
             client.call(path, {"op": "stage", "key": args.key}, fd=fd)
     except InputError as exc:  # too big, a file the user cannot read: said, and nothing waits for it
         client.call(path, {"op": "stage", "key": args.key, "declined": str(exc)[:1000]})
@@ -286,7 +140,7 @@ def _stage(args: argparse.Namespace) -> int:
     return 0
 
 
-def _manager(args: argparse.Namespace) -> int:
+def manager_cmd(args: argparse.Namespace) -> int:
     manager = build(args)
     ports = manager.ports
     _one_manager_per_host(ports.config.data_path)
@@ -338,16 +192,15 @@ def _one_manager_per_host(data_dir: Path) -> None:
 _HELD: list[int] = []
 
 
-def _list(args: argparse.Namespace) -> int:
+def list_cmd(args: argparse.Namespace) -> int:
     rows = _call(args, {"op": "list"})
     if args.json:
         json.dump(rows, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table("key", "user", "phase", "site", "oar job", "kills", "from scratch", "safe snapshot")
+    # Plain aligned columns (vjob.text_table, as `vjob status`): full headers in 80 columns (a row
+    # becomes a block of `header: value` lines when they do not fit), no box drawing in a pipe.
+    cells = []
     for j in rows:
         safe = (
             f"{j['snapshot_label']}@{j['snapshot_site']} "
@@ -355,27 +208,21 @@ def _list(args: argparse.Namespace) -> int:
             if (j["snapshot_label"] and j["snapshot_at"])
             else "none"
         )
-        table.add_row(
-            j["key"],
-            j["user"],
-            j["phase"],
-            j["site"],
-            j["oar_job_id"] or "-",
-            str(j["kills"]),
-            str(j["restarts_from_scratch"]),
-            safe,
+        cells.append(
+            [j["key"], j["user"], j["phase"], j["site"], j["oar_job_id"], j["kills"], j["restarts_from_scratch"], safe]
         )
-    Console().print(table)
+    headers = ("key", "user", "phase", "site", "OAR job", "kills", "from scratch", "safe snapshot")
+    sys.stdout.write(text_table.render("best-effort vjobs", headers, cells, text_table.terminal_width(sys.stdout)))
     return 0
 
 
-def _show(args: argparse.Namespace) -> int:
+def show_cmd(args: argparse.Namespace) -> int:
     json.dump(_call(args, {"op": "show", "key": args.key}), sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0
 
 
-def _cancel(args: argparse.Namespace) -> int:
+def cancel_cmd(args: argparse.Namespace) -> int:
     out = _call(args, {"op": "cancel", "key": args.key})
     if out["phase"] == Phase.CANCELLED:
         print(f"{out['key']} cancelled")

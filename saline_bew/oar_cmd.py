@@ -12,9 +12,11 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from saline_bew import admission, deadline_rule, protocol, size_rule
 from vjob.cli import load_config
 from vjob.errors import UsageError
+
+# The rules' modules (pydantic through the OAR grammar) are imported by the commands when they
+# run, so that `vjob oar --help` loads none of them (issue 36: every `--help` under 0.3 s).
 
 
 def register(sub: Any) -> None:
@@ -30,7 +32,7 @@ def register(sub: Any) -> None:
         "install-rules",
         help="install (or replace) the vjob admission rule",
         description="Render the vjob admission rule for one site and install it with oaradmissionrules "
-        f"(priority {admission.PRIORITY}); an earlier vjob rule is replaced. Users then submit best-effort "
+        "(priority 15); an earlier vjob rule is replaced. Users then submit best-effort "
         "vjobs with oarsub -t besteffort -t vjob=IMAGE [-t vjob_vms=N] COMMAND.",
         epilog="example: vjob oar install-rules --site nancy --socket /run/vjob/saline.sock",
     )
@@ -50,8 +52,8 @@ def register(sub: Any) -> None:
         "--timeout",
         metavar="SECONDS",
         type=int,
-        default=admission.HOOK_TIMEOUT_S,
-        help="seconds oarsub waits for the site master before accepting the job untouched (1-60)",
+        default=None,
+        help="seconds oarsub waits for the site master before accepting the job untouched (1-60; default 10)",
     )
     _rule_options(i, _install, install=True)
     u = osub.add_parser(
@@ -117,6 +119,8 @@ def _rule_options(parser: Any, func: Callable[[argparse.Namespace], int], *, ins
 
 
 def _install(args: argparse.Namespace) -> int:
+    from saline_bew import admission, protocol  # heavy: pydantic
+
     config = load_config(args)
     names = [s.name for s in config.saline.sites]
     site = args.site
@@ -131,7 +135,7 @@ def _install(args: argparse.Namespace) -> int:
     rule = admission.render(
         site=site,
         socket=socket,
-        timeout_s=args.timeout,
+        timeout_s=admission.HOOK_TIMEOUT_S if args.timeout is None else args.timeout,
         default_image=chosen.default_image,
         allow_opt_out=chosen.allow_opt_out,
     )
@@ -139,10 +143,14 @@ def _install(args: argparse.Namespace) -> int:
 
 
 def _uninstall(args: argparse.Namespace) -> int:
+    from saline_bew import admission  # heavy: pydantic
+
     return _take_out(args, admission.MARK, "vjob admission rule", "no vjob rule")
 
 
 def _install_deadline(args: argparse.Namespace) -> int:
+    from saline_bew import deadline_rule  # heavy: pydantic
+
     path = args.threshold_file or load_config(args).deadline.threshold_file
     if not path:
         raise UsageError("--threshold-file: required, or set [deadline] threshold_file (OAR has no default place)")
@@ -151,22 +159,30 @@ def _install_deadline(args: argparse.Namespace) -> int:
 
 
 def _uninstall_deadline(args: argparse.Namespace) -> int:
+    from saline_bew import deadline_rule  # heavy: pydantic
+
     return _take_out(args, deadline_rule.MARK, "vjob deadline rule", "no vjob deadline rule")
 
 
 def _install_size(args: argparse.Namespace) -> int:
+    from saline_bew import size_rule  # heavy: pydantic
+
     overhead = load_config(args).provisioning.vm_overhead_mib
     rule = size_rule.render(overhead_mib=overhead)
     return _put(args, rule, size_rule.MARK, "vjob size rule", f"installed, overhead {overhead} MiB per VM")
 
 
 def _uninstall_size(args: argparse.Namespace) -> int:
+    from saline_bew import size_rule  # heavy: pydantic
+
     return _take_out(args, size_rule.MARK, "vjob size rule", "no vjob size rule")
 
 
 def _put(args: argparse.Namespace, rule: str, mark: str, what: str, done: str) -> int:
     """What both install commands do with their rendered rule: print it (`--print`), or add it
     with OAR's oaradmissionrules, replacing the earlier rules of the same first line `mark`."""
+    from saline_bew import admission  # heavy: pydantic
+
     if args.print:
         print(rule, end="")
         return 0
@@ -177,6 +193,8 @@ def _put(args: argparse.Namespace, rule: str, mark: str, what: str, done: str) -
 
 def _take_out(args: argparse.Namespace, mark: str, what: str, none: str) -> int:
     """What both uninstall commands do: remove every rule whose first line is `mark`."""
+    from saline_bew import admission  # heavy: pydantic
+
     removed = admission.uninstall(args.oaradmissionrules, mark=mark)
     print(f"{what}{'s' if len(removed) > 1 else ''} #{removed} removed" if removed else none)
     return 0

@@ -54,6 +54,8 @@ WALK: dict[str, tuple[list[str], object]] = {
     "completion": (["bash"], (0, "")),
     "status": ([], STORE),
     "agent": (["--once", "--rms", "slurm", "--metrics-port", "0"], STORE),
+    "drain": (["--rms", "slurm"], STORE),
+    "uninstall": (["--rms", "slurm", "--root", "{tmp}/root"], STORE),
     "run": (["true"], (2, "no job id")),
     "prio": (["--from", "{view}"], (0, "")),
     "trace generate": (["--nodes", "4", "--jobs", "10", "-o", "{tmp}/gen.swf"], (0, "10 jobs for 4 nodes")),
@@ -225,6 +227,8 @@ JSON_RUNS: dict[str, list[str] | str] = {
     "deploy list": [],
     "deploy install": ["agent-unit", "--dest", "{tmp}/jsonfiles"],
     "besteffort list": "a running Saline manager: tests/test_saline_manager.py",
+    "drain": "an RMS to drain: tests/test_drain_slurm.py",
+    "uninstall": "a staging root: tests/test_uninstall_root.py",
 }
 
 

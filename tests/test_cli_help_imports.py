@@ -1,5 +1,6 @@
 """`vjob COMMAND --help` loads argparse-level code only (issue 36: `agent`, `status` and `prio
---help` spent about 1.6 s of CPU importing numba and SQLAlchemy). The time itself is measured by
+--help` spent about 1.6 s of CPU importing numba and SQLAlchemy; `run`, `simulate`, `trace`,
+`node-service` and `besteffort` 0.7-0.9 s importing their whole command). The time itself is measured by
 bench/cli_help.py; this checks the cause, which does not depend on the machine's load."""
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ print(" ".join(sorted(m for m in sys.argv[2:] if m in sys.modules)), file=sys.st
 """
 
 
-@pytest.mark.parametrize("command", ["agent", "status", "prio"])
+@pytest.mark.parametrize(
+    "command",
+    ["agent", "status", "prio", "run", "simulate", "trace", "node-service", "besteffort", "oar", "vm", "image"],
+)
 def test_help_imports_no_heavy_module(command: str) -> None:
     res = subprocess.run(
         [sys.executable, "-c", PROBE, command, *HEAVY], cwd=REPO, capture_output=True, text=True, timeout=60

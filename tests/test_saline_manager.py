@@ -224,6 +224,10 @@ def test_cli_submit_errors_and_the_kept_record(
         assert main(["besteffort", "--socket", str(sock), "list", "--json"]) == 0
         listed = capsys.readouterr().out
         assert '"phase": "submitted"' in listed and '"oar_job_id": null' in listed
+        assert main(["besteffort", "--socket", str(sock), "list"]) == 0
+        table = capsys.readouterr().out.splitlines()  # not a terminal: plain aligned columns, full headers
+        assert table[1].split()[:4] == ["key", "user", "phase", "site"] and "safe snapshot" in table[1]
+        assert table[2].split()[1:3] == ["nobody", "submitted"] and table[2].startswith(json.loads(listed)[0]["key"])
         manager.step()  # retries, journals, goes on
         key = json.loads(listed)[0]["key"]
         assert main(["besteffort", "--socket", str(sock), "show", key]) == 0
@@ -773,9 +777,9 @@ def test_commands_output_and_exit_status_reach_its_user_once_without_what_a_resu
     args = argparse.Namespace(socket=str(sock), key=job.key, stderr=False, both=False)
     with Server(manager, sock):
         capsys.readouterr()
-        assert cli._output(args) == 0
+        assert cli.output_cmd(args) == 0
         assert capsys.readouterr().out == "step 1\nstep 2\nstep 3\n"
-        assert cli._output(argparse.Namespace(socket=str(sock), key=job.key, stderr=True, both=False)) == 0
+        assert cli.output_cmd(argparse.Namespace(socket=str(sock), key=job.key, stderr=True, both=False)) == 0
         assert capsys.readouterr().out == "warning 1\n"
         assert client.call(sock, {"op": "show", "key": job.key})["exit_code"] == 3
     with pytest.raises(server.Refused, match="another user"):

@@ -98,6 +98,12 @@ class Abilities:
     """The job field, shown to its user, that root may write and the user may not, where
     `tell_wait` puts why a held-back interactive job waits (Slurm AdminComment, PBS comment);
     None: the RMS has none (OAR), the reason is only in `vjob status`."""
+    cpu_handover: bool = False
+    """`suspend` gives a running job's CPUs to other jobs at once and keeps its memory allocated
+    (Slurm's `scontrol suspend` under cons_tres), so a victim paused by its pilot hands its CPUs
+    over while its memory drains to disk (pause-first, docs/preempt-pause.md); whether the RMS's
+    suspend lets the drainer run is `suspend_spares_detached`. PBS's `qsig -s suspend` runs
+    vjob's checkpoint hook instead: False there."""
 
 
 class NotSupported(VjobError):
@@ -122,12 +128,38 @@ class RMSAdapter(Protocol):
         """Give a pending job vjob's priority (only when `abilities.priority` is set)."""
         ...
 
+    def knob_values(self) -> dict[str, int]:
+        """What the priority knob holds on each queued job (only when `abilities.priority` is
+        set): `vjob drain` puts `neutral_priority()` back wherever it differs."""
+        ...
+
+    def neutral_priority(self) -> int:
+        """The knob's value on a job vjob never wrote to (the RMS's own)."""
+        ...
+
     def hold(self, job_id: str) -> None: ...
 
     def release(self, job_id: str) -> None: ...
 
     def requeue_hold(self, job_id: str) -> None:
         """Put a running job back in the queue, held (after its VMs were checkpointed)."""
+        ...
+
+    def suspend(self, job_id: str) -> None:
+        """Stop a running job where it runs, keeping its allocation (only when
+        `abilities.suspend`; with `abilities.cpu_handover` its CPUs go to other jobs)."""
+        ...
+
+    def resume(self, job_id: str) -> None:
+        """Let a job `suspend` stopped run again (only when `abilities.suspend`)."""
+        ...
+
+    def suspend_spares_detached(self) -> tuple[bool, str]:
+        """Whether a process the job started and detached (own session, parent gone: the
+        pause-first drainer) keeps running while the RMS holds the job suspended, and why, from
+        the RMS's configuration (only when `abilities.cpu_handover`); CommandError when it
+        cannot be read. Cheap to call again: the adapter reads it once and again when the RMS's
+        configuration may have changed."""
         ...
 
     def require_nodes(self, job_id: str, nodes: Sequence[str]) -> None:

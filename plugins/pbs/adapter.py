@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -34,6 +35,12 @@ T = TypeVar("T")
 
 PRIORITY_MIN, PRIORITY_MAX = -1024, 1023
 """The range `qalter -p` accepts on Torque and OpenPBS."""
+ORDER_MIN, ORDER_MAX = 0, 1_000_000
+"""The range vjob writes into its custom resource (`[pbs] order = "resource"`, a long): wide
+enough for a distinct value per queued job, 1,000 steps between neighbours of a 1,000-job queue."""
+NEUTRAL = 0
+"""What a job holds when vjob has not written to it: Priority's default, and the value the
+documented `resources_default` gives the custom resource (what `vjob drain` puts back)."""
 
 JOB_ID = names.JOB_ID
 """`123`, `123.server.domain`, `673175[]`, `673175[19].server` — and nothing that starts with '-'."""
@@ -63,6 +70,7 @@ class PbsAdapter:
         environment=ENVIRONMENT,
         wait_field="comment",
     )
+    """With `[pbs] order = "resource"` the instance's knob is the custom resource's range."""
 
     def __init__(
         self,
@@ -84,7 +92,14 @@ class PbsAdapter:
         self._log = log.get("pbs")
         self.held: dict[str, int] = {}
         """The Priority each job held at the last `jobs()` read (held_priority.py): what a
-        user's `qalter -p` may have changed; the agent sends its own value again (`resync`)."""
+        user's `qalter -p` may have changed; the agent sends its own value again (`resync`).
+        With order = "resource", the custom resource's value instead."""
+        self.order_field = "Priority"
+        """The job attribute vjob's order is written to and read back from."""
+        if self.config.order == "resource":
+            self.order_field = f"Resource_List.{self.config.order_resource}"
+            knob = PriorityKnob(ORDER_MIN, ORDER_MAX, min_step=(ORDER_MAX - ORDER_MIN) // 1000)
+            self.abilities = replace(type(self).abilities, priority=knob)
 
     # -- running a command ----------------------------------------------------------------------
     def _program(self, name: str) -> str:
@@ -135,8 +150,12 @@ class PbsAdapter:
         args = self.job_command()
         text = self._run(args)
         listed = [j for j in self._parse(args, text, parse_jobs) if not j.state.finished]
+        knob = self.abilities.priority
+        assert knob is not None
         try:
-            self.held = held_priorities(text, source=" ".join(args))
+            self.held = held_priorities(
+                text, source=" ".join(args), field=self.order_field, low=knob.low, high=knob.high
+            )
         except InputError:
             self.held = {}
         parents_with_subjobs = {_array_parent(j.id) for j in listed if "[" in j.id and "[]" not in j.id}
@@ -149,13 +168,26 @@ class PbsAdapter:
 
     # -- act -------------------------------------------------------------------------------------
     def set_priority(self, job_id: str, value: int) -> None:
-        """`qalter -p VALUE JOB`; the value comes from ubis_priority's PBS mapping."""
+        """`qalter -p VALUE JOB`, or `qalter -l vjob_order=VALUE JOB` with order = "resource"
+        (the agent must then be a PBS operator or manager: users cannot set the resource)."""
         check_job_id(job_id)
-        if isinstance(value, bool) or not isinstance(value, int) or not PRIORITY_MIN <= value <= PRIORITY_MAX:
-            raise InputError(
-                f"job {job_id}: priority = {value!r}: must be an integer in {PRIORITY_MIN}..{PRIORITY_MAX}"
-            )
-        self._run(["qalter", "-p", str(value), job_id], job=job_id)
+        knob = self.abilities.priority
+        assert knob is not None
+        if isinstance(value, bool) or not isinstance(value, int) or not knob.low <= value <= knob.high:
+            raise InputError(f"job {job_id}: priority = {value!r}: must be an integer in {knob.low}..{knob.high}")
+        if self.config.order == "resource":
+            self._run(["qalter", "-l", f"{self.config.order_resource}={value}", job_id], job=job_id)
+        else:
+            self._run(["qalter", "-p", str(value), job_id], job=job_id)
+
+    def knob_values(self) -> dict[str, int]:
+        """What vjob's knob holds on each listed job (as of the last `jobs()` read), for `vjob
+        drain` to put back NEUTRAL where vjob wrote something else."""
+        return dict(self.held)
+
+    def neutral_priority(self) -> int:
+        """The knob's value when vjob has written nothing (Priority 0; the resource's default 0)."""
+        return NEUTRAL
 
     def hold(self, job_id: str) -> None:
         self._run(["qhold", "-h", "u", check_job_id(job_id)], job=job_id)

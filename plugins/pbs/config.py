@@ -8,12 +8,14 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from vjob.config import Section
 
 QUEUE_OR_IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
 """The names the filter and the hook accept (their NAME)."""
+RESOURCE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,62}")
+"""A PBS custom resource name (qmgr's: a letter, then letters, digits, underscores)."""
 
 
 class PbsConfig(Section):
@@ -48,6 +50,30 @@ class PbsConfig(Section):
     vjob asking more per node, with the numbers (0: no such check; the OpenPBS hook takes
     `node_max_mib` from its JSON configuration). Below the guest's minimum plus
     `[provisioning] vm_overhead_mib` is refused either way (docs/realjobs.md, "Size")."""
+
+    order: Literal["priority", "resource"] = "priority"
+    """Where the agent writes vjob's queue order. priority: the job's Priority (`qalter -p`),
+    which the job's owner may change too (the agent sets it back at its next tick). resource
+    (OpenPBS / PBS Pro only): a custom resource users cannot set (`flag=r`), read by the
+    scheduler's job_sort_formula, written with `qalter -l NAME=N` by an operator or manager:
+    an order no user can override (docs/pbs.md, "An order users cannot override")."""
+    order_resource: str = "vjob_order"
+    """The custom resource (type long) the agent writes when order = "resource"."""
+
+    @field_validator("order_resource")
+    @classmethod
+    def _resource(cls, value: str) -> str:
+        if not RESOURCE_NAME.fullmatch(value):
+            raise ValueError(f"{value[:80]!r}: a resource name is a letter then up to 62 letters, digits or _")
+        return value
+
+    @model_validator(mode="after")
+    def _order_needs_openpbs(self) -> PbsConfig:
+        if self.order == "resource" and self.dialect != "openpbs":
+            raise ValueError(
+                'order = "resource" needs dialect = "openpbs" (Torque\'s schedulers have no job_sort_formula)'
+            )
+        return self
 
     @field_validator("vjob_queues")
     @classmethod

@@ -8,6 +8,10 @@ override could last the job's whole wait. The agent compares what the server hol
 it sent and sends its value again where they differ (agent.site_read.resync): a user's
 `qalter -p` lasts until the next tick. Values outside −1024..1023 or not integers are left
 out (the job then gets vjob's value again, as for one never sent).
+
+With `[pbs] order = "resource"` the order is a custom resource users cannot set
+(`Resource_List.vjob_order`): the same read, of that field, only puts back what another
+manager or operator changed.
 """
 
 from __future__ import annotations
@@ -17,12 +21,15 @@ import re
 from plugins.pbs import records
 from vjob.errors import InputError
 
-PRIORITY = re.compile(r"-?[0-9]{1,4}")
+NUMBER = re.compile(r"-?[0-9]{1,10}")
 LOW, HIGH = -1024, 1023
 
 
-def held_priorities(text: str, *, source: str) -> dict[str, int]:
-    """Job id → its Priority in a `qstat -f`, `qstat -x` or `qstat -f -F json` output."""
+def held_priorities(
+    text: str, *, source: str, field: str = "Priority", low: int = LOW, high: int = HIGH
+) -> dict[str, int]:
+    """Job id → its `field` (Priority, or `Resource_List.<name>`) in a `qstat -f`, `qstat -x`
+    or `qstat -f -F json` output, where it is an integer in low..high."""
     fmt = records.detect(text)
     if fmt == "pbs-text-jobs":
         recs = records.pbs_text_jobs(text, source=source)
@@ -36,7 +43,7 @@ def held_priorities(text: str, *, source: str) -> dict[str, int]:
         return {}
     out: dict[str, int] = {}
     for rec in recs:
-        value = str(rec.get("Priority", "")).strip()
-        if PRIORITY.fullmatch(value) and LOW <= int(value) <= HIGH:
+        value = str(rec.get(field, "")).strip()
+        if NUMBER.fullmatch(value) and low <= int(value) <= high:
             out[str(rec.get("Job_Id", ""))] = int(value)
     return out

@@ -20,12 +20,14 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from plugins.slurm import hostlist, parse_json, parse_text
+from plugins.slurm import hostlist, json_stream, parse_json, parse_text
 from plugins.slurm.commands import SlurmCommands, check_job_id
 from plugins.slurm.environment import ENVIRONMENT, wake_file
+from plugins.slurm.incremental import LISTING_ARGS, IncrementalJobs
+from plugins.slurm.proctrack import ProctrackReader
 from plugins.slurm.site_default import sync_partition_defaults
 from plugins.slurm.site_priority import SiteReader
 from plugins.slurm.vm_sizes import Publisher, sizes_file
@@ -46,6 +48,10 @@ DATA_PARSER_SINCE = (23, 2)
 DATA_PARSER_FOR = (((24, 11), "v0.0.42"), ((24, 5), "v0.0.41"), ((23, 11), "v0.0.40"), ((23, 2), "v0.0.39"))
 """The newest data_parser vjob reads that each Slurm release prints (each release keeps the two
 before its own, so 25.05 and 25.11 still print v0.0.42)."""
+FETCH_IDS = 2000
+"""Job ids per `squeue --jobs=` call (a few dozen KB of arguments)."""
+SCONTROL_IDS = 500
+"""Job ids per `update JobId=a,b,... SiteFactor=N` line."""
 _JOB_ID_LINE = re.compile(r"[0-9]{1,10}")
 _SPRIO_NUMBER = re.compile(r"-?[0-9]{1,20}(\.[0-9]{0,20})?([eE][-+]?[0-9]{1,3})?")
 """A factor as sprio prints it (ASCII only: float() also takes other scripts' digits)."""
@@ -65,8 +71,16 @@ class SlurmAdapter:
         node_os: Callable[[], dict[str, str]] | None = None,
         on_nodes: Callable[[list[Node]], None] | None = None,
         order_share: float = 1.0,
+        resync_every: int = 0,
     ) -> None:
         self.cmd = commands or SlurmCommands()
+        self.incremental = (
+            IncrementalJobs(self._list_jobs, self._fetch_jobs, self._read_all_jobs, resync_every=resync_every)
+            if resync_every > 1
+            else None
+        )
+        """Observation by change (plugins.slurm.incremental), `[slurm] resync_every` > 1; else
+        every job's JSON at every tick."""
         self.node_os = node_os
         self.on_nodes = on_nodes
         """Told the nodes at every read (plugins.slurm.vm_sizes.Publisher: job_submit.lua's sizes)."""
@@ -88,7 +102,10 @@ class SlurmAdapter:
             environment=ENVIRONMENT,
             wake_files=(wake_file(self.cmd.conf),),
             wait_field="AdminComment",
+            cpu_handover=True,  # cons_tres releases a suspended job's cores, not its memory
         )
+        self.proctrack = ProctrackReader(lambda: self.cmd.run("scontrol", ["show", "config"]))
+        """Whether a suspend spares pause-first's drainer (plugins.slurm.proctrack)."""
 
     # -- observe ---------------------------------------------------------------------------------
     def version(self) -> tuple[int, int]:
@@ -158,8 +175,43 @@ class SlurmAdapter:
         return kept
 
     def jobs(self) -> list[Job]:
-        """Pending, held, running and suspended jobs."""
+        """Pending, held, running and suspended jobs (by change when `resync_every` > 1)."""
+        if self.incremental is not None and self.uses_json:
+            return self.incremental.jobs()
         return [j for j in self.all_jobs() if not j.state.finished]
+
+    def _list_jobs(self) -> str:
+        return self.cmd.run("squeue", list(LISTING_ARGS))
+
+    def _read_all_jobs(self) -> list[Job]:
+        """Every job's JSON, read as a stream (plugins.slurm.json_stream): a site's listing
+        is too large to hold as text and as dicts at once."""
+        flag = self._json_flag()
+        return json_stream.jobs(json_stream.command_chunks(self.cmd, "squeue", [flag]), source=f"squeue {flag}")
+
+    def _fetch_jobs(self, ids: set[str]) -> list[Job]:
+        """The JSON of the jobs `ids`: `squeue --json=V --jobs=...` where squeue honours the
+        filter (23.02 and later: the data_parser releases), a few thousand ids a call; before,
+        squeue --json prints every job whatever it is asked (notes, 22.05), so the whole
+        listing is streamed and only these jobs are decoded into Jobs."""
+        flag = self._json_flag()
+        wanted = {int(j) for j in ids if j.isdigit()}
+        if not self.data_parser():
+            chunks = json_stream.command_chunks(self.cmd, "squeue", [flag])
+            return json_stream.jobs(chunks, source=f"squeue {flag}", keep=wanted.__contains__)
+        found: list[Job] = []
+        ordered = sorted(wanted)
+        for at in range(0, len(ordered), FETCH_IDS):
+            part = ordered[at : at + FETCH_IDS]
+            args = [flag, "-t", "all", f"--jobs={','.join(map(str, part))}"]
+            try:
+                chunks = json_stream.command_chunks(self.cmd, "squeue", args)
+                found += json_stream.jobs(chunks, source=f"squeue {flag} --jobs", keep=wanted.__contains__)
+            except CommandError as exc:
+                if len(part) > 1 or "Invalid job id" not in str(exc):
+                    raise
+                # squeue -j of one job that just ended says "Invalid job id": it is gone
+        return found
 
     def job(self, job_id: str) -> Job:
         """One job: `scontrol --json show job J` from 23.02, squeue --json (which in 20.11-22.05
@@ -236,6 +288,9 @@ class SlurmAdapter:
                 raise CommandError(["sprio"], f"line {number}: expected {len(names) + 1} fields, got {line!r}")
             row: dict[str, int] = {}
             for name, value in zip(names, parts[1:], strict=True):
+                if value.isascii() and value.isdigit() and len(value) <= 20:
+                    row[name] = int(value)  # the common case, without the checks below
+                    continue
                 # float() then int(): sprio prints factors as decimals. `inf` and `1e400` made
                 # int() raise OverflowError, which ended the caller (fuzzed): only finite
                 # ASCII numbers pass, and the error names the factor.
@@ -257,16 +312,69 @@ class SlurmAdapter:
             return None
         return self.site.read(self.priority_factors())
 
+    def knob_values(self) -> dict[str, int]:
+        """Each pending job's site factor as sprio shows it: what `vjob drain` sets back to 0."""
+        return {job: factors["site"] for job, factors in self.priority_factors().items()}
+
+    def neutral_priority(self) -> int:
+        """The site factor of a job vjob never wrote to (no site_factor plugin: 0)."""
+        return 0
+
     # -- act -------------------------------------------------------------------------------------
     def set_priority(self, job_id: str, value: int) -> None:
         """Set the job's site factor (vjob's share of its multifactor priority)."""
+        self._check_factor(job_id, value)
+        self._update(job_id, f"SiteFactor={value}")
+
+    def set_priorities(self, values: Mapping[str, int]) -> dict[str, str]:
+        """Set many site factors in one `scontrol` run; job id → error of those not set.
+
+        scontrol reads commands from its standard input when given none (its interactive
+        mode), and `update JobId=a,b,c` takes a list of jobs (man scontrol, 22.05): the jobs
+        sharing a value go on one line, every line to one process. That process exits non-zero
+        when any line failed without saying which, so then each line is sent alone, and a
+        failed line's jobs one by one, to name the jobs whose value did not reach Slurm."""
+        by_value: dict[int, list[str]] = {}
+        for job_id, value in values.items():
+            check_job_id(job_id)
+            self._check_factor(job_id, value)
+            by_value.setdefault(value, []).append(job_id)
+        lines = [
+            (ids[at : at + SCONTROL_IDS], value)
+            for value, ids in by_value.items()
+            for at in range(0, len(ids), SCONTROL_IDS)
+        ]
+        if not lines:
+            return {}
+        script = "".join(f"update JobId={','.join(ids)} SiteFactor={value}\n" for ids, value in lines)
+        try:
+            self.cmd.run("scontrol", [], stdin=script + "quit\n")
+            return {}
+        except CommandError:
+            pass  # which line failed is not said: each one again on its own
+        failed: dict[str, str] = {}
+        for ids, value in lines:
+            try:
+                self._update(",".join(ids), f"SiteFactor={value}")
+                continue
+            except CommandError as exc:
+                if len(ids) == 1:
+                    failed[ids[0]] = str(exc)
+                    continue
+            for job_id in ids:
+                try:
+                    self._update(job_id, f"SiteFactor={value}")
+                except CommandError as exc:
+                    failed[job_id] = str(exc)
+        return failed
+
+    def _check_factor(self, job_id: str, value: int) -> None:
         if isinstance(value, bool) or not isinstance(value, int):
             raise InputError(f"site factor for job {job_id}: {value!r} is not a whole number")
         if abs(value) > self.site_factor_max:
             raise InputError(
                 f"site factor for job {job_id}: {value} is outside ±{self.site_factor_max} (slurm.site_factor_max)"
             )
-        self._update(job_id, f"SiteFactor={value}")
 
     def hold(self, job_id: str) -> None:
         self._scontrol("hold", job_id)
@@ -285,6 +393,10 @@ class SlurmAdapter:
 
     def resume(self, job_id: str) -> None:
         self._scontrol("resume", job_id)
+
+    def suspend_spares_detached(self) -> tuple[bool, str]:
+        """From ProctrackType and SelectTypeParameters (plugins.slurm.proctrack)."""
+        return self.proctrack.spares_detached()
 
     def require_nodes(self, job_id: str, nodes: Sequence[str]) -> None:
         """Pin a held job to `nodes` before its release: its VMs' saved state is there, so the
@@ -319,7 +431,8 @@ class SlurmAdapter:
         self.cmd.run("scontrol", [verb, job_id], job=job_id)
 
     def _update(self, job_id: str, setting: str) -> None:
-        check_job_id(job_id)
+        for one in job_id.split(","):
+            check_job_id(one)
         self.cmd.run("scontrol", ["update", f"JobId={job_id}", setting], job=job_id)
 
 
@@ -347,4 +460,5 @@ def make_adapter(config: Config) -> SlurmAdapter:
         node_os=StoreNodeOS(config),
         on_nodes=sizes,
         order_share=config.slurm.order_share,
+        resync_every=config.slurm.resync_every,
     )

@@ -29,6 +29,10 @@ class SlurmConfig(Section):
     0..site_factor_max (the former rule: the site's factors then matter only between
     neighbours). Below 1 the tiers go in bands above the site's PriorityWeight* sum
     (docs/slurm.md, "vjob's order and the site's priority")."""
+    resync_every: int = Field(30, ge=0, le=100_000)
+    """Ticks between two reads of every job's JSON. In between, the agent lists the jobs in
+    numbers only (`squeue -o`) and reads the JSON of the new and changed ones
+    (docs/slurm-agent.md, "At a site's size"); 0 or 1: every job's JSON at every tick."""
     conf: str = ""
     """slurm.conf the commands use (passed as SLURM_CONF); empty means Slurm's own default."""
     image_list: str = ""

@@ -107,6 +107,24 @@ def nodes(doc: Mapping[str, Any], *, source: str) -> list[Node]:
     return list(seen.values())
 
 
+def job(item: Any, where: str) -> Job:
+    """One element of a "jobs" array (plugins.slurm.json_stream reads them one at a time)."""
+    return _job(item, where)
+
+
+def job_id(item: Any, where: str) -> int:
+    """The id of one element of a "jobs" array, checked as `job` checks it, nothing else read:
+    the streaming reader drops the jobs it was not asked for after this look."""
+    if not isinstance(item, Mapping):
+        raise InputError(f"{where}: expected an object")
+    found = _get(item, "job_id", int, where)
+    if found is None:
+        raise InputError(f"{where}: missing job_id")
+    if found <= 0:
+        raise InputError(f"{where}.job_id = {found}: expected a positive number")
+    return int(found)
+
+
 def _get(item: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str, default: Any = None) -> Any:
     value = item.get(key, default)
     if isinstance(value, Mapping) and "number" in value and kind is not Mapping:
@@ -137,14 +155,8 @@ def _time(item: Mapping[str, Any], key: str, where: str) -> float | None:
 
 
 def _job(item: Any, where: str) -> Job:
-    if not isinstance(item, Mapping):
-        raise InputError(f"{where}: expected an object")
-    job_id = _get(item, "job_id", int, where)
-    if job_id is None:
-        raise InputError(f"{where}: missing job_id")
-    if job_id <= 0:
-        raise InputError(f"{where}.job_id = {job_id}: expected a positive number")
-    where = f"{where} (job {job_id})"
+    number = job_id(item, where)
+    where = f"{where} (job {number})"
     words = _words(item, "job_state", where)
     state = job_state(words[0] if words else "", _get(item, "state_reason", str, where, ""), where=where)
     if state is JobState.PENDING and (
@@ -167,7 +179,7 @@ def _job(item: Any, where: str) -> Job:
     running = state in (JobState.RUNNING, JobState.SUSPENDED)
     finished = state.finished
     return Job(
-        id=str(job_id),
+        id=str(number),
         user=_get(item, "user_name", str, where, "") or str(_get(item, "user_id", int, where, "")),
         job_class=JobClass.BATCH if batch else JobClass.INTERACTIVE,
         rms="slurm",

@@ -18,6 +18,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vjob import __version__
@@ -45,10 +46,12 @@ COMMANDS: dict[str, Command] = {
     "completion": Command("vjob.cli.completion", "print a bash or zsh completion script"),
     "status": Command("agent.status_cmd", "vjobs, VMs and recent preemptions"),
     "agent": Command("agent.cli", "run the vjob agent next to an RMS (observe, decide, act)"),
-    "run": Command("pilot.cli", "the in-job pilot: run this job inside a VM that survives checkpoints", "vm"),
+    "drain": Command("agent.drain_cmd", "stop preempting, release checkpointed jobs, reset priorities (--undo)"),
+    "uninstall": Command("agent.uninstall_cmd", "remove what vjob deploy installed, the VMs and runtime files"),
+    "run": Command("pilot.run_args", "the in-job pilot: run this job inside a VM that survives checkpoints", "vm"),
     "prio": Command("agent.prio_cmd", "UBIS priorities of pending jobs, per term (like sprio)"),
-    "simulate": Command("simulator.cli", "replay a workload trace under a scheduling policy", "sim"),
-    "trace": Command("simulator.cli", "generate and inspect workload traces", "sim"),
+    "simulate": Command("simulator.cli_args", "replay a workload trace under a scheduling policy", "sim"),
+    "trace": Command("simulator.cli_args", "generate and inspect workload traces", "sim"),
     "tune": Command("simulator.tune.cli", "find the weights for a site's workload (multi-objective search)", "tune"),
     "image": Command("provisioning.cli", "OS image catalogue and distribution", "vm"),
     "vm": Command("provisioning.cli", "inspect and operate job VMs (debugging)", "vm"),
@@ -56,7 +59,7 @@ COMMANDS: dict[str, Command] = {
     "rms": Command("plugins.cli", "RMS adapter tools: parse a recorded RMS output"),
     "deploy": Command("plugins.cli", "list and install the files an operator deploys (units, hooks, examples)"),
     "node-service": Command("plugins.node_service_cmd", "the root-side service on each compute node, for job pilots"),
-    "besteffort": Command("saline_bew.cli", "Saline best-effort jobs on OAR"),
+    "besteffort": Command("saline_bew.cli_args", "Saline best-effort jobs on OAR"),
     "oar": Command("saline_bew.oar_cmd", "OAR integration: vjob's admission rule (install-rules, uninstall-rules)"),
 }
 
@@ -68,6 +71,8 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "matplotlib": ("sim", "matplotlib"),
     "optuna": ("tune", "optuna"),
     "argparse_manpage": ("dev", "argparse-manpage"),
+    "bcrypt": ("exporter", "bcrypt"),
+    "yaml": ("exporter", "PyYAML"),
 }
 """Top-level module of an optional dependency → (the extra that installs it, its PyPI name)."""
 
@@ -77,7 +82,14 @@ class MissingExtraError(UsageError):
 
     def __init__(self, what: str, module: str) -> None:
         extra, dist = EXTRAS.get(module, ("all", module))
-        super().__init__(f"{what} needs {dist}, which is not installed: pip install 'vjob[{extra}]'")
+        super().__init__(f"{what} needs {dist}, which is not installed: {_pip()} install 'vjob[{extra}]'")
+
+
+def _pip() -> str:
+    """The pip of this vjob's environment (/opt/vjob/bin/pip in the operator's guide), which
+    keeps the installed vjob and adds the extra's packages; `pip` when there is none beside."""
+    beside = Path(sys.executable).with_name("pip")
+    return str(beside) if beside.is_file() else "pip"
 
 
 def require_extra(what: str, *modules: str) -> None:

@@ -85,6 +85,19 @@ class AgentConfig(Section):
         except ValueError:
             raise ValueError(f"{value[:80]!r}: must be an IPv4 or IPv6 address, e.g. 127.0.0.1 or 0.0.0.0") from None
 
+    metrics_web_config: str = ""
+    """Prometheus' web configuration file for the exporter (exporter-toolkit's format, as given
+    to node_exporter's --web.config.file): tls_server_config (cert_file, key_file,
+    client_auth_type, client_ca_file) and basic_auth_users (bcrypt hashes); read and checked
+    when the agent starts; needs the `exporter` extra. Empty: plain HTTP, no authentication."""
+
+    @field_validator("metrics_web_config")
+    @classmethod
+    def _web_config(cls, value: str) -> str:
+        if value and not value.startswith("/"):
+            raise ValueError(f"{value[:80]!r}: must be an absolute path, e.g. /etc/vjob/web.yml")
+        return value
+
     command_timeout_s: float = Field(30.0, gt=0, le=600)
     """Timeout of one RMS command (squeue, qstat, oarstat...)."""
     checkpoint_timeout_s: float = Field(120.0, gt=0, le=3600)
@@ -98,6 +111,24 @@ class AgentConfig(Section):
     """The longest a switch waits for one save, whatever the VM's memory; at least
     checkpoint_timeout_s. While a switch waits, the agent's lease keeper feeds systemd's
     watchdog, so the unit's WatchdogSec need not exceed it."""
+    pause_first: Literal[True, False, "auto"] = "auto"
+    """Checkpoint a victim by pausing its VM first: its CPUs go to the interactive job at once
+    (Slurm: `scontrol suspend`, which keeps its memory allocated) while its memory drains to
+    disk, then it is requeue-held. "auto": on where that is safe, Slurm whose ProctrackType
+    (read from `scontrol show config`) is linuxproc or pgid and whose SelectTypeParameters
+    count memory; off under proctrack/cgroup (its freezer stops the process that saves the
+    VM), the reason logged once. true: on wherever the RMS can hand CPUs over this way
+    (Slurm); false: always save-first. PBS, OAR and multi-node vjobs (saved as one cut) are
+    always save-first. docs/preempt-pause.md."""
+
+    @field_validator("pause_first", mode="before")
+    @classmethod
+    def _pause_first(cls, value: object) -> object:
+        # Exactly true, false or "auto": pydantic's lax bool would take "yes", "off" or 1.
+        if value is True or value is False or value == "auto":
+            return value
+        raise ValueError('must be true, false or "auto" (a TOML boolean, or the string)')
+
     cleanup_after_s: float = Field(3600.0, ge=0)
     """A vjob the RMS no longer knows (cancelled, timed out) keeps its saved VM this long, then
     the agent deletes it (its memory state and disk overlay hold user data)."""
@@ -111,11 +142,6 @@ class AgentConfig(Section):
     pilot that is not root always runs per-node: the first node cannot reach another node's
     qemu:///session."""
     member_address: str = ""
-    pause_first: bool = False
-    """Checkpoint a victim by pausing its VM first: its CPUs go to the interactive job at once
-    (Slurm: `scontrol suspend`, which keeps its memory allocated) while its memory drains to
-    disk, then it is requeue-held. Needs an RMS that can suspend and a proctrack that does not
-    freeze the drainer (Slurm's linuxproc or pgid, not cgroup); docs/preempt-pause.md."""
     """The IP address a per-node job's leader pilot listens on and gives its member pilots: one of
     the first node's addresses the other nodes reach. Empty: the source address of this node's
     route toward the first member node (its name resolved; no packet sent), else the address of
@@ -190,6 +216,12 @@ class ProvisioningConfig(Section):
     hosts: dict[str, str] = Field(default_factory=dict)
     """ssh host per node for rsync/scp copies; a node not listed is reached by its name, and
     `""` means this machine (no ssh). `$VJOB_SSH_CONFIG` names an ssh config file (ssh -F)."""
+    user_vm_dir: str = ""
+    """Where the pilot of an ordinary user's job keeps its VMs (disks, memory states and its
+    session libvirt's files), `{user}` replaced by the user's name: a node-local directory (the
+    site makes its parent mode 1777), so that a resume on another node copies them there with
+    `copy_method` over ssh as the user (`hosts`) and checks them on arrival. Empty: the user's
+    $XDG_DATA_HOME/vjob or ~/.local/share/vjob, normally on the shared home (nothing copied)."""
     migrate_uris: dict[str, str] = Field(default_factory=dict)
     """QEMU migration URI per destination node (e.g. tcp://10.0.0.2:49152); default: libvirt's."""
     domain_type: Literal["auto", "qemu", "kvm"] = "auto"
@@ -216,9 +248,3 @@ class ProvisioningConfig(Section):
     (debian12 under TCG, 2 vCPUs, the job holding most of guest RAM): 246.8 MiB at 512 MiB,
     247.4 MiB at 1024 MiB, flat with the guest's size; rounded up to 256. KVM has no translation
     cache: a KVM site may lower it (docs/realjobs.md, "Size")."""
-    user_vm_dir: str = ""
-    """Where the pilot of an ordinary user's job keeps its VMs (disks, memory states and its
-    session libvirt's files), `{user}` replaced by the user's name: a node-local directory (the
-    site makes its parent mode 1777), so that a resume on another node copies them there with
-    `copy_method` over ssh as the user (`hosts`) and checks them on arrival. Empty: the user's
-    $XDG_DATA_HOME/vjob or ~/.local/share/vjob, normally on the shared home (nothing copied)."""

@@ -1,0 +1,227 @@
+"""Observing Slurm's jobs incrementally: a cheap numeric listing each tick, JSON only for what changed.
+
+Why: at a site's size the JSON of every job is 0.5-1 GB (3.7-9 KB a job); reading it every
+tick costs seconds of CPU and GiBs of memory for jobs that did not change. Each tick instead:
+
+1. `squeue -h -t all -o "%A|%T|%Q|%D|%C|%m|%l|%V|%S|%N"` lists every job in one line of
+   numbers and Slurm's own words: id, state, priority, node and CPU counts, memory, time
+   limit, submit and start times, allocated nodes (Slurm 22.05's squeue has no "last changed"
+   time of a job; `LastSchedEval` moves at every scheduling pass). No field of it is text a
+   user writes (no name, comment, path or account), and every line must match a strict
+   pattern: the job-name forgery of the text path (parse_text) has nothing to hide in.
+2. A job is new, changed (its line differs in what vjob reads) or gone; only the new and
+   changed ones are read as JSON (`squeue --json --jobs=...` where Slurm honours the filter,
+   23.02 and later; on 20.11-22.05 squeue --json ignores it, so the whole listing is read as a
+   stream and only those jobs are decoded into Jobs). The JSON stays the source of every field
+   a decision reads; the listing only says where to look.
+3. A full JSON read replaces the cache every `resync_every` ticks, and at once when the listing
+   is inconsistent (a line that does not match, an id twice, a state vjob does not know) or
+   when more than a quarter of the jobs changed (then one full read is the cheaper way).
+
+What the listing cannot see: a change to a job's comment, admin comment, account or deadline
+alone (user text, left out on purpose) is seen at the next resync. The priority's value is not
+compared (it moves at every tick with age and vjob's own site factor): only held or not.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from plugins.slurm.states import job_state
+from vjob import log
+from vjob.errors import InputError
+from vjob.model import Job, JobState
+
+LISTING_FORMAT = "%A|%T|%D|%C|%m|%l|%V|%S|%N|%Q"
+LISTING_ARGS = ("-h", "-t", "all", "-o", LISTING_FORMAT)
+"""squeue's arguments for the listing (every state: a suspended job is not in the default).
+The priority comes last: it moves at every tick for most pending jobs, and the rest of a line
+is compared as it is printed."""
+_LINE = re.compile(
+    r" *([0-9]{1,10}) *\|"  # %A job id (unique per array task)
+    r" *([A-Z_]{1,32}) *\|"  # %T state word
+    r" *([0-9]{1,10}) *\|"  # %D nodes
+    r" *([0-9]{1,10}) *\|"  # %C CPUs
+    r" *([0-9]{1,20}(?:\.[0-9]{1,6})?[A-Za-z]{0,2}) *\|"  # %m memory (2G, 500M, 0)
+    r" *([A-Za-z0-9:/_-]{1,32}) *\|"  # %l time limit (1-00:00:00, UNLIMITED)
+    r" *([A-Za-z0-9:/_-]{1,32}) *\|"  # %V submit time (ISO)
+    r" *([A-Za-z0-9:/_-]{1,32}) *\|"  # %S start time (ISO, N/A)
+    r" *([A-Za-z0-9\[\],._-]{0,65536}) *\|"  # %N allocated nodes (the admin's node names)
+    r" *([0-9]{1,20}) *"  # %Q priority
+)
+BIG_CHANGE = 0.25
+"""Past this share of the listed jobs new or changed, a full read is the cheaper way."""
+
+
+class Inconsistent(InputError):
+    """The listing cannot be trusted as a whole: resync."""
+
+
+def listing(
+    text: str, *, source: str = "squeue listing", known: dict[str, tuple[str, ...]] | None = None
+) -> dict[str, tuple[str, ...]]:
+    """Job id → what vjob compares of it, for every job that is not finished; Inconsistent
+    when a line does not match the pattern, an id comes twice or a state is unknown.
+
+    `known` (the last listing's result): a line that reads as it did then, its priority aside,
+    is not parsed again (it matched the pattern when first seen)."""
+    rows: dict[str, tuple[str, ...]] = {}
+    seen: set[str] = set()
+    states: dict[str, JobState] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        head, _, priority = line.rpartition("|")
+        job_id = head.partition("|")[0].strip()
+        if job_id in seen:
+            raise Inconsistent(f"{source}: job {job_id[:20]!r} listed twice")
+        seen.add(job_id)
+        held = "held" if priority.strip() == "0" else ""
+        before = known.get(job_id) if known is not None else None
+        if before is not None and before[-1] == head and before[-2] == held:
+            rows[job_id] = before
+            continue
+        found = _LINE.fullmatch(line)
+        if found is None:
+            raise Inconsistent(f"{source}: line {number} is not a listing line: {line[:80]!r}")
+        state_word = found.group(2)
+        state = states.get(state_word)
+        if state is None:
+            try:
+                state = states[state_word] = job_state(state_word, where=f"{source}: line {number}")
+            except InputError as exc:
+                raise Inconsistent(str(exc)) from None
+        if state.finished:
+            continue
+        running = state in (JobState.RUNNING, JobState.SUSPENDED)
+        nodes, cpus, memory, limit, submit, start, alloc = found.group(3, 4, 5, 6, 7, 8, 9)
+        compared = (state_word, nodes, cpus, memory, limit, submit, start if running else "", alloc if running else "")
+        rows[job_id] = (*compared, held, head)  # the line as printed last: compared by _changed only
+    return rows
+
+
+@dataclass
+class Look:
+    """What one observation did (for the bench and the logs)."""
+
+    full: bool = False
+    reason: str = ""
+    listed: int = 0
+    new: int = 0
+    changed: int = 0
+    gone: int = 0
+    fetched: int = 0
+    rejected: list[str] = field(default_factory=list)
+
+
+@dataclass
+class IncrementalJobs:
+    """The jobs Slurm lists, kept between ticks and refreshed from what changed.
+
+    `list_jobs()` runs the listing; `fetch(ids)` reads those jobs' JSON (any job it returns
+    that was not asked for is rejected); `read_all()` reads every job's JSON."""
+
+    list_jobs: Callable[[], str]
+    fetch: Callable[[set[str]], Iterable[Job]]
+    read_all: Callable[[], Iterable[Job]]
+    resync_every: int = 30
+    jobs_by_id: dict[str, Job] = field(default_factory=dict)
+    keys: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    listed: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """The last listing as read (`listing`'s `known`)."""
+    since_full: int = 0
+    synced: bool = False
+    last: Look = field(default_factory=Look)
+
+    def jobs(self) -> list[Job]:
+        """The unfinished jobs, in job id order; a full read when due or when the listing
+        cannot be trusted."""
+        look = Look()
+        try:
+            rows = listing(self.list_jobs(), known=self.listed)
+        except Inconsistent as exc:
+            log.get("slurm").warning("job listing inconsistent: full read", error=str(exc))
+            return self._full(look, "inconsistent listing", None)
+        self.listed = rows
+        look.listed = len(rows)
+        if not self.synced:
+            return self._full(look, "first read", rows)
+        if self.since_full + 1 >= self.resync_every:
+            return self._full(look, f"every {self.resync_every} ticks", rows)
+        wanted = {j for j, key in rows.items() if _changed(self.keys.get(j), key)}
+        look.new = sum(1 for j in wanted if j not in self.jobs_by_id)
+        look.changed = len(wanted) - look.new
+        if len(wanted) > max(100, BIG_CHANGE * len(rows)):
+            return self._full(look, f"{len(wanted)} of {len(rows)} jobs new or changed", rows)
+        gone = [j for j in self.jobs_by_id if j not in rows]
+        look.gone = len(gone)
+        for job_id in gone:
+            del self.jobs_by_id[job_id]
+            self.keys.pop(job_id, None)
+        if wanted:
+            found = self._checked(self.fetch(wanted), wanted, look)
+            for job_id in wanted:
+                job = found.get(job_id)
+                if job is None or job.state.finished:  # ended between the listing and the read
+                    self.jobs_by_id.pop(job_id, None)
+                    self.keys.pop(job_id, None)
+                else:
+                    self.jobs_by_id[job_id] = job
+                    self.keys[job_id] = rows[job_id]
+            look.fetched = len(found)
+        self.since_full += 1
+        self.last = look
+        return self._ordered()
+
+    def _full(self, look: Look, reason: str, rows: dict[str, tuple[str, ...]] | None) -> list[Job]:
+        """Every job's JSON: the cache replaced. Keys come from the listing read just before
+        (a job that changed in between differs at the next tick and is read again); a job the
+        JSON has and the listing had not gets no key, so it is read again next tick too."""
+        look.full, look.reason = True, reason
+        found: dict[str, Job] = {}
+        for job in self.read_all():
+            if job.id in found:
+                look.rejected.append(f"job {job.id}: twice in one listing")
+                continue
+            found[job.id] = job
+        self.jobs_by_id = {j: job for j, job in found.items() if not job.state.finished}
+        self.keys = {j: rows[j] for j in self.jobs_by_id if rows is not None and j in rows}
+        look.fetched = len(found)
+        self.since_full = 0
+        self.synced = rows is not None  # after an inconsistent listing, the next tick reads all again
+        self.last = look
+        if look.rejected:
+            log.get("slurm").warning("job records left out", records=look.rejected[:20], count=len(look.rejected))
+        return self._ordered()
+
+    def _checked(self, jobs: Iterable[Job], wanted: set[str], look: Look) -> dict[str, Job]:
+        """The fetched jobs that were asked for, once each; any other record is left out and
+        named (the JSON of a job that was not listed is not believed)."""
+        found: dict[str, Job] = {}
+        for job in jobs:
+            if job.id not in wanted or job.id in found:
+                look.rejected.append(f"job {job.id}: not (or not once) among the listed jobs asked for")
+                continue
+            found[job.id] = job
+        if look.rejected:
+            log.get("slurm").warning("job records left out", records=look.rejected[:20], count=len(look.rejected))
+        return found
+
+    def _ordered(self) -> list[Job]:
+        return [self.jobs_by_id[j] for j in sorted(self.jobs_by_id, key=_id_order)]
+
+
+def _changed(before: tuple[str, ...] | None, now: tuple[str, ...]) -> bool:
+    """Whether a job differs in what vjob reads: every compared field, the line as printed aside
+    (a pending job's expected start moves with every backfill pass)."""
+    return before is None or before[:-1] != now[:-1]
+
+
+def _id_order(job_id: str) -> tuple[int, str]:
+    head = job_id.split("_")[0].split("+")[0]
+    return (int(head) if head.isdigit() else 0, job_id)
+
+
+__all__ = ["LISTING_ARGS", "LISTING_FORMAT", "Inconsistent", "IncrementalJobs", "Look", "listing"]
