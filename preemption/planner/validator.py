@@ -73,6 +73,9 @@ class _Replay:
                 self.used_cpu[v.host] += v.cpu
                 self.used_mem[v.host] += v.mem
         self.suspend_pool: dict[str, set[int]] = defaultdict(set)
+        self.partial_cuts: dict[str, list[str]] = defaultdict(list)
+        """Per vjob, the pools that suspended some of its VMs and left others running; reported
+        at the end unless its suspends are split over pools (one problem, said that way)."""
         self.resume_pool: dict[str, set[int]] = defaultdict(set)
         self.whole = inst.whole
         self.vjob_vms = {j: [v.id for v in vs] for j, vs in inst.vjobs().items()}
@@ -154,7 +157,7 @@ class _Replay:
         for vjob in sorted(suspended):
             running = [v for v in self.vjob_vms.get(vjob, []) if self.state[v] is VJobState.RUNNING]
             if running:
-                self.problems.append(
+                self.partial_cuts[vjob].append(
                     f"pool {i}: vjob {vjob} is suspended with {', '.join(running)} left running: "
                     "a partial cut (a suspend takes all its VMs at once)"
                 )
@@ -200,6 +203,8 @@ def _check_end(inst: Instance, plan: Plan, replay: _Replay) -> None:
     for vjob, pools in replay.suspend_pool.items():
         if len(pools) > 1:
             problems.append(f"vjob {vjob}: its suspends are split over pools {sorted(pools)}")
+        else:
+            problems.extend(replay.partial_cuts.get(vjob, []))
     for vjob, pools in replay.resume_pool.items():
         if len(pools) > 1:
             problems.append(f"vjob {vjob}: its resumes are split over pools {sorted(pools)}")
