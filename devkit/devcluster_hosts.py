@@ -14,11 +14,15 @@ entered with `nsenter -t PID -m -u -n`) in which private mounts hide the other h
   VM and snapshot directories (<run dir>/vjob/vms, snapshots) and the node-local user
   directory <run dir>/local (where `[provisioning] user_vm_dir` puts users' VMs);
 - /etc/ssh/ssh_config: the site's, naming the hosts (`hosta`, `hostb`) and the key each user
-  was given (`enrol`), as a site's configuration management would.
+  was given (`enrol`), as a site's configuration management would;
+- /etc/hosts: the machine's plus each host's address named by the host and its nodes (a
+  site's name service: a leader pilot listens on its route toward its first member's node).
 
 Each host runs virtlogd, a system libvirtd (under tini, the reaper this machine lacks), an sshd
 on port 22 of its address, a `vjob node-service` on /run/vjob/node.sock serving its own nodes,
-and its slurmds (node1-4 on host A, node5-8 on host B, NodeAddr the host's address);
+and its slurmds (node1,3,5,7 on host A, node2,4,6,8 on host B, NodeAddr the host's address);
+its node service joins a multi-node job's bridge to the other host by VXLAN over the hosts' /24
+(`[node] tunnel_networks`; the veths' MTU 1600 leaves room for the tunnel's 50 bytes);
 slurmctld, slurmdbd and munged stay in the root namespace (slurmctld on 198.18.250.1 too).
 Shared between hosts: the wire, the controller's state, munge's socket, slurm.conf, the home
 directories (a site's NFS home), the site's installed files (this checkout, the image catalogue,
@@ -54,6 +58,8 @@ SOCKET = "/run/vjob/node.sock"
 """The node service's socket on every host (the same path: one site configuration)."""
 TMPFS_DIRS = ("/run/libvirt", "/run/user", "/run/vjob", "/var/cache/libvirt", "/var/log/libvirt")
 REPO = Path(__file__).resolve().parents[1]
+MTU = "1600"
+"""The hosts' links: a guest's full 1500-byte frame plus VXLAN's 50 bytes (no fragmentation)."""
 HOST_UUIDS = ("6a0b1c2d-0000-4000-8000-0000000000a1", "6a0b1c2d-0000-4000-8000-0000000000b2")
 
 
@@ -75,30 +81,31 @@ class Host:
 
 
 def plan(hosts: int, nodes: int) -> list[Host]:
-    """The hosts of a cluster of `nodes` nodes split into `hosts` equal runs (node1-4, node5-8)."""
+    """The hosts of a cluster of `nodes` nodes dealt round the hosts (host A node1,3,5,7, host B
+    node2,4,6,8). Why dealt, not split in runs: Slurm orders a job's nodes by name and rank 0's VM
+    is on the first, so only interleaved hosts let a job resumed on the next free nodes start on
+    the other host — the multi-node job of tests/test_two_hosts_slurm.py resumes with its hosts
+    swapped (VM 0 from host A to host B, VM 1 from B to A)."""
     if not 2 <= hosts <= len(HOST_NAMES):
         raise VjobError(f"--hosts {hosts}: must be 1 (this machine) or 2..{len(HOST_NAMES)}")
     if nodes % hosts:
         raise VjobError(f"--nodes {nodes} does not split evenly over {hosts} hosts")
-    per = nodes // hosts
     return [
-        Host(HOST_NAMES[i], f"{NET}.{11 + i}", tuple(f"node{n}" for n in range(i * per + 1, (i + 1) * per + 1)))
+        Host(HOST_NAMES[i], f"{NET}.{11 + i}", tuple(f"node{n}" for n in range(i + 1, nodes + 1, hosts)))
         for i in range(hosts)
     ]
 
 
 def node_lines(hosts: list[Host], *, host: str, cpus: int, memory_mb: int, first_port: int) -> str:
-    """slurm.conf's NodeName lines: one per host, each with that host's NodeAddr and ports."""
-    lines = []
-    for h in hosts:
-        first = int(h.nodes[0].removeprefix("node"))
-        last = int(h.nodes[-1].removeprefix("node"))
-        lines.append(
-            f"NodeName=node[{first}-{last}] NodeHostname={host} NodeAddr={h.address} "
-            f"Port=[{first_port + first - 1}-{first_port + last - 1}] CPUs={cpus} Boards=1 SocketsPerBoard=1 "
-            f"CoresPerSocket={cpus} ThreadsPerCore=1 RealMemory={memory_mb} State=UNKNOWN"
-        )
-    return "\n".join(lines)
+    """slurm.conf's NodeName lines: one per node (the hosts' nodes interleave), each with its
+    host's NodeAddr and its own slurmd port."""
+    by_number = sorted((int(n.removeprefix("node")), h) for h in hosts for n in h.nodes)
+    return "\n".join(
+        f"NodeName=node{n} NodeHostname={host} NodeAddr={h.address} "
+        f"Port={first_port + n - 1} CPUs={cpus} Boards=1 SocketsPerBoard=1 "
+        f"CoresPerSocket={cpus} ThreadsPerCore=1 RealMemory={memory_mb} State=UNKNOWN"
+        for n, h in by_number
+    )
 
 
 class Topology:
@@ -186,7 +193,8 @@ class Topology:
         run_checked(["ip", "netns", "add", h.netns])
         data["netns"].append(h.netns)
         self._write(data)
-        run_checked(["ip", "link", "add", h.veth, "type", "veth", "peer", "name", "eth0", "netns", h.netns])
+        veth = ["ip", "link", "add", h.veth, "mtu", MTU, "type", "veth"]
+        run_checked([*veth, "peer", "name", "eth0", "mtu", MTU, "netns", h.netns])
         run_checked(["ip", "link", "set", h.veth, "master", BRIDGE, "up"])
         inside = ["ip", "netns", "exec", h.netns]
         run_checked([*inside, "ip", "addr", "add", f"{h.address}/24", "dev", "eth0"])
@@ -243,9 +251,10 @@ class Topology:
             mine / "snapshots": self.root / "vjob" / "snapshots",
             mine / "local": self.local_dir,
             self.ssh_dir / "ssh_config": Path("/etc/ssh/ssh_config"),
+            self.base / "etc-hosts": Path("/etc/hosts"),
         }
         for src, dst in binds.items():
-            if src.suffix == "" and src.name != "ssh_config":
+            if src.suffix == "" and src.name not in ("ssh_config", "etc-hosts"):
                 src.mkdir(parents=True, exist_ok=True)
                 dst.mkdir(parents=True, exist_ok=True)
         (mine / "local").chmod(0o1777)  # users make their own directory there, as under /tmp
@@ -316,12 +325,16 @@ class Topology:
         return {"sshd": sshd.pid}
 
     def _node_service(self, h: Host) -> dict[str, int]:
-        """`vjob node-service` for the host's nodes on /run/vjob/node.sock (the host's own)."""
+        """`vjob node-service` for the host's nodes on /run/vjob/node.sock (the host's own), its
+        job networks joined across the hosts' /24 by VXLAN (provisioning.node_service.tunnel)."""
         mine = self.base / h.name
         base = (self.root / "etc" / "vjob.toml").read_text()
         names = ", ".join(f'"{n}"' for n in h.nodes)
         config = mine / "node-service.toml"
-        config.write_text(f'{base.rstrip()}\n\n[node]\nsocket = "{SOCKET}"\nnames = [{names}]\nrms = "slurm"\n')
+        config.write_text(
+            f'{base.rstrip()}\n\n[node]\nsocket = "{SOCKET}"\nnames = [{names}]\nrms = "slurm"\n'
+            f'tunnel_networks = ["{NET}.0/24"]\n'  # a job's bridge joined to its other host's (VXLAN)
+        )
         config.chmod(0o644)
         env = {**os.environ, "VJOB_CONFIG": str(config), "SLURM_CONF": str(self.root / "etc" / "slurm.conf")}
         env.pop("NOTIFY_SOCKET", None)
@@ -366,6 +379,11 @@ class Topology:
         )
         (self.ssh_dir / "ssh_config").write_text(site + Path("/etc/ssh/ssh_config").read_text())
         (self.ssh_dir / "ssh_config").chmod(0o644)
+        # the site's name service: each node's name is its host's address (a member pilot finds
+        # its leader's address by the route toward a node's name, pilot.members.leader)
+        names = "".join(f"{h.address} {h.name} {' '.join(h.nodes)}\n" for h in hosts)
+        (self.base / "etc-hosts").write_text(Path("/etc/hosts").read_text().rstrip("\n") + "\n" + names)
+        (self.base / "etc-hosts").chmod(0o644)
 
     # -- down ----------------------------------------------------------------------------------
     def down(self, progress: Callable[[str], None]) -> None:

@@ -9,6 +9,13 @@ The job then restarts and restores (never boots) its VMs: every step the script 
 kept in vm1's tmpfs, is still there. Soak: a whole multi-node run with two TCG guests is
 minutes, over CI's budget:
 `.venv/bin/pytest -m soak tests/test_multinode_sigterm_slurm.py -s`.
+
+Overlap (issue 38 item 4): CI runs the per-node case's path in tests/test_two_hosts_slurm.py — an
+ordinary user's per-node MPI ring cut by `scontrol requeuehold` alone (the same SIGTERM to both
+steps, KillWait 5 s, one cut checked: every VM paused before any save), restored, never booted,
+each rank's tmpfs intact — with its two VMs on two hosts and resumed with the hosts swapped. What
+stays only here: root's pilots (`--allow-run-as-root`, root's libvirt), the `leader` mode for the
+comparison, and `scontrol requeue` (not held: Slurm restarts the job at once on the same nodes).
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ echo "vm1 holds: $(ssh vm1 cat /tmp/steps | tr '\\n' ' ')"
 """
 
 
-@pytest.mark.parametrize("mode", ["per-node", "leader"])
+@pytest.mark.parametrize("mode", ["per-node", "leader"])  # per-node: in CI across hosts (the docstring's overlap)
 def test_sigterm_alone_checkpoints_a_multinode_job_within_killwait(
     wrapped_cluster: DevCluster,  # noqa: F811 - the fixture
     site: Path,  # noqa: F811 - the fixture

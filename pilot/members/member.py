@@ -13,6 +13,7 @@ left running for the next pilot to adopt.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from collections.abc import Callable
@@ -147,6 +148,7 @@ class Member:
             snap = h.save(
                 job_id=job_id if isinstance(job_id, int) else None, bypass_cache=msg.get("bypass_cache") is True
             )
+            self._forget_definition()
             return {
                 "memory_path": str(snap.memory_path),
                 "size_bytes": snap.size_bytes,
@@ -204,6 +206,15 @@ class Member:
             reading = DriverVM(d, self.vm, self.node, lambda: None).cpu()
             return {"cpu": list(reading) if reading is not None else None}
         raise VjobError(f"unknown request {op[:20]!r}")
+
+    def _forget_definition(self) -> None:
+        """After a save into a node-local directory (`user_vm_dir`, a user's member): forget the
+        domain in this node's session libvirt, as a one-VM pilot does (pilot.vm.DriverVM.save).
+        Why: the VM resumes on another host, whose pilot cannot reach this session daemon, so
+        the definition would stay here for good (found on two hosts, issue 38); a restore here
+        defines it again from the state file."""
+        if self.driver.config.user_vm_dir and os.geteuid() != 0:
+            DriverVM(self.driver, self.vm, self.node, lambda: None)._undefine()
 
     def _network_up(self) -> SiteNic | None:
         """This node's part of the job's network, before the VM is defined, boots or is restored:

@@ -2,7 +2,7 @@
 
 Why a cluster of its own (another run directory and port than tests/services/slurm.py's): the
 one-host cluster's tests stay as they are, and a two-host cluster is what a cross-host test
-needs whole — host A (node1-4) and host B (node5-8), each with its own libvirtd, node-local
+needs whole — host A (node1,3,5,7) and host B (node2,4,6,8), each with its own libvirtd, node-local
 directories, sshd and node service, nothing shared with the other but the wire, the
 controller's state and the site's shared files (devkit.devcluster_hosts). A cluster already up
 in that directory is used as it is and left running; otherwise it is brought up here without
