@@ -15,7 +15,7 @@ from typing import Any
 
 from preemption.remap.farm import load_subclusters
 from preemption.remap.memory import domain_max_mib
-from provisioning import guest, images
+from provisioning import guest, images, safe_dirs
 from vjob import log
 from vjob.allocation import GUEST_MIN_MEMORY_MIB
 from vjob.config import Config, ProvisioningConfig
@@ -89,12 +89,20 @@ def user_provisioning(prov: ProvisioningConfig, node: str = "") -> ProvisioningC
 
 
 def user_vm_base(prov: ProvisioningConfig) -> Path:
-    """This user's node-local directory under `user_vm_dir` (0700, made when missing)."""
+    """This user's node-local directory under `user_vm_dir` (0700, made when missing).
+
+    Why checked and not just made: its parent is shared by every user (mode 1777, like /tmp),
+    so another user could have made the name first, or a symlink there to a directory of
+    theirs, and would then read this user's VM memory and disks. It must be a real directory
+    of this user (UnsafePathError otherwise, naming the path), and it is made private if it
+    is not yet (a copy's `mkdir -p` may have made it with the default mode: it is ours, so
+    tightening it is safe, and nobody can enter it afterwards)."""
     import pwd
 
     name = pwd.getpwuid(os.geteuid()).pw_name
-    base = Path(prov.user_vm_dir.replace("{user}", name))
-    base.mkdir(mode=0o700, parents=False, exist_ok=True)
+    base = safe_dirs.ensure_dir(Path(prov.user_vm_dir.replace("{user}", name)), 0o700)
+    if os.lstat(base).st_mode & 0o077:
+        os.chmod(base, 0o700)
     return base
 
 

@@ -168,7 +168,7 @@ def manager_cmd(args: argparse.Namespace) -> int:
         read_timeout_s=cfg.socket_read_timeout_s,
     ):
         if cfg.metrics_port:
-            ports.metrics.serve(cfg.metrics_port, cfg.metrics_address)
+            ports.metrics.serve(cfg.metrics_port, cfg.metrics_address, cfg.metrics_web_config)
         Notifier().ready("listening on the Saline socket")
         manager.run(stop=lambda: bool(stopping))
     return 0

@@ -74,6 +74,15 @@ class SalineConfig(Section):
     def _address(cls, value: str) -> str:
         return AgentConfig._address(value)  # one rule for every exporter address
 
+    metrics_web_config: str = ""
+    """Prometheus' web configuration file for the manager's exporter (TLS, basic auth), the
+    same format and rules as `[agent] metrics_web_config`; empty: plain HTTP."""
+
+    @field_validator("metrics_web_config")
+    @classmethod
+    def _web_config(cls, value: str) -> str:
+        return AgentConfig._web_config(value)  # one rule for every exporter's web configuration
+
     poll_interval_s: float = Field(2.0, gt=0, le=600)
     """How often the manager looks at OAR and at each vjob's VMs."""
     requeue_after_s: float = Field(30.0, gt=0)

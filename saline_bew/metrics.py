@@ -56,9 +56,15 @@ class SalineMetrics:
         for phase, n in counts.items():
             self.vjobs.labels(phase=phase).set(n)
 
-    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
-        """Serve /metrics on `addr`:`port` (a daemon thread); OSError when the port is taken."""
-        start_http_server(port, addr=addr, registry=self.registry)
+    def serve(self, port: int, addr: str = "127.0.0.1", web_config: str = "") -> None:
+        """Serve /metrics on `addr`:`port` (a daemon thread); OSError when the port is taken,
+        ConfigError when `web_config` (TLS, basic auth: vjob.prometheus_web) does not hold."""
+        if not web_config:
+            start_http_server(port, addr=addr, registry=self.registry)
+            return
+        from vjob import prometheus_web  # heavy: yaml, bcrypt (the exporter extra)
+
+        prometheus_web.serve(self.registry, port, addr, prometheus_web.load_web_config(web_config))
 
     def names(self) -> set[str]:
         """Every series name this registry exports, for checking dashboards and alert rules."""

@@ -19,6 +19,8 @@ import pytest
 import requests
 
 from agent.metrics import AgentMetrics
+from saline_bew.config import SalineConfig
+from saline_bew.metrics import SalineMetrics
 from tests.services import free_port
 from vjob import prometheus_web
 from vjob.errors import ConfigError
@@ -196,3 +198,21 @@ def test_the_agent_command_exits_2_on_a_bad_file(tmp_path: Path) -> None:
         "(e.g. from `htpasswd -nBC 10 \"\" | tr -d ':\\n'`)"
     ]
     assert run.stdout == ""
+
+
+def test_the_saline_managers_exporter_reads_the_same_file(tmp_path: Path) -> None:
+    crt, _key = _cert(tmp_path, "server")
+    web = tmp_path / "web.yml"
+    web.write_text(
+        f"tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+        f"basic_auth_users:\n  prometheus: '{_hash('s3cret')}'\n"
+    )
+    metrics = SalineMetrics()
+    port = free_port()
+    metrics.serve(port, "127.0.0.1", str(web))
+    url = f"https://127.0.0.1:{port}/metrics"
+    ok = requests.get(url, auth=("prometheus", "s3cret"), verify=str(crt), timeout=30)
+    assert ok.status_code == 200 and "vjob_saline_last_pass_timestamp_seconds" in ok.text
+    assert requests.get(url, auth=("prometheus", "wrong"), verify=str(crt), timeout=30).status_code == 401
+    with pytest.raises(ValueError, match="must be an absolute path"):
+        SalineConfig(metrics_web_config="web.yml")

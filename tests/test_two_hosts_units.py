@@ -78,6 +78,8 @@ def as_user(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 def test_a_user_pilot_keeps_its_vms_on_the_nodes_own_disk_and_copies_them_as_the_user(as_user: Path) -> None:
     local = as_user / "local"
     local.mkdir(mode=0o1777)
+    (local / "alice").mkdir(mode=0o700)  # as alice's first pilot makes it (the test runs as root)
+    os.chown(local / "alice", 4242, 4242)
     site = ProvisioningConfig(
         user_vm_dir=f"{local}/{{user}}",
         copy_method="rsync",
