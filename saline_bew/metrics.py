@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
 
+from vjob import prometheus_web
 from vjob.prometheus import describe_process, series_names
 
 _SECONDS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
@@ -62,8 +63,6 @@ class SalineMetrics:
         if not web_config:
             start_http_server(port, addr=addr, registry=self.registry)
             return
-        from vjob import prometheus_web  # heavy: yaml, bcrypt (the exporter extra)
-
         prometheus_web.serve(self.registry, port, addr, prometheus_web.load_web_config(web_config))
 
     def names(self) -> set[str]:
