@@ -225,7 +225,9 @@ def test_a_vjob_checkpointed_for_its_deadline_is_released_only_where_it_makes_it
         {
             "data_dir": str(tmp_path / "data"),
             "slurm": {"conf": str(cluster.conf)},
-            "agent": {"checkpoint_timeout_s": 60},
+            # save-first, what the stand-in pilots below answer (the dev cluster's proctrack would
+            # make "auto" pause-first: tests/test_realjob_slurm.py runs that with a real pilot)
+            "agent": {"checkpoint_timeout_s": 60, "pause_first": False},
             "deadline": {
                 "admission": "static",
                 "static_x": 0.0,
