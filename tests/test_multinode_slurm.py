@@ -35,13 +35,25 @@ time, and the VMs' CPU seconds that the node service wrote into AdminComment.
 On the dev cluster every node is this one machine: every node's session libvirt is the user's one
 session libvirtd, and every node's node service is the one the fixture starts.
 
-Root variants (soak, each a whole second run, over CI's budget): the leader mode with 2 and 3
-nodes (the first node's pilot drives every VM through root's libvirt, the bridge made by that
-libvirt) and root's per-node pilots; they run `mpirun --allow-run-as-root`, staged, no site.
+The second CI case is root's leader-mode pilot (the first node's pilot drives every VM through
+root's libvirt, the bridge made by that libvirt; `mpirun --allow-run-as-root`, staged, no site)
+cut by Slurm's SIGTERM alone: after round 3, `scontrol requeuehold` and nothing else, as when
+Slurm requeues or preempts (GraceTime) a job the agent did not ask about. Slurm sends SIGTERM to
+the batch step and SIGKILL KillWait (5 s here) later; the pilot must pause both VMs, save both
+(one cut) and exit on its own before that. Then the same move as above: held, the nodes it ran
+on excluded, released, every VM restored on the other nodes. Its figures time the cut from the
+requeuehold. (The per-node SIGTERM-only cut of a user's job runs in CI across two hosts,
+tests/test_two_hosts_slurm.py; the agent's request to a leader-mode pilot in
+tests/test_agent_e2e_slurm.py, counter guests.)
+
+Soak (`-m soak`), variants of the CI cases: root's per-node pilots cut by SIGTERM alone (the
+members ignore their step's SIGTERM and save at their leader's word), and root's leader mode with
+3 nodes cut by the agent's request (3 VMs in the ring and the cut).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -53,18 +65,18 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 from devkit.devcluster import DevCluster
 from plugins.slurm import hostlist
-from plugins.slurm.accounting import usage_of
 from provisioning import network
 from provisioning.driver import Driver
 from provisioning.node_service import net_rules, network_ops, nfs_ops
 from tests import bench_scripts
-from tests.services import site_network as sn
+from tests import multinode_site_checks as checks
 from tests.services import user_pilot, wait_for
 from tests.services.user_site import UserSite, user_site
 from tests.test_realjob_slurm import REPO, USER, _user, wrapped_cluster  # noqa: F401 - the fixture
@@ -102,45 +114,19 @@ echo "rounds $(wc -l < "/scratch/$(id -un)/rounds.txt")" > result.txt
 working directory on the /home stand-in, reads the ring's length from input.txt there, fetches
 the licence token by name before the ring and after it (the checkpoint falls in between), and
 copies each ring round rank 0 prints into /scratch."""
-LICENCE_PY = f"""import fcntl, os, socket, struct, sys
-when, node_port = sys.argv[1], int(sys.argv[2])
-ip = socket.gethostbyname("{sn.LICENCE_NAME}")
-with socket.create_connection((ip, {sn.LICENCE_PORT}), timeout=20) as s:
-    print("licence", when, ip, s.recv(200).decode().strip(), flush=True)
-for name in sorted(os.listdir("/sys/class/net")):
-    if name != "lo":
-        req = struct.pack("256s", name.encode())
-        addr = fcntl.ioctl(socket.socket(socket.AF_INET, socket.SOCK_DGRAM), 0x8915, req)[20:24]
-        mac = open(f"/sys/class/net/{{name}}/address").read().strip()
-        print("nic", when, mac, socket.inet_ntoa(addr), flush=True)
-gw = ""
-for line in open("/proc/net/route").read().splitlines()[1:]:
-    f = line.split()
-    if f[1] == "00000000":
-        gw = socket.inet_ntoa(struct.pack("<L", int(f[2], 16)))
-print("route", when, gw)
-print("dns", when, " ".join(l.split()[1] for l in open("/etc/resolv.conf") if l.startswith("nameserver")))
-for host in (gw, "{sn.HOST_IP}"):
-    try:
-        socket.create_connection((host, node_port), timeout=10).close()
-        print("node", when, host, "connected", flush=True)
-    except OSError as exc:
-        print("node", when, host, type(exc).__name__, flush=True)
-"""
-"""What the first VM sees of the site, run before the ring and after it: the licence token
-fetched by name (the site's name server resolves it, the token comes back with the address the
-server saw: the node's, through the job's NAT); its NIC, default route and name servers (the
-same after the restore); and the node's own listener (argv[2]) refused on the job's gateway
-address and on the node's site address."""
 
 
 @dataclass(frozen=True)
 class Case:
-    """Who submits, the pilots' mode, the node count, the job's size options."""
+    """Who submits, the pilots' mode, the node count, and what cuts the job: "request" (the
+    agent's: a checkpoint request, SAVED, then `scontrol requeuehold`) or "sigterm" (Slurm's
+    alone: `scontrol requeuehold` with no request, as a requeue or a preemption with GraceTime
+    that the agent did not ask for: SIGTERM to every step, SIGKILL KillWait later)."""
 
     user: bool
     mode: str
     nodes: int
+    cut: str = "request"
 
     def script(self) -> str:
         if self.user:
@@ -153,18 +139,29 @@ mpirun --allow-run-as-root --hostfile "$VJOB_NODEFILE" -np {self.nodes} python3 
 """
 
 
-@pytest.fixture
-def site() -> Iterator[Path]:
-    """A vjob site: debian12 in its catalogue (cached build), its pilot directory (1777: the
-    user's pilot writes there), its configuration readable by everyone."""
+@pytest.fixture(scope="module")
+def site_files() -> Iterator[Path]:
+    """A vjob site's store with debian12 in its catalogue (from the build cache: a 400 MB copy,
+    made once for the module's cases)."""
     site = Path(tempfile.mkdtemp(prefix="vjob-mnslurm-", dir="/var/tmp"))
     site.chmod(0o755)
     try:
         user_pilot.prepare(site)
-        user_pilot.write_config(site)
         yield site
     finally:
         shutil.rmtree(site, ignore_errors=True)
+
+
+@pytest.fixture
+def site(site_files: Path) -> Path:
+    """The site for one case: an empty pilot directory (1777: the user's pilot writes there) and
+    a fresh configuration readable by everyone (each case adds its own lines)."""
+    pilots = site_files / "pilots"
+    shutil.rmtree(pilots)
+    pilots.mkdir(mode=0o1777)
+    pilots.chmod(0o1777)  # the umask took the sticky and world bits
+    user_pilot.write_config(site_files)
+    return site_files
 
 
 def _as_user_python(code: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -215,6 +212,25 @@ def _forget_vms(site: Path, job: str, case: Case) -> None:
         MPI.forget_job(driver, job, ["node1"], case.nodes)
 
 
+@contextlib.contextmanager
+def _job_removed(cluster: DevCluster, site: Path, job: str, case: Case) -> Iterator[None]:
+    """The job cancelled and its VMs and network forgotten at the end, whatever happened; when
+    the run failed, a failure of the clean-up is printed, not raised: it must not hide the first
+    (a driver error says `from None` and pytest would show the clean-up's error alone)."""
+    failed = True
+    try:
+        yield
+        failed = False
+    finally:
+        subprocess.run(["scancel", job], env={**os.environ, **cluster.env}, timeout=30, check=False)
+        try:
+            _forget_vms(site, job, case)
+        except Exception as exc:  # printed when the run failed, raised otherwise
+            if not failed:
+                raise
+            print(f"clean-up of job {job} after the failure failed too: {exc}")
+
+
 def _job(cluster: DevCluster, job: str) -> dict[str, str]:
     """`scontrol show job`'s fields (the few this test reads hold no spaces)."""
     text = subprocess.run(
@@ -258,13 +274,24 @@ def submit(cluster: DevCluster, site: Path, case: Case, work: Path, files: dict[
     return res.stdout.strip().split(";")[0]
 
 
-def _requeue_elsewhere(cluster: DevCluster, job: str, exclude: list[str]) -> None:
-    """What the agent does with a checkpointed job (plugins.slurm.adapter: requeuehold, then
-    release and StartTime=now), with the nodes it ran on excluded while it is held, so Slurm
-    starts it on others and its VMs' states must be moved there."""
-    held_at = time.monotonic()
+def _hold(cluster: DevCluster, job: str, out: Path, case: Case) -> tuple[str, float]:
+    """`scontrol requeuehold` and the job held in the queue: the first run's output (the RMS
+    truncates it when the job starts again) and the wall-clock time of the command. Cut by
+    SIGTERM alone, the pilot must have saved every VM and exited on its own, before the SIGKILL
+    KillWait (5 s) later: its `SIGTERM: exiting` line says so (a pilot SIGKILLed mid-cut never
+    writes it)."""
+    sent = time.time()
     _scontrol(cluster, "requeuehold", job)
-    wait_for(lambda: _job(cluster, job).get("JobState") == "PENDING", 120, "the job held in the queue")
+    exited = (lambda: b"SIGTERM: exiting" in out.read_bytes()) if case.cut == "sigterm" else (lambda: True)
+    wait_for(lambda: _job(cluster, job).get("JobState") == "PENDING" and exited(), 120, "the job held in the queue")
+    return out.read_text(errors="replace"), sent
+
+
+def _release_elsewhere(cluster: DevCluster, job: str, exclude: list[str]) -> None:
+    """What the agent does with a held checkpointed job (plugins.slurm.adapter: release and
+    StartTime=now), with the nodes it ran on excluded while it is held, so Slurm starts it on
+    others and its VMs' states must be moved there."""
+    held_at = time.monotonic()
     _scontrol(cluster, "update", f"JobId={job}", f"ExcNodeList={','.join(exclude)}")
     _scontrol(cluster, "release", job)
     time.sleep(max(0.0, held_at + 3 - time.monotonic()))  # the adapter's start_now: not in the requeue's second
@@ -273,11 +300,11 @@ def _requeue_elsewhere(cluster: DevCluster, job: str, exclude: list[str]) -> Non
 
 def _run_and_move(
     cluster: DevCluster, site: Path, case: Case, job: str, out: Path
-) -> tuple[str, str, list[str], float]:
-    """Wait for round 3, checkpoint as the agent does, requeue onto other nodes, wait for the end:
-    the first run's output, the whole output, the first run's nodes, and the seconds from the
-    submission to the script's first line in the guest (the user's `in DIR as USER`, root's ring's
-    `boot rank 0`)."""
+) -> tuple[str, str, list[str], float, float]:
+    """Wait for round 3, cut as the case says, requeue onto other nodes, wait for the end: the
+    first run's output, the whole output, the first run's nodes, the seconds from the submission
+    to the script's first line in the guest (the user's `in DIR as USER`, root's ring's `boot
+    rank 0`), and the wall-clock time of the requeuehold."""
     submitted = time.monotonic()
     wait_for(lambda: _printed(out, rb"^(in /|boot rank 0 )", cluster, job), 900, "the job's first line", interval=0.5)
     first_line_s = round(time.monotonic() - submitted, 1)
@@ -287,17 +314,18 @@ def _run_and_move(
         f"the ring's round {CHECKPOINT_AT}",
         interval=1.0,
     )
-    # What the agent does (agent.act): ask the pilot for a checkpoint, wait for its answer, requeue.
     pdir = PilotDir(site / "pilots", "slurm", job)
-    pdir.request_checkpoint("mn-test", "test")
-    wait_for(lambda: (st := pdir.read_state()) is not None and st.state is PilotState.SAVED, 300, "the cut")
+    if case.cut == "request":  # what the agent does (agent.act): ask, wait for the answer, requeue
+        pdir.request_checkpoint("mn-test", "test")
+        wait_for(lambda: (st := pdir.read_state()) is not None and st.state is PilotState.SAVED, 300, "the cut")
+    first_run, sent = _hold(cluster, job, out, case)  # "sigterm": Slurm's signal is the only word
     saved = pdir.read_state()
-    assert saved is not None and len(saved.member_nodes) == case.nodes, saved
+    assert saved is not None and saved.state is PilotState.SAVED, (saved, first_run[-4000:])
+    assert len(saved.member_nodes) == case.nodes, saved
     first_nodes = list(saved.member_nodes)
-    first_run = out.read_text(errors="replace")  # the RMS truncates the output at the requeue
-    _requeue_elsewhere(cluster, job, first_nodes)
+    _release_elsewhere(cluster, job, first_nodes)
     wait_for(lambda: _job(cluster, job).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED"), 900, "the job's end")
-    return first_run, out.read_text(errors="replace"), first_nodes, first_line_s
+    return first_run, out.read_text(errors="replace"), first_nodes, first_line_s, sent
 
 
 def _check_sizes(first_run: str, case: Case) -> list[tuple[str, ...]]:
@@ -318,8 +346,8 @@ def _check_sizes(first_run: str, case: Case) -> list[tuple[str, ...]]:
     "case",
     [
         pytest.param(Case(True, "per-node", 2), id="user-per-node-2"),
-        pytest.param(Case(False, "leader", 2), marks=pytest.mark.soak, id="root-leader-2"),
-        pytest.param(Case(False, "per-node", 2), marks=pytest.mark.soak, id="root-per-node-2"),
+        pytest.param(Case(False, "leader", 2, "sigterm"), id="root-leader-2-sigterm"),
+        pytest.param(Case(False, "per-node", 2, "sigterm"), marks=pytest.mark.soak, id="root-per-node-2-sigterm"),
         pytest.param(Case(False, "leader", 3), marks=pytest.mark.soak, id="root-leader-3"),
     ],
 )
@@ -335,7 +363,7 @@ def test_an_mpi_ring_is_checkpointed_mid_run_and_finishes_on_other_nodes(
         users = request.getfixturevalue("job_site")
         with (site / "vjob.toml").open("a") as fh:
             fh.write(f'[node]\nsocket = "{users.socket}"\n[guest]\n{users.guest}\n')
-        files |= {"size.sh": SIZE_SH, "licence.py": LICENCE_PY, "input.txt": f"{ROUNDS}\n"}
+        files |= {"size.sh": SIZE_SH, "licence.py": checks.LICENCE_PY, "input.txt": f"{ROUNDS}\n"}
         files["node_port.txt"] = f"{users.net.node_port}\n"  # the node's own listener
     else:
         request.getfixturevalue("libvirt_system")  # root's libvirt: the leader's bridge and VMs
@@ -345,25 +373,21 @@ def test_an_mpi_ring_is_checkpointed_mid_run_and_finishes_on_other_nodes(
     try:
         job = submit(wrapped_cluster, site, case, work, files)
         out = work / f"slurm-{job}.out"
-        try:
-            first_run, text, first_nodes, first_line_s = _run_and_move(wrapped_cluster, site, case, job, out)
+        with _job_removed(wrapped_cluster, site, job, case):
+            first_run, text, first_nodes, first_line_s, sent = _run_and_move(wrapped_cluster, site, case, job, out)
             fields = _job(wrapped_cluster, job)
             assert fields.get("JobState") == "COMPLETED", text[-4000:]
-        finally:
-            subprocess.run(["scancel", job], env={**os.environ, **wrapped_cluster.env}, timeout=30, check=False)
-            _forget_vms(site, job, case)
         if users:
             _check_sizes(first_run, case)
-            _check_taps(job, case, first_run, text)
-            _check_site(users, job, work, first_run, text)
+            checks.check_taps(job, case.nodes, first_run, text)
+            checks.check_site(users, job, work, first_run, text, ROUNDS)
         _check_ring(case, job, first_run, text, first_nodes, list(hostlist.expand(fields.get("NodeList", ""))))
-        accounted = _sacct_row(wrapped_cluster, job) if users else []
+        accounted = checks.sacct_row(wrapped_cluster, job) if users else []
     finally:
-        if case.user:
-            shutil.rmtree(work, ignore_errors=True)
-    _figure(case, first_run, text, t0, first_line_s, "|".join(accounted))
+        shutil.rmtree(work, ignore_errors=True)  # root's too: the module's cases share the site
+    _figure(case, first_run, text, (t0, sent), first_line_s, "|".join(accounted))
     if users:
-        _check_sacct(accounted, text, [*first_nodes, *hostlist.expand(fields.get("NodeList", ""))])
+        checks.check_sacct(accounted, text, [*first_nodes, *hostlist.expand(fields.get("NodeList", ""))])
 
 
 @pytest.fixture
@@ -374,88 +398,6 @@ def job_site(wrapped_cluster: DevCluster) -> Iterator[UserSite]:  # noqa: F811 -
         yield users
 
 
-def _check_site(users: UserSite, job: str, work: Path, first_run: str, text: str) -> None:
-    """The job used the site: it ran in place in its directory on /home (nothing staged: the
-    pilot says so), read its input there, reached the licence server by name through the NAT
-    before and after the checkpoint, and wrote every round to /scratch once, in order, as the
-    user."""
-    user = _user()
-    assert f"in /home/{USER}/{work.name} as {USER}" in text, text[-4000:]
-    assert '"working directory used in place on the site\'s filesystem"' in first_run, first_run[-4000:]
-    lines = text.splitlines()
-    for when in ("before", "after"):
-        fetched = [line for line in lines if line.startswith(f"licence {when} ")]
-        assert len(fetched) == 1, text[-4000:]
-        assert fetched[0].startswith(f"licence {when} {sn.SITE_IP} {sn.TOKEN} {sn.HOST_IP} "), fetched
-    assert [line for line in first_run.splitlines() if line.startswith("licence ")] == [
-        next(line for line in lines if line.startswith("licence before "))
-    ], first_run[-4000:]
-    _check_first_vm_network(job, text)
-    rounds = users.scratch(USER) / "rounds.txt"
-    assert rounds.read_text().splitlines() == [f"round {r} counter {2 * r}" for r in range(1, ROUNDS + 1)]
-    assert (work / "result.txt").read_text() == f"rounds {ROUNDS}\n"
-    for f in (rounds, work / "result.txt", work / f"slurm-{job}.out"):
-        assert (f.stat().st_uid, f.stat().st_gid) == (user.pw_uid, user.pw_gid), f
-
-
-def _check_first_vm_network(job: str, text: str) -> None:
-    """Before and after the restore, the first VM has the same NIC (the job's MAC and vmID 1 of
-    its /24), its default route via the job's gateway and the site's name server; the node's own
-    listener refuses it on the gateway address and on the node's site address."""
-    sub = network.pilot_subnet_id("slurm", job)
-    me, gw = network.ip_address(sub, 1), network.gateway_address(sub)
-    mac = network.pilot_addresses("slurm", job, ["vm0"])[0].mac
-    lines = text.splitlines()
-    for when in ("before", "after"):
-        assert f"nic {when} {mac} {me}" in lines, text[-4000:]
-        assert f"route {when} {gw}" in lines and f"dns {when} {sn.SITE_IP}" in lines, text[-4000:]
-        for host in (gw, sn.HOST_IP):
-            assert f"node {when} {host} ConnectionRefusedError" in lines, text[-4000:]
-
-
-def _sacct_row(cluster: DevCluster, job: str) -> list[str]:
-    """slurmdbd's record of the job, `sacct -j JOB -o JobID,State,ExitCode,TotalCPU,AdminComment -P`
-    as an operator types it: the job's own line once it is COMPLETED with the VMs' usage in it,
-    or whatever it holds after 60 s (slurmctld sends the record at the job's end)."""
-    env = {"PATH": "/usr/bin:/bin", **cluster.env}
-    argv = ["sacct", "-j", job, "-n", "-P", "-o", "JobID,State,ExitCode,TotalCPU,AdminComment"]
-    end = time.monotonic() + 60
-    while True:
-        out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30, check=True).stdout
-        mine = [line.split("|", 4) for line in out.splitlines() if line.split("|", 1)[0] == job]
-        row = mine[-1] if mine else []
-        if (row and row[1] == "COMPLETED" and "vjob-usage@" in row[4]) or time.monotonic() > end:
-            return row
-        time.sleep(1)
-
-
-def _check_sacct(row: list[str], text: str, nodes: list[str]) -> None:
-    """COMPLETED, exit 0:0, the job's CPU time, and the VMs' CPU seconds that the node service
-    wrote into its AdminComment (plugins.slurm.accounting: `vjob-usage@NODE:cpu_s=…`): one run
-    on each node of each run — the first run's, written while Slurm winds the requeue up, too —
-    and each node's VM only (the dev cluster's nodes share one machine: a node counting its
-    neighbour's VM would show the same figures twice)."""
-    assert len(row) == 5 and row[1] == "COMPLETED", f"sacct: {row}"
-    _id, _state, exit_code, total_cpu, comment = row
-    assert exit_code == "0:0" and re.fullmatch(r"(\d+-)?(\d+:)?\d+:\d+(\.\d+)?", total_cpu), row
-    usage = usage_of(comment)
-    said = [line for line in text.splitlines() if "usage" in line]  # the pilots' word on it
-    assert set(usage) == set(nodes), f"usage of nodes {sorted(usage)}, the runs' nodes {nodes}: {row} {said}"
-    assert all(u.runs == 1 and u.cpu_s > 0 for u in usage.values()), f"{row} {said}"
-    figures = [(u.cpu_s, u.peak_mib) for u in usage.values()]
-    assert len(set(figures)) == len(figures), f"two nodes with the same figures (one VM counted twice?): {row}"
-
-
-def _check_taps(job: str, case: Case, first_run: str, text: str) -> None:
-    """Each run's VMs were on the node service's taps: each pilot asked its own node's for its
-    own VM's (vmID = rank + 1), once per run at least."""
-    net = net_rules.job_net("slurm", job)
-    want = {net.tap(rank + 1) for rank in range(case.nodes)}
-    for run in (first_run, text):
-        ups = [json.loads(line) for line in run.splitlines() if '"site network up"' in line]
-        assert {tap for u in ups for tap in u["taps"]} == want and all(len(u["taps"]) == 1 for u in ups), ups
-
-
 def _check_ring(case: Case, job: str, first_run: str, text: str, first_nodes: list[str], second: list[str]) -> None:
     nodes = case.nodes
     # The cut was mid-run: the first run printed round 3 at least and never the end.
@@ -463,13 +405,12 @@ def _check_ring(case: Case, job: str, first_run: str, text: str, first_nodes: li
     assert len(first_rounds) >= CHECKPOINT_AT and not re.search(r"^final ", first_run, re.M), first_run[-4000:]
     # ...and one cut: every VM paused before any save.
     cuts = [json.loads(line) for line in first_run.splitlines() if '"coordinated checkpoint"' in line]
-    assert cuts and all(c["consistent"] for c in cuts), cuts
-    assert len(cuts[0]["paused_at"]) == nodes, cuts[0]
+    assert len(cuts) == 1 and cuts[0]["consistent"] and len(cuts[0]["paused_at"]) == nodes, cuts
     assert max(cuts[0]["paused_at"].values()) <= min(cuts[0]["save_started_at"].values()), cuts[0]
     # Resumed on other nodes: every VM restored there from its node's state.
     assert len(second) == nodes and not set(second) & set(first_nodes), (first_nodes, second)
     restoring = f"restoring VM vjob-slurm-{job}-0 remotely (saved on {first_nodes[0]}) on {second[0]}"
-    assert restoring in text, text[-4000:]
+    assert restoring in text and "booting VM" not in text.split("SIGTERM: exiting")[-1], text[-4000:]
     # The ring's value is an uninterrupted run's, every round printed once.
     outcome = MPI.ring_outcome(text, ROUNDS, nodes)
     assert outcome["ok"] and outcome["final"] == nodes * ROUNDS, (outcome, text[-4000:])
@@ -488,9 +429,22 @@ def _check_ring(case: Case, job: str, first_run: str, text: str, first_nodes: li
         assert set_up == [[], []], set_up
 
 
-def _figure(case: Case, first_run: str, text: str, t0: float, first_line_s: float, accounted: str) -> None:
+def _figure(
+    case: Case, first_run: str, text: str, times: tuple[float, float], first_line_s: float, accounted: str
+) -> None:
+    """The run's figures; `times`: the test's start (monotonic) and the requeuehold (wall clock,
+    as the pilot logs: a cut by SIGTERM alone is timed from it)."""
     cuts = [json.loads(line) for line in first_run.splitlines() if '"coordinated checkpoint"' in line]
     restored = [json.loads(line) for line in text.splitlines() if '"multi-node job restored"' in line]
+    t0, sent = times
+    sigterm: dict[str, float] = {}
+    if case.cut == "sigterm":
+        all_saved = datetime.fromisoformat(cuts[0]["timestamp"].replace("Z", "+00:00")).timestamp()  # logged once saved
+        sigterm = {
+            "killwait_s": 5,
+            "sigterm_to_first_pause_s": round(min(cuts[0]["paused_at"].values()) - sent, 3),
+            "sigterm_to_all_saved_s": round(all_saved - sent, 3),
+        }
     print(
         json.dumps(
             {
@@ -498,9 +452,11 @@ def _figure(case: Case, first_run: str, text: str, t0: float, first_line_s: floa
                 "user": case.user,
                 "mode": case.mode,
                 "vms": case.nodes,
+                "cut": case.cut,
                 "sizes": [list(s[2:4]) for s in SIZE_RE.findall(first_run)],
                 "submit_to_first_line_s": first_line_s,
                 "pause_to_saved_s": cuts[0]["pause_to_saved_s"],
+                **sigterm,
                 "restore_to_running_s": restored[0]["restore_to_running_s"] if restored else None,
                 "test_s": round(time.monotonic() - t0, 1),
                 "sacct": accounted,

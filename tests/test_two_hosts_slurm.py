@@ -27,8 +27,8 @@ pilots' copy-and-check per VM, the restore, and a plain rsync of host A's files 
 link as the same user.
 
 This one job replaces the single-VM job saved on host A and resumed on host B that this file held
-(its checks folded in) and covers the per-node soak case of tests/test_multinode_sigterm_slurm.py
-(the SIGTERM-only cut of a user's per-node job) across hosts. Whether a second job's VMs see
+(its checks folded in) and is CI's SIGTERM-only cut of a user's per-node job, across hosts
+(root's per-node variant of it is the soak case of tests/test_multinode_slurm.py). Whether a second job's VMs see
 this one's frames is tests/test_job_tunnel_netns.py's (the same node service's net.up on
 namespace hosts).
 """
