@@ -1,14 +1,16 @@
 """Saline end to end: a real OAR kills a best-effort vjob running a real QEMU counter guest.
 
 Site a is OAR's resources on host localhost with the system libvirtd, site b those on host
-127.0.0.1 with the second libvirtd (tests/services/oar.py explains the one-OAR layout). Site b
-is another host (tests/services/second_host.py): its libvirtd's VM and snapshot directories,
-and site b's repository, are on a tmpfs only that host sees, reached over ssh as a real node
-is; the two hosts share the network stack and the rest of the filesystem (the OS image, the
-guest's kernel). A normal job that needs all of site a makes OAR kill the vjob; site a is then
-full, so the manager must resume it at site b from the latest snapshot in site a's repository,
-which goes over ssh to site b's node and is checked there. The guest prints COUNTER n once a
-second: the first value after the resume tells how much work was lost.
+127.0.0.1, whose node is the second host (tests/services/oar.py explains the one-OAR
+layout). That host is another machine as far as the network goes (tests/services/wire_host.py):
+a network namespace of its own behind a veth, with its own libvirtd (reached by qemu+ssh://),
+sshd and QEMUs; its VM and snapshot directories, and site b's repository, are on a tmpfs only
+it sees. The snapshot, the libvirt connection and a migration's memory cross the veth (the
+kernel's byte count is checked); the hosts share only the rest of the filesystem (the OS image,
+the guest's kernel). A normal job that needs all of site a makes OAR kill the vjob; site a is
+then full, so the manager must resume it at site b from the latest snapshot in site a's
+repository, which goes over ssh to site b's node and is checked there. The guest prints
+COUNTER n once a second: the first value after the resume tells how much work was lost.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import pytest
 from devkit import guest_probe, saline_bench
 from devkit.guest_probe import wait_for_counter
 from plugins.oar.client import OarCommands, SubmitRequest
+from plugins.oar.parse import FINAL_STATES
 from provisioning import guest, network
 from provisioning.driver import Driver
 from provisioning.images import Catalogue
@@ -36,7 +39,7 @@ from saline_bew.repository import Repository
 from saline_bew.sites import Site
 from saline_bew.vms import SalineVMs
 from tests.saline_env import InteractiveJob, until
-from tests.services.second_host import SecondHost, second_host  # noqa: F401 - fixture
+from tests.services.second_host import SecondHost, second_host_over_wire  # noqa: F401 - fixture
 from vjob.config import ProvisioningConfig, parse
 from vjob.store.db import Store
 
@@ -81,7 +84,7 @@ class Env:
                     # keeps a VM's paths when it moves, so nothing in its XML names the other host)
                     "snapshot_dir": str(self.far / "snap"),
                     "vm_dir": str(self.far / "vms"),
-                    "migrate_uris": {node: "tcp://127.0.0.1" for node in self.nodes},
+                    "migrate_uris": self.host_b.migrate_uris("localhost", HOST_B),  # over the veth
                     "operation_timeout_s": 120,
                 },
                 "saline": {
@@ -109,18 +112,19 @@ class Env:
 def env(
     oar_cluster,
     libvirt_system: str,
-    second_host: SecondHost,  # noqa: F811 - the fixture imported above
+    second_host_over_wire: SecondHost,  # noqa: F811 - the fixture imported above
     tiny_guest: guest.GuestFiles,
 ) -> Iterator[Env]:
     work = Path(tempfile.mkdtemp(prefix="vjob-saline-", dir="/var/tmp"))
     work.chmod(0o755)  # QEMU (libvirt-qemu) must reach overlays and images
-    made = Env(work, oar_cluster, {"localhost": libvirt_system, HOST_B: second_host.uri}, second_host)
+    host_b = second_host_over_wire
+    made = Env(work, oar_cluster, {"localhost": libvirt_system, HOST_B: host_b.uri}, host_b)
     try:
         yield made
     finally:
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(made.far, ignore_errors=True)  # site a's files, at the same path on this host
-        second_host.run("rm", "-rf", "--", str(made.far))
+        host_b.run("rm", "-rf", "--", str(made.far))
 
 
 def _console(env: Env, manager: Manager, job: journal.SalineJob, node: str) -> Path:
@@ -160,7 +164,21 @@ def _fill_site_a(env: Env) -> str:
 
 def _batch_blocker(env: Env) -> Callable[[], None]:
     blocker = _fill_site_a(env)
-    return lambda: OarCommands().delete(blocker, user=env.oar.user)
+
+    def end() -> None:
+        """Deleted, and gone: OAR ends a deleted job a while later, and a vjob submitted at
+        site a meanwhile (the next test's) would find it full and be moved to site b."""
+        client = OarCommands()
+        client.delete(blocker, user=env.oar.user)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            seen = client.job(blocker)
+            if seen is None or seen.state in FINAL_STATES:
+                return
+            time.sleep(1)
+        raise AssertionError(f"OAR did not end the blocker job {blocker} within 120 s of its deletion")
+
+    return end
 
 
 def _run_kill_resume(
@@ -176,18 +194,19 @@ def _run_kill_resume(
     manager process: everything it needs must come from the journal.
     """
     job = manager.submit(user=env.oar.user, image="empty", command=COUNTER, site="a")
-    job = until(manager, job.key, lambda j: j.phase == "running", 120, "deployed at site a")
-    assert job.hosts == ("localhost",)
-    log_a = manager.ports.vms.console_log(job.vm_names[0], "localhost")
-    wait_for_counter(log_a, 3, 120)  # booted and counting (TCG boots take several seconds)
-    counting_at = time.time()
-    if manager.ports.cfg.snapshot_period_s < 600:  # wait for a snapshot of a counting guest, then 2 more ticks
-        until(manager, job.key, lambda j: (j.snapshot_at or 0) > counting_at, 60, "a snapshot while counting")
-        wait_for_counter(log_a, (guest_probe.last_counter(log_a) or 0) + 2, 30)
-    end_blocker = fill(env)
-    manager.ports.vms.driver.close()
-    manager = env.manager(**_saline_settings(manager))  # the manager restarts: state comes from the store
-    try:
+    blockers: list[Callable[[], None]] = []  # how to end the normal job, once submitted
+    try:  # whatever fails, the vjob and the blocker are ended (no guest left running at a)
+        job = until(manager, job.key, lambda j: j.phase == "running", 120, "deployed at site a")
+        assert job.hosts == ("localhost",)
+        log_a = manager.ports.vms.console_log(job.vm_names[0], "localhost")
+        wait_for_counter(log_a, 3, 120)  # booted and counting (TCG boots take several seconds)
+        counting_at = time.time()
+        if manager.ports.cfg.snapshot_period_s < 600:  # wait for a snapshot of a counting guest, then 2 more ticks
+            until(manager, job.key, lambda j: (j.snapshot_at or 0) > counting_at, 60, "a snapshot while counting")
+            wait_for_counter(log_a, (guest_probe.last_counter(log_a) or 0) + 2, 30)
+        blockers.append(fill(env))
+        manager.ports.vms.driver.close()
+        manager = env.manager(**_saline_settings(manager))  # the manager restarts: state comes from the store
         resumed = until(manager, job.key, lambda j: j.phase == "running" and j.site == "b", 180, "resumed at b")
         assert resumed.hosts == (HOST_B,)
         if measure is not None:  # before the next pass: a snapshot at b would replace site a's
@@ -205,7 +224,8 @@ def _run_kill_resume(
         return before, after, resumed
     finally:
         try:
-            end_blocker()
+            for end_blocker in blockers:
+                end_blocker()
         finally:  # the vjob's OAR job goes too, whatever ending the blocker raised
             manager.cancel(job.key)
             manager.step()
@@ -249,8 +269,10 @@ def test_killed_vjob_resumes_at_the_other_site_from_its_last_snapshot(env: Env) 
         assert resumed.detail["bytes"] == sum(f.stat().st_size for f in files) == snap.detail["bytes"]
         overlay = manager.ports.vms.driver.overlay_path(job.vm_names[0], HOST_B)  # a's path too
         assert env.host_b.exists(overlay) and not overlay.exists(), "b's disk is on b only"
+        sent = env.host_b.wire_bytes()[0] - sent_before  # the kernel's count on this end of the veth
+        assert sent >= resumed.detail["bytes"], f"{sent} bytes over the veth for a {resumed.detail['bytes']}-byte move"
         plain_s = saline_bench.plain_rsync(files, env.host_b.ssh_host, env.far / "plain", env.host_b.ssh_config)
-        figures.update(saline_bench.move_figures(snap.detail, resumed.detail, plain_s))
+        figures.update(saline_bench.move_figures(snap.detail, resumed.detail, plain_s), wire_bytes_to_b=sent)
         # the next periodic snapshot is made on b (staged, hashed there) into b's repository,
         # also on b (copied there), and replaces site a's
         at_b = until(manager, job.key, lambda j: j.snapshot_site == "b", 60, "a snapshot at b")
@@ -259,6 +281,7 @@ def test_killed_vjob_resumes_at_the_other_site_from_its_last_snapshot(env: Env) 
         assert manager.ports.sites["a"].repository.labels(job.key) == []
 
     manager = env.manager(snapshot_period_s=PERIOD_S, checkpoint_delay_s=0)
+    sent_before = env.host_b.wire_bytes()[0]  # nothing of the vjob is on b yet
     before, after, job = _run_kill_resume(env, manager, measure=measure)
     events = journal.events(manager.ports.store, job.key)
     kinds = [e.kind for e in events]

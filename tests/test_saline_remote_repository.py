@@ -1,7 +1,8 @@
 """A Saline repository on another host (`host:path`, rsync over ssh), issue 21 item 5.
 
-The other host is the second host of tests/services/second_host.py: its own tmpfs at a path
-the first host sees empty, reached by ssh with the run's own key. The VMs run on libvirt's
+The other host is tests/services/wire_host.py's: a network namespace of its own (every byte
+to it crosses a veth: the first test counts them), its own tmpfs at a path the first host sees
+empty, reached by ssh with the run's own key. The VMs run on libvirt's
 test driver (a save there writes a real state file); no guest is booted. The last test puts
 a node on that host instead (issue 38 item 5: a resume there fetches the snapshot over ssh
 and checks it where it arrived); the real guest crossing hosts is test_saline_e2e's kill.
@@ -30,7 +31,7 @@ from saline_bew.sites import Site
 from saline_bew.vms import SalineVMs, snapshot_files
 from tests.saline_env import make_image
 from tests.services import free_port
-from tests.services.second_host import SecondHost, second_host  # noqa: F401 - fixture
+from tests.services.second_host import SecondHost, second_host_over_wire  # noqa: F401 - fixture
 from vjob.config import parse
 from vjob.model import VMState
 from vjob.store.db import Store
@@ -65,10 +66,16 @@ def test_host_path_and_local_paths_are_told_apart() -> None:
 
 
 @pytest.fixture
+def host_b(second_host_over_wire: SecondHost) -> SecondHost:  # noqa: F811 - the fixture imported above
+    """The other host: its own network namespace, reached over a veth (tests/services/wire_host.py)."""
+    return second_host_over_wire
+
+
+@pytest.fixture
 def manager(
     tmp_path: Path,
     test_nodes: dict[str, str],
-    second_host: SecondHost,  # noqa: F811
+    host_b: SecondHost,
     monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[Manager]:
     # One ssh connection for all the round trips, as docs/saline.md advises operators: the
@@ -76,14 +83,14 @@ def manager(
     control = Path(tempfile.mkdtemp(prefix="h21c", dir="/tmp"))
     config = tmp_path / "ssh_config"
     config.write_text(
-        f"ControlMaster auto\nControlPath {control}/%C\nControlPersist 10\n" + second_host.ssh_config.read_text()
+        f"ControlMaster auto\nControlPath {control}/%C\nControlPersist 10\n" + host_b.ssh_config.read_text()
     )
     monkeypatch.setenv(transfer.SSH_CONFIG_ENV, str(config))
     store = Store(f"sqlite:///{tmp_path / 'vjob.sqlite'}")
     store.upgrade()
     make_image(store, tmp_path)
     dead_api = f"http://127.0.0.1:{free_port()}/oarapi"
-    remote = f"{second_host.ssh_host}:{second_host.root / 'repo' / tmp_path.name}"
+    remote = f"{host_b.ssh_host}:{host_b.root / 'repo' / tmp_path.name}"
     cfg = parse(
         {
             "data_dir": str(tmp_path),
@@ -133,27 +140,31 @@ def _running(manager: Manager) -> journal.SalineJob:
 
 def test_snapshots_go_to_the_other_host_are_checked_there_and_come_back(
     manager: Manager,
-    second_host: SecondHost,  # noqa: F811
+    host_b: SecondHost,
 ) -> None:
     repo = manager.ports.sites["a"].repository
     job = _running(manager)
+    sent_before = host_b.wire_bytes()[0]
     assert snapshots.snapshot(manager.ports, job, reason="periodic")
+    sent = host_b.wire_bytes()[0] - sent_before
     job = journal.get(manager.ports.store, job.key)
+    snap = next(e for e in journal.events(manager.ports.store, job.key) if e.kind == "snapshot")
+    assert sent >= int(snap.detail["bytes"]) > 0, f"{sent} bytes over the veth for {snap.detail['bytes']}"
     where = repo.label_dir(job.key, job.snapshot_label or "")
     for name in snapshot_files(job.vm_names[0], job.snapshot_label or ""):
-        assert second_host.exists(where / name), f"{name} is not on the repository's host"
-        assert second_host.run("stat", "-c", "%a", str(where / name)).strip() == "600"
+        assert host_b.exists(where / name), f"{name} is not on the repository's host"
+        assert host_b.run("stat", "-c", "%a", str(where / name)).strip() == "600"
     assert not where.exists(), "the files went to the other host, not to this one's same path"
     assert repo.labels(job.key) == [job.snapshot_label]
     assert not any(manager.ports.vms.stage_dir("n1").iterdir()), "the node keeps no copy once it is in the repository"
 
     # the bytes that arrived are what is checked: a state altered on the repository's host is refused
     state = where / snapshot_files(job.vm_names[0], job.snapshot_label or "")[0]
-    good = second_host.read_bytes(state)
-    second_host.run(f"printf x | dd of={state} bs=1 seek=100 conv=notrunc status=none")  # one remote shell line
+    good = host_b.read_bytes(state)
+    host_b.run(f"printf x | dd of={state} bs=1 seek=100 conv=notrunc status=none")  # one remote shell line
     with pytest.raises(RepositoryError, match="differs from the node's copy"):
         repo.verify(job.key, job.snapshot_label or "", {state.name: (len(good), _sha(good))})
-    second_host.run(f"printf '\\{good[100]:03o}' | dd of={state} bs=1 seek=100 conv=notrunc status=none")
+    host_b.run(f"printf '\\{good[100]:03o}' | dd of={state} bs=1 seek=100 conv=notrunc status=none")
     repo.verify(job.key, job.snapshot_label or "", {state.name: (len(good), _sha(good))})
 
     # the vjob resumes from the remote snapshot (fetched by rsync, checked against its manifest)
@@ -167,7 +178,7 @@ def test_snapshots_go_to_the_other_host_are_checked_there_and_come_back(
     assert snapshots.snapshot(manager.ports, journal.get(manager.ports.store, job.key), reason="periodic")
     assert first not in repo.labels(job.key) and len(repo.labels(job.key)) == 1
     repo.remove_job(job.key)
-    assert repo.labels(job.key) == [] and not second_host.exists(repo.root / job.key)
+    assert repo.labels(job.key) == [] and not host_b.exists(repo.root / job.key)
 
 
 def test_an_unusable_remote_repository_is_not_reported_safe(manager: Manager) -> None:
@@ -208,7 +219,7 @@ printf "\\\\$(printf %o $(((${b:-0} + 1) % 256)))" | dd of="$1" bs=1 seek=100 co
 def cross(
     tmp_path: Path,
     test_nodes: dict[str, str],
-    second_host: SecondHost,  # noqa: F811
+    host_b: SecondHost,
 ) -> Iterator[Manager]:
     """Site a's node n1 on this host, site b's node n2 on the second host (its snapshot dir
     on the tmpfs only that host sees); one repository, on this host."""
@@ -216,13 +227,13 @@ def cross(
     store.upgrade()
     make_image(store, tmp_path)
     dead_api = f"http://127.0.0.1:{free_port()}/oarapi"
-    base = second_host.root / tmp_path.name
+    base = host_b.root / tmp_path.name
     cfg = parse(
         {
             "data_dir": str(tmp_path),
             "provisioning": {
                 "nodes": test_nodes,
-                "hosts": {"n1": "", "n2": second_host.ssh_host},
+                "hosts": {"n1": "", "n2": host_b.ssh_host},
                 "copy_method": "rsync",
                 "snapshot_dir": str(base / "snap" / "{node}"),
                 "vm_dir": str(base / "vms" / "{node}"),
@@ -234,12 +245,12 @@ def cross(
     with Driver(cfg.provisioning, data_dir=tmp_path, store=store) as driver:
         yield Manager(cfg, store, sites, SalineVMs(driver, store))
     store.close()
-    second_host.run("rm", "-rf", "--", str(base))
+    host_b.run("rm", "-rf", "--", str(base))
 
 
 def test_a_snapshot_altered_on_the_way_to_the_other_host_is_refused_and_kept(
     cross: Manager,
-    second_host: SecondHost,  # noqa: F811
+    host_b: SecondHost,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -268,9 +279,9 @@ def test_a_snapshot_altered_on_the_way_to_the_other_host_is_refused_and_kept(
     with pytest.raises(SnapshotError, match=rf"{vm}@{label}.overlay.qcow2 is corrupt"):
         deployment.deploy(ports, job, _running_job(job, "n2"))
     calls = (tmp_path / "rsync.calls").read_text()
-    assert f"{second_host.ssh_host}:" in calls and ".overlay.qcow2" in calls, calls  # it went over the wire
+    assert f"{host_b.ssh_host}:" in calls and ".overlay.qcow2" in calls, calls  # it went over the wire
     stage = ports.vms.stage_dir("n2")
-    assert second_host.run("ls", "-A", "--", str(stage)).split() == [], "the refused copies stay on the host"
+    assert host_b.run("ls", "-A", "--", str(stage)).split() == [], "the refused copies stay on the host"
     assert ports.vms.driver.state(vm, "n2") is None  # nothing started there
     assert journal.events(ports.store, job.key)[-1].kind == "snapshot"  # no resume journalled
     ports.sites["a"].repository.verify(job.key, label, {n: (s, d) for n, (s, d) in files.items()})

@@ -8,6 +8,11 @@ directories have the same path as the first host's but other contents, invisible
 first. An sshd started in the same namespace (127.0.0.1, a free port, a key made for the run)
 is how the driver reaches it, exactly as it reaches a real node: rsync over ssh, sha256sum
 over ssh. Everything started here is stopped by pid, and the tmpfs unmounted, at the end.
+
+That host shares this machine's network stack: what is sent to it goes over loopback.
+`second_host_over_wire` (below; tests/services/wire_host.py) is a host with a network
+namespace, libvirtd and QEMUs of its own, reached over a veth only: Saline's relocation tests
+use it. Both give a `SecondHost`.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from tests.services import wire_host
 from tests.services.libvirt import SECOND_NODE_DIR
 from vjob import proc
 from vjob.config import ProvisioningConfig
@@ -41,6 +47,25 @@ class SecondHost:
     ssh_config: Path
     root: Path
     """Same path on both hosts; on the second one a tmpfs the first never sees."""
+    address: str = "127.0.0.1"
+    """The second host's address (its sshd's, its migrations')."""
+    first_address: str = "127.0.0.1"
+    """This machine's address as the second host reaches it."""
+    veth: str = ""
+    """This machine's end of the link to the host ("" when they share the network stack)."""
+
+    def wire_bytes(self) -> tuple[int, int]:
+        """Bytes (sent to the host, received from it) over the veth since it was made: what
+        crossed the wire, counted by the kernel."""
+        if not self.veth:
+            raise AssertionError("this second host shares the network stack: no wire to count")
+        stats = Path("/sys/class/net") / self.veth / "statistics"
+        return int((stats / "tx_bytes").read_text()), int((stats / "rx_bytes").read_text())
+
+    def migrate_uris(self, first: str, second: str) -> dict[str, str]:
+        """`provisioning.migrate_uris` for nodes `first` (this machine) and `second` (the host):
+        where each destination's QEMU takes a migration's memory stream."""
+        return {first: f"tcp://{self.first_address}", second: f"tcp://{self.address}"}
 
     def run(self, *argv: str, timeout_s: float = 60.0) -> str:
         """A command on the second host (as the driver runs them: ssh with our config)."""
@@ -155,4 +180,36 @@ def second_host(libvirt_second_node: str) -> Iterator[SecondHost]:
         sshd.wait(timeout=10)
         log.close()
         subprocess.run(_ns(pid, "umount", "-l", str(root)), check=False, timeout=30)
+        subprocess.run(["rm", "-rf", "--", str(root), str(work)], check=False, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def second_host_over_wire() -> Iterator[SecondHost]:
+    """A second host with a network stack of its own (tests/services/wire_host.py): its
+    libvirtd, sshd and QEMUs in their own network namespace, reached over a veth only.
+
+    Module-scoped: `VJOB_SSH_CONFIG` names this host's ssh config only while a module using it
+    runs, so the session's `second_host` (also reached by that variable) is unaffected."""
+    work = Path(tempfile.mkdtemp(prefix="vjob-hostw-", dir="/var/tmp"))
+    work.chmod(0o755)  # the host's libvirt directories are in it; QEMU traverses them
+    root = Path(tempfile.mkdtemp(prefix="vjob-hostw-files-", dir="/var/tmp"))
+    root.chmod(0o755)  # QEMU (libvirt-qemu) traverses it on both hosts
+    previous = os.environ.get("VJOB_SSH_CONFIG")
+    try:
+        with wire_host.brought_up(work, root) as host:
+            os.environ["VJOB_SSH_CONFIG"] = str(host.ssh_config)
+            yield SecondHost(
+                host.uri,
+                wire_host.SSH_HOST,
+                host.ssh_config,
+                root,
+                wire_host.HOST.address,
+                wire_host.PEER_ADDRESS,
+                wire_host.HOST.veth,
+            )
+    finally:
+        if previous is None:
+            os.environ.pop("VJOB_SSH_CONFIG", None)
+        else:
+            os.environ["VJOB_SSH_CONFIG"] = previous
         subprocess.run(["rm", "-rf", "--", str(root), str(work)], check=False, timeout=60)
