@@ -129,7 +129,7 @@ class JobVMs:
             self.site.up()
         for node in self._local_nodes():  # one bridge per node (libvirt), in node order
             if self.site is None or node != self.site.node:
-                network.ensure_bridge(self.driver.connection(node), self.subnet_id)
+                network.ensure_bridge(self.driver.connection(node), self.subnet_id, host=self.driver.host(node))
 
     def _remove_network(self) -> None:
         if self.site is not None:

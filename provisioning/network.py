@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import quoteattr
 
+from provisioning import transfer
 from vjob import log, proc
 from vjob.errors import InputError, VjobError
 from vjob.store.identities import Address, mac_address
@@ -149,10 +150,16 @@ def network_xml(subnet_id: int, family: str = PILOT_FAMILY) -> str:
     return f"<network><name>{bridge_name(subnet_id, family)}</name><bridge name={name} stp='off' delay='0'/></network>"
 
 
-def ensure_bridge(conn: Any, subnet_id: int, family: str = PILOT_FAMILY) -> bool:
+def ensure_bridge(conn: Any, subnet_id: int, family: str = PILOT_FAMILY, *, host: str | None = None) -> bool:
     """The job's bridge on the node of `conn` (a libvirt connection), created as a transient
     network when absent; True when created here. A bridge an operator provides (spanning the
-    hosts) is used as it is."""
+    hosts) is used as it is.
+
+    `host`: the node's host when it is not this machine (the driver's `host(node)`). The link
+    is then looked for there, over ssh: this machine's /sys/class/net may hold a bridge of the
+    same name — the job's own, on this host — and taking it for the operator's made nothing on
+    the other host, so libvirt refused the VM's NIC ("Cannot get interface MTU", found by
+    Saline's site b with a network stack of its own)."""
     import libvirt  # heavy: libvirt
 
     name = bridge_name(subnet_id, family)
@@ -162,7 +169,7 @@ def ensure_bridge(conn: Any, subnet_id: int, family: str = PILOT_FAMILY) -> bool
         net = None
     if net is not None and net.isActive():
         return False
-    if net is None and _link_exists(name):
+    if net is None and _link_exists(name, host):
         return False  # the operator's bridge (docs/multinode.md)
     try:
         if net is not None:
@@ -186,7 +193,9 @@ def remove_bridge(conn: Any, subnet_id: int, family: str = PILOT_FAMILY) -> None
         return
 
 
-def _link_exists(name: str) -> bool:
+def _link_exists(name: str, host: str | None = None) -> bool:
+    if host is not None:
+        return transfer.exists(transfer.Endpoint(Path("/sys/class/net") / name, host))
     try:
         with open(f"/sys/class/net/{name}/ifindex"):
             return True

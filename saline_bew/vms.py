@@ -32,7 +32,6 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from provisioning import coordinated, guest, images, job_disk, nat, network, safe_dirs, transfer
 from provisioning.coordinated import Cut, Member, Resumed
@@ -47,7 +46,7 @@ from saline_bew.config import SalineConfig
 from saline_bew.identity import NetworkIdentity
 from saline_bew.node_files import snapshot_files
 from vjob import log
-from vjob.errors import InputError, VjobError
+from vjob.errors import InputError
 from vjob.model import VMState
 from vjob.store.db import Store
 
@@ -250,35 +249,7 @@ class SalineVMs:
             conn = self.driver.connection(node)
             if self.nat is not None:
                 nat.ensure(conn, self.nat)
-            if self.driver.host(node) is None:  # this machine: its own links
-                network.ensure_bridge(conn, subnet_id, network.SALINE_FAMILY)
-            else:
-                self._bridge_on_other_host(conn, subnet_id, node)
-
-    def _bridge_on_other_host(self, conn: Any, subnet_id: int, node: str) -> None:
-        """The vjob's bridge on a node of another host. Why not `network.ensure_bridge`: it takes
-        a link of the bridge's name in *this* machine's /sys/class/net for an operator's bridge,
-        and here that is the vjob's own bridge at the other site (while it migrates, or before
-        its `network_down`): nothing would be made on that host and libvirt would refuse the NIC
-        ("Cannot get interface MTU on 'vsal-…'", seen once site b had a network stack of its
-        own). So the link is looked for on the node's host, over ssh."""
-        import libvirt  # heavy: libvirt
-
-        name = network.bridge_name(subnet_id, network.SALINE_FAMILY)
-        if transfer.exists(self.driver.endpoint(Path("/sys/class/net") / name, node)):
-            return  # libvirt's network there is up, or it is the operator's bridge
-        try:
-            net = conn.networkLookupByName(name)
-        except libvirt.libvirtError:
-            net = None
-        try:
-            if net is not None:
-                net.create()
-            else:
-                conn.networkCreateXML(network.network_xml(subnet_id, network.SALINE_FAMILY))
-        except libvirt.libvirtError as exc:
-            raise VjobError(f"vjob network {name}: cannot create it on node {node}: {exc}") from None
-        _log.info("vjob network created", bridge=name, node=node)
+            network.ensure_bridge(conn, subnet_id, network.SALINE_FAMILY, host=self.driver.host(node))
 
     def network_down(self, subnet_id: int, nodes: list[str]) -> None:
         """Remove the vjob's network from nodes none of its VMs runs on any more. Best effort:

@@ -405,7 +405,7 @@ def test_a_vjobs_vms_are_on_its_own_network_with_the_same_addresses_after_a_resu
     kill takes the network off the node with the VMs; a resume on another node creates it
     there and the VMs come back with the same MACs."""
     manager = shared_manager
-    monkeypatch.setattr(network, "_link_exists", lambda _name: False)  # whatever bridges this host has
+    monkeypatch.setattr(network, "_link_exists", lambda _name, _host=None: False)  # whatever bridges this host has
     first = journal.create(
         manager.ports.store,
         key="be0123456789",

@@ -37,7 +37,7 @@ GATEWAY = "100.64.0.1"
 
 @pytest.fixture
 def nat_manager(tmp_path: Path, test_nodes: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[Manager]:
-    monkeypatch.setattr(network, "_link_exists", lambda _name: False)  # whatever bridges this host has
+    monkeypatch.setattr(network, "_link_exists", lambda _name, _host=None: False)  # whatever bridges this host has
     with FakeOar() as oar, stand_in_manager(tmp_path, test_nodes, oar, vm_dir=str(tmp_path / "vms"), saline=NAT) as m:
         yield m
 
@@ -163,7 +163,7 @@ def test_a_tiny_guest_gets_the_nat_nic_too_and_without_nat_network_there_is_none
 ) -> None:
     """The direct-boot guest (no network stack) has the second NIC all the same; with
     `nat_network` empty (the default) a VM has its private NIC only, as before."""
-    monkeypatch.setattr(network, "_link_exists", lambda _name: False)
+    monkeypatch.setattr(network, "_link_exists", lambda _name, _host=None: False)
     for saline, count in ((NAT, 2), ({}, 1)):
         where = tmp_path / str(count)
         where.mkdir()
