@@ -47,6 +47,7 @@ from pilot.specs import (
     guest_spec,
     memory_ceiling,
     open_driver,
+    own_node,
     partner_hold_s,
     real_spec,
     user_provisioning,
@@ -188,7 +189,7 @@ def _run_tiny(
         partner_hold_s=partner_hold_s(cfg),
         config_path=getattr(args, "config", None) or "",  # for the processes it starts (pilot.pause_drain)
     )
-    driver = open_driver(cfg)
+    driver = open_driver(cfg, own_node(cfg.provisioning, node))
     qemu_user = cfg.provisioning.qemu_user
     try:
         # The counter guest is one VM unless --nodes names several (it has no network stack; a

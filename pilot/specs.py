@@ -62,7 +62,7 @@ def user_provisioning(prov: ProvisioningConfig, node: str = "") -> ProvisioningC
     pilot's own, is this machine): found on two hosts sharing nothing but the home (issue 38).
     """
     if os.geteuid() == 0:
-        return prov
+        return own_node(prov, node)
     if prov.user_vm_dir:
         base = user_vm_base(prov)
         hosts = {**prov.hosts, node: ""} if node else dict(prov.hosts)
@@ -86,6 +86,14 @@ def user_provisioning(prov: ProvisioningConfig, node: str = "") -> ProvisioningC
             "copy_method": "local",
         }
     )
+
+
+def own_node(prov: ProvisioningConfig, node: str) -> ProvisioningConfig:
+    """`prov` as the pilot running on `node` sees it: that node's files are on this machine
+    (`hosts` maps it to ""), the other nodes' over ssh. Why: a root pilot on host A migrating
+    its VM to host B copied its disks from "hosta" to "hostb", two remote ends, which rsync
+    refuses (found with the remap swap across two hosts, issue 38)."""
+    return prov.model_copy(update={"hosts": {**prov.hosts, node: ""}}) if node else prov
 
 
 def user_vm_base(prov: ProvisioningConfig) -> Path:
