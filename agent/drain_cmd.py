@@ -12,6 +12,7 @@ at `--timeout` saying what it waited for.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import getpass
 import json
 import os
@@ -111,6 +112,7 @@ def drain(cfg: Any, rms: str, *, wait: bool = True, timeout_s: float = 60.0) -> 
     from vjob.store.db import open_store  # heavy: sqlalchemy
 
     store = open_store(cfg)
+    agents = contextlib.ExitStack()  # the command's own agent, if it ticks: closed on the way out
     try:
         mark = drain_state.mark(store, rms, f"{getpass.getuser()}@{socket.gethostname()}")
         outcome = DrainOutcome(rms, mark.by, mark.since)
@@ -128,7 +130,7 @@ def drain(cfg: Any, rms: str, *, wait: bool = True, timeout_s: float = 60.0) -> 
             if holder is None:  # no agent acts: this command's own tick is the drain pass
                 if agent is None:
                     owner = f"vjob-drain@{socket.gethostname()}:{os.getpid()}"
-                    agent = Agent(cfg, make_adapter(rms, cfg), rms=rms, owner=owner)
+                    agent = agents.enter_context(Agent(cfg, make_adapter(rms, cfg), rms=rms, owner=owner))
                 try:
                     report = agent.tick()
                 finally:
@@ -150,6 +152,7 @@ def drain(cfg: Any, rms: str, *, wait: bool = True, timeout_s: float = 60.0) -> 
                 )
             time.sleep(0.5)
     finally:
+        agents.close()
         store.close()
 
 

@@ -92,7 +92,8 @@ class TickReport:
 
 def live_view(rms: str, cfg: Config) -> ClusterView:
     """The ClusterView the agent would decide on now (for `vjob prio --rms`); writes nothing."""
-    return Agent(cfg, make_adapter(rms, cfg), rms=rms).observe(track=False).view
+    with Agent(cfg, make_adapter(rms, cfg), rms=rms) as agent:
+        return agent.observe(track=False).view
 
 
 class Agent:
@@ -147,6 +148,20 @@ class Agent:
         """Live remapping's samples and last decisions (`[remap] farm_file`, agent.remap_step)."""
         self.drain = drain.DrainState()
         """`vjob drain`'s mark as last read (agent.drain): drained, a tick only undoes."""
+
+    def close(self) -> None:
+        """Close the agent's own store connection. Why: a `vjob drain` pass (agent.drain_cmd)
+        or `vjob prio --rms` builds an agent for a tick or two inside a command that goes on
+        (the daemon's ends with its process); its engine's pooled connections stayed open."""
+        store, self.ports.store.opened = self.ports.store.opened, None
+        if store is not None:
+            store.close()
+
+    def __enter__(self) -> Agent:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _look_again(self) -> None:
         """The journal may hold a switch left open (by a previous lease holder, or cut short by

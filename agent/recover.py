@@ -8,13 +8,14 @@ live agent's checkpoint requests or roll its switch back under it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from agent.act import finish_checkpoint
 from agent.observe import Observation
-from agent.pilot_performer import EXECUTOR_TAG, live_performer
+from agent.pilot_performer import EXECUTOR_TAG
 from agent.ports import Ports
+from agent.remap_whole import record_moves, recovery_performer
 from preemption.executor import ExecutionReport, Executor, KeyedPerformer
 from preemption.planner.plan import Plan
 from vjob.errors import CommandError, VjobError
@@ -31,7 +32,9 @@ def recover(ports: Ports) -> list[int]:
     An action whose pilot saved the VM is finished (requeue-hold if the job still runs, Pn
     recorded once); an action whose VM was not saved is undone (its request withdrawn; a pilot
     caught mid-save restores by itself). No VM is lost either way: it is running, or saved on
-    disk behind a held job.
+    disk behind a held job. A live switch (control loop, remapping) is carried on; a vjob of
+    several VMs it moves whole is resumed with every VM's node (agent.remap_whole.journalled_moves)
+    and recorded there, as the step that planned it would have.
     """
     store = ports.store()
     try:
@@ -39,14 +42,24 @@ def recover(ports: Ports) -> list[int]:
     except CommandError:
         rms_jobs = None  # the live switches wait on the pilots' claims alone; asked again below
 
+    moved: dict[int, tuple[Mapping[str, tuple[str, ...]], Observation]] = {}
+
     def performer_for(sw: journal.JournalSwitch) -> KeyedPerformer:
-        return live_performer(ports, _observation(ports, sw, rms_jobs or ()), "recovery")
+        obs = _observation(ports, sw, rms_jobs or ())
+        performer, moves = recovery_performer(ports, obs, Plan.from_dict(sw.plan, source=f"switch {sw.id}"))
+        moved[sw.id] = (moves, obs)  # a vjob of several VMs resumes whole, every VM's node named
+        return performer
 
     reports: list[ExecutionReport] = []
     if ports.lease.held():  # else they are the lease holder's to finish
         reports = finish_live_switches(store, ports.rms, performer_for, ports.log, still_ours=ports.lease.valid)
     handled = [r.switch_id for r in reports]
-    states = {j.id: j.state for j in (rms_jobs if rms_jobs is not None else ports.adapter.jobs())}
+    listed = rms_jobs if rms_jobs is not None else tuple(ports.adapter.jobs())
+    for r in reports:
+        moves, obs = moved.get(r.switch_id, ({}, None))
+        if moves and obs is not None:
+            record_moves(ports, r, moves, {j.id: j for j in listed}, obs.pilots)
+    states = {j.id: j.state for j in listed}
     finished: set[str] = set()
     """Jobs whose checkpoint this recovery finished: a vjob of several VMs has one action per VM
     and one save of them all, requeue-held and counted (Pn) once."""

@@ -26,11 +26,12 @@ from agent.observe import Observation
 from agent.pilot_coalesce import WholeMovePerformer, coalesce, whole_moves
 from agent.pilot_performer import EXECUTOR_TAG, live_performer
 from agent.ports import Ports
-from preemption.executor import Executor
+from preemption.executor import ExecutionReport, Executor, KeyedPerformer
 from preemption.planner.plan import Plan
 from vjob.config import Config
-from vjob.model import Job
-from vjob.pilot_files import PilotStatus, vms_of
+from vjob.errors import InputError, StoreError
+from vjob.model import Action, Job
+from vjob.pilot_files import PilotStatus, member_names, vms_of
 from vjob.store import vms as store_vms
 from vjob.store.db import Store
 from vjob.store.schema import ActionRecord
@@ -101,4 +102,68 @@ def executor_for(
     return ports.executor(performer, tag=EXECUTOR_TAG), requests
 
 
-__all__ = ["believed", "executor_for", "recorded_nodes", "unmovable", "whole_move_counts"]
+def journalled_moves(plan: Plan, pilots: Mapping[str, PilotStatus | None]) -> dict[str, tuple[str, ...]]:
+    """vjob → the node of each of its VMs in rank order, for each vjob of several VMs whose
+    resume a journalled switch holds: what a restarted agent's recovery asks its pilot.
+
+    Why from the plan's placement: the journal holds one resume per whole move, the first VM's
+    (agent.pilot_coalesce); the other VMs' new nodes are only in the placement journalled with
+    the switch. Repeated as journalled, the resume named the first VM's node alone: the pilot
+    refused it (it never moves VMs one by one) and the job, killed mid-move, slept on. The VM
+    count is the pilot's (`member_nodes`), every name must be in the placement and the first
+    node be the journalled one; otherwise the resume is repeated as journalled. A resume in
+    place names the nodes the VMs slept on, which the pilot takes as one (pilot.switch_requests)."""
+    out: dict[str, tuple[str, ...]] = {}
+    for a in plan.actions:
+        st = pilots.get(a.vjob)
+        if a.kind is not Action.RESUME or st is None or len(st.member_nodes) < 2 or st.vm != a.vm:
+            continue
+        if not a.vm.endswith("-0"):
+            continue
+        nodes = tuple(plan.placement.get(vm, "") for vm in member_names(a.vm.removesuffix("-0"), len(st.member_nodes)))
+        if all(nodes) and nodes[0] == a.dst:
+            out[a.vjob] = nodes
+    return out
+
+
+def recovery_performer(ports: Ports, obs: Observation, plan: Plan) -> tuple[KeyedPerformer, dict[str, tuple[str, ...]]]:
+    """The performer that finishes a journalled live switch (agent.recover): the pilots' own,
+    each multi-VM vjob's resume naming every VM's node (journalled_moves); and those nodes."""
+    moves = journalled_moves(plan, obs.pilots)
+    inner = live_performer(ports, obs, "recovery")
+    return (WholeMovePerformer(inner, moves) if moves else inner), moves
+
+
+def record_moves(
+    ports: Ports,
+    report: ExecutionReport,
+    moves: Mapping[str, Sequence[str]],
+    jobs: Mapping[str, Job],
+    pilots: Mapping[str, PilotStatus | None],
+) -> None:
+    """Each VM of a multi-VM vjob whose resume `report` finished recorded on its node (root's
+    record, which vouches for a VM off its allocation: `believed`, agent.observe), as the remap
+    step and the control loop record the moves they finish; a failure is logged."""
+    for a in report.done:
+        nodes, job, st = moves.get(a.vjob), jobs.get(a.vjob), pilots.get(a.vjob)
+        if a.kind is not Action.RESUME or nodes is None or job is None:
+            continue
+        image = st.image if st is not None else ""
+        try:
+            for vm, node in zip(member_names(a.vm.removesuffix("-0"), len(nodes)), nodes, strict=True):
+                store_vms.remember(ports.store(), ports.rms, job, vm=vm, node=node, image=image)
+            ports.recorded_vms[job.id] = (",".join(nodes), image)
+        except (StoreError, InputError) as exc:
+            ports.log.warning("recovery: a moved vjob's VMs not recorded", jobs=[a.vjob], error=str(exc))
+
+
+__all__ = [
+    "believed",
+    "executor_for",
+    "journalled_moves",
+    "record_moves",
+    "recorded_nodes",
+    "recovery_performer",
+    "unmovable",
+    "whole_move_counts",
+]

@@ -187,7 +187,8 @@ class Pilot:
             self.say(f"adopting VM {self.vm.name}, still running from the job's previous start")
             self.set_state(PilotState.RUNNING)
             return
-        if previous is not None and (previous.memory_saved or self._saved_elsewhere(previous)):
+        # the node's view: the file itself here (memory_saved is the record the agent trusts)
+        if previous is not None and (previous.memory_on_this_host or self._saved_elsewhere(previous)):
             self._resumed = True
             self._restore(previous.saved_node, previous.member_nodes)
             return

@@ -231,6 +231,8 @@ def test_an_mpi_ring_on_two_hosts_cut_by_sigterm_resumes_with_the_hosts_swapped(
         saved = pdir.read_state()
         assert saved is not None and saved.state is PilotState.SAVED, (saved, first_run[-4000:])
         assert list(saved.member_nodes) == first_nodes, saved
+        # the agent's view, read where the agent runs (here, host A's directory unseen): the record
+        assert saved.memory_saved and not saved.memory_on_this_host and saved.save_bytes > 0, saved
         files = {h.name: _vm_files(topology, h.name, job) for h in (host_a, host_b)}
         per_host = {h: sum(p.stat().st_size for p in fs) for h, fs in files.items()}
         assert all({p.suffix for p in fs} >= {".qcow2", ".state"} for fs in files.values()), files

@@ -60,6 +60,8 @@ class PilotStatus:
     was last saved (all the guest had printed), where the copy goes on after a restore."""
     save_seconds: float = 0.0
     save_bytes: int = 0
+    """The size of the last save (the memory states of all the job's VMs), measured where they
+    were saved: with `memory_path`, the pilot's record that the memory is kept (memory_saved)."""
     restore_seconds: float = 0.0
     memory_path: str = ""
     """The saved memory state (while saved); the VM driver's file."""
@@ -85,8 +87,24 @@ class PilotStatus:
 
     @property
     def memory_saved(self) -> bool:
-        """Whether the claimed memory state is there. Never raises: the path is the user's
-        text, and a name the kernel refuses (ENAMETOOLONG, EACCES…) is simply not a saved state."""
+        """Whether the pilot recorded its VM's memory state as kept: the state's path and the
+        save's byte count, which the pilot writes together once the driver has saved the VM on
+        its node and measured the file there (a restore clears the path). The agent's view.
+
+        Why the record and not the file: the agent reads this on the controller, where a VM
+        directory of the node's own (`[provisioning] user_vm_dir`, a `vm_dir` not shared) is no
+        file, and every checkpoint of such a job waited for a save it had long finished. A
+        record without a byte count (not written by vjob's pilot, which always counted) is
+        judged by the file as it was before (memory_on_this_host)."""
+        if not self.memory_path:
+            return False
+        return self.save_bytes > 0 or self.memory_on_this_host
+
+    @property
+    def memory_on_this_host(self) -> bool:
+        """Whether the memory state's file is here: the node's view (the pilot deciding between a
+        restore and a boot), true only where that directory is mounted. Never raises: the path
+        is the user's text, and a name the kernel refuses (ENAMETOOLONG, EACCES…) is not there."""
         if not self.memory_path:
             return False
         try:
