@@ -149,9 +149,9 @@ class WholeMovePerformer:
     the pilot's JobVMs.move needs); every other action is the inner performer's own.
 
     Why the list travels in the request and not in the journalled action: a plan action names
-    one node. A restarted agent's recovery repeats the journalled first-VM resume with the
-    nodes the pilot slept on; the pilot then refuses it (its node is not the first listed)
-    rather than guess, and the vjob stays asleep where it slept (docs/remap.md)."""
+    one node. A restarted agent's recovery rebuilds every VM's node from the placement journalled
+    with the switch (agent.remap_whole.journalled_moves) and sends the same request again
+    through this performer, under the same request id (docs/remap.md)."""
 
     def __init__(self, inner: PilotRequestPerformer, moves: Mapping[str, Sequence[str]]) -> None:
         self.inner = inner
