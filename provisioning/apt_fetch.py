@@ -76,6 +76,29 @@ def candidate(package: str) -> AptRecord:
     return parse_record(_run(["apt-cache", "show", "--no-all-versions", package]), package)
 
 
+def available(packages: list[str]) -> set[str]:
+    """The names among `packages` apt has a valid candidate record for, asked in one
+    `apt-cache show` (each call loads apt's whole cache: 0.7 s of CPU here, so one per package
+    made a cached image build spend 7 s, 25 s at load 14, before it looked at its cache)."""
+    names = [name for name in packages if isinstance(name, str) and PACKAGE_RE.fullmatch(name)]
+    if not names:
+        return set()
+    try:
+        out = _run(["apt-cache", "show", "--no-all-versions", "--", *names])
+    except VjobError:  # apt-cache exits 100 when it found none of them
+        return set()
+    found: set[str] = set()
+    for stanza in out.split("\n\n"):
+        name = next((line[8:].strip() for line in stanza.splitlines() if line.startswith("Package:")), "")
+        if name in names:
+            try:
+                parse_record(stanza, name)
+            except VjobError:
+                continue
+            found.add(name)
+    return found
+
+
 def _sha256(path: Path) -> tuple[str, int]:
     """sha256 and size of a regular file, opened without following a symlink."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)

@@ -103,12 +103,8 @@ def parse_packages(text: str | None) -> list[str]:
 
 def check_packages_exist(packages: list[str]) -> None:
     """Every package has a candidate in apt's (signed) indexes; else InputError naming them."""
-    missing = []
-    for name in packages:
-        try:
-            apt_fetch.candidate(name)
-        except VjobError:
-            missing.append(name)
+    found = apt_fetch.available(packages)
+    missing = [name for name in packages if name not in found]
     if missing:
         raise InputError(
             f"--packages: no such package in the Debian archive apt knows here: {', '.join(missing)} "

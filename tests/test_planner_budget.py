@@ -45,7 +45,7 @@ def test_plan_command_counts_its_budget_from_the_process_start(tmp_path: Path) -
     path = tmp_path / "i.json"
     path.write_text(json.dumps(inst.to_dict()))
     proc = subprocess.run(
-        [VJOB, "plan", "--time-limit", "20", str(path)], capture_output=True, text=True, timeout=600, check=True
+        [VJOB, "plan", "--time-limit", "4", str(path)], capture_output=True, text=True, timeout=600, check=True
     )
     plan = Plan.from_dict(json.loads(proc.stdout))
     validate(inst, plan)

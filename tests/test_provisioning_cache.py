@@ -133,6 +133,14 @@ def test_a_planted_deb_whose_hash_is_not_apts_is_refused(tmp_path: Path) -> None
         apt_fetch.verify(planted, record)
 
 
+def test_the_packages_apt_knows_are_found_in_one_lookup() -> None:
+    """An image build's package check: one `apt-cache show` for all names (a virtual package,
+    an unknown one and a malformed name are not found; none found at all is an empty set)."""
+    wanted = [guest.BUSYBOX_PACKAGE, "python3", "no-such-package-vjob", "mail-transport-agent", "Bad name"]
+    assert apt_fetch.available(wanted) == {guest.BUSYBOX_PACKAGE, "python3"}
+    assert apt_fetch.available(["no-such-package-vjob"]) == set() == apt_fetch.available([])
+
+
 def test_a_deb_must_carry_the_recorded_name_and_version(tmp_path: Path) -> None:
     deb = _deb(tmp_path, "evil", "9.9")
     digest = hashlib.sha256(deb.read_bytes()).hexdigest()
