@@ -19,8 +19,9 @@ one pass cannot each see the others' victims vanish.
 
 from __future__ import annotations
 
+import heapq
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from preemption.scheduling.easy import reservation
 
@@ -105,3 +106,66 @@ def reserved_after(
         held.append((preemptor_end, taken_free))
     after, _ = reservation(now, free - taken_free, need, held)
     return after
+
+
+def reserved_start(now: float, free: int, need: int, ordered: Iterable[tuple[float, int]]) -> float:
+    """`easy.reservation`'s shadow time over holds given already sorted, read only as far as
+    the reservation needs: the pass keeps its holds sorted between changes, so that the
+    guard's check costs a few holds, not a sort of every running job (issue 37)."""
+    if need <= free:
+        return now
+    avail = free
+    for end, nodes in ordered:
+        avail += nodes
+        if avail >= need:
+            return max(end, now)
+    return math.inf
+
+
+def reserved_after_sorted(
+    now: float,
+    free: int,
+    need: int,
+    ordered: Sequence[tuple[float, int]],
+    victims: Sequence[tuple[float, int, float]],
+    taken_free: int,
+    preemptor_end: float,
+) -> float:
+    """`reserved_after` with `holds` given sorted (`ordered`): the same multiset of holds —
+    the victims' runs taken out, their returns and the preemptor's free nodes put in — walked
+    in the same sorted order, merged lazily instead of copied and sorted again."""
+    gone: dict[tuple[float, int], int] = {}
+    for end, nodes, _ in victims:
+        gone[(end, nodes)] = gone.get((end, nodes), 0) + 1
+    added = returning(now, victims, preemptor_end)
+    if taken_free:
+        added.append((preemptor_end, taken_free))
+    added.sort()
+
+    def kept() -> Iterator[tuple[float, int]]:
+        for hold in ordered:
+            if gone.get(hold):
+                gone[hold] -= 1
+                continue
+            yield hold
+
+    return reserved_start(now, free - taken_free, need, heapq.merge(kept(), added))
+
+
+def keeps_reservation_sorted(
+    now: float,
+    free: int,
+    need: int,
+    ordered: Sequence[tuple[float, int]],
+    victims: Sequence[tuple[float, int, float]],
+    taken_free: int,
+    preemptor_end: float,
+    slack: float,
+    anchor: float | None = None,
+) -> tuple[bool, float]:
+    """`keeps_reservation` with `holds` given sorted (`ordered`); the same answer."""
+    before = reserved_start(now, free, need, ordered)
+    if math.isinf(before):
+        return True, before
+    after = reserved_after_sorted(now, free, need, ordered, victims, taken_free, preemptor_end)
+    return after <= (before if anchor is None else anchor) + slack, before

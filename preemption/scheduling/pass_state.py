@@ -11,15 +11,24 @@ tests/test_decision_differential.py holds the two equal.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 
-from preemption.scheduling.easy import reservation
-from preemption.scheduling.guard import HARMFUL, harmful, keeps_reservation, reserved_after, returning
+from preemption.scheduling.guard import (
+    HARMFUL,
+    harmful,
+    keeps_reservation_sorted,
+    reserved_after_sorted,
+    reserved_start,
+    returning,
+)
 from preemption.scheduling.nodes import pick_nodes, preemptor_nodes, swaps
 from preemption.scheduling.policies import Policy
 from preemption.scheduling.reserve import need_beside, recent_interactive, reserve_asked, reserve_nodes
-from preemption.scheduling.victims import Candidate, checkpoint_bytes, choose_victims, running_priorities
+from preemption.scheduling.victim_pool import VictimPool, vm_bytes
+from preemption.scheduling.victims import Candidate, choose_victims, running_priorities
 from preemption.scheduling.waiting import WaitKind, WaitReason, cap_reason
 from ubis_priority import allowed
 from ubis_priority.interactive import cap_limit, held_by_interactive
@@ -77,17 +86,17 @@ class PassState:
         self.harmless_first = cfg.scheduling.victims == "guard"
         self.fallback = cfg.scheduling.victims == "fallback"
         sched = cfg.scheduling
-        recent = recent_interactive(
-            (j.submit_time for j in view.jobs if j.interactive and j.state in (JobState.PENDING, JobState.RUNNING)),
-            view.now,
-            sched.interactive_reserve_window_s,
-        )
-        self.reserve_asked = (
-            reserve_asked(sched.interactive_reserve_nodes, sched.interactive_reserve_arrivals, recent)
-            if self.by_cost
-            else 0
-        )
+        self.reserve_asked = 0
         """vjob: `[scheduling] interactive_reserve_nodes`, held in this pass (reserve.py)."""
+        if self.by_cost and sched.interactive_reserve_nodes > 0:  # none asked: no arrivals to count
+            recent = recent_interactive(
+                (j.submit_time for j in view.jobs if j.interactive and j.state in (JobState.PENDING, JobState.RUNNING)),
+                view.now,
+                sched.interactive_reserve_window_s,
+            )
+            self.reserve_asked = reserve_asked(
+                sched.interactive_reserve_nodes, sched.interactive_reserve_arrivals, recent
+            )
         self.anchors: dict[str, float] = {}
         """vjob: the guard's reserved start when first checked (`guard.keeps_reservation`)."""
         self.returning: list[tuple[float, int]] = []
@@ -117,22 +126,37 @@ class PassState:
         """Victims of this pass → their nodes still busy with the checkpoint."""
         self.resumed_on: dict[str, tuple[str, ...]] = {}
         """Held jobs the pass starts on the nodes they were saved on (a local resume)."""
-        for job in view.running:
+        running = view.running
+        for job in running:
             nodes = [n for n in job.allocated_nodes if n in self.owner]
             for n in nodes:
                 self.owner[n] = job.id
             if nodes:
                 end = self.now if job.start_time is None else job.start_time + estimate(job)
                 self.holds[("run", job.id)] = (end, len(nodes))
-        self.held, self.user_held = held_by_interactive(view.running)
+        self.held, self.user_held = held_by_interactive(running)
+        self._free = sum(1 for n in self.node_order if self.owner[n] is None)
+        self._free_list: list[str] | None = None
+        self._sorted_holds: list[tuple[float, int]] | None = None
+        """`guard_holds()` sorted, until the holds change (the guard reads its first few)."""
+        self.pool = VictimPool(
+            self.checkpointable, self.max_preemptions if self.by_cost else None, vm_bytes(view), self.node_os
+        )
+        """The running batch jobs this pass may checkpoint (victim_pool.py)."""
+        for job in running:
+            self.pool.add(job, self._nodes_of(job))
         self.waits: dict[str, WaitReason] = {}
         """Why `preempt_for` or the guard refused an interactive job (waiting.py)."""
 
     def free_nodes(self) -> list[str]:
-        return [n for n in self.node_order if self.owner[n] is None]
+        """The free nodes in node order (built once, then filtered at each start rather than
+        found again among every node: do not change it)."""
+        if self._free_list is None:
+            self._free_list = [n for n in self.node_order if self.owner[n] is None]
+        return self._free_list
 
     def free_count(self) -> int:
-        return sum(1 for n in self.node_order if self.owner[n] is None)
+        return self._free
 
     def reserve(self) -> int:
         """The free nodes kept for interactive arrivals now (`reserve.reserve_nodes`)."""
@@ -160,6 +184,8 @@ class PassState:
                 self.resumed_on[job.id] = nodes
         switched = swaps(nodes, self.node_os, job.os_image)
         for n in nodes:
+            if self.owner.get(n, "") is None:
+                self._free -= 1
             self.owner[n] = job.id
             if job.os_image:
                 self.node_os[n] = job.os_image
@@ -178,7 +204,11 @@ class PassState:
             preempted_seconds=pt,
             preempted_since=None,
         )
-        self.holds[("run", job.id)] = (alloc + overhead + estimate(job), job.nodes)
+        self._hold(("run", job.id), (alloc + overhead + estimate(job), job.nodes))
+        if self._free_list is not None:  # the nodes left free, still in node order
+            taken = set(nodes)
+            self._free_list = [n for n in self._free_list if n not in taken]
+        self.pool.add(self.jobs[job.id], self._nodes_of(self.jobs[job.id]))
         if privileged:
             self.held += job.nodes
             self.user_held[job.user] = self.user_held.get(job.user, 0) + job.nodes
@@ -186,52 +216,32 @@ class PassState:
     def preempt_for(self, job: Job) -> tuple[tuple[str, ...], tuple[str, ...], float] | None:
         """Checkpoint the lowest-priority batch jobs (vjob: the cheapest) so interactive `job`
         gets its nodes now: (victims, the nodes `job` takes, the bytes the checkpoints write);
-        None when it cannot (or, under vjob, must not)."""
+        None when it cannot (or, under vjob, must not). The candidates are the pass's victim
+        pool (victim_pool.py), kept as the pass moves rather than found again each time."""
         want = job.nodes - self.free_count()
-        cands = [
-            j
-            for j in self.jobs.values()
-            if j.state is JobState.RUNNING
-            and j.job_class is JobClass.BATCH
-            and j.id not in self.checkpointing
-            and (self.checkpointable is None or j.id in self.checkpointable)
-            and any(self.owner.get(n) == j.id for n in j.allocated_nodes)
-            and (not self.by_cost or j.preempt_count < self.max_preemptions)
-        ]
-        can_free = sum(len(self._nodes_of(j)) for j in cands)
+        can_free = self.pool.nodes
         if can_free < want:
             self.waits[job.id] = WaitReason(WaitKind.NO_VICTIM, limit=self.free_count() + can_free, request=job.nodes)
             return None
-        now_view = self._current_view()
-        if self.by_cost:  # cost first: a job preempted fewer times is the cheaper victim
-            prio = {j.id: float(j.preempt_count) for j in cands}
-            if self.harmless_first and self.guard is not None:
-                for j, harm in zip(cands, self.harm(job, cands), strict=True):
-                    if harm:  # after every harmless one (preempt counts are at most 1000)
-                        prio[j.id] += HARMFUL
+        guarded = self.by_cost and self.guard is not None
+        candidates: list[Candidate] | None = None
+        if self.by_cost and not (self.harmless_first and guarded):
+            chosen = self.pool.cheapest(want, job.os_image)  # cost first: fewer preemptions is cheaper
         else:
-            prio = running_priorities(now_view, self.cfg, (JobClass.BATCH,), only={j.id for j in cands})
-        candidates = [
-            Candidate(
-                j.id,
-                prio[j.id],
-                len(self._nodes_of(j)),
-                sum(1 for n in self._nodes_of(j) if self.node_os[n] == job.os_image),
-                checkpoint_bytes(now_view, j),
-            )
-            for j in cands
-        ]
-        chosen = choose_victims(want, candidates)
+            candidates = self._priced(job)
+            chosen = choose_victims(want, candidates)
         if chosen is None:
             self.waits[job.id] = WaitReason(WaitKind.NO_VICTIM, limit=self.free_count() + can_free, request=job.nodes)
             return None
         victims = tuple(c.job_id for c in chosen)
         take = self._take_for(job, victims)
-        if self.by_cost and self.guard is not None and not self._keeps_guard_on(job, victims, take):
+        if guarded and not self._keeps_guard_on(job, victims, take):
             if not self.fallback:
                 return None
             # The guard refused the cheapest victims: once more, harmless ones first.
-            harm = self.harm(job, cands)
+            if candidates is None:
+                candidates = self._priced(job)
+            harm = self.harm(job, [self.jobs[c.job_id] for c in candidates])
             again = choose_victims(
                 want, [c._replace(priority=c.priority + HARMFUL * h) for c, h in zip(candidates, harm, strict=True)]
             )
@@ -242,13 +252,39 @@ class PassState:
             if not self._keeps_guard_on(job, victims, take):
                 return None
             chosen = again
-        victim_nodes = [self._nodes_of(self.jobs[v]) for v in victims]
+        self._checkpoint(victims, take)
+        self.start(job, True, nodes=take, ready=max([self.now, *(self._ckpt_end(v) for v in victims)]))
+        if guarded:  # its nodes are the victims' (their return)
+            self._cover(self.holds[("run", job.id)])
+        return victims, take, sum(c.checkpoint_bytes for c in chosen)
+
+    def _priced(self, job: Job) -> list[Candidate]:
+        """Every candidate victim of the pool, priced: vjob by its preempt count (after every
+        harmless one when `victims = "guard"`), ubis by its UBIS priority as if queued again
+        now, in the view as the pass has changed it."""
+        ids = list(self.pool.members)
+        if self.by_cost:
+            prio = {v: float(self.pool.members[v].preempt_count) for v in ids}
+            if self.harmless_first and self.guard is not None:
+                for v, harm in zip(ids, self.harm(job, [self.jobs[v] for v in ids]), strict=True):
+                    if harm:  # after every harmless one (preempt counts are at most 1000)
+                        prio[v] += HARMFUL
+        else:
+            prio = running_priorities(self._current_view(), self.cfg, (JobClass.BATCH,), only=set(ids))
+        return self.pool.candidates(job.os_image, prio)
+
+    def _ckpt_end(self, victim: str) -> float:
+        return self.now + self.costs.checkpoint_s(self.jobs[victim])
+
+    def _checkpoint(self, victims: Sequence[str], take: Sequence[str]) -> None:
+        """`victims` checkpointed for a job taking `take`: out of the pool, their runs' holds
+        gone, the nodes the job does not take busy until their checkpoint is written."""
         taken = set(take)
-        ready = self.now
-        for v, nodes in zip(victims, victim_nodes, strict=True):
-            done_at = self.now + self.costs.checkpoint_s(self.jobs[v])
-            ready = max(ready, done_at)
-            del self.holds[("run", v)]
+        for v in victims:
+            nodes = self._nodes_of(self.jobs[v])
+            done_at = self._ckpt_end(v)
+            self._unhold(("run", v))
+            self.pool.remove(v)
             if self.bill_victims:
                 victim = self.jobs[v]
                 ran = self.now - (self.now if victim.start_time is None else victim.start_time)
@@ -256,13 +292,9 @@ class PassState:
             busy = tuple(n for n in nodes if n not in taken)
             self.checkpointing[v] = busy
             if busy:
-                self.holds[("checkpoint", v)] = (done_at, len(busy))
+                self._hold(("checkpoint", v), (done_at, len(busy)))
                 if self.by_cost and self.guard is not None:
-                    self.covered.append((done_at, len(busy)))
-        self.start(job, True, nodes=take, ready=ready)
-        if self.by_cost and self.guard is not None:  # its nodes are the victims' (their return)
-            self.covered.append(self.holds[("run", job.id)])
-        return victims, take, sum(c.checkpoint_bytes for c in chosen)
+                    self._cover((done_at, len(busy)))
 
     def _take_for(self, job: Job, victims: Sequence[str]) -> tuple[str, ...]:
         """The nodes `job` gets from the free ones and those of `victims` (its OS first)."""
@@ -282,11 +314,44 @@ class PassState:
             held.remove(hold)
         return [*held, *self.returning]
 
+    def _guard_sorted(self) -> list[tuple[float, int]]:
+        """`guard_holds()` sorted: built at the guard's first check, then kept in step with
+        every change (`_hold`, `_unhold`, `_cover`, the returns), never sorted again."""
+        if self._sorted_holds is None:
+            self._sorted_holds = sorted(self.guard_holds())
+        return self._sorted_holds
+
+    def _hold(self, key: tuple[str, str], hold: tuple[float, int]) -> None:
+        """`key` holds nodes until `hold` says (estimated end, nodes)."""
+        if key in self.holds:
+            self._unhold(key)
+        self.holds[key] = hold
+        self._sorted_in(hold)
+
+    def _unhold(self, key: tuple[str, str]) -> None:
+        self._sorted_out(self.holds.pop(key))
+
+    def _cover(self, hold: tuple[float, int]) -> None:
+        """`hold` is stood for by a return (`covered`): out of the guard's holds."""
+        self.covered.append(hold)
+        self._sorted_out(hold)
+
+    def _sorted_in(self, hold: tuple[float, int]) -> None:
+        if self._sorted_holds is not None:
+            insort(self._sorted_holds, hold)
+
+    def _sorted_out(self, hold: tuple[float, int]) -> None:
+        if self._sorted_holds is not None:
+            at = bisect_left(self._sorted_holds, hold)
+            if at == len(self._sorted_holds) or self._sorted_holds[at] != hold:
+                raise ValueError(f"hold {hold} is not among the guard's holds")
+            del self._sorted_holds[at]
+
     def harm(self, job: Job, cands: Sequence[Job]) -> list[bool]:
         """Which of `cands` would move the guard's reserved start if `job` preempted them
         (`guard.harmful`, with the holds `keeps_guard` reads)."""
         assert self.guard is not None
-        start, _ = reservation(self.now, self.free_count(), self.guard.nodes, self.guard_holds())
+        start = reserved_start(self.now, self.free_count(), self.guard.nodes, self._guard_sorted())
         return harmful(
             self.now,
             start,
@@ -303,11 +368,11 @@ class PassState:
         for v in victims:
             ready = max(ready, self.now + self.costs.checkpoint_s(self.jobs[v]))
         gone = [(*self.holds[("run", v)], self.costs.checkpoint_s(self.jobs[v])) for v in victims]
-        ok, now_reserved = keeps_reservation(
+        ok, now_reserved = keeps_reservation_sorted(
             self.now,
             self.free_count(),
             self.guard.nodes,
-            self.guard_holds(),
+            self._guard_sorted(),
             gone,
             taken_free,
             ready + estimate(job),
@@ -316,15 +381,18 @@ class PassState:
         )
         self.anchors.setdefault(self.guard.id, now_reserved)
         if not ok and victims:  # a refused preemption: the user is told what it would cost
-            holds = self.guard_holds()
+            holds = self._guard_sorted()
             end = ready + estimate(job)
-            after = reserved_after(self.now, self.free_count(), self.guard.nodes, holds, gone, taken_free, end)
+            after = reserved_after_sorted(self.now, self.free_count(), self.guard.nodes, holds, gone, taken_free, end)
             delay = after - self.anchors[self.guard.id]
             self.waits[job.id] = WaitReason(WaitKind.GUARD, request=job.nodes, job=self.guard.id, delay_s=delay)
         if ok and victims:
-            self.returning += returning(self.now, gone, ready + estimate(job))
+            back = returning(self.now, gone, ready + estimate(job))
             if taken_free:
-                self.returning.append((ready + estimate(job), taken_free))
+                back.append((ready + estimate(job), taken_free))
+            self.returning += back
+            for hold in back:
+                self._sorted_in(hold)
         return ok
 
     def wait_reasons(self, waiting: Sequence[Job], head: Job | None) -> dict[str, WaitReason]:
@@ -354,12 +422,28 @@ class PassState:
     def _current_view(self) -> ClusterView:
         """The view as the pass has changed it so far: started jobs running on their nodes,
         this pass's victims holding only the nodes their checkpoint still occupies, nodes on
-        the images they were switched to."""
-        jobs = []
-        for j in self.jobs.values():
-            busy = self.checkpointing.get(j.id)
-            jobs.append(j if busy is None else replace(j, allocated_nodes=busy))
-        nodes: list[Node] = [
-            replace(n, os_image=self.node_os[n.name]) if n.name in self.node_os else n for n in self.view.nodes
-        ]
-        return replace(self.view, jobs=tuple(jobs), nodes=tuple(nodes), usage=self.usage)
+        the images they were switched to (under `ubis`, whose victims are priced in it).
+        Only what changed is copied, and the ids are the view's own, already checked: it is
+        not validated again (that check was most of this view's cost at 120,000 jobs)."""
+        busy = self.checkpointing
+        jobs = tuple(j if j.id not in busy else replace(j, allocated_nodes=busy[j.id]) for j in self.jobs.values())
+        node_os = self.node_os
+        nodes = tuple(
+            replace(n, os_image=node_os[n.name]) if node_os.get(n.name, n.os_image) != n.os_image else n
+            for n in self.view.nodes
+        )
+        return _same_ids(self.view, jobs, nodes, self.usage)
+
+
+def _same_ids(
+    view: ClusterView, jobs: tuple[Job, ...], nodes: tuple[Node, ...], usage: Mapping[str, float]
+) -> ClusterView:
+    """`replace(view, jobs=jobs, nodes=nodes, usage=usage)` for jobs and nodes that carry the
+    view's own ids (so its uniqueness check would pass), without running that check again."""
+    out = object.__new__(ClusterView)
+    for name in ClusterView.__dataclass_fields__:
+        object.__setattr__(out, name, getattr(view, name))
+    object.__setattr__(out, "jobs", jobs)
+    object.__setattr__(out, "nodes", nodes)
+    object.__setattr__(out, "usage", MappingProxyType(dict(usage)))
+    return out

@@ -54,7 +54,7 @@ from preemption.scheduling.site_order import SiteOrder, site_values, walk_order
 from preemption.scheduling.waiting import WaitReason
 from ubis_priority import compute, integer_priority
 from vjob.config import Config
-from vjob.model import ClusterView, Job, JobState
+from vjob.model import ClusterView, Job, JobClass, JobState
 from vjob.rms import PriorityKnob
 
 
@@ -153,7 +153,7 @@ def decide(
 
     state = PassState(view, cfg, costs or Costs(), checkpointable, sleeping, bill_victims, pol)
     state.anchors.update(anchors or {})
-    queue = [j for j in view.pending if j.state is JobState.PENDING or j.id in sleeping]
+    queue = [j for j in view.jobs if j.state is JobState.PENDING or (j.state is JobState.HELD and j.id in sleeping)]
     ordered, tiers = _order(pol, queue, pending_prio, state)
     exact = knob is not None and knob.share < 1.0 and site is not None and bool(tiers)
     if exact:
@@ -165,11 +165,11 @@ def decide(
         started += _backfill(view.now, head, head_priv, ordered[head_at + 1 :], state, backfill_depth, hard)
 
     done = set(started)
-    waiting = [j for j in queue if j.interactive and j.state is JobState.PENDING and j.id not in done]
+    interactive = JobClass.INTERACTIVE
+    waiting = [j for j in queue if j.job_class is interactive and j.state is JobState.PENDING and j.id not in done]
+    held = {j.id for j in queue if j.state is JobState.HELD}
     releases = tuple(
-        Release(job_id, state.resumed_on.get(job_id, ()))
-        for job_id in started
-        if job_id in sleeping and view.job(job_id).state is JobState.HELD
+        Release(job_id, state.resumed_on.get(job_id, ())) for job_id in started if job_id in sleeping and job_id in held
     )
     return Decision(
         priorities=pending_prio,
@@ -272,8 +272,9 @@ def _order(
     elif policy.order is Order.PRIVILEGED_FIRST:
         order = mms_order(submit, [j.interactive and state.within_caps(j) for j in queue])
     elif policy.order is Order.TIERS:
-        privileged = [j.interactive and state.within_caps(j) for j in queue]
-        ahead = [j.interactive for j in queue] if state.interactive_ahead in ("queue", "guarded") else None
+        inter = [j.job_class is JobClass.INTERACTIVE for j in queue]
+        privileged = [i and state.within_caps(j) for i, j in zip(inter, queue, strict=True)]
+        ahead = inter if state.interactive_ahead in ("queue", "guarded") else None
         resumed = [j.preempt_count > 0 for j in queue]
         rated = [
             prio[j.id] if state.ubis_tiers or (state.ubis_interactive and p) else 0.0
@@ -281,23 +282,27 @@ def _order(
         ]
         order = vjob_order(submit, privileged, resumed, ahead, rated, id_ranks(queue))
         tiers = vjob_tiers(privileged, resumed, ahead)
-        tier_of = {queue[k].id: int(t) for k, t in enumerate(tiers.tolist())}
+        tier_of = dict(zip([j.id for j in queue], tiers.tolist(), strict=True))
         # the guard: the first batch job in the order, whose reservation preemptions keep
-        state.guard = next((queue[int(i)] for i in order if not queue[int(i)].interactive), None)
+        state.guard = next((queue[i] for i in order.tolist() if not inter[i]), None)
     else:
         order = ubis_order([prio[j.id] for j in queue], submit)
-    return [queue[int(i)] for i in order], tier_of
+    return [queue[i] for i in order.tolist()], tier_of
 
 
-def id_ranks(jobs: Sequence[Job]) -> list[int]:
+def id_ranks(jobs: Sequence[Job]) -> np.ndarray:
     """Each job's place when the ids are sorted shortest first, then as text: numeric ids
     ("99" < "100", "7_2" < "7_10", "9.server" < "10.server") in their numeric order, so a
     tie of priority and submission time goes to the earlier job, as in the simulator (its
-    job index)."""
-    by_id = sorted(range(len(jobs)), key=lambda k: (len(jobs[k].id), jobs[k].id))
-    ranks = [0] * len(jobs)
-    for place, k in enumerate(by_id):
-        ranks[k] = place
+    job index). In NumPy (a Python sort keyed per job cost a tenth of a second at 100,000
+    jobs): ids of equal length compare as Python compares them."""
+    ids = [j.id for j in jobs]
+    if not ids:
+        return np.zeros(0, dtype=np.int64)
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    by_id = np.lexsort((np.array(ids), lengths))
+    ranks = np.empty(len(ids), dtype=np.int64)
+    ranks[by_id] = np.arange(len(ids), dtype=np.int64)
     return ranks
 
 
@@ -314,7 +319,10 @@ def _site_priorities(
     the rest (site_order.py); the queue re-walked in the order the RMS will then follow, and
     the guard (the first batch job) taken from that order, so that the job it protects is
     the one the RMS starts first. Pending jobs outside the queue get the lowest value."""
-    rated = [j for j in ordered if state.ubis_tiers or (state.ubis_interactive and tiers[j.id] == 0)]
+    if state.ubis_tiers or state.ubis_interactive:
+        rated = [j for j in ordered if state.ubis_tiers or tiers[j.id] == 0]
+    else:
+        rated = []  # `tier_order = "submit"`: no tier is ranked by UBIS priority
     fractions = {j.id: pending[j.id] / max_priority for j in rated} if max_priority > 0 else {}
     sent = site_values(ordered, tiers, fractions, knob, site.span)
     walked = walk_order(ordered, sent, site.own)

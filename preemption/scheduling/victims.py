@@ -70,10 +70,22 @@ def choose_victims(need: int, candidates: Iterable[Candidate]) -> list[Candidate
     """
     if need <= 0:
         return []
-    ordered = sorted(
-        candidates,
-        key=lambda c: (c.priority, -(c.nodes_with_os / c.nodes) if c.nodes else 0.0, c.checkpoint_bytes, c.job_id),
-    )
+    return greedy_victims(need, sorted(candidates, key=victim_key))
+
+
+def victim_key(c: Candidate) -> tuple[float, float, float, str]:
+    """`choose_victims`' order: lowest priority, larger share of nodes on the preemptor's OS,
+    cheaper checkpoint, job id (unique: the order is total)."""
+    return (c.priority, -(c.nodes_with_os / c.nodes) if c.nodes else 0.0, c.checkpoint_bytes, c.job_id)
+
+
+def greedy_victims(need: int, ordered: Iterable[Candidate]) -> list[Candidate] | None:
+    """`choose_victims`' rule over candidates already in its order (`victim_key`): take them
+    until `need` nodes are freed, then drop the ones not needed, highest priority first; None
+    when all of them cannot free `need`. Reads `ordered` only as far as it takes (the pass's
+    victim pool keeps it sorted, victim_pool.py)."""
+    if need <= 0:
+        return []
     chosen: list[Candidate] = []
     freed = 0
     for cand in ordered:

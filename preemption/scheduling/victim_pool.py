@@ -1,0 +1,124 @@
+"""The running jobs one scheduling pass may checkpoint, kept up to date as the pass moves.
+
+Why a pool of its own: `PassState.preempt_for` used to find its candidates by scanning every
+job of the view, and rebuilt a whole ClusterView to price them, once per interactive job that
+did not fit — at a site's size (120,000 jobs, hundreds of interactive jobs waiting) that was
+most of the agent's tick (issue 37). What makes a job a candidate changes only when the pass
+starts a batch job (one more) or checkpoints one (one fewer): the nodes a candidate holds and
+the images they run do not move while the pass runs (the pass only hands out free nodes and
+victims' nodes). So the pool is built once per pass, and under the vjob policy (victims by
+cost) its members are kept sorted per image in `choose_victims`' order, so that a preemption
+reads only the cheapest few instead of sorting all of them.
+
+Same answers as before, to the victim: `cheapest` walks the members in exactly the order
+`choose_victims` sorts them and applies its rule (`victims.greedy_victims`).
+"""
+
+from __future__ import annotations
+
+from bisect import insort
+from collections.abc import Collection, Mapping
+from typing import NamedTuple
+
+from preemption.scheduling.victims import MIB, Candidate, greedy_victims, victim_key
+from vjob.model import ClusterView, Job, JobClass
+
+
+class Member(NamedTuple):
+    """A candidate victim, reduced to what choosing it reads."""
+
+    job_id: str
+    nodes: tuple[str, ...]
+    """The usable nodes it holds, in its allocation order (all freed when checkpointed)."""
+    preempt_count: int
+    checkpoint_bytes: float
+
+
+def vm_bytes(view: ClusterView) -> dict[str, int]:
+    """Job id → the memory of its VMs in bytes, for the jobs the view has VMs of (one pass
+    over the VMs, instead of one per candidate)."""
+    out: dict[str, int] = {}
+    for vm in view.vms:
+        out[vm.job_id] = out.get(vm.job_id, 0) + vm.memory_mb * MIB
+    return out
+
+
+class VictimPool:
+    """The running batch jobs a pass may checkpoint: those it may (`checkpointable`, under
+    vjob preempted fewer than `max_preemptions` times) that hold a node of their own."""
+
+    def __init__(
+        self,
+        checkpointable: Collection[str] | None,
+        max_preemptions: int | None,
+        vms: Mapping[str, int],
+        node_os: Mapping[str, str],
+    ) -> None:
+        """`node_os`: the pass's node → image map (read live: a member's nodes keep theirs)."""
+        self.checkpointable = checkpointable
+        self.max_preemptions = max_preemptions
+        self.vms = vms
+        self.members: dict[str, Member] = {}
+        self.nodes = 0
+        """How many nodes checkpointing every member would free."""
+        self._ranked: dict[str, list[tuple[tuple[float, float, float, str], Candidate]]] = {}
+        """Image → the members as `Candidate`s under vjob's cost, in `choose_victims`' order."""
+        self._node_os = node_os
+
+    def admits(self, job: Job) -> bool:
+        """Whether running `job` may be a victim at all (before its nodes are looked at)."""
+        return (
+            job.job_class is JobClass.BATCH
+            and (self.checkpointable is None or job.id in self.checkpointable)
+            and (self.max_preemptions is None or job.preempt_count < self.max_preemptions)
+        )
+
+    def add(self, job: Job, nodes: tuple[str, ...]) -> None:
+        """`job` runs on `nodes` (those it holds): a candidate from now on, if admitted."""
+        if not nodes or not self.admits(job):
+            return
+        held = self.vms.get(job.id)
+        # checkpoint_bytes' rule: the VMs' memory, else memory_mb per allocated node
+        size = float(held) if held is not None else float(job.memory_mb) * MIB * len(job.allocated_nodes)
+        member = Member(job.id, nodes, job.preempt_count, size)
+        self.members[job.id] = member
+        self.nodes += len(nodes)
+        for image, ranked in self._ranked.items():
+            insort(ranked, self._entry(member, image))
+
+    def remove(self, job_id: str) -> None:
+        """`job_id` is checkpointed by this pass: no longer a candidate."""
+        member = self.members.pop(job_id, None)
+        if member is not None:
+            self.nodes -= len(member.nodes)
+
+    def candidates(self, image: str, prio: Mapping[str, float]) -> list[Candidate]:
+        """Every member as a `Candidate` for a job asking for `image`, priced by `prio`."""
+        return [
+            Candidate(m.job_id, prio[m.job_id], len(m.nodes), _on_image(m, image, self._node_os), m.checkpoint_bytes)
+            for m in self.members.values()
+        ]
+
+    def cheapest(self, want: int, image: str) -> list[Candidate] | None:
+        """`choose_victims(want, candidates)` with each member priced by its preempt count
+        (vjob's cost), read from the members kept in that order for `image`."""
+        ranked = self._ranked.get(image)
+        if ranked is None:
+            ranked = sorted(self._entry(m, image) for m in self.members.values())
+            self._ranked[image] = ranked
+        members = self.members
+        return greedy_victims(want, (c for _, c in ranked if c.job_id in members))
+
+    def _entry(self, member: Member, image: str) -> tuple[tuple[float, float, float, str], Candidate]:
+        cand = Candidate(
+            member.job_id,
+            float(member.preempt_count),
+            len(member.nodes),
+            _on_image(member, image, self._node_os),
+            member.checkpoint_bytes,
+        )
+        return victim_key(cand), cand
+
+
+def _on_image(member: Member, image: str, node_os: Mapping[str, str]) -> int:
+    return sum(1 for n in member.nodes if node_os[n] == image)
