@@ -42,6 +42,7 @@ from preemption.planner.placement import (
 )
 from preemption.planner.plan import Plan, local_cost
 from preemption.planner.sequencing import SequencingError, build_plan
+from preemption.planner.staged import staged_placement
 from preemption.planner.validator import validate
 from vjob import log
 from vjob.errors import InputError
@@ -68,9 +69,12 @@ def answer_reserve(inst: Instance) -> float:
 
     Measured at 30,000 VMs: the plan's JSON (indented) about 0.4 s and the process's exit
     (freeing the model, OR-Tools' threads) a few tenths more on a loaded machine, hence 40 µs
-    per VM plus 0.2 s (1.05 s measured at load 3-5).
+    per VM (1.05 s measured at load 3-5). The exit alone, once OR-Tools is imported (its native
+    library's teardown), took 0.3-0.75 s at load 9-13 against 0.02 s without it, and 1.3-1.5 s
+    after a 5,000-VM plan, hence 0.5 s on top (it was 0.2 s: a 10 s plan of 5,000 VMs ended at
+    10.05 s at load 8.8).
     """
-    return 0.2 + 40e-6 * len(inst.vms)
+    return 0.5 + 40e-6 * len(inst.vms)
 
 
 def make_plan(
@@ -111,9 +115,9 @@ def make_plan(
     if optimizer == "ffd":
         candidates = _ffd_candidates(inst, ffd if ffd_packs else None, known, warnings)
     else:
-        starts = _heuristic_starts(inst, known, ffd_packs, plans, errors)
-        stats["heuristics_seconds"] = round(time.perf_counter() - called, 3)
         reserve = sequencing_reserve(inst, time_limit_s)
+        starts = _heuristic_starts(inst, known, ffd_packs, plans, errors, deadline - reserve)
+        stats["heuristics_seconds"] = round(time.perf_counter() - called, 3)
         ffd_start = ffd if ffd_packs else None
         ends = (deadline - reserve, deadline)
         candidates = _cpsat_candidates(inst, starts, ffd_start, stats, warnings, ends, time_limit_s, workers)
@@ -167,11 +171,25 @@ def _ffd_candidates(
 
 
 def _heuristic_starts(
-    inst: Instance, known: Placement | None, ffd_packs: bool, plans: dict[str, Plan], errors: list[str]
+    inst: Instance,
+    known: Placement | None,
+    ffd_packs: bool,
+    plans: dict[str, Plan],
+    errors: list[str],
+    deadline: float,
 ) -> list[tuple[str, Placement]]:
-    """Fast heuristic starts (each viable), their plans put in `plans`, ranked by those plans' cost."""
+    """Fast heuristic starts (each viable), their plans put in `plans`, ranked by those plans' cost.
+
+    `staged` (preemption.planner.staged) is the one built for the pools; it gives up at `deadline`.
+    """
     starts: list[tuple[str, Placement]] = []
-    for name, (placed, left) in (("keep-in-place", keep_in_place(inst)), ("sticky", sticky_pack(inst))):
+    heuristics = (
+        ("staged", lambda: staged_placement(inst, deadline=deadline)),
+        ("keep-in-place", lambda: keep_in_place(inst)),
+        ("sticky", lambda: sticky_pack(inst)),
+    )
+    for name, heuristic in heuristics:
+        placed, left = heuristic()
         if not left:
             starts.append((name, placed))
     if known is not None:
