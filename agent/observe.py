@@ -10,27 +10,29 @@ one user's bad file never stops a tick for everybody.
 from __future__ import annotations
 
 import os
+import pwd
 import stat
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from operator import attrgetter
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-from sqlalchemy import select
-
+from agent.observe_rows import Tracked, records_of, store_records, tracked
+from agent.pilot_dirs import pilot_dirs
 from agent.pilot_snapshots import record_pilot_snapshots
 from agent.ports import Ports
 from provisioning.images import record_node_image
 from ubis_priority import usage as ubis_usage
 from vjob.errors import InputError, StoreError, VjobError
 from vjob.model import ClusterView, Job, JobState, VJobState
-from vjob.pilot_files import PilotDir, PilotState, PilotStatus, all_dirs, claimed_vms, vms_of
+from vjob.pilot_files import PilotDir, PilotState, PilotStatus, claimed_vms, vms_of
 from vjob.store import jobs as store_jobs
 from vjob.store import journal
 from vjob.store import vms as store_vms
 from vjob.store.db import Store
-from vjob.store.schema import JobRecord
 
 
 @dataclass
@@ -50,7 +52,7 @@ def observe(ports: Ports, *, track: bool = True) -> Observation:
     rms_jobs = ports.adapter.jobs()
     nodes = ports.adapter.nodes()
     users = {j.id: j.user for j in rms_jobs}
-    dirs = all_dirs(ports.root, ports.rms)
+    dirs = pilot_dirs(Path(ports.root), ports.rms)
     pilots = read_pilots(ports, dirs, pilot_users(ports, dirs, users), max_vms=len(nodes) or None)
     jobs: list[Job] = []
     sleeping: dict[str, tuple[str, ...]] = {}
@@ -58,7 +60,7 @@ def observe(ports: Ports, *, track: bool = True) -> Observation:
     records: dict[str, Tracked] = {}
     try:
         store = ports.store()
-        records = _records(ports, store, rms_jobs)
+        records = records_of(ports, store, rms_jobs)
         if track:
             for job in rms_jobs:
                 if job.id not in records:
@@ -69,9 +71,18 @@ def observe(ports: Ports, *, track: bool = True) -> Observation:
     except StoreError as exc:
         ports.store.failed(exc)
         store_ok = False
+    derived = _DERIVED.setdefault((ports.rms, str(ports.root)), {})
+    for gone in derived.keys() - users.keys():
+        del derived[gone]
     for job in rms_jobs:
         rec = records.get(job.id)
         pilot = pilots.get(job.id)
+        kept = derived.get(job.id)
+        if kept is not None and kept[0] is job and kept[1] == rec and kept[2] is pilot:
+            if kept[4] is not None:  # the same job, row and pilot state as last tick: the same result
+                sleeping[job.id] = kept[4]
+            jobs.append(kept[3])
+            continue
         changes: dict[str, Any] = {}
         if rec is not None and (rec.preempt_count, rec.preempted_seconds, rec.preempted_since) != (
             job.preempt_count,
@@ -93,14 +104,13 @@ def observe(ports: Ports, *, track: bool = True) -> Observation:
                 sleeping[job.id] = tuple(pilot.saved_nodes) if pilot else ()
         if pilot is not None:
             changes["vjob_state"] = _vjob_state(job, pilot, job.id in sleeping)
-        jobs.append(replace(job, **changes) if changes else job)
+        out = replace(job, **changes) if changes else job
+        derived[job.id] = (job, rec, pilot, out, sleeping.get(job.id))
+        jobs.append(out)
     usage, targets = _shares(ports, store_ok)
     view = ClusterView(now=now, jobs=tuple(jobs), nodes=tuple(nodes), usage=usage, targets=targets)
-    counts: dict[tuple[str, str], int] = {}
-    for job in jobs:
-        key = (job.job_class.value, job.state.value)
-        counts[key] = counts.get(key, 0) + 1
-    ports.metrics.set_queue(counts)
+    by_kind = Counter(zip(map(attrgetter("job_class"), jobs), map(attrgetter("state"), jobs), strict=True))
+    ports.metrics.set_queue({(kind.value, state.value): n for (kind, state), n in by_kind.items()})
     return Observation(view=view, pilots=pilots, sleeping=sleeping, store_ok=store_ok)
 
 
@@ -159,6 +169,16 @@ def _signature(path: Path) -> tuple[int, ...] | None:
     return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
 
 
+_STATE_FILES: dict[Path, Path] = {}
+"""A pilot directory → its state file's path (made once: pathlib costs microseconds a path)."""
+_CLAIMED: dict[Path, tuple[PilotStatus, int | None]] = {}
+"""A state file → the state read from it and the node count it was checked against
+(claimed_vms): the same state object is not checked again."""
+_DERIVED: dict[tuple[str, str], dict[str, tuple[Job, Any, Any, Job, tuple[str, ...] | None]]] = {}
+"""observe's result for each job: the RMS's Job, its store row and pilot state, the Job made of
+them and where it sleeps; the same three give the same two (not made again each tick)."""
+
+
 OwnerCache = dict[Path, tuple[tuple[int, ...], str | None, int | None, float]]
 """A pilot directory → its lstat signature, the user asked for, the owner found, when (hear's `owners`)."""
 _OWNER_CACHES: dict[Path, OwnerCache] = {}
@@ -167,34 +187,58 @@ OWNER_CACHE_S = 60.0
 check looks the user up (pwd), a file scan or a directory service query per vjob per tick."""
 
 
-def _check_owner(pdir: PilotDir, user: str | None, cache: OwnerCache | None) -> int | None:
+def _check_owner(
+    pdir: PilotDir, user: str | None, cache: OwnerCache | None, uids: dict[str, int | None] | None = None
+) -> int | None:
     """pdir.check_owner(user), not asked again while the directory itself (device, inode, owner,
     mode) and its user are unchanged, for up to OWNER_CACHE_S: a link or another owner put in its
-    place changes the signature and is checked at once."""
+    place changes the signature and is checked at once. `uids`: the users' uids looked up in this
+    tick (a site's 19,000 directories all come due in the same tick: one look-up per user)."""
     if cache is None:
         return pdir.check_owner(user)
     try:
-        info = os.lstat(pdir.path)
-        sig: tuple[int, ...] | None = (info.st_dev, info.st_ino, info.st_uid, info.st_mode)
+        info: os.stat_result | None = os.lstat(pdir.path)
+    except FileNotFoundError:
+        info = None
     except OSError:
-        sig = None
+        return pdir.check_owner(user)  # says what is wrong
+    sig = (info.st_dev, info.st_ino, info.st_uid, info.st_mode) if info is not None else None
     now = time.monotonic()
     kept = cache.get(pdir.path)
     if sig is not None and kept is not None and kept[0] == sig and kept[1] == user and now - kept[3] < OWNER_CACHE_S:
         return kept[2]
-    owner = pdir.check_owner(user)
+    owner = _owner(pdir, info, user, uids if uids is not None else {})
     if sig is not None:
         cache[pdir.path] = (sig, user, owner, now)
     return owner
 
 
-def _read_state(pdir: PilotDir, cache: StateCache | None, seen: set[Path]) -> PilotStatus | None:
-    """The directory's state (its owner checked already), read again only when its file changed."""
+def _owner(pdir: PilotDir, info: os.stat_result | None, user: str | None, uids: dict[str, int | None]) -> int | None:
+    """PilotDir.check_owner's rule, on the directory's lstat taken already: no directory (None),
+    a link or anything but a directory refused, an owner other than root or `user` refused."""
+    if info is None:
+        return None
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise InputError(f"{pdir.path}: not a plain directory")
+    if user and user not in uids:
+        try:
+            uids[user] = pwd.getpwnam(user).pw_uid
+        except KeyError:
+            uids[user] = None
+    uid = uids.get(user) if user else None
+    if info.st_uid not in (0, uid):
+        raise InputError(f"{pdir.path}: owned by uid {info.st_uid}, not by the job's user {user!r}")
+    return info.st_uid
+
+
+def _read_state(
+    pdir: PilotDir, cache: StateCache | None, seen: set[Path], path: Path, sig: tuple[int, ...] | None
+) -> PilotStatus | None:
+    """The directory's state (its owner checked already), read again only when its file changed
+    (`sig`: its signature, taken before the owner check)."""
     if cache is None:
         return pdir.read_state()
-    path = pdir.state_file
     seen.add(path)
-    sig = _signature(path)
     kept = cache.get(path)
     if sig is not None and kept is not None and kept[0] == sig:
         return kept[1]
@@ -228,30 +272,42 @@ def hear(
     heard: dict[str, tuple[PilotDir, PilotStatus]] = {}
     refused: list[tuple[str, str | None, str]] = []
     seen: set[Path] = set()
+    uids: dict[str, int | None] = {}
     for pdir in dirs:
         if pdir.job_id in heard:
             continue  # its own directory was read already; the others are nobody's word
+        state_file = _STATE_FILES.get(pdir.path) or _STATE_FILES.setdefault(pdir.path, pdir.state_file)
+        sig = _signature(state_file) if cache is not None else None
+        if sig is None and not os.path.lexists(state_file):
+            continue  # no state file (yet): not a pilot's word (vjob.pilot_files.all_dirs)
         try:
-            owner = _check_owner(pdir, users.get(pdir.job_id), owners)
+            owner = _check_owner(pdir, users.get(pdir.job_id), owners, uids)
             pdir.owners = (0,) if not owner else (owner, 0)  # its later requests and withdrawals: the same rule
-            st = _read_state(pdir, cache, seen)
+            st = _read_state(pdir, cache, seen, state_file, sig)
         except VjobError as exc:
             refused.append((pdir.job_id, None, str(exc)))
             continue
         if st is None:
             continue
         try:
-            claimed_vms(pdir.rms, pdir.job_id, st, max_vms=max_vms)
+            checked = _CLAIMED.get(state_file) if cache is not None else None
+            if checked is None or checked[0] is not st or checked[1] != max_vms:
+                claimed_vms(pdir.rms, pdir.job_id, st, max_vms=max_vms)
+                if cache is not None:
+                    _CLAIMED[state_file] = (st, max_vms)
         except InputError as exc:
             refused.append((pdir.job_id, st.vm, str(exc)))
             continue
         heard[pdir.job_id] = (pdir, st)
     if cache is not None:
-        for gone in set(cache) - seen:
+        for gone in cache.keys() - seen:
             del cache[gone]
+            _CLAIMED.pop(gone, None)
     if owners is not None:
         for gone in set(owners) - {d.path for d in dirs}:
             del owners[gone]
+    if len(_STATE_FILES) > 2 * len(dirs) + 1000:
+        _STATE_FILES.clear()
     return heard, refused
 
 
@@ -288,36 +344,59 @@ def _remember_vms(ports: Ports, store: Store, rms_jobs: Sequence[Job], pilots: d
     VMs' names are derived from the job id (one, or one per node of a multi-node pilot,
     vjob.pilot_files.vms_of). Later clean-ups delete only what is recorded here. Written once
     per placement (the agent remembers what it recorded), not every tick: this runs for every
-    running vjob of the cluster."""
+    running vjob of the cluster; a job whose Job, pilot state and record are the very ones of
+    the last tick that found it recorded is not looked at again."""
     recorded = ports.recorded_vms
-    for gone in set(recorded) - {j.id for j in rms_jobs}:
+    listed = {j.id for j in rms_jobs}
+    for gone in recorded.keys() - listed:
         del recorded[gone]
-    placed = {j.id: vms_of(pilots[j.id]) for j in rms_jobs if j.id in pilots}
-    off = [
-        j.id for j in rms_jobs if j.allocated_nodes and any(n not in j.allocated_nodes for _, n in placed.get(j.id, ()))
-    ]
-    # A VM off its allocation is believed only where root's journal migrated it (agent.remap_step).
-    moved_to = {m.vm_name: m.destination for m in journal.migrations(store, ports.rms, off)} if off else {}
+    done = _PLACED.setdefault((ports.rms, str(ports.root)), {})
+    for gone in done.keys() - listed:
+        del done[gone]
+    todo = []
     for job in rms_jobs:
         st = pilots.get(job.id)
         if job.state is not JobState.RUNNING or st is None or st.state is not PilotState.RUNNING:
             continue
+        kept = done.get(job.id)
+        if kept is not None and kept[0] is job and kept[1] is st and kept[2] == recorded.get(job.id):
+            continue
+        todo.append((job, st))
+    if not todo:
+        return
+    placed = {job.id: vms_of(st) for job, st in todo}
+    off = [j.id for j, _ in todo if j.allocated_nodes and any(n not in j.allocated_nodes for _, n in placed[j.id])]
+    # A VM off its allocation is believed only where root's journal migrated it (agent.remap_step)
+    # or root recorded it after moving its vjob whole (no migrate journalled: agent.remap_whole).
+    moved_to = {m.vm_name: m.destination for m in journal.migrations(store, ports.rms, off)} if off else {}
+    recorded_at = {v.name: v.node for job_id in off for v in store_vms.of_job(store, ports.rms, job_id)}
+    for job, st in todo:
         vms = placed[job.id]
-        astray = [n for vm, n in vms if job.allocated_nodes and n not in job.allocated_nodes and moved_to.get(vm) != n]
+        astray = [
+            n
+            for vm, n in vms
+            if job.allocated_nodes and n not in job.allocated_nodes and n not in (moved_to.get(vm), recorded_at.get(vm))
+        ]
         if astray:
             ports.log.warning("pilot claims a node the RMS did not allocate", jobs=[job.id], node=astray[0])
             continue
         where = ",".join(node for _vm, node in vms)
-        if recorded.get(job.id) == (where, st.image):
-            continue
-        try:
-            for vm, node in vms:
-                store_vms.remember(store, ports.rms, job, vm=vm, node=node, image=st.image, memory_mb=st.memory_mb)
-                if st.image:  # the node now carries this OS (UBIS's N_availableOS), docs/realjobs.md
-                    record_node_image(store, node, st.image)
-            recorded[job.id] = (where, st.image)
-        except InputError as exc:
-            ports.log.warning("VM not recorded", jobs=[job.id[:64]], error=str(exc))
+        if recorded.get(job.id) != (where, st.image):
+            try:
+                for vm, node in vms:
+                    store_vms.remember(store, ports.rms, job, vm=vm, node=node, image=st.image, memory_mb=st.memory_mb)
+                    if st.image:  # the node now carries this OS (UBIS's N_availableOS), docs/realjobs.md
+                        record_node_image(store, node, st.image)
+                recorded[job.id] = (where, st.image)
+            except InputError as exc:
+                ports.log.warning("VM not recorded", jobs=[job.id[:64]], error=str(exc))
+                continue
+        done[job.id] = (job, st, recorded[job.id])
+
+
+_PLACED: dict[tuple[str, str], dict[str, tuple[Job, PilotStatus, tuple[str, str]]]] = {}
+"""Per agent (RMS, pilot root): job id → the Job, pilot state and record _remember_vms last
+found in agreement."""
 
 
 def _shares(ports: Ports, store_ok: bool) -> tuple[dict[str, float], dict[str, float]]:
@@ -332,93 +411,6 @@ def _shares(ports: Ports, store_ok: bool) -> tuple[dict[str, float], dict[str, f
         return {}, dict(ports.cfg.priority.targets)
 
 
-@dataclass
-class _Rows:
-    """The store rows observe last read, and the Job each was read for (_records)."""
-
-    jobs: dict[str, Job]
-    rows: dict[str, Tracked]
-    read_at: float = 0.0
-    ticks: int = 0
-
-
-_ROWS: dict[tuple[str, str], _Rows] = {}
-ROWS_FULL_EVERY = 30
-"""Ticks between two reads of every listed job's row (_records)."""
-ROWS_STALE_S = 60.0
-"""A pause longer than this (a standby, a store outage) and every row is read again."""
-
-
-def _records(ports: Ports, store: Store, rms_jobs: Sequence[Job]) -> dict[str, Tracked]:
-    """The store rows of the RMS's jobs, read again only where they may have changed.
-
-    Only the agent holding the lease writes a job's row (tracked, preempted, resumed), and each
-    of those writes follows a change the RMS shows: a requeue-held victim, a resumed job. So a
-    row is read again when its Job is not the very object of the last tick (the adapter keeps
-    unchanged jobs' objects: plugins.slurm.incremental; other adapters make new ones every tick,
-    and all their rows are read as before), when it is preempted now (its resume may come
-    first), when it was not in the store, every ROWS_FULL_EVERY ticks, and after a pause."""
-    cache = _ROWS.setdefault((ports.rms, str(ports.root)), _Rows({}, {}))
-    now = time.monotonic()
-    full = cache.ticks % ROWS_FULL_EVERY == 0 or now - cache.read_at > ROWS_STALE_S
-    stale = [
-        j.id
-        for j in rms_jobs
-        if full
-        or cache.jobs.get(j.id) is not j
-        or j.id not in cache.rows
-        or cache.rows[j.id].preempted_since is not None
-    ]
-    fresh = tracked(store, ports.rms, stale) if stale else {}
-    rows = {j.id: cache.rows[j.id] for j in rms_jobs if j.id in cache.rows and not full}
-    for job_id in stale:
-        rows.pop(job_id, None)
-    rows.update(fresh)
-    cache.jobs = {j.id: j for j in rms_jobs}
-    cache.rows, cache.read_at, cache.ticks = rows, now, cache.ticks + 1
-    return dict(rows)
-
-
-class Tracked(NamedTuple):
-    """What the agent reads of a job's store row each tick (not the ORM object: at a site's
-    size, 120,000 of those cost seconds a tick to build)."""
-
-    rms_job_id: str
-    user: str
-    preempt_count: int
-    preempted_seconds: float
-    preempted_since: float | None
-
-
-def store_records(store: Store, rms: str, job_ids: list[str], chunk: int = 2000) -> dict[str, JobRecord]:
-    """The store's rows of these jobs, in a few queries instead of one per job."""
-    out: dict[str, JobRecord] = {}
-    with store.session() as s:
-        for i in range(0, len(job_ids), chunk):
-            part = job_ids[i : i + chunk]
-            rows = s.scalars(select(JobRecord).where(JobRecord.rms == rms, JobRecord.rms_job_id.in_(part)))
-            out.update({r.rms_job_id: r for r in rows})
-    return out
-
-
-def tracked(store: Store, rms: str, job_ids: list[str], chunk: int = 2000) -> dict[str, Tracked]:
-    """What observe reads of these jobs' store rows, in a few queries of five columns."""
-    out: dict[str, Tracked] = {}
-    columns = (
-        JobRecord.rms_job_id,
-        JobRecord.user,
-        JobRecord.preempt_count,
-        JobRecord.preempted_seconds,
-        JobRecord.preempted_since,
-    )
-    with store.session() as s:
-        for i in range(0, len(job_ids), chunk):
-            part = job_ids[i : i + chunk]
-            rows = s.execute(select(*columns).where(JobRecord.rms == rms, JobRecord.rms_job_id.in_(part)))
-            out.update({r[0]: Tracked(*r) for r in rows})
-    return out
-
-
 def _vjob_state(job: Job, pilot: PilotStatus, sleeping: bool) -> VJobState:
     if sleeping:
         return VJobState.SLEEPING
@@ -429,4 +421,4 @@ def _vjob_state(job: Job, pilot: PilotStatus, sleeping: bool) -> VJobState:
     return VJobState.WAITING
 
 
-__all__ = ["Observation", "hear", "observe", "pilot_users", "read_pilots"]
+__all__ = ["Observation", "Tracked", "hear", "observe", "pilot_users", "read_pilots", "store_records", "tracked"]

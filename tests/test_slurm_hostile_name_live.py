@@ -22,6 +22,7 @@ import pytest
 
 from agent.loop import Agent
 from agent.metrics import AgentMetrics
+from plugins.slurm import parse_json
 from plugins.slurm.adapter import SlurmAdapter
 from plugins.slurm.commands import SlurmCommands
 from vjob.config import parse
@@ -151,3 +152,26 @@ def test_the_agents_observe_tracks_them_without_a_crash(
         assert agent.observe().store_ok  # a second tick's look: the records read back
     finally:
         store.close()
+
+
+def test_the_streamed_reads_by_layout_see_them_as_the_whole_decode_does(
+    slurm_cluster: Any, submitted: tuple[dict[str, str], str, dict[str, str]]
+) -> None:
+    """Issue 37: the adapter's reads by change cut each job's members out of the live output by
+    Slurm's layout (plugins.slurm.json_stream, json_fields); over these names they must give what
+    decoding the whole output gives, learnt from the live layout (not its job-by-job fallback),
+    and the nodes likewise."""
+    jobs, neighbour, _env = submitted
+    mine = [*jobs, neighbour]
+    whole = SlurmAdapter(SlurmCommands(conf=str(slurm_cluster.conf), timeout_s=20))
+    streamed = SlurmAdapter(SlurmCommands(conf=str(slurm_cluster.conf), timeout_s=20), resync_every=5)
+    expected = {j.id: j for j in whole.jobs() if j.id in mine}
+    first = {j.id: j for j in streamed.jobs() if j.id in mine}
+    assert first == expected and streamed.incremental.last.full
+    assert streamed.reuse.misses >= len(mine)  # read by the layout: the fallback keeps no Jobs
+    again = {j.id: j for j in streamed.jobs() if j.id in mine}
+    assert not streamed.incremental.last.full and all(again[k] is first[k] for k in mine)
+    flag = whole._json_flag()
+    command = ("scontrol", [flag, "show", "node"]) if whole.data_parser() else ("sinfo", [flag])
+    nodes_whole = parse_json.nodes(json.loads(whole.cmd.run(*command)), source=command[0])
+    assert streamed.nodes() == nodes_whole

@@ -205,14 +205,13 @@ def test_the_stream_reads_what_json_loads_reads() -> None:
 
 def test_skipping_unwanted_jobs_by_layout_equals_decoding_them_all() -> None:
     """The 22.05 fetch passes over the jobs not asked for by Slurm's indentation (json_stream
-    _Skipper); it must give what decoding every job gives, whatever the chunking."""
+    learn, _asked); it must give what decoding every job gives, whatever the chunking."""
     text = (FIXTURES / "debian-22.05-squeue.json").read_text()
     whole = {int(j.id): j for j in parse_json.jobs(json.loads(text), source="f")}
     buf = json_stream._Buffer(iter([]), "f")
-    buf.text = text
-    buf.at = text.index('"jobs"')
-    buf.at = text.index("{", buf.at)
-    assert json_stream._Skipper.of(buf) is not None  # the recording is laid out as Slurm lays it out
+    buf.data = text.encode()
+    buf.at = buf.data.index(b"{", buf.data.index(b'"jobs"'))
+    assert json_stream.learn(buf) is not None  # the recording is laid out as Slurm lays it out
     for wanted in ({17}, {1, 29}, {14, 15, 16, 99}, set()):
         for size in (7, 333, 1 << 20):
             chunks = (text[i : i + size] for i in range(0, len(text), size))

@@ -27,6 +27,7 @@ from plugins.slurm import hostlist, json_stream, parse_json, parse_text
 from plugins.slurm.commands import SlurmCommands, check_job_id
 from plugins.slurm.environment import ENVIRONMENT, wake_file
 from plugins.slurm.incremental import LISTING_ARGS, IncrementalJobs
+from plugins.slurm.json_fields import NodeReuse, Reuse
 from plugins.slurm.proctrack import ProctrackReader
 from plugins.slurm.site_default import sync_partition_defaults
 from plugins.slurm.site_priority import SiteReader
@@ -81,6 +82,10 @@ class SlurmAdapter:
         )
         """Observation by change (plugins.slurm.incremental), `[slurm] resync_every` > 1; else
         every job's JSON at every tick."""
+        self.reuse = Reuse()
+        self.node_reuse = NodeReuse()
+        """The Jobs of the last streamed reads, given back as they were where unchanged
+        (plugins.slurm.json_fields)."""
         self.node_os = node_os
         self.on_nodes = on_nodes
         """Told the nodes at every read (plugins.slurm.vm_sizes.Publisher: job_submit.lua's sizes)."""
@@ -187,7 +192,8 @@ class SlurmAdapter:
         """Every job's JSON, read as a stream (plugins.slurm.json_stream): a site's listing
         is too large to hold as text and as dicts at once."""
         flag = self._json_flag()
-        return json_stream.jobs(json_stream.command_chunks(self.cmd, "squeue", [flag]), source=f"squeue {flag}")
+        chunks = json_stream.command_chunks(self.cmd, "squeue", [flag])
+        return json_stream.jobs(chunks, source=f"squeue {flag}", reuse=self.reuse)
 
     def _fetch_jobs(self, ids: set[str]) -> list[Job]:
         """The JSON of the jobs `ids`: `squeue --json=V --jobs=...` where squeue honours the
@@ -198,7 +204,7 @@ class SlurmAdapter:
         wanted = {int(j) for j in ids if j.isdigit()}
         if not self.data_parser():
             chunks = json_stream.command_chunks(self.cmd, "squeue", [flag])
-            return json_stream.jobs(chunks, source=f"squeue {flag}", keep=wanted.__contains__)
+            return json_stream.jobs(chunks, source=f"squeue {flag}", keep=wanted, reuse=self.reuse)
         found: list[Job] = []
         ordered = sorted(wanted)
         for at in range(0, len(ordered), FETCH_IDS):
@@ -206,7 +212,7 @@ class SlurmAdapter:
             args = [flag, "-t", "all", f"--jobs={','.join(map(str, part))}"]
             try:
                 chunks = json_stream.command_chunks(self.cmd, "squeue", args)
-                found += json_stream.jobs(chunks, source=f"squeue {flag} --jobs", keep=wanted.__contains__)
+                found += json_stream.jobs(chunks, source=f"squeue {flag} --jobs", keep=wanted, reuse=self.reuse)
             except CommandError as exc:
                 if len(part) > 1 or "Invalid job id" not in str(exc):
                     raise
@@ -267,13 +273,13 @@ class SlurmAdapter:
         return with_node_os(nodes, self.node_os()) if self.node_os is not None else nodes
 
     def _nodes(self) -> list[Node]:
-        if self.uses_json:
+        if self.uses_json:  # streamed, by Slurm's layout (json_stream.nodes): 10,000 nodes are 13 MB
             flag = self._json_flag()
             if self.data_parser():  # data_parser sinfo groups nodes; scontrol lists each one
-                out = self.cmd.run("scontrol", [flag, "show", "node"])
-                return parse_json.nodes(_load(out, f"scontrol {flag}"), source=f"scontrol {flag} show node")
-            out = self.cmd.run("sinfo", [flag])
-            return parse_json.nodes(_load(out, f"sinfo {flag}"), source=f"sinfo {flag}")
+                chunks = json_stream.command_chunks(self.cmd, "scontrol", [flag, "show", "node"])
+                return json_stream.nodes(chunks, source=f"scontrol {flag} show node", reuse=self.node_reuse)
+            chunks = json_stream.command_chunks(self.cmd, "sinfo", [flag])
+            return json_stream.nodes(chunks, source=f"sinfo {flag}", reuse=self.node_reuse)
         out = self.cmd.run("scontrol", ["show", "node", "-o"])
         return parse_text.nodes_from_scontrol(out, source="scontrol show node -o")
 

@@ -25,6 +25,7 @@ compared (it moves at every tick with age and vjob's own site factor): only held
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -59,47 +60,120 @@ class Inconsistent(InputError):
     """The listing cannot be trusted as a whole: resync."""
 
 
-def listing(
-    text: str, *, source: str = "squeue listing", known: dict[str, tuple[str, ...]] | None = None
-) -> dict[str, tuple[str, ...]]:
-    """Job id → what vjob compares of it, for every job that is not finished; Inconsistent
-    when a line does not match the pattern, an id comes twice or a state is unknown.
+Row = tuple[str, ...]
+"""What vjob compares of one listed job: state word, node and CPU counts, memory, time limit,
+submit time, start time and nodes (of a running job), and "held" or ""."""
 
-    `known` (the last listing's result): a line that reads as it did then, its priority aside,
-    is not parsed again (it matched the pattern when first seen)."""
-    rows: dict[str, tuple[str, ...]] = {}
-    seen: set[str] = set()
-    states: dict[str, JobState] = {}
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        head, _, priority = line.rpartition("|")
-        job_id = head.partition("|")[0].strip()
-        if job_id in seen:
-            raise Inconsistent(f"{source}: job {job_id[:20]!r} listed twice")
-        seen.add(job_id)
+
+class Listing:
+    """The listing read tick after tick: a line printed as it was last time is not read again.
+
+    Why: at a site's size the listing has 120,000 lines, most of them the same from one tick to
+    the next; the lines are compared as a whole first (one set difference, in C), and only the
+    new ones are split. A new line that differs from its job's last one only in the priority
+    (it moves with age) is not checked again either (its job's line matched before). Every other
+    new line must match the strict pattern. After an Inconsistent listing nothing is kept."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, Row] = {}
+        """Job id → its Row, for every unfinished job listed."""
+        self.changed: set[str] = set()
+        """The ids of the last read whose Row is new or differs from the read before."""
+        self._lines: dict[str, str | None] = {}
+        """Each line of the last read → its job's id (None: a blank line)."""
+        self._heads: dict[str, tuple[str, str, Row | None]] = {}
+        """Job id → its last line without the priority, "held" or "", and its Row (None: finished)."""
+
+    def read(self, text: str, *, source: str = "squeue listing") -> dict[str, Row]:
+        """The rows of the listing `text` (also kept in `rows`); Inconsistent when a line does not
+        match the pattern, an id comes twice or a state is unknown (then nothing is kept)."""
+        try:
+            return self._read(text, source)
+        except Inconsistent:
+            self.__init__()  # type: ignore[misc]
+            raise
+
+    def _read(self, text: str, source: str) -> dict[str, Row]:
+        lines = text.split("\n")
+        now = set(lines)
+        now.discard("")
+        if len(now) != len(lines) - lines.count(""):
+            raise Inconsistent(f"{source}: a line is listed twice")
+        before = self._lines
+        gone_lines = before.keys() - now
+        gone_ids = {before[line] for line in gone_lines}
+        added = now.difference(before)
+        self.changed = changed = set()
+        fresh: dict[str, str] = {}  # job id → its new line
+        heads = self._heads
+        for line in added:
+            job_id = line[: line.find("|")].strip()
+            if not job_id and not line.strip():
+                continue
+            if job_id in fresh or (job_id in heads and job_id not in gone_ids):
+                raise Inconsistent(f"{source}: job {job_id[:20]!r} listed twice")
+            fresh[job_id] = line
+        rows = self.rows
+        for job_id in gone_ids - fresh.keys():
+            if job_id is not None:
+                rows.pop(job_id, None)
+                heads.pop(job_id, None)
+        for job_id, line in fresh.items():
+            head, _, priority = line.rpartition("|")
+            last = heads.get(job_id)
+            if (  # only the priority moved (with age, at each recalculation): its line matched before
+                last is not None
+                and last[0] == head
+                and (priority == "0") == (last[1] == "held")
+                and priority.isdigit()
+                and priority.isascii()
+                and len(priority) <= 20
+            ):
+                before[line] = job_id
+                continue
+            row = self._row(job_id, line, head, priority, source)
+            before[line] = job_id
+            if row is None:
+                if rows.pop(job_id, None) is not None:
+                    changed.add(job_id)
+                continue
+            if rows.get(job_id) != row:
+                changed.add(job_id)
+            rows[job_id] = row
+        for line in gone_lines:
+            del before[line]
+        return rows
+
+    def _row(self, job_id: str, line: str, head: str, priority: str, source: str) -> Row | None:
+        """The Row of one new line, read by the pattern (None: a finished job)."""
         held = "held" if priority.strip() == "0" else ""
-        before = known.get(job_id) if known is not None else None
-        if before is not None and before[-1] == head and before[-2] == held:
-            rows[job_id] = before
-            continue
         found = _LINE.fullmatch(line)
         if found is None:
-            raise Inconsistent(f"{source}: line {number} is not a listing line: {line[:80]!r}")
+            raise Inconsistent(f"{source}: a line is not a listing line: {line[:80]!r}")
         state_word = found.group(2)
-        state = states.get(state_word)
+        state = _STATES.get(state_word)
         if state is None:
             try:
-                state = states[state_word] = job_state(state_word, where=f"{source}: line {number}")
+                state = _STATES[state_word] = job_state(state_word, where=source)
             except InputError as exc:
                 raise Inconsistent(str(exc)) from None
-        if state.finished:
-            continue
-        running = state in (JobState.RUNNING, JobState.SUSPENDED)
-        nodes, cpus, memory, limit, submit, start, alloc = found.group(3, 4, 5, 6, 7, 8, 9)
-        compared = (state_word, nodes, cpus, memory, limit, submit, start if running else "", alloc if running else "")
-        rows[job_id] = (*compared, held, head)  # the line as printed last: compared by _changed only
-    return rows
+        row: Row | None = None
+        if not state.finished:
+            running = state in (JobState.RUNNING, JobState.SUSPENDED)
+            nodes, cpus, memory, limit, submit, start, alloc = found.group(3, 4, 5, 6, 7, 8, 9)
+            started = (start, alloc) if running else ("", "")
+            row = (state_word, nodes, cpus, memory, limit, submit, *started, held)
+        self._heads[job_id] = (head, held, row)
+        return row
+
+
+_STATES: dict[str, JobState] = {}
+"""Slurm's state words met so far → vjob's state (job_state, once a word)."""
+
+
+def listing(text: str, *, source: str = "squeue listing") -> dict[str, Row]:
+    """Job id → its Row, for every job of `text` that is not finished (Listing.read, once)."""
+    return Listing().read(text, source=source)
 
 
 @dataclass
@@ -128,34 +202,37 @@ class IncrementalJobs:
     read_all: Callable[[], Iterable[Job]]
     resync_every: int = 30
     jobs_by_id: dict[str, Job] = field(default_factory=dict)
-    keys: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    listed: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    """The last listing as read (`listing`'s `known`)."""
+    keys: dict[str, Row] = field(default_factory=dict)
+    """Job id → its Row when its JSON was read (a job whose Row differs is read again)."""
+    listed: Listing = field(default_factory=Listing)
     since_full: int = 0
     synced: bool = False
     last: Look = field(default_factory=Look)
+    _order: list[str] = field(default_factory=list)
+    _members: set[str] = field(default_factory=set)
 
     def jobs(self) -> list[Job]:
         """The unfinished jobs, in job id order; a full read when due or when the listing
         cannot be trusted."""
         look = Look()
         try:
-            rows = listing(self.list_jobs(), known=self.listed)
+            rows = self.listed.read(self.list_jobs())
         except Inconsistent as exc:
             log.get("slurm").warning("job listing inconsistent: full read", error=str(exc))
             return self._full(look, "inconsistent listing", None)
-        self.listed = rows
         look.listed = len(rows)
         if not self.synced:
             return self._full(look, "first read", rows)
         if self.since_full + 1 >= self.resync_every:
             return self._full(look, f"every {self.resync_every} ticks", rows)
-        wanted = {j for j, key in rows.items() if _changed(self.keys.get(j), key)}
+        # only a job whose line changed, or that has no Row of its read, can differ
+        wanted = {j for j in self.listed.changed if j in rows and _changed(self.keys.get(j), rows[j])}
+        wanted |= rows.keys() - self.keys.keys()
         look.new = sum(1 for j in wanted if j not in self.jobs_by_id)
         look.changed = len(wanted) - look.new
         if len(wanted) > max(100, BIG_CHANGE * len(rows)):
             return self._full(look, f"{len(wanted)} of {len(rows)} jobs new or changed", rows)
-        gone = [j for j in self.jobs_by_id if j not in rows]
+        gone = self.jobs_by_id.keys() - rows.keys()
         look.gone = len(gone)
         for job_id in gone:
             del self.jobs_by_id[job_id]
@@ -175,7 +252,7 @@ class IncrementalJobs:
         self.last = look
         return self._ordered()
 
-    def _full(self, look: Look, reason: str, rows: dict[str, tuple[str, ...]] | None) -> list[Job]:
+    def _full(self, look: Look, reason: str, rows: dict[str, Row] | None) -> list[Job]:
         """Every job's JSON: the cache replaced. Keys come from the listing read just before
         (a job that changed in between differs at the next tick and is read again); a job the
         JSON has and the listing had not gets no key, so it is read again next tick too."""
@@ -187,7 +264,7 @@ class IncrementalJobs:
                 continue
             found[job.id] = job
         self.jobs_by_id = {j: job for j, job in found.items() if not job.state.finished}
-        self.keys = {j: rows[j] for j in self.jobs_by_id if rows is not None and j in rows}
+        self.keys = {j: rows[j] for j in self.jobs_by_id if j in rows} if rows is not None else {}
         look.fetched = len(found)
         self.since_full = 0
         self.synced = rows is not None  # after an inconsistent listing, the next tick reads all again
@@ -210,13 +287,26 @@ class IncrementalJobs:
         return found
 
     def _ordered(self) -> list[Job]:
-        return [self.jobs_by_id[j] for j in sorted(self.jobs_by_id, key=_id_order)]
+        """The jobs in id order; the order of the last call kept, with the jobs gone taken out
+        and the new ones put in their place (sorting 120,000 ids again each tick costs more)."""
+        members = self.jobs_by_id.keys()
+        gone = self._members - members
+        new = members - self._members
+        if len(new) > 1000 or len(gone) > 1000:
+            self._order = sorted(members, key=_id_order)
+        else:
+            if gone:
+                self._order = [j for j in self._order if j not in gone]
+            for job_id in new:
+                bisect.insort(self._order, job_id, key=_id_order)
+        self._members = set(members) if new or gone else self._members
+        return [self.jobs_by_id[j] for j in self._order]
 
 
-def _changed(before: tuple[str, ...] | None, now: tuple[str, ...]) -> bool:
-    """Whether a job differs in what vjob reads: every compared field, the line as printed aside
-    (a pending job's expected start moves with every backfill pass)."""
-    return before is None or before[:-1] != now[:-1]
+def _changed(before: Row | None, now: Row) -> bool:
+    """Whether a job differs in what vjob reads (a pending job's expected start moves with
+    every backfill pass: the Row leaves it out)."""
+    return before is None or before != now
 
 
 def _id_order(job_id: str) -> tuple[int, str]:
@@ -224,4 +314,4 @@ def _id_order(job_id: str) -> tuple[int, str]:
     return (int(head) if head.isdigit() else 0, job_id)
 
 
-__all__ = ["LISTING_ARGS", "LISTING_FORMAT", "Inconsistent", "IncrementalJobs", "Look", "listing"]
+__all__ = ["LISTING_ARGS", "LISTING_FORMAT", "Inconsistent", "IncrementalJobs", "Listing", "Look", "Row", "listing"]

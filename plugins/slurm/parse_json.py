@@ -112,6 +112,11 @@ def job(item: Any, where: str) -> Job:
     return _job(item, where)
 
 
+def node(item: Any, where: str) -> Node:
+    """One element of a "nodes" array (plugins.slurm.json_stream reads them one at a time)."""
+    return _node(item, where)
+
+
 def job_id(item: Any, where: str) -> int:
     """The id of one element of a "jobs" array, checked as `job` checks it, nothing else read:
     the streaming reader drops the jobs it was not asked for after this look."""
@@ -123,6 +128,11 @@ def job_id(item: Any, where: str) -> int:
     if found <= 0:
         raise InputError(f"{where}.job_id = {found}: expected a positive number")
     return int(found)
+
+
+def priority_of(item: Mapping[str, Any], where: str) -> int:
+    """A job's priority as `job` reads it (1 when not set): 0 is held."""
+    return int(_get(item, "priority", int, where, 1))
 
 
 def _get(item: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str, default: Any = None) -> Any:
@@ -159,9 +169,7 @@ def _job(item: Any, where: str) -> Job:
     where = f"{where} (job {number})"
     words = _words(item, "job_state", where)
     state = job_state(words[0] if words else "", _get(item, "state_reason", str, where, ""), where=where)
-    if state is JobState.PENDING and (
-        _get(item, "priority", int, where, 1) == 0 or _get(item, "hold", bool, where, False)
-    ):
+    if state is JobState.PENDING and (priority_of(item, where) == 0 or _get(item, "hold", bool, where, False)):
         state = JobState.HELD  # held jobs have priority 0 whatever the reason says
     batch = _get(item, "batch_flag", bool, where, True)
     tag = parse_tag(_get(item, "admin_comment", str, where, ""))
