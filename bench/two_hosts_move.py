@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -27,6 +28,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
     figures = []
+    load = os.getloadavg()[0]
     for _ in range(args.runs):
         done = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "tests/test_two_hosts_slurm.py"],
@@ -51,6 +53,7 @@ def main() -> int:
         "pilot_copy_time_over_rsync_and_sha256": round(
             statistics.median(f["pilot_copy_checked_s"] / f["plain_rsync_and_sha256_s"] for f in figures), 2
         ),
+        "load_1min": [round(load, 1), round(os.getloadavg()[0], 1)],
     }
     print(json.dumps(summary))
     return 0

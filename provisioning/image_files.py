@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from provisioning import safe_dirs, transfer
+from provisioning import file_batch, safe_dirs, transfer
 from provisioning.transfer import Endpoint
 from vjob.errors import VjobError
 
@@ -226,39 +226,10 @@ def check(record: ImageFiles, place: Place, *, hashed: bool = True) -> dict[str,
     return out
 
 
-_FOUND_SCRIPT = (
-    'for f; do h=${f%%:*}; f=${f#*:}; if [ ! -e "$f" ]; then echo -; '
-    'elif [ "$h" = 1 ]; then echo "$(stat -L -c %s -- "$f") $(sha256sum -- "$f" | cut -d" " -f1)"; '
-    'else echo "$(stat -L -c %s -- "$f") -"; fi; done'
-)
-
-
 def _found(place: Place, files: list[tuple[str, bool]]) -> list[tuple[int, str] | None]:
     """Size and (when asked) sha256 of each file of `place`, None for a missing one: hashed on
-    the node, in one ssh round trip for another host."""
-    if place.host is None:
-        out: list[tuple[int, str] | None] = []
-        for name, hashed in files:
-            path = place.directory / name
-            if not path.exists():
-                out.append(None)
-            else:
-                out.append((path.stat().st_size, transfer.sha256_file(path) if hashed else ""))
-        return out
-    args = [f"{int(hashed)}:{place.directory / name}" for name, hashed in files]
-    answer = transfer.run_on(place.host, ["sh", "-c", _FOUND_SCRIPT, "sh", *args], timeout_s=600).splitlines()
-    if len(answer) != len(files):
-        raise VjobError(f"files of {place.host}:{place.directory}: unexpected answer {' | '.join(answer)[:160]!r}")
-    parsed: list[tuple[int, str] | None] = []
-    for line in answer:
-        if line.strip() == "-":
-            parsed.append(None)
-            continue
-        size, _, digest = line.strip().partition(" ")
-        if not size.isdigit() or not (digest == "-" or (len(digest) == 64 and set(digest) <= set("0123456789abcdef"))):
-            raise VjobError(f"files of {place.host}:{place.directory}: unexpected answer {line[:160]!r}")
-        parsed.append((int(size), "" if digest == "-" else digest))
-    return parsed
+    the node, in one ssh round trip for another host (`file_batch.found`)."""
+    return file_batch.found(place.host, [(place.directory / name, hashed) for name, hashed in files])
 
 
 def _sha(data: bytes) -> str:

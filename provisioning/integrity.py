@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from provisioning import transfer
+from provisioning import file_batch, transfer
 from provisioning.vm_types import MANIFEST_SUFFIX, SnapshotError
 from vjob.errors import VjobError
 
@@ -56,8 +56,15 @@ def check_against(vm: str, node: str, path: Path, expected: dict[str, Any], host
     Size and hash are computed where the file is (over ssh for another host): a copy is
     judged by the bytes that arrived, never by the source's file seen through a local path.
     """
-    where = transfer.Endpoint(path, host).spec()
-    found = transfer.size_and_sha256(transfer.Endpoint(path, host))
+    judge(vm, node, transfer.Endpoint(path, host), transfer.size_and_sha256(transfer.Endpoint(path, host)), expected)
+
+
+def judge(
+    vm: str, node: str, target: transfer.Endpoint, found: tuple[int, str] | None, expected: dict[str, Any]
+) -> None:
+    """Raise SnapshotError naming `target` unless `found` (its size and sha256 as computed where
+    it is, None: missing) is what `expected` records."""
+    where = target.spec()
     if found is None:
         raise SnapshotError("restore", vm, node, f"snapshot {where} is missing")
     size, digest = found
@@ -87,10 +94,10 @@ def disk_digests(paths: dict[str, Path], host: str | None = None) -> dict[str, d
     a corrupted overlay copy would start a guest on a damaged disk. Recorded beside the state,
     they are checked on arrival like the state (`check_disks`)."""
     digests: dict[str, dict[str, Any]] = {}
-    for role, path in paths.items():
-        found = transfer.size_and_sha256(transfer.Endpoint(path, host))  # one ssh round trip for a remote disk
-        if found is not None:
-            digests[role] = {"path": str(path), "size_bytes": found[0], "sha256": found[1]}
+    found = file_batch.found(host, [(path, True) for path in paths.values()])  # one ssh round trip for all
+    for (role, path), got in zip(paths.items(), found, strict=True):
+        if got is not None:
+            digests[role] = {"path": str(path), "size_bytes": got[0], "sha256": got[1]}
     return digests
 
 
@@ -115,7 +122,9 @@ def check_disks(
     vm: str, node: str, recorded: dict[str, dict[str, Any]], paths: dict[str, Path], host: str | None = None
 ) -> None:
     """Raise SnapshotError (naming the disk) unless each recorded disk is at `paths` on `host`
-    with the size and sha256 it had when the VM was saved."""
-    for role, expected in recorded.items():
-        if role in paths:
-            check_against(vm, node, paths[role], expected, host)
+    with the size and sha256 it had when the VM was saved. All of them hashed where they are,
+    in one ssh round trip for another host (`file_batch.found`)."""
+    roles = [role for role in recorded if role in paths]
+    found = file_batch.found(host, [(paths[role], True) for role in roles])
+    for role, got in zip(roles, found, strict=True):
+        judge(vm, node, transfer.Endpoint(paths[role], host), got, recorded[role])

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import libvirt
 
-from provisioning import integrity, op_timeouts, transfer, vm_records
+from provisioning import file_batch, integrity, transfer, vm_records
 from provisioning.transfer import Endpoint
 from provisioning.vm_lifecycle import VMLifecycle
 from provisioning.vm_types import Snapshot, SnapshotError
@@ -42,11 +43,11 @@ def copy_checked(
         # what a move between hosts costs before QEMU restores (docs/multinode.md, "Two hosts")
         _log.info("saved vm copied and checked", vm=vm, source=src, node=dst, seconds=round(time.monotonic() - t0, 3))
     except SnapshotError as exc:
-        transfer.remove(vms.endpoint(state, dst))
-        transfer.remove(vms.endpoint(integrity.manifest_path(state), dst))
+        bad = [state, integrity.manifest_path(state)]
         for role, path in paths.items():  # a disk both nodes share is the source's own: kept
             if not transfer.same_file(vms.endpoint(sources[role], src), vms.endpoint(path, dst)):
-                transfer.remove(vms.endpoint(path, dst))
+                bad.append(path)
+        file_batch.remove_all(vms.host(dst), bad)
         raise SnapshotError(
             "restore",
             vm,
@@ -56,48 +57,73 @@ def copy_checked(
         ) from None
 
 
+ROUND_TRIPS_REMOTE_SOURCE = 6
+"""ssh sessions of `copy_checked` from another host to this machine, job disk and logs
+included: the source's files asked about at once, the manifest read, the overlay, the job
+disk, both logs (one rsync) and the state; hashed here on arrival. It was 12 (a `test -e`
+per optional file, a `stat` per copy's timeout, an rsync per file): tests/test_saved_move_round_trips.py."""
+
+
 def _copy_between(vms: VMLifecycle, vm: str, src: str, dst: str, disks_arrived: Callable[[], None]) -> None:
-    """Overlay and job disk, then (after `disks_arrived`, which may refuse them) the state."""
+    """Overlay and job disk, then (after `disks_arrived`, which may refuse them) the logs, the
+    manifest and the state.
+
+    Which of the VM's files the source holds, and their sizes (each copy's timeout grows with
+    its size), are asked once for all of them (`file_batch.found`); the two logs travel in one
+    rsync; the manifest is written from the text read on the source instead of copied."""
     method = vms.config.copy_method
-    timeout = vms.config.operation_timeout_s
+    host_src, host_dst = vms.host(src), vms.host(dst)
     state_src, state_dst = vms.state_path(vm, src), vms.state_path(vm, dst)
-    overlay_src = Endpoint(vms.overlay_path(vm, src), vms.host(src))
+    overlay_src, job_src = vms.overlay_path(vm, src), vms.job_disk_path(vm, src)
+    logs = list(zip(vms.output_logs(vm, src), vms.output_logs(vm, dst), strict=True))
+    asked = [overlay_src, job_src, *(s for s, _ in logs), state_src]
+    sizes = dict(zip(asked, file_batch.found(host_src, [(p, False) for p in asked]), strict=True))
+
+    def timeout(path: Path) -> float:
+        got = sizes[path]
+        return vms.config.operation_timeout_for((got[0] if got else 0) / 2**20)
+
+    # the overlay is copied even when the source says it is missing: the copy's error names it
     transfer.copy(
-        overlay_src,
-        Endpoint(vms.overlay_path(vm, dst), vms.host(dst)),
+        Endpoint(overlay_src, host_src),
+        Endpoint(vms.overlay_path(vm, dst), host_dst),
         method=method,
-        timeout_s=op_timeouts.for_file(vms.config, overlay_src),  # each copy's grows with its size
+        timeout_s=timeout(overlay_src),
     )
     vms.own_disk(vm, dst)
-    job_src = Endpoint(vms.job_disk_path(vm, src), vms.host(src))
-    if transfer.exists(job_src):
+    if sizes[job_src] is not None:
         job_dst = vms.job_disk_path(vm, dst)
-        job_timeout = op_timeouts.for_file(vms.config, job_src)
-        transfer.copy(job_src, Endpoint(job_dst, vms.host(dst)), method=method, timeout_s=job_timeout)
+        transfer.copy(
+            Endpoint(job_src, host_src), Endpoint(job_dst, host_dst), method=method, timeout_s=timeout(job_src)
+        )
         vms.own_disk(vm, dst, job_dst)
     disks_arrived()
-    _copy_output_logs(vms, vm, src, dst)
-    transfer.copy(
-        Endpoint(integrity.manifest_path(state_src), vms.host(src)),
-        Endpoint(integrity.manifest_path(state_dst), vms.host(dst)),
-        method=method,
-        timeout_s=timeout,
-    )
-    state = Endpoint(state_src, vms.host(src))
-    state_timeout = op_timeouts.for_file(vms.config, state)
-    transfer.copy(state, Endpoint(state_dst, vms.host(dst)), method=method, timeout_s=state_timeout)
+    _copy_output_logs(vms, [(s, d) for s, d in logs if sizes[s] is not None], host_src, host_dst)
+    manifest_src, manifest_dst = integrity.manifest_path(state_src), integrity.manifest_path(state_dst)
+    text = transfer.read_text(Endpoint(manifest_src, host_src))
+    if text is None:  # none there: the copy fails naming it, as it always did
+        transfer.copy(Endpoint(manifest_src, host_src), Endpoint(manifest_dst, host_dst), method=method)
+    else:
+        transfer.write_text(Endpoint(manifest_dst, host_dst), text, mode=0o600)
+    state = Endpoint(state_src, host_src)
+    transfer.copy(state, Endpoint(state_dst, host_dst), method=method, timeout_s=timeout(state_src))
 
 
-def _copy_output_logs(vms: VMLifecycle, vm: str, src: str, dst: str) -> None:
+def _copy_output_logs(
+    vms: VMLifecycle, logs: list[tuple[Path, Path]], host_src: str | None, host_dst: str | None
+) -> None:
     """The job's stdout and stderr so far (the serial logs QEMU appends to): the pilot replays
     them from the start into the RMS's output file, which a requeue truncated. On one machine
     they were the same files; between hosts without them the lines before the cut were lost
-    (issue 38). Not checked against a digest: they are the job's output, not what QEMU runs."""
-    timeout = vms.config.operation_timeout_s
-    for log_src, log_dst in zip(vms.output_logs(vm, src), vms.output_logs(vm, dst), strict=True):
-        source = Endpoint(log_src, vms.host(src))
-        if transfer.exists(source):
-            transfer.copy(source, Endpoint(log_dst, vms.host(dst)), method=vms.config.copy_method, timeout_s=timeout)
+    (issue 38). Not checked against a digest: they are the job's output, not what QEMU runs.
+    Both in one call when they keep their names in one directory (they always do)."""
+    method, timeout = vms.config.copy_method, vms.config.operation_timeout_s
+    if logs and all(s.name == d.name and d.parent == logs[0][1].parent for s, d in logs):
+        sources = [Endpoint(s, host_src) for s, _ in logs]
+        transfer.copy_into(sources, Endpoint(logs[0][1].parent, host_dst), method=method, timeout_s=timeout)
+        return
+    for log_src, log_dst in logs:
+        transfer.copy(Endpoint(log_src, host_src), Endpoint(log_dst, host_dst), method=method, timeout_s=timeout)
 
 
 def drop_source(vms: VMLifecycle, vm: str, src: str, dst: str) -> None:
@@ -106,16 +132,14 @@ def drop_source(vms: VMLifecycle, vm: str, src: str, dst: str) -> None:
     if dom is not None and not vms.active(dom) and dom.isPersistent():
         vms.call("cleanup", vm, src, lambda: dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE))
     host_src, host_dst = vms.host(src), vms.host(dst)
+    gone: list[Path] = []  # removed in one ssh round trip for another host
     overlay_src = Endpoint(vms.overlay_path(vm, src), host_src)
     if not transfer.same_file(overlay_src, Endpoint(vms.overlay_path(vm, dst), host_dst)):
-        transfer.remove(overlay_src)
-        transfer.remove(Endpoint(vms.job_disk_path(vm, src), host_src))
         # its logs too (the job's output among them): a node-local directory would keep every
         # moved VM's (found on two hosts sharing nothing, issue 38)
-        for log_path in (vms.console_log(vm, src), *vms.output_logs(vm, src)):
-            transfer.remove(Endpoint(log_path, host_src))
+        gone += [overlay_src.path, vms.job_disk_path(vm, src), vms.console_log(vm, src), *vms.output_logs(vm, src)]
     state_src = Endpoint(vms.state_path(vm, src), host_src)
     if not transfer.same_file(state_src, Endpoint(vms.state_path(vm, dst), host_dst)):
         vm_records.forget_snapshot(vms.store, state_src.path, src)
-        transfer.remove(state_src)
-        transfer.remove(Endpoint(integrity.manifest_path(state_src.path), host_src))
+        gone += [state_src.path, integrity.manifest_path(state_src.path)]
+    file_batch.remove_all(host_src, gone)
