@@ -62,9 +62,7 @@ def observe(ports: Ports, *, track: bool = True) -> Observation:
         store = ports.store()
         records = records_of(ports, store, rms_jobs)
         if track:
-            for job in rms_jobs:
-                if job.id not in records:
-                    _track(ports, store, job)
+            _track(ports, store, [job for job in rms_jobs if job.id not in records])
             _remember_vms(ports, store, rms_jobs, pilots)
             record_pilot_snapshots(ports, store, rms_jobs, pilots)  # pilots have no store credentials
         ports.metrics.store_up.set(1)
@@ -327,12 +325,10 @@ def pilot_users(ports: Ports, dirs: Sequence[PilotDir], rms_users: dict[str, str
     return users
 
 
-def _track(ports: Ports, store: Store, job: Job) -> None:
-    """Record a new job; one the store refuses (an odd id or user name) is logged and left out
-    of the store, never allowed to stop the tick for everybody."""
-    try:
-        store_jobs.track(store, job)
-    except InputError as exc:
+def _track(ports: Ports, store: Store, new: list[Job]) -> None:
+    """Record the new jobs; one the store refuses (an odd id or user name) is logged and left
+    out of the store, never allowed to stop the tick for everybody."""
+    for job, exc in store_jobs.track_many(store, new):
         ports.metrics.errors.labels(kind="job").inc()
         ports.log.warning("job not recorded", jobs=[job.id[:64]], error=str(exc))
 
