@@ -279,25 +279,9 @@ class Topology:
 
     def _libvirtd(self, h: Host) -> dict[str, int]:
         """virtlogd and the system libvirtd of the host (its own sockets under /run/libvirt)."""
-        log = self.base / h.name / "libvirtd.log"
-        enter = self.enter(h.name)
         kvm_access.grant_kvm_group()  # as devkit.libvirtd does: no udev here, /dev is the machine's
-        run_checked([*enter, "virtlogd", "-d", "-p", "/run/libvirt/virtlogd.pid"])
         root = Path(f"/proc/{self.holder(h.name)}/root")
-        wait_until(lambda: read_pid(root / "run/libvirt/virtlogd.pid") is not None, 10, f"{h.name}'s virtlogd")
-        virtlogd = read_pid(root / "run/libvirt/virtlogd.pid") or 0
-        with log.open("ab") as out:
-            daemon = subprocess.Popen(
-                [*enter, "tini", "-s", "--", "libvirtd", "-p", "/run/libvirt/libvirtd.pid"],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        wait_until(lambda: _virsh_ok(enter) or daemon.poll() is not None, 60, f"{h.name}'s libvirtd")
-        if daemon.poll() is not None:
-            raise VjobError(f"devcluster: libvirtd of {h.name} exited ({daemon.returncode}); see {log}")
-        return {"libvirtd": daemon.pid, "virtlogd": virtlogd}
+        return start_libvirtd(self.enter(h.name), root, self.base / h.name / "libvirtd.log", h.name)
 
     def _sshd(self, h: Host) -> dict[str, int]:
         """sshd on port 22 of the host's address: how nodes copy VM files to each other."""
@@ -485,3 +469,24 @@ def _ip_quiet(cmd: list[str]) -> None:
 def _netns_pids(netns: str) -> list[int]:
     done = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True, timeout=10, check=False)
     return [int(p) for p in done.stdout.split() if p.isdigit()]
+
+
+def start_libvirtd(enter: list[str], root: Path, log: Path, host: str) -> dict[str, int]:
+    """virtlogd and the system libvirtd started inside a host's namespaces (`enter`), their pid
+    files read through `root` (the host's /proc/<pid>/root); their pids. Shared by the two-host
+    dev cluster and the suite's wire host (tests/services/wire_host.py)."""
+    run_checked([*enter, "virtlogd", "-d", "-p", "/run/libvirt/virtlogd.pid"])
+    wait_until(lambda: read_pid(root / "run/libvirt/virtlogd.pid") is not None, 10, f"{host}'s virtlogd")
+    virtlogd = read_pid(root / "run/libvirt/virtlogd.pid") or 0
+    with log.open("ab") as out:
+        daemon = subprocess.Popen(
+            [*enter, "tini", "-s", "--", "libvirtd", "-p", "/run/libvirt/libvirtd.pid"],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    wait_until(lambda: _virsh_ok(enter) or daemon.poll() is not None, 60, f"{host}'s libvirtd")
+    if daemon.poll() is not None:
+        raise VjobError(f"the libvirtd of {host} exited ({daemon.returncode}); see {log}")
+    return {"libvirtd": daemon.pid, "virtlogd": virtlogd}

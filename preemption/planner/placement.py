@@ -42,7 +42,21 @@ def first_fit_decreasing(
     free_mem = np.array([n.mem - base.get(n.id, (0, 0))[1] for n in nodes], dtype=np.int64)
     out: Placement = {}
     left: list[VMSpec] = []
-    for vm in order(vms):
+    _first_fit(order(vms), ids, free_cpu, free_mem, out, left)
+    return out, left
+
+
+def _first_fit(
+    vms: Iterable[VMSpec],
+    ids: Sequence[str],
+    free_cpu: np.ndarray,
+    free_mem: np.ndarray,
+    out: Placement,
+    left: list[VMSpec],
+) -> None:
+    """Each VM in turn on the first node with room (the free room arrays updated in place), or
+    into `left`: first-fit's one loop, for `first_fit_decreasing` and `sticky_pack`."""
+    for vm in vms:
         fits = np.flatnonzero((free_cpu >= vm.cpu) & (free_mem >= vm.mem))
         if fits.size == 0:
             left.append(vm)
@@ -51,7 +65,6 @@ def first_fit_decreasing(
         free_cpu[i] -= vm.cpu
         free_mem[i] -= vm.mem
         out[vm.id] = ids[i]
-    return out, left
 
 
 def pinned_home(inst: Instance, vms: Iterable[VMSpec]) -> tuple[Placement, Load, list[VMSpec], list[VMSpec]]:
@@ -150,15 +163,7 @@ def sticky_pack(inst: Instance) -> tuple[Placement, list[VMSpec]]:
                 out[vm.id] = ids[i]
                 continue
             (left if vm.pinned else rest).append(vm)
-        for vm in by_share(rest):
-            fits = np.flatnonzero((free_cpu >= vm.cpu) & (free_mem >= vm.mem))
-            if fits.size == 0:
-                left.append(vm)
-                continue
-            i = int(fits[0])
-            free_cpu[i] -= vm.cpu
-            free_mem[i] -= vm.mem
-            out[vm.id] = ids[i]
+        _first_fit(by_share(rest), ids, free_cpu, free_mem, out, left)
     return out, left
 
 

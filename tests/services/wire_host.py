@@ -34,8 +34,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from devkit.devcluster_daemons import cmdline, read_pid, run_checked, wait_until
-from devkit.devcluster_hosts import TMPFS_DIRS, Host, _ip_quiet, _listens, _netns_pids, _prepare_libvirt, _virsh_ok
+from devkit.devcluster_daemons import cmdline, run_checked, wait_until
+from devkit.devcluster_hosts import (
+    TMPFS_DIRS,
+    Host,
+    _ip_quiet,
+    _listens,
+    _netns_pids,
+    _prepare_libvirt,
+    start_libvirtd,
+)
 from vjob import proc
 from vjob.errors import VjobError
 
@@ -130,24 +138,9 @@ class WireHost:
         run_checked([*enter, "mount", "-t", "tmpfs", "-o", "mode=0755,size=2g", "vjob-hostw", str(self.root)])
 
     def _libvirtd(self) -> None:
-        enter = self.enter()
-        run_checked([*enter, "virtlogd", "-d", "-p", "/run/libvirt/virtlogd.pid"])
         assert self.holder is not None
-        inside = Path(f"/proc/{self.holder.pid}/root/run/libvirt/virtlogd.pid")
-        wait_until(lambda: read_pid(inside) is not None, 10, "the second host's virtlogd")
-        self.pids["virtlogd"] = read_pid(inside) or 0
-        with (self.work / "libvirtd.log").open("ab") as out:
-            daemon = subprocess.Popen(
-                [*enter, "tini", "-s", "--", "libvirtd", "-p", "/run/libvirt/libvirtd.pid"],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        self.pids["libvirtd"] = daemon.pid
-        wait_until(lambda: _virsh_ok(enter) or daemon.poll() is not None, 60, "the second host's libvirtd")
-        if daemon.poll() is not None:
-            raise VjobError(f"the second host's libvirtd exited ({daemon.returncode}); see {self.work}/libvirtd.log")
+        root = Path(f"/proc/{self.holder.pid}/root")
+        self.pids.update(start_libvirtd(self.enter(), root, self.work / "libvirtd.log", "the second host"))
 
     def _sshd(self) -> None:
         w = self.work
