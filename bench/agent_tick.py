@@ -13,8 +13,10 @@ the priorities sent. It leaves out the checkpoints and releases the plan asks fo
 for pilots (none run here) and happen on events, not at every tick.
 
 Measured, in one run: the first tick (every job read and recorded in the store), the steady
-ticks (incremental observation), a full resync, and beside them the peers: the stand-in's own
-`squeue --json` printing every job, `json.loads` of that listing, and the adapter's former path
+ticks (incremental observation; with `--recalc-every K` every K-th one follows a priority
+recalculation, every pending job's sprio line and %Q moved, and is reported on its own as
+`recalc_tick_*`, out of the steady medians), a full resync, and beside them the peers: the
+stand-in's own `squeue --json` printing every job, `json.loads` of that listing, and the adapter's former path
 (every job's JSON at every tick), each in its own process for its peak memory.
 Run it `nice -n 19`. Last line: one JSON object.
 Usage: PYTHONPATH=. nice -n 19 .venv/bin/python bench/agent_tick.py [--slurm 22.05|23.11] [--nodes 10000 ...]
@@ -119,6 +121,9 @@ class Cluster:
         self.delta: dict[str, str | None] = {}
         self.lines: dict[int, str] = {}
         self.rnd = random.Random(37)
+        self.recalc = 0
+        """How many priority recalculations so far (`--recalc-every`): each moves every pending
+        job's age factor, so its sprio line and its listing priority (%Q) by 1."""
         if attach:
             text = (bin_dir / "listing.txt").read_text()
             self.lines = {int(line.partition("|")[0]): line for line in text.splitlines() if line}
@@ -179,10 +184,19 @@ class Cluster:
             self.next_id += 1
         self.publish()
 
+    def recalculate(self) -> None:
+        """A PriorityCalcPeriod passes: every pending job's priority moves (its age factor), in
+        sprio and in the listing's %Q; the next `publish` prints it."""
+        self.recalc += 1
+        for job_id in self.pending:
+            head, _, priority = self.lines[job_id].rpartition("|")
+            self.lines[job_id] = f"{head}|{int(priority) + 1}"
+
     def publish(self) -> None:
         self.standin.write_delta(self.delta)
         self.standin.write("listing.txt", "\n".join(self.lines.values()) + "\n")
-        rows = (f"{j}|{1000 + j % 1000}|0|0|0|0|0|{j % 1000}|1000" for j in self.pending)
+        age = self.recalc
+        rows = (f"{j}|{1000 + j % 1000 + age}|0|0|0|0|0|{j % 1000 + age}|1000" for j in self.pending)
         self.standin.write("sprio.txt", "\n".join(rows) + "\n")
 
 
@@ -190,6 +204,7 @@ def tick(agent: Agent) -> dict[str, Any]:
     """The agent's tick up to the priorities sent (agent.loop.Agent._act_tick without the
     plan's checkpoints and releases, which wait for pilots), with the CPU of each part."""
     t0 = _cpu()
+    agent.heap.tick_starts()  # as Agent.run does before each tick (agent.heap_pace)
     obs = agent.observe()
     act.clean_up(agent.ports, obs, agent.forgotten)
     act.charge_usage(agent.ports, obs.view)
@@ -254,6 +269,9 @@ def timed_tick(agent: Agent, standin: SlurmStandIn) -> dict[str, Any]:
         "full_read": bool(look and look.full),
         "jobs_reused": agent.adapter.reuse.hits if look and look.full else None,  # same Job objects
         "read_json": look.fetched if look else report["jobs"],
+        "applied_from_listing": look.applied if look else 0,  # state changes without their JSON
+        "applied_drift": look.drift if look and look.full else None,  # of those, unlike their JSON
+        "fetch_read_mb": round(agent.adapter.tail_fetch.last_read / 1e6, 3),  # of the few jobs' squeue --json
         "calls": _calls(standin),
     }
 
@@ -276,22 +294,28 @@ def agent_run(work: Path, slurm: str, args: argparse.Namespace) -> dict[str, Any
         }
     )
     agent = Agent(cfg, make_adapter("slurm", cfg), rms="slurm")
+    if args.stream_fetch:
+        agent.adapter.tail_fetch.limit = -1  # every size past it: the pipe stream (json_tail.Fetch)
     agent.ports.lease.hold()
     cluster.standin.forget_calls()
     first = timed_tick(agent, cluster.standin)
     steady = []
     profile = cProfile.Profile(time.process_time) if args.profile else None  # CPU, as the figures
-    for _ in range(args.ticks):
+    for n in range(1, args.ticks + 1):
+        recalc = args.recalc_every > 0 and n % args.recalc_every == 0
+        if recalc:
+            cluster.recalculate()
         cluster.move(args.churn)
         if profile is not None:
             profile.enable()
-        steady.append(timed_tick(agent, cluster.standin))
+        steady.append({**timed_tick(agent, cluster.standin), "recalc": recalc})
         if profile is not None:
             profile.disable()
     if profile is not None:
         profile.dump_stats(args.profile)
     cluster.move(args.churn)
     agent.adapter.incremental.since_full = args.resync_every  # the next read is the full one
+    agent.heap.ticks = agent.heap.thaw_every - 1  # and the heap's thaw: the worst tick, measured
     full = timed_tick(agent, cluster.standin)
     listing = sum(len(line) + 1 for line in cluster.lines.values())
     base = (cluster.standin.dir / "jobs.base").stat().st_size
@@ -350,9 +374,11 @@ def child(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 def summary(slurm: str, args: argparse.Namespace, parts: dict[str, Any], load: tuple[float, float]) -> dict[str, Any]:
     run = parts["agent"]
-    steady = run["steady"]
+    recalcs = [t for t in run["steady"] if t.get("recalc")]
+    steady = [t for t in run["steady"] if not t.get("recalc")] or run["steady"]  # medians without recalculations
+    worst = max(recalcs, key=lambda t: t["cpu_s"]) if recalcs else {}
     med = sorted(t["cpu_s"] for t in steady)[len(steady) // 2]
-    calls = [sum(v for k, v in t["calls"].items() if "updates" not in k) for t in steady]
+    calls = [sum(v for k, v in t["calls"].items() if "updates" not in k) for t in run["steady"]]
     return {
         "bench": "agent_tick",
         "slurm": slurm,
@@ -370,6 +396,10 @@ def summary(slurm: str, args: argparse.Namespace, parts: dict[str, Any], load: t
         "steady_send_cpu_s": sorted(t["send_cpu_s"] for t in steady)[len(steady) // 2],
         "steady_wall_s": sorted(t["wall_s"] for t in steady)[len(steady) // 2],
         "steady_standin_cpu_s": sorted(t["standin_cpu_s"] for t in steady)[len(steady) // 2],
+        "recalc_every": args.recalc_every,
+        "recalc_tick_cpu_s": worst.get("cpu_s"),
+        "recalc_tick_observe_cpu_s": worst.get("observe_cpu_s"),
+        "recalc_tick_decide_cpu_s": worst.get("decide_cpu_s"),
         "resync_cpu_s": run["resync"]["cpu_s"],
         "resync_observe_cpu_s": run["resync"]["observe_cpu_s"],
         "resync_wall_s": run["resync"]["wall_s"],
@@ -403,7 +433,18 @@ def main() -> None:
     parser.add_argument("--churn", type=int, default=20, help="jobs ending, starting and arriving per tick (each)")
     parser.add_argument("--ticks", type=int, default=5, help="steady ticks measured")
     parser.add_argument("--resync-every", type=int, default=30)
+    parser.add_argument(
+        "--recalc-every",
+        type=int,
+        default=0,
+        help="every K-th steady tick, every pending job's priority moves in sprio and the listing, as"
+        " Slurm's PriorityCalcPeriod does; that tick's CPU is recalc_tick_cpu_s, out of the steady"
+        " medians (0: never)",
+    )
     parser.add_argument("--no-former", action="store_true", help="skip the former path's peer (GiBs of memory)")
+    parser.add_argument(
+        "--stream-fetch", action="store_true", help="22.05: the few jobs' JSON streamed through a pipe, not a memfd"
+    )
     parser.add_argument("--profile", default="", help="write the steady ticks' cProfile stats here")
     parser.add_argument("--child", default="", help=argparse.SUPPRESS)
     parser.add_argument("--work", default="", help=argparse.SUPPRESS)

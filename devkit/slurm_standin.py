@@ -14,7 +14,8 @@ put in the adapter's `bin_dir`; they print what a directory holds, as Slurm woul
   (`scontrol show config`), `meta.json` (the recording's "meta"), `version` (`sinfo --version`).
 
 `squeue --json --jobs=...` honours the filter only when `version` is 23.02 or later, as Slurm
-does (22.05 ignores every filter with --json: shared notes on Slurm). Every call is appended to
+does (22.05 ignores every filter with --json: shared notes on Slurm). The jobs come in
+slurmctld's order (seen on 22.05): a changed job where it was, a new one at the end. Every call is appended to
 `calls.jsonl` with its arguments (and scontrol's standard input), so RMS calls are counted.
 """
 
@@ -23,7 +24,6 @@ from __future__ import annotations
 import json
 import stat
 import sys
-import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -54,11 +54,18 @@ def jobs_json(only):
         mm = mmap.mmap(base.fileno(), 0, access=mmap.ACCESS_READ) if os.path.getsize(base.name) else b""
         for line in open(os.path.join(here, "jobs.idx")):
             job, at, size = line.split()
-            if job in delta or (only is not None and job not in only):
+            if job in delta:  # changed in place (slurmctld's job list keeps its order), or gone
+                item = delta.pop(job)
+                if item is None or (only is not None and job not in only):
+                    continue
+                data = item.encode()
+            elif only is not None and job not in only:
                 continue
-            out.write((b"" if first else b",\n") + mm[int(at) : int(at) + int(size)])
+            else:
+                data = mm[int(at) : int(at) + int(size)]
+            out.write((b"" if first else b",\n") + data)
             first = False
-    for job, item in delta.items():
+    for job, item in delta.items():  # new since the base: appended, as slurmctld appends them
         if item is None or (only is not None and job not in only):
             continue
         out.write((b"" if first else b",\n") + item.encode())
@@ -94,12 +101,15 @@ def _number(item: dict[str, object], key: str) -> int:
 
 
 def _when(seconds: int) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) if seconds > 0 else "N/A"
+    """A time as squeue prints it with the listing's SLURM_TIME_FORMAT=%s (POSIX seconds; 22.05
+    on the dev cluster, tests/data/fixtures/slurm/transitions-22.05), "N/A" when not set."""
+    return str(seconds) if seconds > 0 else "N/A"
 
 
 def listing_line(item: dict[str, object]) -> str:
-    """The line `squeue -h -t all -o "%A|%T|%D|%C|%m|%l|%V|%S|%N|%Q"` prints for one job
-    object of squeue --json (either layout): what slurmctld would answer about the same job."""
+    """The line `SLURM_TIME_FORMAT=%s squeue -h -t all -o "%A|%T|%D|%C|%m|%l|%V|%S|%N|%Q"`
+    prints for one job object of squeue --json (either layout): what slurmctld would answer
+    about the same job (a suspended job's priority is 0 there: it is in the JSON too)."""
     state = item.get("job_state", "")
     word = state[0] if isinstance(state, list) else str(state)
     limit = _number(item, "time_limit")

@@ -171,6 +171,8 @@ def test_the_streamed_reads_by_layout_see_them_as_the_whole_decode_does(
     assert streamed.reuse.misses >= len(mine)  # read by the layout: the fallback keeps no Jobs
     again = {j.id: j for j in streamed.jobs() if j.id in mine}
     assert not streamed.incremental.last.full and all(again[k] is first[k] for k in mine)
+    fetched = streamed._fetch_jobs(set(mine))  # 22.05: squeue into a memfd, searched from its end
+    assert {j.id: j for j in fetched} == expected and all(j is first[j.id] for j in fetched)
     flag = whole._json_flag()
     command = ("scontrol", [flag, "show", "node"]) if whole.data_parser() else ("sinfo", [flag])
     nodes_whole = parse_json.nodes(json.loads(whole.cmd.run(*command)), source=command[0])

@@ -167,14 +167,17 @@ def test_data_parser_slurm_is_asked_for_the_changed_jobs_only(tmp_path: Path) ->
     cluster.publish()
     adapter = cluster.adapter()
     assert len(adapter.jobs()) == 4
-    changed = str(only["job_id"] + 2)
-    cluster.items[changed] = dict(cluster.items[changed], job_state=["RUNNING"], nodes="cma2-03")
+    started, new = str(only["job_id"] + 2), str(only["job_id"] + 9)
+    cluster.items[started] = dict(cluster.items[started], job_state=["RUNNING"], nodes="cma2-03")
+    cluster.items[new] = dict(cluster.items[started], job_id=int(new), job_state=["PENDING"], nodes="")
     cluster.publish()
     cluster.standin.forget_calls()
     seen = {j.id: j for j in adapter.jobs()}
-    assert seen[changed].state is JobState.RUNNING and seen[changed].allocated_nodes == ("cma2-03",)
+    assert seen[started].state is JobState.RUNNING and seen[started].allocated_nodes == ("cma2-03",)
+    assert seen[new].state is JobState.PENDING and adapter.incremental.last.applied == 1  # the start: no JSON
+    assert seen[started] == parse_json.job(cluster.items[started], "started")  # as its JSON says
     (call,) = cluster.json_calls()
-    assert call[1] == "--json=v0.0.40" and f"--jobs={changed}" in call
+    assert call[1] == "--json=v0.0.40" and f"--jobs={new}" in call
 
 
 def test_priorities_go_in_one_scontrol_grouped_by_value(cluster: Cluster) -> None:

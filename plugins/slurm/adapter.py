@@ -18,16 +18,16 @@ cross-checked against the job ids squeue prints, one digits-only id per line.
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from plugins.slurm import hostlist, json_stream, parse_json, parse_text
+from plugins.slurm import hostlist, json_stream, parse_json, parse_text, sprio_lines
 from plugins.slurm.commands import SlurmCommands, check_job_id
 from plugins.slurm.environment import ENVIRONMENT, wake_file
-from plugins.slurm.incremental import LISTING_ARGS, IncrementalJobs
+from plugins.slurm.incremental import LISTING_ARGS, LISTING_ENV, IncrementalJobs
 from plugins.slurm.json_fields import NodeReuse, Reuse
+from plugins.slurm.json_tail import Fetch as TailFetch
 from plugins.slurm.proctrack import ProctrackReader
 from plugins.slurm.site_default import sync_partition_defaults
 from plugins.slurm.site_priority import SiteReader
@@ -54,8 +54,6 @@ FETCH_IDS = 2000
 SCONTROL_IDS = 500
 """Job ids per `update JobId=a,b,... SiteFactor=N` line."""
 _JOB_ID_LINE = re.compile(r"[0-9]{1,10}")
-_SPRIO_NUMBER = re.compile(r"-?[0-9]{1,20}(\.[0-9]{0,20})?([eE][-+]?[0-9]{1,3})?")
-"""A factor as sprio prints it (ASCII only: float() also takes other scripts' digits)."""
 
 
 class SlurmAdapter:
@@ -86,6 +84,8 @@ class SlurmAdapter:
         self.node_reuse = NodeReuse()
         """The Jobs of the last streamed reads, given back as they were where unchanged
         (plugins.slurm.json_fields)."""
+        self.tail_fetch = TailFetch()
+        """A few jobs' JSON where squeue ignores the filter (_fetch_jobs; plugins.slurm.json_tail)."""
         self.node_os = node_os
         self.on_nodes = on_nodes
         """Told the nodes at every read (plugins.slurm.vm_sizes.Publisher: job_submit.lua's sizes)."""
@@ -97,6 +97,8 @@ class SlurmAdapter:
         knob = PriorityKnob(0, self.site_factor_max, min_step=max(1, self.site_factor_max // 1000), share=order_share)
         self.site = SiteReader(self.cmd, self.site_factor_max, order_share) if order_share < 1.0 else None
         """Reads the site's own priorities when vjob shares the order (`[slurm] order_share` < 1)."""
+        self.sprio = sprio_lines.SprioLines()
+        """sprio's lines kept from tick to tick (plugins.slurm.sprio_lines)."""
         self.abilities = Abilities(
             priority=knob,
             requeue_hold=True,
@@ -186,7 +188,8 @@ class SlurmAdapter:
         return [j for j in self.all_jobs() if not j.state.finished]
 
     def _list_jobs(self) -> str:
-        return self.cmd.run("squeue", list(LISTING_ARGS))
+        """The listing (plugins.slurm.incremental), its times in POSIX seconds (LISTING_ENV)."""
+        return self.cmd.run("squeue", list(LISTING_ARGS), env=dict(LISTING_ENV))
 
     def _read_all_jobs(self) -> list[Job]:
         """Every job's JSON, read as a stream (plugins.slurm.json_stream): a site's listing
@@ -198,13 +201,13 @@ class SlurmAdapter:
     def _fetch_jobs(self, ids: set[str]) -> list[Job]:
         """The JSON of the jobs `ids`: `squeue --json=V --jobs=...` where squeue honours the
         filter (23.02 and later: the data_parser releases), a few thousand ids a call; before,
-        squeue --json prints every job whatever it is asked (notes, 22.05), so the whole
-        listing is streamed and only these jobs are decoded into Jobs."""
+        squeue --json prints every job whatever it is asked (notes, 22.05), so squeue writes
+        the whole listing into a memfd and only these jobs are searched, from its end, and
+        decoded into Jobs (plugins.slurm.json_tail: new jobs are printed last)."""
         flag = self._json_flag()
         wanted = {int(j) for j in ids if j.isdigit()}
         if not self.data_parser():
-            chunks = json_stream.command_chunks(self.cmd, "squeue", [flag])
-            return json_stream.jobs(chunks, source=f"squeue {flag}", keep=wanted, reuse=self.reuse)
+            return self.tail_fetch.jobs(self.cmd, [flag], wanted, source=f"squeue {flag}", reuse=self.reuse)
         found: list[Job] = []
         ordered = sorted(wanted)
         for at in range(0, len(ordered), FETCH_IDS):
@@ -284,39 +287,20 @@ class SlurmAdapter:
         return parse_text.nodes_from_scontrol(out, source="scontrol show node -o")
 
     def priority_factors(self) -> dict[str, dict[str, int]]:
-        """sprio's view of pending jobs: {job id: {priority, site, partition, nice, ...}}."""
-        out = self.cmd.run("sprio", ["-h", "-o", "%i|%Y|%S|%P|%J|%N|%Q|%A|%F"])
-        names = ("priority", "site", "partition", "jobsize", "nice", "qos", "age", "fairshare")
-        factors: dict[str, dict[str, int]] = {}
-        for number, line in enumerate(out.splitlines(), 1):
-            parts = [p.strip() for p in line.split("|")]
-            if len(parts) != len(names) + 1:
-                raise CommandError(["sprio"], f"line {number}: expected {len(names) + 1} fields, got {line!r}")
-            row: dict[str, int] = {}
-            for name, value in zip(names, parts[1:], strict=True):
-                if value.isascii() and value.isdigit() and len(value) <= 20:
-                    row[name] = int(value)  # the common case, without the checks below
-                    continue
-                # float() then int(): sprio prints factors as decimals. `inf` and `1e400` made
-                # int() raise OverflowError, which ended the caller (fuzzed): only finite
-                # ASCII numbers pass, and the error names the factor.
-                try:
-                    number_value = float(value) if _SPRIO_NUMBER.fullmatch(value) else math.nan
-                except ValueError:
-                    number_value = math.nan
-                if not math.isfinite(number_value):
-                    raise CommandError(["sprio"], f"line {number}: {name} = {value[:40]!r}: not a number")
-                row[name] = int(number_value)
-            factors[parts[0]] = row
-        return factors
+        """sprio's view of pending jobs: {job id: {priority, site, partition, nice, ...}}, every
+        line read (plugins.slurm.sprio_lines.factors: `vjob drain`, not the tick)."""
+        return sprio_lines.factors(self.cmd.run("sprio", list(sprio_lines.SPRIO_ARGS)))
 
     def site_priorities(self) -> SiteOrder | None:
         """The pending jobs' own multifactor priority (sprio's PRIORITY − SITE) and the site's
         span (its PriorityWeight* summed), when vjob shares the order with the site; None when
-        it owns it (`order_share` = 1). A span whose bands do not fit site_factor_max raises."""
+        it owns it (`order_share` = 1). A span whose bands do not fit site_factor_max raises.
+        sprio is read by change (plugins.slurm.sprio_lines): only the lines not printed the
+        tick before are read."""
         if self.site is None:
             return None
-        return self.site.read(self.priority_factors())
+        own = self.sprio.read(self.cmd.run("sprio", list(sprio_lines.SPRIO_ARGS)))
+        return self.site.order(own)
 
     def knob_values(self) -> dict[str, int]:
         """Each pending job's site factor as sprio shows it: what `vjob drain` sets back to 0."""

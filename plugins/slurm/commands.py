@@ -61,14 +61,16 @@ class SlurmCommands:
         job: str | None = None,
         timeout_s: float | None = None,
         stdin: str | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> str:
-        """Run `name args...`, return its standard output, or raise CommandError."""
+        """Run `name args...`, return its standard output, or raise CommandError; `env`: variables
+        added to the commands' environment for this call (the listing's SLURM_TIME_FORMAT)."""
         return proc.run(
             [self.path(name), *args],
             shown=[name, *args],
             timeout_s=timeout_s or self.timeout_s,
             job=job,
-            env=self.env(),
+            env={**self.env(), **env} if env else self.env(),
             stdin=stdin,
             hint="is slurmctld up?",
         )

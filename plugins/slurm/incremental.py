@@ -3,20 +3,30 @@
 Why: at a site's size the JSON of every job is 0.5-1 GB (3.7-9 KB a job); reading it every
 tick costs seconds of CPU and GiBs of memory for jobs that did not change. Each tick instead:
 
-1. `squeue -h -t all -o "%A|%T|%Q|%D|%C|%m|%l|%V|%S|%N"` lists every job in one line of
-   numbers and Slurm's own words: id, state, priority, node and CPU counts, memory, time
-   limit, submit and start times, allocated nodes (Slurm 22.05's squeue has no "last changed"
-   time of a job; `LastSchedEval` moves at every scheduling pass). No field of it is text a
-   user writes (no name, comment, path or account), and every line must match a strict
-   pattern: the job-name forgery of the text path (parse_text) has nothing to hide in.
-2. A job is new, changed (its line differs in what vjob reads) or gone; only the new and
-   changed ones are read as JSON (`squeue --json --jobs=...` where Slurm honours the filter,
-   23.02 and later; on 20.11-22.05 squeue --json ignores it, so the whole listing is read as a
-   stream and only those jobs are decoded into Jobs). The JSON stays the source of every field
-   a decision reads; the listing only says where to look.
+1. `SLURM_TIME_FORMAT=%s squeue -h -t all -o "%A|%T|%D|%C|%m|%l|%V|%S|%N|%Q"` lists every
+   job in one line of numbers and Slurm's own words: id, state, node and CPU counts, memory,
+   time limit, submit and start times (POSIX seconds), allocated nodes, priority (Slurm
+   22.05's squeue has no "last changed" time of a job; `LastSchedEval` moves at every
+   scheduling pass). No field of it is text a user writes (no name, comment, path or
+   account), and every line must match a strict pattern: the job-name forgery of the text
+   path (parse_text) has nothing to hide in.
+2. A job is new, changed (its line differs in what vjob reads) or gone. A changed job whose
+   Row differs from the Row of its last JSON read only in what a state change moves (state
+   word, start time, allocated nodes, held or not) gets its Job from the kept one with those
+   put in (plugins.slurm.transitions: exactly as parse_json builds them from the JSON; any
+   other difference, or a case that is not certain, is read as JSON). The new jobs and the
+   other changed ones are read as JSON (`squeue --json --jobs=...` where Slurm honours the
+   filter, 23.02 and later; on 20.11-22.05 squeue --json ignores it, so the whole listing is
+   read as a stream and only those jobs are decoded into Jobs). The JSON stays the only source
+   of what a user writes (name, comment, account) and of every field a state change does not
+   move.
 3. A full JSON read replaces the cache every `resync_every` ticks, and at once when the listing
    is inconsistent (a line that does not match, an id twice, a state vjob does not know) or
-   when more than a quarter of the jobs changed (then one full read is the cheaper way).
+   when more than a quarter of the jobs are to be read (new, or changed beyond their state:
+   then one full read is the cheaper way). There every job applied from its Row since the
+   last full read whose Row has not moved since is compared with its JSON
+   (transitions.CHECKED): a difference is counted (`Look.drift`) and logged, and the JSON
+   replaces it, so any drift heals.
 
 What the listing cannot see: a change to a job's comment, admin comment, account or deadline
 alone (user text, left out on purpose) is seen at the next resync. The priority's value is not
@@ -30,6 +40,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from plugins.slurm import transitions
 from plugins.slurm.states import job_state
 from vjob import log
 from vjob.errors import InputError
@@ -40,6 +51,10 @@ LISTING_ARGS = ("-h", "-t", "all", "-o", LISTING_FORMAT)
 """squeue's arguments for the listing (every state: a suspended job is not in the default).
 The priority comes last: it moves at every tick for most pending jobs, and the rest of a line
 is compared as it is printed."""
+LISTING_ENV = (("SLURM_TIME_FORMAT", "%s"),)
+"""The listing's environment: submit and start times as POSIX seconds (squeue prints them with
+strftime; 22.05 honours it for -o %V/%S, checked on the dev cluster under another TZ), so a
+start time put into a Job from the listing is exact, never a local time read in a guessed zone."""
 _LINE = re.compile(
     r" *([0-9]{1,10}) *\|"  # %A job id (unique per array task)
     r" *([A-Z_]{1,32}) *\|"  # %T state word
@@ -53,7 +68,8 @@ _LINE = re.compile(
     r" *([0-9]{1,20}) *"  # %Q priority
 )
 BIG_CHANGE = 0.25
-"""Past this share of the listed jobs new or changed, a full read is the cheaper way."""
+"""Past this share of the listed jobs to read as JSON (new, or changed beyond their state), a
+full read is the cheaper way."""
 
 
 class Inconsistent(InputError):
@@ -187,6 +203,10 @@ class Look:
     changed: int = 0
     gone: int = 0
     fetched: int = 0
+    applied: int = 0
+    """Changed jobs whose state change was put in from the listing (no JSON read for them)."""
+    drift: int = 0
+    """At a full read: jobs applied from the listing that differ from their JSON (0 expected)."""
     rejected: list[str] = field(default_factory=list)
 
 
@@ -203,8 +223,11 @@ class IncrementalJobs:
     resync_every: int = 30
     jobs_by_id: dict[str, Job] = field(default_factory=dict)
     keys: dict[str, Row] = field(default_factory=dict)
-    """Job id → its Row when its JSON was read (a job whose Row differs is read again)."""
+    """Job id → its Row when its JSON was read or its state change applied (a job whose Row
+    differs is looked at again: applied from the Row, or read again)."""
     listed: Listing = field(default_factory=Listing)
+    applied: set[str] = field(default_factory=set)
+    """The jobs whose Job was last put together from the listing (checked at the next full read)."""
     since_full: int = 0
     synced: bool = False
     last: Look = field(default_factory=Look)
@@ -230,17 +253,20 @@ class IncrementalJobs:
         wanted |= rows.keys() - self.keys.keys()
         look.new = sum(1 for j in wanted if j not in self.jobs_by_id)
         look.changed = len(wanted) - look.new
+        self._apply(wanted, rows, look)  # first: a state change costs no JSON, whatever their number
         if len(wanted) > max(100, BIG_CHANGE * len(rows)):
-            return self._full(look, f"{len(wanted)} of {len(rows)} jobs new or changed", rows)
+            return self._full(look, f"{len(wanted)} of {len(rows)} jobs new or changed beyond their state", rows)
         gone = self.jobs_by_id.keys() - rows.keys()
         look.gone = len(gone)
         for job_id in gone:
             del self.jobs_by_id[job_id]
             self.keys.pop(job_id, None)
+            self.applied.discard(job_id)
         if wanted:
             found = self._checked(self.fetch(wanted), wanted, look)
             for job_id in wanted:
                 job = found.get(job_id)
+                self.applied.discard(job_id)
                 if job is None or job.state.finished:  # ended between the listing and the read
                     self.jobs_by_id.pop(job_id, None)
                     self.keys.pop(job_id, None)
@@ -252,9 +278,47 @@ class IncrementalJobs:
         self.last = look
         return self._ordered()
 
+    def _apply(self, wanted: set[str], rows: dict[str, Row], look: Look) -> None:
+        """Put the state change of each changed job that only changed state into its kept Job
+        (transitions.applied); those leave `wanted`, the rest are read as JSON."""
+        for job_id in [j for j in wanted if j in self.keys]:
+            kept = self.jobs_by_id.get(job_id)
+            if kept is None:
+                continue
+            job = transitions.applied(kept, self.keys[job_id], rows[job_id])
+            if job is None:
+                continue
+            self.jobs_by_id[job_id] = job
+            self.keys[job_id] = rows[job_id]
+            self.applied.add(job_id)
+            wanted.discard(job_id)
+            look.applied += 1
+
+    def _check_applied(self, found: dict[str, Job], rows: dict[str, Row] | None, look: Look) -> None:
+        """At a full read: each job applied from its Row whose Row did not move since must read
+        back equal (transitions.CHECKED) to its JSON; a difference is counted and logged."""
+        drifted: list[str] = []
+        applied, self.applied = self.applied, set()
+        listed = rows if rows is not None else {}  # an inconsistent listing: nothing to compare
+        for job_id in applied:
+            kept, read = self.jobs_by_id.get(job_id), found.get(job_id)
+            if kept is None or read is None or read.state.finished or listed.get(job_id, ()) != self.keys.get(job_id):
+                continue  # gone, or changed again since: nothing to compare
+            fields = transitions.drift(kept, read)
+            if fields:
+                drifted.append(f"job {job_id}: {', '.join(fields)}")
+        look.drift = len(drifted)
+        if drifted:
+            log.get("slurm").warning(
+                "jobs applied from the listing differ from their JSON (replaced by it)",
+                jobs=drifted[:20],
+                count=len(drifted),
+            )
+
     def _full(self, look: Look, reason: str, rows: dict[str, Row] | None) -> list[Job]:
         """Every job's JSON: the cache replaced. Keys come from the listing read just before
-        (a job that changed in between differs at the next tick and is read again); a job the
+        (a job that changed in between differs at the next tick and is looked at again: what a
+        state change moves then comes from its new Row, the rest was read after it); a job the
         JSON has and the listing had not gets no key, so it is read again next tick too."""
         look.full, look.reason = True, reason
         found: dict[str, Job] = {}
@@ -263,6 +327,7 @@ class IncrementalJobs:
                 look.rejected.append(f"job {job.id}: twice in one listing")
                 continue
             found[job.id] = job
+        self._check_applied(found, rows, look)
         self.jobs_by_id = {j: job for j, job in found.items() if not job.state.finished}
         self.keys = {j: rows[j] for j in self.jobs_by_id if j in rows} if rows is not None else {}
         look.fetched = len(found)

@@ -202,7 +202,7 @@ class NodeReuse:
     entries: dict[bytes, Node] = field(default_factory=dict)
 
     def node(self, found: Sequence[tuple[bytes, bytes]], where: str) -> Node:
-        key = hashlib.blake2b(b"".join(text for text, _ in found), digest_size=16).digest()
+        key = hashlib.blake2b(b"".join([text for text, _ in found]), digest_size=16).digest()
         node = self.entries.get(key)
         if node is None:
             node = self.entries[key] = parse_json.node(decode_members(found, where), where)

@@ -7,7 +7,9 @@ decoding of what is not read), the top-level object is walked by hand, and the "
 read by Slurm's pretty layout (plugins.slurm.json_fields): a full read cuts out of each job the
 members vjob reads and decodes those alone (and not even that for a job unchanged since the last
 read, `Reuse`); a read for some jobs (`keep`) finds each job's own id line and cuts out the jobs
-asked for only. Memory stays at one chunk plus the Jobs kept.
+asked for only. Memory stays at one chunk plus the Jobs kept. (Where squeue ignores the filter,
+a read for a few ids does not come here whole: plugins.slurm.json_tail searches the output from
+its end, through the walk and the checks of this module.)
 
 Nothing is taken on trust that JSON itself does not guarantee: every value read is decoded by
 the json module, strictly; the layout is learnt from the first job and checked against decoding
@@ -24,7 +26,7 @@ import subprocess
 import tempfile
 import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
-from typing import Any
+from typing import IO, Any
 
 from plugins.slurm import parse_json
 from plugins.slurm.commands import SlurmCommands
@@ -39,6 +41,9 @@ FEW_IDS = 256
 WINDOW = 1 << 16
 """Bytes decoded at first for one value of the top level (or one job of an unknown layout)."""
 _SPACE = re.compile(rb"[ \t\n\r]*")
+_FOLLOW = re.compile(rb"[ \t\n\r]*(?:(\])|,[ \t\n\r]*(?=\{))")
+"""What follows an object of an array: the array's end (consumed), or a comma and the next object
+(left at its brace)."""
 _DECODER = json.JSONDecoder()
 
 
@@ -139,8 +144,21 @@ def jobs(
     `reuse` keeps the Jobs between reads (json_fields.Reuse; a read of every job forgets the jobs
     it did not meet). The layout is checked once the document's "meta" has been read; a document
     that has no "jobs" array or no supported layout is refused (InputError), whatever it held."""
+    return jobs_in(_Buffer(_as_bytes(chunks), source), source=source, keep=keep, reuse=reuse)
+
+
+def jobs_in(
+    buf: _Buffer,
+    *,
+    source: str,
+    keep: Callable[[int], bool] | Collection[int] | None = None,
+    reuse: Reuse | None = None,
+    asked: Asked | None = None,
+) -> list[Job]:
+    """The jobs of the `squeue --json` output `buf` reads (jobs); `asked` finds the jobs `keep`
+    accepts once the layout is known (default: _asked, reading on from the first job)."""
     kept = reuse or Reuse()
-    found = _document(chunks, source, "jobs", lambda buf: _array(buf, source, keep, kept))
+    found = walk(buf, source, "jobs", lambda b: _array(b, source, keep, kept, asked))
     if found is None:
         raise InputError(f"{source}: no 'jobs' list: this is not squeue --json output")
     return found
@@ -176,9 +194,13 @@ def nodes(chunks: Iterable[bytes | str], *, source: str, reuse: NodeReuse | None
 
 
 def _document(chunks: Iterable[bytes | str], source: str, key: str, read: Callable[[_Buffer], list[Any]]) -> Any:
+    """The top-level object of `chunks` walked by hand (walk)."""
+    return walk(_Buffer(_as_bytes(chunks), source), source, key, read)
+
+
+def walk(buf: _Buffer, source: str, key: str, read: Callable[[_Buffer], list[Any]]) -> Any:
     """The top-level object walked by hand: `read` reads the array under `key` (None: no such
     member), "meta" is decoded and checked once the object has ended, the rest passed over."""
-    buf = _Buffer(_as_bytes(chunks), source)
     buf.expect(b"{")
     found: list[Any] | None = None
     meta: Any = None
@@ -209,8 +231,16 @@ def _as_bytes(chunks: Iterable[bytes | str]) -> Iterator[bytes]:
         yield chunk.encode("utf-8", "surrogatepass") if isinstance(chunk, str) else chunk
 
 
+Asked = Callable[[_Buffer, Layout, Callable[[int], bool] | Collection[int], Reuse, str], list[Job]]
+"""How the jobs asked for are found once the layout is known (_asked; json_tail searches from the end)."""
+
+
 def _array(
-    buf: _Buffer, source: str, keep: Callable[[int], bool] | Collection[int] | None, reuse: Reuse | None
+    buf: _Buffer,
+    source: str,
+    keep: Callable[[int], bool] | Collection[int] | None,
+    reuse: Reuse | None,
+    asked: Asked | None = None,
 ) -> list[Job]:
     """The elements of the "jobs" array: by Slurm's layout where the first job shows it (learn),
     else each decoded whole and read (parse_json.job) on its own."""
@@ -220,7 +250,7 @@ def _array(
         return []
     layout = learn(buf, JOB_FIELDS)
     if layout is not None and keep is not None:
-        return _asked(buf, layout, keep, reuse or Reuse(), source)
+        return (asked or _asked)(buf, layout, keep, reuse or Reuse(), source)
     if layout is not None:
         kept = reuse or Reuse()
         kept.begin_full()
@@ -280,7 +310,13 @@ def _every(buf: _Buffer, layout: Layout, make: Callable[[Any, str], Any], source
         if end < 0:
             raise InputError(f"{where}: the JSON ends inside it")
         out.append(make(layout.cut(buf.data, buf.at, end), where))
-        buf.at = end
+        follow = _FOLLOW.match(buf.data, end)  # in one step what the lines below read
+        if follow is not None:
+            buf.at = follow.end()
+            if follow.group(1):
+                return out
+            continue
+        buf.at = end  # the next object or the list's end is past this chunk, or is not there
         if buf.expect(b",]") == b"]":
             return out
         if buf.char() != b"{":
@@ -359,13 +395,17 @@ def command_chunks(cmd: SlurmCommands, name: str, args: Sequence[str]) -> Iterat
             if process.stdout is not None:
                 process.stdout.close()
         if code != 0:
-            if killed.is_set():
-                raise CommandUnavailable(
-                    shown, f"no complete answer within {cmd.timeout_s:g} s; killed (is slurmctld up?)"
-                )
-            err.seek(0)
-            lines = (err.read(4000).decode(errors="replace").strip() or "(no message)").splitlines()
-            raise CommandError(shown, f"exit status {code}: {' / '.join(lines[-3:])[-400:]}")
+            raise failure(shown, code, err, cmd.timeout_s if killed.is_set() else None)
 
 
-__all__ = ["command_chunks", "jobs", "learn", "nodes"]
+def failure(shown: list[str], code: int, err: IO[bytes], killed_after: float | None) -> CommandError:
+    """The error of a command that failed: killed after `killed_after` seconds (no complete
+    answer), else its exit status and the last lines of its standard error (`err`)."""
+    if killed_after is not None:
+        return CommandUnavailable(shown, f"no complete answer within {killed_after:g} s; killed (is slurmctld up?)")
+    err.seek(0)
+    lines = (err.read(4000).decode(errors="replace").strip() or "(no message)").splitlines()
+    return CommandError(shown, f"exit status {code}: {' / '.join(lines[-3:])[-400:]}")
+
+
+__all__ = ["Asked", "command_chunks", "failure", "jobs", "jobs_in", "learn", "nodes", "walk"]

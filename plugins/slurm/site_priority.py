@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Mapping
 
 from plugins.slurm.commands import SlurmCommands
 from preemption.scheduling.site_order import SiteOrder, needed_range
@@ -81,4 +82,8 @@ class SiteReader:
 
     def read(self, factors: dict[str, dict[str, int]]) -> SiteOrder:
         """The SiteOrder of the pending jobs `factors` lists (the adapter's `priority_factors`)."""
-        return SiteOrder(own=own_priorities(factors), span=self.span())
+        return self.order(own_priorities(factors))
+
+    def order(self, own: Mapping[str, int]) -> SiteOrder:
+        """The SiteOrder of the own priorities `own` (plugins.slurm.sprio_lines.SprioLines.read)."""
+        return SiteOrder(own=own, span=self.span())
