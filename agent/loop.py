@@ -45,6 +45,7 @@ from agent.arbiter import (
     remap_moves,
 )
 from agent.deadline import DeadlineKeeper
+from agent.heap_pace import HeapPace
 from agent.lease import Lease
 from agent.metrics import AgentMetrics
 from agent.observe import Observation, observe
@@ -148,6 +149,10 @@ class Agent:
         """Live remapping's samples and last decisions (`[remap] farm_file`, agent.remap_step)."""
         self.drain = drain.DrainState()
         """`vjob drain`'s mark as last read (agent.drain): drained, a tick only undoes."""
+        self.heap = HeapPace()
+        """The collector paced to the daemon's ticks (`run`): the heap frozen as each starts, thawed
+        and collected every 30 (agent.heap_pace). Not in `tick` itself: a test process calling it
+        is not to have its whole heap frozen."""
 
     def close(self) -> None:
         """Close the agent's own store connection. Why: a `vjob drain` pass (agent.drain_cmd)
@@ -377,6 +382,7 @@ class Agent:
         try:
             while True:
                 report = None
+                self.heap.tick_starts()  # the collector paced to the daemon's ticks (agent.heap_pace)
                 try:
                     report = self.tick()
                 except VjobError as exc:

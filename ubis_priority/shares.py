@@ -62,10 +62,16 @@ def share_entities(jobs: Iterable[Job], names: Iterable[str]) -> list[tuple[str,
     `account_targets` share would then also count among the users who split what is left over,
     taking a part nobody's job uses.
     """
-    pairs = {(j.user, j.account) for j in jobs}
-    users = {u for u, _ in pairs}
-    pairs |= {(u, "") for u in names if u not in users}
-    return sorted(pairs)
+    return share_entities_of({(j.user, j.account) for j in jobs}, names)
+
+
+def share_entities_of(pairs: Iterable[tuple[str, str]], names: Iterable[str]) -> list[tuple[str, str]]:
+    """`share_entities` from the jobs' (user, account) pairs, gathered once
+    (ubis_priority.job_columns numbers them per job rather than reading every Job again)."""
+    found = set(pairs)
+    users = {u for u, _ in found}
+    found |= {(u, "") for u in names if u not in users}
+    return sorted(found)
 
 
 def target_shares(

@@ -14,7 +14,10 @@ import math
 from bisect import bisect_left, insort
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
+from operator import attrgetter
 from types import MappingProxyType
+
+import numpy as np
 
 from preemption.scheduling.guard import (
     HARMFUL,
@@ -30,10 +33,12 @@ from preemption.scheduling.reserve import need_beside, recent_interactive, reser
 from preemption.scheduling.victim_pool import VictimPool, vm_bytes
 from preemption.scheduling.victims import Candidate, choose_victims, running_priorities
 from preemption.scheduling.waiting import WaitKind, WaitReason, cap_reason
-from ubis_priority import allowed
+from ubis_priority import allowed, job_columns
 from ubis_priority.interactive import cap_limit, held_by_interactive
 from vjob.config import Config
 from vjob.model import ClusterView, Job, JobClass, JobState, Node
+
+_job_id = attrgetter("id")
 
 DEFAULT_ESTIMATE_S = 3600.0
 """A job's run time estimate when it has no walltime (EASY needs one)."""
@@ -119,23 +124,36 @@ class PassState:
         self.node_os = {n.name: n.os_image for n in usable}
         self.owner: dict[str, str | None] = dict.fromkeys(self.node_order)
         """Node → the job holding it (a victim while its checkpoint is written), None if free."""
-        self.jobs: dict[str, Job] = {j.id: j for j in view.jobs}
+        self.jobs: dict[str, Job] = dict(zip(map(_job_id, view.jobs), view.jobs, strict=True))
         self.holds: dict[tuple[str, str], tuple[float, int]] = {}
         """What holds nodes, for the reservation: (kind, job id) → (estimated end, nodes)."""
         self.checkpointing: dict[str, tuple[str, ...]] = {}
         """Victims of this pass → their nodes still busy with the checkpoint."""
         self.resumed_on: dict[str, tuple[str, ...]] = {}
         """Held jobs the pass starts on the nodes they were saved on (a local resume)."""
-        running = view.running
+        cols = job_columns.columns(view.jobs)  # the running ones found in the jobs' columns
+        is_running = cols.state == job_columns.RUNNING
+        running = cols.pick(np.flatnonzero(is_running))
+        owner = self.owner
+        holds = self.holds
         for job in running:
-            nodes = [n for n in job.allocated_nodes if n in self.owner]
-            for n in nodes:
-                self.owner[n] = job.id
-            if nodes:
-                end = self.now if job.start_time is None else job.start_time + estimate(job)
-                self.holds[("run", job.id)] = (end, len(nodes))
-        self.held, self.user_held = held_by_interactive(running)
-        self._free = sum(1 for n in self.node_order if self.owner[n] is None)
+            alloc = job.allocated_nodes
+            if len(alloc) == 1:  # most jobs: no list for one node
+                if alloc[0] not in owner:
+                    continue
+                owner[alloc[0]] = job.id
+                held = 1
+            else:
+                nodes = [n for n in alloc if n in owner]
+                for n in nodes:
+                    owner[n] = job.id
+                held = len(nodes)
+                if not held:
+                    continue
+            end = self.now if job.start_time is None else job.start_time + estimate(job)
+            holds[("run", job.id)] = (end, held)
+        self.held, self.user_held = held_by_interactive(cols.pick(np.flatnonzero(is_running & cols.interactive)))
+        self._free = list(owner.values()).count(None)
         self._free_list: list[str] | None = None
         self._sorted_holds: list[tuple[float, int]] | None = None
         """`guard_holds()` sorted, until the holds change (the guard reads its first few)."""
@@ -143,8 +161,7 @@ class PassState:
             self.checkpointable, self.max_preemptions if self.by_cost else None, vm_bytes(view), self.node_os
         )
         """The running batch jobs this pass may checkpoint (victim_pool.py)."""
-        for job in running:
-            self.pool.add(job, self._nodes_of(job))
+        self.pool.fill(running, owner)
         self.waits: dict[str, WaitReason] = {}
         """Why `preempt_for` or the guard refused an interactive job (waiting.py)."""
 
@@ -417,7 +434,10 @@ class PassState:
 
     def _nodes_of(self, job: Job) -> tuple[str, ...]:
         """The usable nodes `job` holds now, in its allocation order."""
-        return tuple(n for n in job.allocated_nodes if self.owner.get(n) == job.id)
+        alloc = job.allocated_nodes
+        if len(alloc) == 1:  # most jobs: no generator for one node
+            return alloc if self.owner.get(alloc[0]) == job.id else ()
+        return tuple(n for n in alloc if self.owner.get(n) == job.id)
 
     def _current_view(self) -> ClusterView:
         """The view as the pass has changed it so far: started jobs running on their nodes,

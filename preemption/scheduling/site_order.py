@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 
 import numpy as np
 
@@ -38,6 +39,9 @@ from vjob.rms import PriorityKnob
 
 TIERS = 4
 """vjob's tiers (policies.TIER_NAMES): each gets its own band of the knob."""
+_EXACT = 2**52
+"""Own priorities below this in size, and values sent below it, add up exactly in int64 and
+convert to float64 exactly."""
 
 
 @dataclass(frozen=True)
@@ -94,27 +98,63 @@ def site_values(
     queue: Sequence[Job], tiers: Mapping[str, int], fractions: Mapping[str, float], knob: PriorityKnob, span: int
 ) -> dict[str, int]:
     """`site_value` of every queued job; the knob's range must hold the bands (`needed_range`).
-    In arrays (the same arithmetic, float64 as Python's floats): at a site's size the queue
-    is 100,000 jobs and one call of `site_value` each cost the agent half a second a tick."""
+    In arrays (`band_values`): at a site's size the queue is 100,000 jobs and one call of
+    `site_value` each cost the agent half a second a tick."""
+    ids = [j.id for j in queue]
+    tier = np.fromiter(map(tiers.__getitem__, ids), dtype=np.int64, count=len(ids))
+    if fractions:
+        frac = np.fromiter(map(fractions.get, ids, repeat(0.0)), dtype=np.float64, count=len(ids))
+    else:
+        frac = np.zeros(len(ids), dtype=np.float64)
+    return dict(zip(ids, band_values(tier, frac, knob, span).tolist(), strict=True))
+
+
+def band_values(tier: np.ndarray, frac: np.ndarray, knob: PriorityKnob, span: int) -> np.ndarray:
+    """`site_value` of each job from its tier and its UBIS fraction, as arrays (the same
+    arithmetic, float64 as Python's floats); ValueError when the knob's range cannot hold the
+    bands or a tier is outside them."""
     if needed_range(span, knob.share) > knob.high - knob.low:
         raise ValueError(
             f"the tier bands need a range of {needed_range(span, knob.share)} for a site span of {span}"
             f" at order share {knob.share}; the knob has {knob.high - knob.low}"
         )
-    ids = [j.id for j in queue]
-    tier = np.fromiter((tiers[i] for i in ids), dtype=np.int64, count=len(ids))
     if tier.size and (int(tier.min()) < 0 or int(tier.max()) >= TIERS):
         bad = int(tier.min()) if int(tier.min()) < 0 else int(tier.max())
         raise ValueError(f"tier {bad}: must be in 0..{TIERS - 1}")
-    if fractions:
-        frac = np.fromiter((fractions.get(i, 0.0) for i in ids), dtype=np.float64, count=len(ids))
-    else:
-        frac = np.zeros(len(ids), dtype=np.float64)
     frac = np.minimum(1.0, np.maximum(0.0, frac))
     step = knob.min_step
     part = (vjob_width(span, knob.share) * frac / step).astype(np.int64) * step  # rounded down
-    values = knob.low + (TIERS - tier) * band(span, knob.share) + part
-    return dict(zip(ids, values.tolist(), strict=True))
+    return knob.low + (TIERS - tier) * band(span, knob.share) + part
+
+
+def ubis_fractions(
+    ids: Sequence[str], tier: np.ndarray, priorities: Mapping[str, float], max_priority: float, tiers_rated: str
+) -> np.ndarray:
+    """Each job's UBIS priority over the largest possible one (`priorities[id] / max_priority`,
+    float64 as Python's division), for the jobs vjob rates: `tiers_rated` "all", "interactive"
+    (tier 0 only) or "none" (`tier_order = "submit"`); 0 for the others, and for all when
+    `max_priority` is not positive."""
+    if tiers_rated == "none" or max_priority <= 0:
+        return np.zeros(len(ids), dtype=np.float64)
+    frac = np.fromiter(map(priorities.__getitem__, ids), dtype=np.float64, count=len(ids)) / max_priority
+    if tiers_rated == "interactive":
+        frac[tier != 0] = 0.0
+    return frac
+
+
+def walk_positions(values: np.ndarray, ids: Sequence[str], own: Mapping[str, int]) -> np.ndarray | None:
+    """`walk_order` as positions in the queue (`ids`, the values sent from `band_values`, the
+    own priorities `own`, 0 where missing): what the RMS will hold, highest first, a stable
+    sort, in arrays. None when a value or an own priority is beyond ±2**52: only there could
+    the int64 sum and its float64 differ from walk_order's Python sums (then use those)."""
+    try:
+        mine = np.fromiter(map(own.get, ids, repeat(0)), dtype=np.int64, count=len(ids))
+    except OverflowError:
+        return None
+    for part in (values, mine):
+        if part.size and (int(part.min()) <= -_EXACT or int(part.max()) >= _EXACT):
+            return None
+    return np.argsort(-(values + mine).astype(np.float64), kind="stable")
 
 
 def walk_order(ordered: Sequence[Job], sent: Mapping[str, int], own: Mapping[str, int]) -> list[Job]:

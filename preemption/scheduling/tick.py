@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import numpy as np
 
@@ -50,12 +51,15 @@ from preemption.scheduling.policies import (
     vjob_tiers,
 )
 from preemption.scheduling.reserve import need_beside
-from preemption.scheduling.site_order import SiteOrder, site_values, walk_order
+from preemption.scheduling.site_order import SiteOrder, band_values, ubis_fractions, walk_order, walk_positions
 from preemption.scheduling.waiting import WaitReason
-from ubis_priority import compute, integer_priority
+from ubis_priority import compute, integer_priority, job_columns
+from ubis_priority.job_columns import HELD, PENDING
 from vjob.config import Config
-from vjob.model import ClusterView, Job, JobClass, JobState
+from vjob.model import ClusterView, Job
 from vjob.rms import PriorityKnob
+
+_job_id = attrgetter("id")
 
 
 @dataclass(frozen=True)
@@ -153,8 +157,10 @@ def decide(
 
     state = PassState(view, cfg, costs or Costs(), checkpointable, sleeping, bill_victims, pol)
     state.anchors.update(anchors or {})
-    queue = [j for j in view.jobs if j.state is JobState.PENDING or (j.state is JobState.HELD and j.id in sleeping)]
-    ordered, tiers = _order(pol, queue, pending_prio, state)
+    cols = job_columns.columns(view.jobs)  # the jobs' values, as `compute` read them
+    rows = _queue_rows(cols, sleeping)
+    queue = cols.pick(rows)
+    ordered, tiers = _order(pol, queue, pending_prio, state, cols, rows)
     exact = knob is not None and knob.share < 1.0 and site is not None and bool(tiers)
     if exact:
         ordered, rms_prio = _site_priorities(ordered, tiers, pending_prio, prios.terms.max_priority, knob, site, state)
@@ -165,9 +171,9 @@ def decide(
         started += _backfill(view.now, head, head_priv, ordered[head_at + 1 :], state, backfill_depth, hard)
 
     done = set(started)
-    interactive = JobClass.INTERACTIVE
-    waiting = [j for j in queue if j.job_class is interactive and j.state is JobState.PENDING and j.id not in done]
-    held = {j.id for j in queue if j.state is JobState.HELD}
+    asked = cols.state[rows]
+    waiting = [j for j in cols.pick(rows[cols.interactive[rows] & (asked == PENDING)]) if j.id not in done]
+    held = set(map(_job_id, cols.pick(rows[asked == HELD])))
     releases = tuple(
         Release(job_id, state.resumed_on.get(job_id, ())) for job_id in started if job_id in sleeping and job_id in held
     )
@@ -182,7 +188,7 @@ def decide(
         reserved=None if head is None else head.id,
         placements={job_id: state.jobs[job_id].allocated_nodes for job_id in started},
         anchors={k: v for k, v in state.anchors.items() if k in pending_prio and k not in done},
-        order=tuple(j.id for j in ordered),
+        order=tuple(map(_job_id, ordered)),
         exact_priorities=exact,
         tiers=tiers,
     )
@@ -258,36 +264,66 @@ def _backfill(
     return started
 
 
+def _queue_rows(cols: job_columns.ViewColumns, sleeping: Mapping[str, tuple[str, ...]]) -> np.ndarray:
+    """The rows of the queue in the view: pending jobs, and the held ones vjob holds."""
+    mask = cols.state == PENDING
+    held = np.flatnonzero(cols.state == HELD)
+    if held.shape[0]:
+        ours = np.fromiter((j.id in sleeping for j in cols.pick(held)), dtype=np.bool_, count=held.shape[0])
+        mask[held[ours]] = True
+    return np.flatnonzero(mask)
+
+
 def _order(
-    policy: Policy, queue: Sequence[Job], prio: Mapping[str, float], state: PassState
+    policy: Policy,
+    queue: Sequence[Job],
+    prio: Mapping[str, float],
+    state: PassState,
+    cols: job_columns.ViewColumns,
+    rows: np.ndarray,
 ) -> tuple[list[Job], dict[str, int]]:
     """The queue in `policy`'s order (equal keys keep the view's order), and under vjob each
-    job's tier (`policies.vjob_tiers`)."""
+    job's tier (`policies.vjob_tiers`). `queue` is `cols`' jobs at `rows`, whose columns
+    give the submission times, classes and preemption counts."""
     if not queue:
         return [], {}
-    submit = [j.submit_time for j in queue]
+    submit = cols.submit_time[rows]
     tier_of: dict[str, int] = {}
     if policy.order is Order.SUBMIT:
         order = fcfs_order(submit)
     elif policy.order is Order.PRIVILEGED_FIRST:
-        order = mms_order(submit, [j.interactive and state.within_caps(j) for j in queue])
+        order = mms_order(submit, _privileged(queue, cols.interactive[rows], state))
     elif policy.order is Order.TIERS:
-        inter = [j.job_class is JobClass.INTERACTIVE for j in queue]
-        privileged = [i and state.within_caps(j) for i, j in zip(inter, queue, strict=True)]
+        inter = cols.interactive[rows]
+        privileged = _privileged(queue, inter, state)
         ahead = inter if state.interactive_ahead in ("queue", "guarded") else None
-        resumed = [j.preempt_count > 0 for j in queue]
-        rated = [
-            prio[j.id] if state.ubis_tiers or (state.ubis_interactive and p) else 0.0
-            for j, p in zip(queue, privileged, strict=True)
-        ]
+        resumed = cols.preempt_count[rows] > 0
+        if state.ubis_tiers:
+            rated = np.fromiter(map(prio.__getitem__, map(_job_id, queue)), dtype=np.float64, count=len(queue))
+        elif state.ubis_interactive:
+            rated = np.zeros(len(queue), dtype=np.float64)
+            for k in np.flatnonzero(privileged).tolist():
+                rated[k] = prio[queue[k].id]
+        else:
+            rated = np.zeros(len(queue), dtype=np.float64)  # `tier_order = "submit"`: ranked by nothing
         order = vjob_order(submit, privileged, resumed, ahead, rated, id_ranks(queue))
         tiers = vjob_tiers(privileged, resumed, ahead)
-        tier_of = dict(zip([j.id for j in queue], tiers.tolist(), strict=True))
+        tier_of = dict(zip(map(_job_id, queue), tiers.tolist(), strict=True))
         # the guard: the first batch job in the order, whose reservation preemptions keep
-        state.guard = next((queue[i] for i in order.tolist() if not inter[i]), None)
+        batch = order[~inter[order]]
+        state.guard = queue[int(batch[0])] if batch.shape[0] else None
     else:
         order = ubis_order([prio[j.id] for j in queue], submit)
     return [queue[i] for i in order.tolist()], tier_of
+
+
+def _privileged(queue: Sequence[Job], interactive: np.ndarray, state: PassState) -> np.ndarray:
+    """Which jobs of `queue` are interactive and within the caps (asked of the interactive
+    ones only, in the queue's order)."""
+    out = np.zeros(len(queue), dtype=np.bool_)
+    for k in np.flatnonzero(interactive).tolist():
+        out[k] = state.within_caps(queue[k])
+    return out
 
 
 def id_ranks(jobs: Sequence[Job]) -> np.ndarray:
@@ -319,16 +355,21 @@ def _site_priorities(
     the rest (site_order.py); the queue re-walked in the order the RMS will then follow, and
     the guard (the first batch job) taken from that order, so that the job it protects is
     the one the RMS starts first. Pending jobs outside the queue get the lowest value."""
-    if state.ubis_tiers or state.ubis_interactive:
-        rated = [j for j in ordered if state.ubis_tiers or tiers[j.id] == 0]
+    # in arrays, over the queue once (site_order.py): at a site's size 100,000 jobs, where the
+    # per-job dicts and sums cost the agent a third of a second a tick
+    ids = [j.id for j in ordered]
+    tier = np.fromiter(map(tiers.__getitem__, ids), dtype=np.int64, count=len(ids))
+    rated = "all" if state.ubis_tiers else "interactive" if state.ubis_interactive else "none"  # none: "submit"
+    values = band_values(tier, ubis_fractions(ids, tier, pending, max_priority, rated), knob, site.span)
+    sent = values.tolist()
+    positions = walk_positions(values, ids, site.own)
+    if positions is None:  # a priority beyond 2**52: the exact sums of Python ints
+        walked = walk_order(ordered, dict(zip(ids, sent, strict=True)), site.own)
     else:
-        rated = []  # `tier_order = "submit"`: no tier is ranked by UBIS priority
-    fractions = {j.id: pending[j.id] / max_priority for j in rated} if max_priority > 0 else {}
-    sent = site_values(ordered, tiers, fractions, knob, site.span)
-    walked = walk_order(ordered, sent, site.own)
+        walked = list(map(ordered.__getitem__, positions.tolist()))
     state.guard = next((j for j in walked if not j.interactive), None)
     out = dict.fromkeys(pending, knob.low)
-    out.update(sent)
+    out.update(zip(ids, sent, strict=True))
     return walked, out
 
 

@@ -17,7 +17,7 @@ Same answers as before, to the victim: `cheapest` walks the members in exactly t
 from __future__ import annotations
 
 from bisect import insort
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import NamedTuple
 
 from preemption.scheduling.victims import MIB, Candidate, greedy_victims, victim_key
@@ -86,6 +86,38 @@ class VictimPool:
         for image, ranked in self._ranked.items():
             insort(ranked, self._entry(member, image))
 
+    def fill(self, running: Sequence[Job], owner: Mapping[str, str | None]) -> None:
+        """`add` for each of `running` (the pass's running jobs as it starts) with the usable
+        nodes it holds (`owner`: node → the job holding it): the same members, in the same
+        order, with `admits`' rule and `add`'s size written out in one loop (20,000 calls of
+        each cost a tenth of the pass at a site's size)."""
+        if self._ranked:  # a pool already ranked keeps its order through `add`
+            for job in running:
+                if self.admits(job):
+                    self.add(job, tuple(n for n in job.allocated_nodes if owner.get(n) == job.id))
+            return
+        batch = JobClass.BATCH
+        allowed, most, vms, members = self.checkpointable, self.max_preemptions, self.vms, self.members
+        for job in running:
+            if job.job_class is not batch:
+                continue
+            jid = job.id
+            if (allowed is not None and jid not in allowed) or (most is not None and job.preempt_count >= most):
+                continue
+            alloc = job.allocated_nodes
+            if len(alloc) == 1:
+                if owner.get(alloc[0]) != jid:
+                    continue
+                nodes = alloc
+            else:
+                nodes = tuple(n for n in alloc if owner.get(n) == jid)
+                if not nodes:
+                    continue
+            held = vms.get(jid)
+            size = float(held) if held is not None else float(job.memory_mb) * MIB * len(alloc)
+            members[jid] = Member(jid, nodes, job.preempt_count, size)
+            self.nodes += len(nodes)
+
     def remove(self, job_id: str) -> None:
         """`job_id` is checkpointed by this pass: no longer a candidate."""
         member = self.members.pop(job_id, None)
@@ -121,4 +153,7 @@ class VictimPool:
 
 
 def _on_image(member: Member, image: str, node_os: Mapping[str, str]) -> int:
-    return sum(1 for n in member.nodes if node_os[n] == image)
+    nodes = member.nodes
+    if len(nodes) == 1:  # most members: no generator for one node (9,000 of them at a site's size)
+        return 1 if node_os[nodes[0]] == image else 0
+    return sum(1 for n in nodes if node_os[n] == image)
