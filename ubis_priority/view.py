@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from operator import attrgetter
+from itertools import repeat
+from operator import attrgetter, itemgetter
 from typing import Any
 
 import numpy as np
@@ -164,8 +165,10 @@ def arrays_from_view(view: ClusterView, cfg: PriorityConfig) -> tuple[tuple[Job,
         total_nodes=len(usable),
         free_nodes=len(free),
         free_by_os=free_by_os,
-        target=np.array([targets[e] for e in entities], dtype=np.float64),
-        usage=np.array([used.get(u, 0.0) for u, _ in entities], dtype=np.float64),
+        target=np.fromiter(map(targets.__getitem__, entities), dtype=np.float64, count=len(entities)),
+        usage=np.fromiter(
+            map(used.get, map(itemgetter(0), entities), repeat(0.0)), dtype=np.float64, count=len(entities)
+        ),
         interactive_held=held,
         user_interactive_held=user_held,
     )

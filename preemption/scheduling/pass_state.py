@@ -124,7 +124,6 @@ class PassState:
         self.node_os = {n.name: n.os_image for n in usable}
         self.owner: dict[str, str | None] = dict.fromkeys(self.node_order)
         """Node → the job holding it (a victim while its checkpoint is written), None if free."""
-        self.jobs: dict[str, Job] = dict(zip(map(_job_id, view.jobs), view.jobs, strict=True))
         self.holds: dict[tuple[str, str], tuple[float, int]] = {}
         """What holds nodes, for the reservation: (kind, job id) → (estimated end, nodes)."""
         self.checkpointing: dict[str, tuple[str, ...]] = {}
@@ -134,6 +133,10 @@ class PassState:
         cols = job_columns.columns(view.jobs)  # the running ones found in the jobs' columns
         is_running = cols.state == job_columns.RUNNING
         running = cols.pick(np.flatnonzero(is_running))
+        self.jobs: dict[str, Job] = dict(zip(map(_job_id, running), running, strict=True))
+        """The running jobs and those the pass starts, by id, as the pass changes them: what it
+        looks up (victims, their candidates, the started), not every job of the view (120,000
+        at a site's size); `_current_view` reads the others from the view."""
         owner = self.owner
         holds = self.holds
         for job in running:
@@ -445,8 +448,9 @@ class PassState:
         the images they were switched to (under `ubis`, whose victims are priced in it).
         Only what changed is copied, and the ids are the view's own, already checked: it is
         not validated again (that check was most of this view's cost at 120,000 jobs)."""
-        busy = self.checkpointing
-        jobs = tuple(j if j.id not in busy else replace(j, allocated_nodes=busy[j.id]) for j in self.jobs.values())
+        busy, now = self.checkpointing, self.jobs
+        current = (now.get(j.id, j) for j in self.view.jobs)  # in the view's order, as the pass left them
+        jobs = tuple(j if j.id not in busy else replace(j, allocated_nodes=busy[j.id]) for j in current)
         node_os = self.node_os
         nodes = tuple(
             replace(n, os_image=node_os[n.name]) if node_os.get(n.name, n.os_image) != n.os_image else n
