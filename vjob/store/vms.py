@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
 
 from vjob.model import Job
 from vjob.store import jobs as store_jobs
@@ -23,23 +24,30 @@ def remember(store: Store, rms: str, job: Job, *, vm: str, node: str, image: str
     job_pk = store_jobs.track(store, job)
     with store.session() as s:
         row = s.scalars(select(VMRecord).where(VMRecord.name == vm)).first()
-        stamp = now()
-        if row is None:
-            s.add(
-                VMRecord(
-                    name=vm,
-                    job_id=job_pk,
-                    node=node,
-                    image=image or "-",
-                    memory_mb=max(1, memory_mb),
-                    state="running",
-                    created_at=stamp,
-                    updated_at=stamp,
-                )
-            )
-        elif row.job_id == job_pk and row.node != node:
-            row.node = node
-            row.updated_at = stamp
+        placed(s, row, vm=vm, job_pk=job_pk, node=node, image=image, memory_mb=memory_mb, stamp=now())
+
+
+def placed(
+    s: Session, row: VMRecord | None, *, vm: str, job_pk: int, node: str, image: str, memory_mb: int, stamp: float
+) -> VMRecord:
+    """`row` (the VM's, None: none yet) made or moved to `node` in session `s`, the rule of
+    `remember` and of vms_many.remember_many: a name another job owns is left as it is."""
+    if row is None:
+        row = VMRecord(
+            name=vm,
+            job_id=job_pk,
+            node=node,
+            image=image or "-",
+            memory_mb=max(1, memory_mb),
+            state="running",
+            created_at=stamp,
+            updated_at=stamp,
+        )
+        s.add(row)
+    elif row.job_id == job_pk and row.node != node:
+        row.node = node
+        row.updated_at = stamp
+    return row
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from vjob.model import Job
 from vjob.store import jobs as store_jobs
 from vjob.store.db import Store, now
 from vjob.store.schema import JobRecord, VMRecord
+from vjob.store.vms import placed
 
 Placement = tuple[Job, Sequence[tuple[str, str]], str, int]
 """A job, its VMs as (name, node), the image they run and the memory of each (MiB)."""
@@ -50,22 +51,9 @@ def remember_many(store: Store, rms: str, placements: Sequence[Placement]) -> li
         for job, vms, image, memory_mb in todo:
             job_pk = pks[job.id]
             for vm, node in vms:
-                row = rows.get(vm)
-                if row is None:
-                    rows[vm] = row = VMRecord(
-                        name=vm,
-                        job_id=job_pk,
-                        node=node,
-                        image=image or "-",
-                        memory_mb=max(1, memory_mb),
-                        state="running",
-                        created_at=stamp,
-                        updated_at=stamp,
-                    )
-                    s.add(row)
-                elif row.job_id == job_pk and row.node != node:
-                    row.node = node
-                    row.updated_at = stamp
+                rows[vm] = placed(
+                    s, rows.get(vm), vm=vm, job_pk=job_pk, node=node, image=image, memory_mb=memory_mb, stamp=stamp
+                )
     return refused
 
 
