@@ -80,10 +80,6 @@ class SiteReader:
             self._span, self._read_at = span, now
         return self._span
 
-    def read(self, factors: dict[str, dict[str, int]]) -> SiteOrder:
-        """The SiteOrder of the pending jobs `factors` lists (the adapter's `priority_factors`)."""
-        return self.order(own_priorities(factors))
-
     def order(self, own: Mapping[str, int]) -> SiteOrder:
         """The SiteOrder of the own priorities `own` (plugins.slurm.sprio_lines.SprioLines.read)."""
         return SiteOrder(own=own, span=self.span())
