@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from agent.act import priorities_to_send
 from agent.site_read import resync
 from plugins.slurm.commands import SlurmCommands
-from plugins.slurm.site_priority import SiteReader, own_priorities, weight_span
+from plugins.slurm.site_priority import SiteReader, weight_span
 from preemption.scheduling.site_order import (
     TIERS,
     SiteOrder,
@@ -218,7 +218,6 @@ def test_the_span_from_the_dev_clusters_scontrol_show_config() -> None:
     assert weight_span(tres) == SPAN + 1000 + 2000 + 3000  # 2000.5 rounds to 2000
     with pytest.raises(CommandError, match="PriorityWeightQOS = 'lots'"):
         weight_span(CONFIG.replace("PriorityWeightQOS       = 0", "PriorityWeightQOS       = lots"))
-    assert own_priorities({"7": {"priority": 36_002, "site": 24_001}}) == {"7": 12_001}
 
 
 def test_bands_that_do_not_fit_the_site_factor_max_are_refused(tmp_path) -> None:

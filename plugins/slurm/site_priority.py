@@ -50,11 +50,6 @@ def weight_span(config_text: str) -> int:
     return total
 
 
-def own_priorities(factors: dict[str, dict[str, int]]) -> dict[str, int]:
-    """Each pending job's priority without vjob's site factor, from sprio's PRIORITY and SITE."""
-    return {job: row["priority"] - row["site"] for job, row in factors.items()}
-
-
 class SiteReader:
     """The span (cached `SPAN_READ_EVERY_S`) and the pending jobs' own priorities of one Slurm."""
 
