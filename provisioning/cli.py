@@ -134,12 +134,16 @@ def _image_remove_parser(isub: Any) -> None:
         isub,
         "remove",
         "forget an image and delete the catalogue's file",
-        "Forget an image (all versions unless --version) and delete the head node's files; refused while "
-        "a VM recorded in the store is built on it.",
+        "Forget an image (all versions unless --version) and delete its files on every node holding it, "
+        "the head's last; refused while a VM recorded in the store is built on it. A holder that cannot be "
+        "reached stops it before anything is forgotten (run it again), unless --force.",
         "vjob image remove centos7 --version 2024.1",
     )
     rm.add_argument("name", help="image name")
     rm.add_argument("--version", metavar="VERSION", help="only this version (default: all versions)")
+    rm.add_argument(
+        "--force", action="store_true", help="forget the image even when a holder cannot be reached (its copy stays)"
+    )
     rm.set_defaults(func=_image_remove)
 
 
@@ -312,8 +316,12 @@ def _node_summary(states: dict[str, dict[str, str]]) -> dict[str, dict[str, Any]
 
 
 def _image_remove(args: argparse.Namespace) -> int:
-    for info in _catalogue(args).remove(args.name, version=args.version):
-        print(f"removed image {info.name} version {info.version} ({info.path})")
+    for done in _catalogue(args).remove(args.name, version=args.version, force=args.force):
+        info = done.info
+        also = f"; from {', '.join(done.nodes)}" if done.nodes else ""
+        print(f"removed image {info.name} version {info.version} ({info.path}{also})")
+        for node, why in sorted(done.left.items()):
+            print(f"warning: node {node} not reached, forgotten anyway (--force): {why}", file=sys.stderr)
     return 0
 
 

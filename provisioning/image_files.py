@@ -285,6 +285,17 @@ def install(record: ImageFiles, source: Place, target: Place, *, method: str, ti
     return copied
 
 
+def withdraw(record: ImageFiles, place: Place, *, timeout_s: float) -> None:
+    """Remove this version's files from the node. The index goes first, and only when it names
+    this version (or cannot be read): another version's index is what the node's pilots run,
+    and an index is what makes an image exist for a pilot, so none ever names files half gone.
+    The files, with any staged copy a cut transfer left, go in one more round trip."""
+    if index_version(place, record.name) in (record.version, "?"):
+        file_batch.remove_all(place.host, [place.at(record.index_name()).path], timeout_s=timeout_s)
+    names = [name for f in record.files for name in (f.name, f".{f.name}.incoming")]
+    file_batch.remove_all(place.host, [place.directory / name for name in names], timeout_s=timeout_s)
+
+
 def _accept(staged: Endpoint, final: Endpoint, size: int, sha256: str, what: str) -> None:
     """Rename the staged copy into place when the bytes that arrived are the recorded ones;
     else remove it and say which file on which node differed."""

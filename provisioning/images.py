@@ -106,6 +106,16 @@ def local_image(config: ProvisioningConfig, data_dir: Path, node: str, name: str
         raise InputError(f"image {name}: {index} is damaged ({exc}): run `vjob image distribute` again") from None
 
 
+@dataclass
+class Removal:
+    """One image version removed: the other nodes its copies were removed from, and the ones
+    not reached (node → why, with where its copy stays)."""
+
+    info: ImageInfo
+    nodes: list[str] = field(default_factory=list)
+    left: dict[str, str] = field(default_factory=dict)
+
+
 class Catalogue:
     """The catalogue on one store, with the nodes' image directories from configuration."""
 
@@ -211,10 +221,16 @@ class Catalogue:
             dict(sorted(holders.items())),
         )
 
-    def remove(self, name: str, *, version: str | None = None) -> list[ImageInfo]:
-        """Forget the image (all versions unless `version`) and delete the head's file.
+    def remove(self, name: str, *, version: str | None = None, force: bool = False) -> list[Removal]:
+        """Forget the image (all versions unless `version`) and delete its files on every node
+        that holds it, the head's last.
 
-        Refused while a VM recorded in the store is built on it: its overlay needs it.
+        Refused while a VM recorded in the store is built on it: its overlay needs it. Each other
+        holder's copy is withdrawn (image_files.withdraw) and the node stops being a holder as
+        soon as it is gone. A holder that cannot be reached stops the removal before the
+        catalogue forgets anything (VjobError naming it): the image stays, with the nodes still
+        holding it, so running the command again finishes the work. With `force` the image is
+        forgotten anyway and each unreached node's leftover directory is returned to be said.
         """
         with self.store.session() as s:
             query = select(ImageRecord).where(ImageRecord.name == name)
@@ -227,17 +243,48 @@ class Catalogue:
             users = list(s.scalars(select(VMRecord.name).where(VMRecord.image.in_(paths))))
             if users:
                 raise VjobError(f"image {name} is used by VM(s) {', '.join(sorted(users))}: delete them first")
-            removed = [self._info(s, r) for r in recs]
-            for r in recs:
-                s.delete(r)
-        for info in removed:
+            infos = [self._info(s, r) for r in recs]
+        done = [self._withdraw(info) for info in infos]
+        unreached = [
+            f"{info.name} {info.version} on {node}: {why}"
+            for info, r in zip(infos, done, strict=True)
+            for node, why in r.left.items()
+        ]
+        if unreached and not force:
+            raise VjobError(
+                f"image {name}: not removed, a holder was not reached ({'; '.join(unreached)[:600]}); the "
+                "catalogue keeps it with the nodes still holding it: run the same command again once they "
+                "answer, or add --force to forget it and leave their copies"
+            )
+        with self.store.session() as s:
+            for rec in s.scalars(select(ImageRecord).where(ImageRecord.id.in_([r.id for r in recs]))):
+                s.delete(rec)
+        for info in infos:
             Path(info.path).unlink(missing_ok=True)
             for extra in (*boot_paths(Path(info.path)), image_files.record_path(Path(info.path))):
                 extra.unlink(missing_ok=True)
             index = Path(info.path).parent / f"{info.name}{INDEX_SUFFIX}"
             if _index_version(index) == info.version:
                 index.unlink(missing_ok=True)
-        return removed
+        return done
+
+    def _withdraw(self, info: ImageInfo) -> Removal:
+        """`info`'s copies on its holders other than the head removed, each holder forgotten as
+        its copy goes; the ones not reached are kept as holders and named with the error."""
+        record = self.files(info)
+        out = Removal(info)
+        for node in sorted(info.holders):
+            if node == self.head:
+                continue
+            place = self.place(node, info)
+            try:
+                image_files.withdraw(record, place, timeout_s=self.config.operation_timeout_s)
+            except (OSError, VjobError) as exc:
+                out.left[node] = f"{str(exc)[:200]} (its copy stays in {place.directory})"
+                continue
+            self._forget_holder(info, node)
+            out.nodes.append(node)
+        return out
 
     def files(self, info: ImageInfo, *, keep: bool = False) -> ImageFiles:
         """Every file a node needs for `info`, with sizes and sha256 (image_files): the record

@@ -139,8 +139,32 @@ def test_add_list_distribute_verify_remove(tmp_path: Path, catalogue: Catalogue,
         catalogue.remove("debian12")
     with store.session() as s:
         s.query(VMRecord).delete()
-    catalogue.remove("debian12")
+    (done,) = catalogue.remove("debian12")
+    assert done.nodes == ["n1", "n2", "n3", "n4"] and done.left == {}
     assert catalogue.list() == [] and not Path(info.path).exists()
+    for node in ("head", "n1", "n2", "n3", "n4"):  # every holder's copy and index, not the head's alone
+        assert sorted(p.name for p in (tmp_path / "img" / node).iterdir()) == [], node
+    assert catalogue.images_by_node() == {}
+
+
+def test_remove_keeps_another_versions_index_and_a_holder_it_cannot_reach(tmp_path: Path, catalogue: Catalogue) -> None:
+    catalogue.add("deb", qcow2(tmp_path / "src" / "a.qcow2"), version="1")
+    catalogue.distribute("deb", ["n1", "n2"])
+    catalogue.add("deb", qcow2(tmp_path / "src" / "b.qcow2", "8M"), version="2")
+    catalogue.distribute("deb", ["n1"], version="2")  # n1's index now names version 2
+    n2 = tmp_path / "img" / "n2"
+    n2.rename(tmp_path / "n2-away")
+    n2.write_text("not a directory: n2's copy cannot be reached")
+    with pytest.raises(VjobError, match=r"deb 1 on n2: .*Not a directory.*run the same command again"):
+        catalogue.remove("deb", version="1")
+    kept = catalogue.get("deb", "1")
+    assert set(kept.holders) == {"head", "n2"} and Path(kept.path).exists()  # n1 done and forgotten
+    n1 = sorted(p.name for p in (tmp_path / "img" / "n1").iterdir())
+    assert n1 == ["deb-2.qcow2", "deb.image.json"]  # version 2 and its index stay
+    assert json.loads((tmp_path / "img" / "n1" / "deb.image.json").read_text())["version"] == "2"
+    (done,) = catalogue.remove("deb", version="1", force=True)
+    assert done.nodes == [] and list(done.left) == ["n2"] and f"stays in {n2}" in done.left["n2"]
+    assert [i.version for i in catalogue.list()] == ["2"] and not Path(kept.path).exists()
 
 
 def test_a_failed_copy_fails_only_what_depends_on_it(tmp_path: Path, catalogue: Catalogue) -> None:

@@ -244,3 +244,15 @@ def test_3_an_altered_file_is_refused_and_nothing_half_installed_is_left(
     site.catalogue.distribute(site.image, ["b2"], on_transfer=lambda t, files: seen.update({t.target: files}))
     assert seen == {"b2": ["kernel", "index"]}  # the disk and initrd that were whole stayed
     assert site.pilot_view("b2") is not None and site.catalogue.verify() == []
+
+
+def test_4_remove_takes_every_nodes_copy_over_ssh(site: Site, capsys: pytest.CaptureFixture[str]) -> None:
+    info = site.catalogue.get(site.image)
+    assert set(info.holders) == {"a", *NODES}
+    capsys.readouterr()
+    assert site.vjob("image", "remove", site.image) == 0
+    assert f"from {', '.join(NODES)}" in capsys.readouterr().out
+    for node in NODES:  # disk, kernel, initrd and index gone on the second host, nothing staged left
+        assert site.remote_digests(node) == {}, node
+    assert site.pilot_view("b3") is None and not Path(info.path).exists()
+    assert site.catalogue.list() == []
