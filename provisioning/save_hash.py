@@ -65,10 +65,13 @@ class FollowingHash:
     def _run(self) -> None:
         try:
             while self._fd is None:
+                # Read before the open: a writer done by then left its file there. Read after a
+                # failed open, a writer that finished meanwhile would leave its file unfollowed.
+                done = self._writer_done.is_set() or self._stop.is_set()
                 try:
                     self._fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
                 except FileNotFoundError:
-                    if self._writer_done.is_set() or self._stop.is_set():
+                    if done:
                         return
                     self._writer_done.wait(POLL_S)
             while not self._stop.is_set():

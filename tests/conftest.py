@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,7 +44,9 @@ settings.load_profile(HYPOTHESIS_PROFILE)
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under "ci", refuse a Hypothesis test whose own settings draw random cases (an explicit
-    `derandomize=False`, or settings built before this profile was loaded): CI stays repeatable."""
+    `derandomize=False`, or settings built before this profile was loaded): CI stays repeatable.
+    Also refuse a service fixture used without a service marker."""
+    _refuse_unmarked_service_use(items)
     if HYPOTHESIS_PROFILE != "ci":
         return
     random = [
@@ -54,6 +57,62 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ]
     if random:
         raise pytest.UsageError(f"Hypothesis tests drawing random cases under the ci profile: {', '.join(random)}")
+
+
+SERVICE_FIXTURES = frozenset(
+    {
+        "postgres_server",
+        "postgres_url",
+        "slurm_cluster",
+        "slurm_adapter",
+        "node_service",
+        "two_host_cluster",
+        "libvirt_system",
+        "libvirt_second_node",
+        "second_host",
+        "second_host_over_wire",
+        "oar_cluster",
+    }
+)
+"""Fixtures of tests/services/ that start a real, machine-wide service when it is not running."""
+SERVICE_MARKERS = frozenset({"postgres", "slurm", "libvirt", "realvm", "oar"})
+
+
+def _refuse_unmarked_service_use(items: list[pytest.Item]) -> None:
+    """Refuse a test that takes a service fixture without a service marker. Why: .ci/run runs the
+    unmarked tests on two pytest-xdist workers, where a shared service (the dev cluster, libvirtd,
+    OAR) could be started by both at once; their marked tests run serially, in one process. (The
+    postgres-marked tests do run there: each pytest process makes its own private server.)"""
+    unmarked = [
+        f"{item.nodeid} (uses {', '.join(sorted(used))})"
+        for item in items
+        if (used := SERVICE_FIXTURES.intersection(getattr(item, "fixturenames", ())))
+        and not SERVICE_MARKERS.intersection(m.name for m in item.iter_markers())
+    ]
+    if unmarked:
+        raise pytest.UsageError(f"tests using a real service without a service marker: {'; '.join(unmarked)}")
+
+
+HOST_NETWORK_LOCK = "/tmp/vjob-host-network.lock"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_host_network_module_at_a_time(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Hold HOST_NETWORK_LOCK through a module marked `host_network` (its module-scoped set-up
+    included). Why: those modules make bridges, taps and firewall rules in this host's namespace
+    and sweep away what they do not claim; .ci/run runs them on two pytest-xdist workers (and
+    another checkout's run may share the machine), so two of them must not overlap. A lock and
+    not pytest-xdist's `xdist_group`: under pytest 9.2, xdist 3.8's group suffix on the node id
+    is lost (pytest keeps the id in `_id`), and the group would silently split."""
+    if request.node.get_closest_marker("host_network") is None:
+        yield
+        return
+    fd = os.open(HOST_NETWORK_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 TESTS = Path(__file__).resolve().parent

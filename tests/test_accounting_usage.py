@@ -159,6 +159,16 @@ class MemoryRecord:
         return self.text
 
 
+@pytest.fixture(autouse=True)
+def _rounds_only_when_the_test_asks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The service's background sampler (started by the first usage.start) sleeps `interval_s()`
+    between rounds: 30 s, or `[node] usage_interval_s` (5 s by default) of whatever site
+    configuration an earlier test of this process installed. A round of its own inside a test
+    that counts rounds (GONE_SAMPLES) ends a run early, and which tests ran before in the same
+    process changes with pytest-xdist's order: here every round is one the test asks for."""
+    monkeypatch.setattr(usage_ops, "interval_s", lambda: 3600.0)
+
+
 @pytest.fixture
 def record() -> Iterator[MemoryRecord]:
     writer = MemoryRecord()

@@ -16,6 +16,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from plugins import deploy
+from tests import local_users
 from tests.as_user import as_nobody
 from vjob.config import load, masked
 from vjob.errors import ConfigError
@@ -62,7 +63,7 @@ def test_group_readable_is_accepted(tmp_path: Path) -> None:
 
 def test_a_file_of_another_user_is_refused(tmp_path: Path) -> None:
     path = _secret(tmp_path / "pw")
-    os.chown(path, pwd.getpwnam("vjobtest").pw_uid, -1)
+    os.chown(path, local_users.ensure("vjobtest").pw_uid, -1)
     cfg = load(_config(tmp_path, str(path)))
     with pytest.raises(ConfigError, match=r"owned by uid \d+ \(vjobtest\), neither root nor"):
         _ = cfg.database_url

@@ -30,6 +30,9 @@ from tests.services.nfs import job_bridge, nfs_state  # noqa: F401 - a fixture
 from vjob.config import load
 from vjob.errors import InputError
 
+pytestmark = pytest.mark.host_network
+"""Real bridges, taps and firewall rules in this host's namespace, and sweeps that remove what they
+do not claim: one module of this marker at a time (tests/conftest.py), even under pytest-xdist."""
 USER = "vjobtest"
 
 

@@ -37,6 +37,9 @@ from tests.services import site_network as sn
 from vjob.config.composed import parse
 from vjob.errors import InputError, VjobError
 
+pytestmark = pytest.mark.host_network
+"""Real bridges, taps and firewall rules in this host's namespace, and sweeps that remove what they
+do not claim: one module of this marker at a time (tests/conftest.py), even under pytest-xdist."""
 NOBODY = pwd.getpwnam("nobody")
 
 

@@ -36,6 +36,9 @@ from tests.services import site_network as sn
 from vjob.config.composed import parse
 from vjob.errors import ConfigError, InputError, VjobError
 
+pytestmark = pytest.mark.host_network
+"""Real bridges, taps and firewall rules in this host's namespace, and sweeps that remove what they
+do not claim: one module of this marker at a time (tests/conftest.py), even under pytest-xdist."""
 NOBODY = pwd.getpwnam("nobody")
 JOB = "4252"
 DROPPED = ({"ok": False, "error": "TimeoutError"}, {"ok": False, "error": "OSError"})

@@ -29,7 +29,7 @@ import pytest
 
 from devkit import vxlan_hosts as vh
 
-pytestmark = pytest.mark.slow  # ~20 s: a dozen namespaces, ~40 probe processes
+pytestmark = [pytest.mark.slow, pytest.mark.host_network]  # ~20 s: a dozen namespaces, ~40 probe processes
 
 JOB1, JOB2 = "5001", "5002"
 NODES = {"n1": "a", "n2": "b"}

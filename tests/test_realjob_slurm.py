@@ -31,6 +31,7 @@ from devkit.preempt_pause import PauseRun
 from plugins.slurm.config import SlurmConfig
 from plugins.slurm.images import read_image_list, write_image_list
 from plugins.slurm.site_default import DEFAULTS_NAME, sync_partition_defaults
+from tests import local_users
 from tests.services import user_pilot, wait_for
 from tests.test_realjob_realvm import SCRIPT, STEPS, expected_chain
 from vjob.config import ProvisioningConfig
@@ -105,11 +106,7 @@ def test_the_wrapper_keeps_the_script_byte_for_byte(wrapped_cluster: DevCluster)
 
 
 def _user() -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam(USER)
-    except KeyError:
-        subprocess.run(["useradd", "-m", "-s", "/bin/bash", USER], check=True, timeout=30)
-        return pwd.getpwnam(USER)
+    return local_users.ensure(USER)
 
 
 @pytest.mark.realvm

@@ -11,7 +11,6 @@ import hashlib
 import os
 import pwd
 import shutil
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from agent.pilot_snapshots import USER_SNAPSHOT_DIR, record_pilot_snapshots
 from agent.status_cmd import collect
 from plugins.slurm.adapter import SlurmAdapter
 from provisioning import integrity
+from tests import local_users
 from vjob.config import Config, parse
 from vjob.model import Job, JobState
 from vjob.pilot_files import PilotState, PilotStatus, vm_name
@@ -100,11 +100,7 @@ def test_a_root_pilots_save_is_recorded_once_and_again_when_replaced(
 @pytest.fixture
 def user_home_state() -> Iterator[tuple[Job, Path]]:
     """A user pilot's state in the user's own snapshot dir (its session libvirt's files)."""
-    try:
-        pw = pwd.getpwnam(USER)
-    except KeyError:
-        subprocess.run(["useradd", "-m", "-s", "/bin/bash", USER], check=True, timeout=30)
-        pw = pwd.getpwnam(USER)
+    pw = local_users.ensure(USER)
     job = _job(f"snap{uuid.uuid4().hex[:8]}", USER)
     directory = Path(pw.pw_dir) / USER_SNAPSHOT_DIR
     directory.mkdir(parents=True, exist_ok=True)
