@@ -9,26 +9,23 @@ one user's bad file never stops a tick for everybody.
 
 from __future__ import annotations
 
-import os
-import pwd
-import stat
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from stat import S_ISREG
 from typing import Any
 
 from agent import observe_jobs
 from agent.observe_rows import RowsLook, Tracked, note_tracked, records_of, store_records, tracked
 from agent.pilot_dirs import pilot_dirs
+from agent.pilot_hear import HearMemo, hear
 from agent.pilot_snapshots import record_pilot_snapshots
 from agent.ports import Ports
 from provisioning.images import record_node_image
 from ubis_priority import usage as ubis_usage
-from vjob.errors import InputError, StoreError, VjobError
+from vjob.errors import InputError, StoreError
 from vjob.model import ClusterView, Job, JobState
-from vjob.pilot_files import PilotDir, PilotState, PilotStatus, claimed_vms, vms_of
+from vjob.pilot_files import PilotDir, PilotState, PilotStatus, vms_of
 from vjob.store import jobs as store_jobs
 from vjob.store import journal
 from vjob.store import vms as store_vms
@@ -60,8 +57,7 @@ def observe(ports: Ports, *, track: bool = True) -> Observation:
     listing = observe_jobs.look(kept, rms_jobs)
     by_id = kept.by_id
     dirs = pilot_dirs(Path(ports.root), ports.rms)
-    users = {d.job_id: by_id[d.job_id].user for d in dirs if d.job_id in by_id}
-    pilots = read_pilots(ports, dirs, pilot_users(ports, dirs, users), max_vms=len(nodes) or None)
+    pilots = read_pilots(ports, dirs, pilot_users(ports, dirs, by_id), max_vms=len(nodes) or None)
     store_ok = True
     rows = RowsLook({}, [], set())
     try:
@@ -121,14 +117,8 @@ def read_pilots(
     keyed one (PilotDir.ensure): of a job's directories, the first its user (or root) owns is
     the one heard, and `ports.pilot_dirs` remembers it for the agent's requests.
     """
-    root = Path(ports.root)
-    heard, refused = hear(
-        dirs,
-        users,
-        max_vms=max_vms,
-        cache=_STATE_CACHES.setdefault(root, {}),
-        owners=_OWNER_CACHES.setdefault(root, {}),
-    )
+    memo = _MEMOS.setdefault(Path(ports.root), HearMemo())
+    heard, refused = hear(dirs, users, max_vms=max_vms, memo=memo)
     for job_id, vm, error in refused:
         if vm is None:
             ports.metrics.errors.labels(kind="pilot").inc()
@@ -139,205 +129,17 @@ def read_pilots(
     return {job_id: st for job_id, (_, st) in heard.items()}
 
 
-StateCache = dict[str, tuple[tuple[int, ...], PilotStatus | None]]
-"""A pilot directory's path → its state file's signature when read and what it held (hear's `cache`)."""
-_STATE_CACHES: dict[Path, StateCache] = {}
-"""The agent's state caches, one per pilot root (read_pilots)."""
+_MEMOS: dict[Path, HearMemo] = {}
+"""What the agent keeps of its pilot directories between ticks, one per pilot root (read_pilots)."""
 
 
-def _signature(path: str) -> tuple[int, ...] | None:
-    """What changes whenever a regular file's content may have: inode, size, modification and
-    change times (a user can set the modification time back, never the change time); None for
-    anything but a regular file (read_state then says why it refuses it) or no file.
-
-    Why the state file's own and not its directory's (one lstat fewer a pilot): the pilot
-    replaces the file by a rename (vjob.pilot_files.directory._write_atomic), which changes the
-    directory's times too, but the directory is the user's and they may write their own state
-    file in place — its directory's times do not move then (tests/test_agent_observe_caches.py)."""
-    try:
-        info = os.lstat(path)
-    except OSError:
-        return None
-    if not stat.S_ISREG(info.st_mode):
-        return None
-    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
-
-
-_CLAIMED: dict[str, tuple[PilotStatus, int | None]] = {}
-"""A pilot directory's path → the state read from it and the node count it was checked against
-(claimed_vms): the same state object is not checked again."""
-
-
-OwnerCache = dict[str, tuple[tuple[int, ...], str | None, int | None, float]]
-"""A pilot directory's path → its lstat signature, the user asked for, the owner found, when (hear's `owners`)."""
-_OWNER_CACHES: dict[Path, OwnerCache] = {}
-OWNER_CACHE_S = 60.0
-"""How long a directory's owner check is taken as it was while the directory is unchanged: the
-check looks the user up (pwd), a file scan or a directory service query per vjob per tick."""
-
-
-def _check_owner(
-    pdir: PilotDir,
-    path: str,
-    user: str | None,
-    cache: OwnerCache | None,
-    uids: dict[str, int | None],
-    now: float,
-) -> int | None:
-    """pdir.check_owner(user), not asked again while the directory itself (device, inode, owner,
-    mode) and its user are unchanged, for up to OWNER_CACHE_S: a link or another owner put in its
-    place changes the signature and is checked at once. Its lstat is taken at every call: the
-    directory is the user's, who may swap it for another at any time. `path`: str(pdir.path);
-    `uids`: the users' uids looked up in this tick (a site's 19,000 directories all come due in
-    the same tick: one look-up per user); `now`: time.monotonic() of this look."""
-    if cache is None:
-        return pdir.check_owner(user)
-    try:
-        info: os.stat_result | None = os.lstat(path)
-    except FileNotFoundError:
-        info = None
-    except OSError:
-        return pdir.check_owner(user)  # says what is wrong
-    if info is None:
-        return None
-    sig = (info.st_dev, info.st_ino, info.st_uid, info.st_mode)
-    kept = cache.get(path)
-    if kept is not None and kept[0] == sig and kept[1] == user and now - kept[3] < OWNER_CACHE_S:
-        return kept[2]
-    owner = _owner(pdir, info, user, uids)
-    cache[path] = (sig, user, owner, now)
-    return owner
-
-
-def _dir_sig(path: str) -> tuple[int, ...] | None:
-    """A directory's lstat as _check_owner keeps it (None: none there, or not to be looked at)."""
-    try:
-        info = os.lstat(path)
-    except OSError:
-        return None
-    return (info.st_dev, info.st_ino, info.st_uid, info.st_mode)
-
-
-def _owner(pdir: PilotDir, info: os.stat_result, user: str | None, uids: dict[str, int | None]) -> int:
-    """PilotDir.check_owner's rule, on the directory's lstat taken already: a link or anything
-    but a directory refused, an owner other than root or `user` refused."""
-    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
-        raise InputError(f"{pdir.path}: not a plain directory")
-    if user and user not in uids:
-        try:
-            uids[user] = pwd.getpwnam(user).pw_uid
-        except KeyError:
-            uids[user] = None
-    uid = uids.get(user) if user else None
-    if info.st_uid not in (0, uid):
-        raise InputError(f"{pdir.path}: owned by uid {info.st_uid}, not by the job's user {user!r}")
-    return info.st_uid
-
-
-def _read_state(
-    pdir: PilotDir, cache: StateCache | None, path: str, file: str, sig: tuple[int, ...] | None
-) -> PilotStatus | None:
-    """The directory's state (its owner checked already), read again only when its file changed
-    (`sig`: the signature of `file`, its state file, taken before the owner check; `path`: the
-    directory's, the cache's key)."""
-    if cache is None:
-        return pdir.read_state()
-    kept = cache.get(path)
-    if sig is not None and kept is not None and kept[0] == sig:
-        return kept[1]
-    st = pdir.read_state()
-    if sig is not None and _signature(file) == sig:  # not changed while it was read
-        cache[path] = (sig, st)
-    return st
-
-
-def hear(
-    dirs: Sequence[PilotDir],
-    users: Mapping[str, str],
-    *,
-    max_vms: int | None = None,
-    cache: StateCache | None = None,
-    owners: OwnerCache | None = None,
-) -> tuple[dict[str, tuple[PilotDir, PilotStatus]], list[tuple[str, str | None, str]]]:
-    """The owner rule, in one place for the agent (read_pilots) and `vjob status`
-    (agent.status_cmd): job id → (its directory, its state) of each job heard, and (job id, VM
-    the state named or None, why) of each directory refused.
-
-    Of a job's directories (vjob.pilot_files.all_dirs: its plain name first), the first that is
-    owned by `users[job]` or root, holds a state file that passes the checks, and speaks only
-    of that job's VMs is heard; every other one is nobody's word. Why one function: a squatter's
-    forged row must be as invisible to the operator's view as to the agent's decisions.
-
-    `cache` and `owners` (the agent's, kept between ticks, keyed by the directory's path as a
-    string: a Path hashes and compares in Python, tens of thousands of times a tick): a state
-    file whose signature (_signature) has not changed since it was read is not read again, and
-    a directory's owner check is not repeated while the directory is the same one
-    (_check_owner). Each directory still costs two lstat a tick, its own and its state file's:
-    neither stands for the other (_signature, _check_owner)."""
-    heard: dict[str, tuple[PilotDir, PilotStatus]] = {}
-    refused: list[tuple[str, str | None, str]] = []
-    seen: set[str] = set()
-    uids: dict[str, int | None] = {}
-    now = time.monotonic()
-    name = dirs[0].state_file.name if dirs else ""
-    for pdir in dirs:
-        job_id = pdir.job_id
-        if job_id in heard:
-            continue  # its own directory was read already; the others are nobody's word
-        path = str(pdir.path)
-        file = f"{path}/{name}"  # os.path.join costs a microsecond
-        sig = None
-        try:  # _signature, inline (as the cache hits below: 19,000 directories a tick)
-            info = os.lstat(file)
-        except OSError:
-            continue  # no state file (yet): not a pilot's word (vjob.pilot_files.all_dirs)
-        if cache is not None and S_ISREG(info.st_mode):
-            sig = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
-        seen.add(path)
-        user = users.get(job_id)
-        try:
-            kept = owners.get(path) if owners is not None else None
-            owner = (
-                kept[2]
-                if kept is not None and kept[1] == user and now - kept[3] < OWNER_CACHE_S and _dir_sig(path) == kept[0]
-                else _check_owner(pdir, path, user, owners, uids, now)
-            )
-            pdir.owners = (0,) if not owner else (owner, 0)  # its later requests and withdrawals: the same rule
-            read = cache.get(path) if cache is not None else None
-            st = (
-                read[1]
-                if sig is not None and read is not None and read[0] == sig
-                else _read_state(pdir, cache, path, file, sig)
-            )
-        except VjobError as exc:
-            refused.append((job_id, None, str(exc)))
-            continue
-        if st is None:
-            continue
-        try:
-            checked = _CLAIMED.get(path) if cache is not None else None
-            if checked is None or checked[0] is not st or checked[1] != max_vms:
-                claimed_vms(pdir.rms, job_id, st, max_vms=max_vms)
-                if cache is not None:
-                    _CLAIMED[path] = (st, max_vms)
-        except InputError as exc:
-            refused.append((job_id, st.vm, str(exc)))
-            continue
-        heard[job_id] = (pdir, st)
-    for memo in (cache, owners):
-        if memo is not None:
-            for gone in memo.keys() - seen:  # not looked at in this tick: looked at afresh if it comes back
-                del memo[gone]
-                _CLAIMED.pop(gone, None)
-    return heard, refused
-
-
-def pilot_users(ports: Ports, dirs: Sequence[PilotDir], rms_users: dict[str, str]) -> dict[str, str]:
-    """Whose directory to believe for each job with one: the RMS's user, else (a job the RMS no
-    longer knows, kept for its clean-up) the user the store recorded; with the store down, such
-    a job is heard only from a directory root made, until it is back."""
-    users = dict(rms_users)
-    unknown = sorted({d.job_id for d in dirs} - set(users))
+def pilot_users(ports: Ports, dirs: Sequence[PilotDir], listed: Mapping[str, Job]) -> dict[str, str]:
+    """Whose directory to believe for each job with one: the RMS's user (`listed`: the jobs it
+    lists by id), else (a job the RMS no longer knows, kept for its clean-up) the user the store
+    recorded; with the store down, such a job is heard only from a directory root made, until
+    it is back. One pass over the directories (19,000 at a site, every tick)."""
+    users = {d.job_id: job.user for d in dirs if (job := listed.get(d.job_id)) is not None}
+    unknown = sorted({d.job_id for d in dirs if d.job_id not in users}) if len(users) < len(dirs) else []
     if unknown:
         try:
             users.update({job_id: rec.user for job_id, rec in tracked(ports.store(), ports.rms, unknown).items()})
