@@ -17,6 +17,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
@@ -49,8 +50,9 @@ def _decide(s: State, tier_order: str, own_seed: int) -> tick.Decision:
 _HANDED = tick._site_priorities
 
 
-def _by_dicts(*args: object, walk: object = None) -> object:
-    """`_site_priorities` without the arrays `_order` hands it: its dict look-ups."""
+def _by_dicts(*args: object, walk: object = None, pending_ids: object = None) -> object:
+    """`_site_priorities` without the arrays `_order` hands it: its dict look-ups (and the
+    pending jobs' ids read from the priorities' mapping)."""
     return _HANDED(*args)  # type: ignore[arg-type]
 
 
@@ -103,7 +105,8 @@ def test_the_passs_current_view_is_every_job_as_the_pass_left_it(s: State) -> No
     cols = job_columns.columns(view.jobs)
     rows = tick._queue_rows(cols, sleeping)
     queue = cols.pick(rows)
-    ordered, _, _ = tick._order(pol, queue, tick.compute(view, cfg.priority).as_dict(), state, cols, rows)
+    rated = tick.compute(view, cfg.priority).values[np.searchsorted(tick._pending_rows(cols), rows)]
+    ordered, _, _ = tick._order(pol, queue, rated, state, cols, rows)
     tick._walk(ordered, state, pol, False)
     assert set(state.jobs) <= {j.id for j in view.jobs}
     former = {j.id: j for j in view.jobs}

@@ -154,7 +154,7 @@ def arrays_from_view(view: ClusterView, cfg: PriorityConfig) -> tuple[tuple[Job,
             free_by_os[image_index[node.os_image]] += 1
 
     entities, targets = _shares(table, table.shares.present(cols.share_code), view, cfg)
-    users = sorted({u for u, _ in entities} | {j.user for j in running})
+    users = sorted({u for u, _ in entities}.union(table.users.present(cols.user_code[is_running])))
     used = usage_shares(view.usage)
 
     held, per_user = held_by_interactive(cols.pick(np.flatnonzero(is_running & cols.interactive)))  # its only ones

@@ -30,6 +30,7 @@ from preemption.scheduling.guard import (
 from preemption.scheduling.nodes import pick_nodes, preemptor_nodes, swaps
 from preemption.scheduling.policies import Policy
 from preemption.scheduling.reserve import need_beside, recent_interactive, reserve_asked, reserve_nodes
+from preemption.scheduling.running_base import BASES
 from preemption.scheduling.victim_pool import VictimPool, vm_bytes
 from preemption.scheduling.victims import Candidate, choose_victims, running_priorities
 from preemption.scheduling.waiting import WaitKind, WaitReason, cap_reason
@@ -119,52 +120,35 @@ class PassState:
         self.now = view.now
         self.checkpointable = None if checkpointable is None else set(checkpointable)
         self.sleeping = sleeping
-        usable = [n for n in view.nodes if n.state.usable]
-        self.node_order = [n.name for n in usable]
-        self.node_os = {n.name: n.os_image for n in usable}
-        self.owner: dict[str, str | None] = dict.fromkeys(self.node_order)
+        cols = job_columns.columns(view.jobs)  # the running ones found in the jobs' columns
+        is_running = cols.state == job_columns.RUNNING
+        running = cols.pick(np.flatnonzero(is_running))
+        most = self.max_preemptions if self.by_cost else None
+        # who holds which node, the holds, the pool: the last pass's start brought up to date
+        base = BASES.base(view.nodes, running, self.checkpointable, most, vm_bytes(view), self.now)
+        self.node_order = base.node_order
+        """The usable nodes' names, in the view's order (shared with the start: not changed)."""
+        self.node_os = dict(base.node_os)
+        self.owner: dict[str, str | None] = dict(base.owner)
         """Node → the job holding it (a victim while its checkpoint is written), None if free."""
-        self.holds: dict[tuple[str, str], tuple[float, int]] = {}
+        self.holds: dict[tuple[str, str], tuple[float, int]] = dict(base.holds)
         """What holds nodes, for the reservation: (kind, job id) → (estimated end, nodes)."""
         self.checkpointing: dict[str, tuple[str, ...]] = {}
         """Victims of this pass → their nodes still busy with the checkpoint."""
         self.resumed_on: dict[str, tuple[str, ...]] = {}
         """Held jobs the pass starts on the nodes they were saved on (a local resume)."""
-        cols = job_columns.columns(view.jobs)  # the running ones found in the jobs' columns
-        is_running = cols.state == job_columns.RUNNING
-        running = cols.pick(np.flatnonzero(is_running))
-        self.jobs: dict[str, Job] = dict(zip(map(_job_id, running), running, strict=True))
+        self.jobs: dict[str, Job] = dict(base.jobs)
         """The running jobs and those the pass starts, by id, as the pass changes them: what it
         looks up (victims, their candidates, the started), not every job of the view (120,000
         at a site's size); `_current_view` reads the others from the view."""
-        owner = self.owner
-        holds = self.holds
-        for job in running:
-            alloc = job.allocated_nodes
-            if len(alloc) == 1:  # most jobs: no list for one node
-                if alloc[0] not in owner:
-                    continue
-                owner[alloc[0]] = job.id
-                held = 1
-            else:
-                nodes = [n for n in alloc if n in owner]
-                for n in nodes:
-                    owner[n] = job.id
-                held = len(nodes)
-                if not held:
-                    continue
-            end = self.now if job.start_time is None else job.start_time + estimate(job)
-            holds[("run", job.id)] = (end, held)
         self.held, self.user_held = held_by_interactive(cols.pick(np.flatnonzero(is_running & cols.interactive)))
-        self._free = list(owner.values()).count(None)
+        self._free = base.free
         self._free_list: list[str] | None = None
         self._sorted_holds: list[tuple[float, int]] | None = None
         """`guard_holds()` sorted, until the holds change (the guard reads its first few)."""
-        self.pool = VictimPool(
-            self.checkpointable, self.max_preemptions if self.by_cost else None, vm_bytes(view), self.node_os
-        )
+        self.pool = VictimPool(self.checkpointable, most, base.rule[2], self.node_os)
         """The running batch jobs this pass may checkpoint (victim_pool.py)."""
-        self.pool.fill(running, owner)
+        self.pool.adopt(base.members, base.member_nodes, base.ranked, base.node_os, lambda im: BASES.ranked(base, im))
         self.waits: dict[str, WaitReason] = {}
         """Why `preempt_for` or the guard refused an interactive job (waiting.py)."""
 

@@ -17,7 +17,7 @@ Same answers as before, to the victim: `cheapest` walks the members in exactly t
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from preemption.scheduling.victims import MIB, Candidate, greedy_victims, victim_key
@@ -32,6 +32,10 @@ class Member(NamedTuple):
     """The usable nodes it holds, in its allocation order (all freed when checkpointed)."""
     preempt_count: int
     checkpoint_bytes: float
+
+
+Entry = tuple[tuple[float, float, float, str], Candidate]
+"""A member's place in a ranked list (`victim_key`) and its Candidate."""
 
 
 def vm_bytes(view: ClusterView) -> dict[str, int]:
@@ -61,9 +65,12 @@ class VictimPool:
         self.members: dict[str, Member] = {}
         self.nodes = 0
         """How many nodes checkpointing every member would free."""
-        self._ranked: dict[str, list[tuple[tuple[float, float, float, str], Candidate]]] = {}
+        self._ranked: dict[str, list[Entry]] = {}
         """Image → the members as `Candidate`s under vjob's cost, in `choose_victims`' order."""
         self._node_os = node_os
+        self._start: tuple[Mapping[str, Member], Mapping[str, str]] | None = None
+        """The members and node images of the pass's start this pool was adopted from."""
+        self._ranked_of: Callable[[str], list[Entry]] | None = None
 
     def admits(self, job: Job) -> bool:
         """Whether running `job` may be a victim at all (before its nodes are looked at)."""
@@ -151,32 +158,70 @@ class VictimPool:
         members = self.members
         return greedy_victims(want, (c for _, c in ranked if c.job_id in members))
 
-    def _rank(self, image: str) -> list[tuple[tuple[float, float, float, str], Candidate]]:
-        """`sorted(self._entry(m, image) for m in members)`, `_entry` and `_on_image` written
-        out in one loop (9,000 members at a site's size, two calls each were most of it)."""
-        node_os = self._node_os
-        out = []
-        for m in self.members.values():
-            nodes = m.nodes
-            count = len(nodes)
-            if count == 1:
-                on = 1 if node_os[nodes[0]] == image else 0
-            else:
-                on = sum(1 for n in nodes if node_os[n] == image)
-            cand = Candidate(m.job_id, float(m.preempt_count), count, on, m.checkpoint_bytes)
-            out.append(((cand.priority, -(on / count) if count else 0.0, cand.checkpoint_bytes, cand.job_id), cand))
-        out.sort()
-        return out
+    def _rank(self, image: str) -> list[Entry]:
+        """`sorted(self._entry(m, image) for m in members)` (`rank`); a pool adopted from the
+        pass's start (`adopt`) takes the start's list and the pass's own changes to it."""
+        if self._start is not None and self._ranked_of is not None:
+            start, start_os = self._start
+            out = list(self._ranked_of(image))  # the start's list, less the members the pass took out
+            for jid, member in start.items():
+                if self.members.get(jid) is not member:  # its entry made on the start's images
+                    del out[bisect_left(out, entry(member, image, start_os))]
+            for jid, member in self.members.items():  # and with those it put in
+                if start.get(jid) is not member:
+                    insort(out, entry(member, image, self._node_os))
+            return out
+        return rank(self.members.values(), image, self._node_os)
 
-    def _entry(self, member: Member, image: str) -> tuple[tuple[float, float, float, str], Candidate]:
-        cand = Candidate(
-            member.job_id,
-            float(member.preempt_count),
-            len(member.nodes),
-            _on_image(member, image, self._node_os),
-            member.checkpoint_bytes,
-        )
-        return victim_key(cand), cand
+    def _entry(self, member: Member, image: str) -> Entry:
+        return entry(member, image, self._node_os)
+
+    def adopt(
+        self,
+        members: Mapping[str, Member],
+        nodes: int,
+        ranked: Mapping[str, list[Entry]],
+        node_os: Mapping[str, str],
+        ranked_of: Callable[[str], list[Entry]],
+    ) -> None:
+        """Start from the pass's start kept from the last pass (running_base.py), copied:
+        its `members`, their `nodes`, the lists it has `ranked` (instead of `fill`), made on
+        its `node_os`; `ranked_of(image)`: the start's members ranked for an image it has not
+        ranked yet (kept unchanged: this pass's own changes are made on a copy)."""
+        self.members = dict(members)
+        self.nodes = nodes
+        self._ranked = {image: list(entries) for image, entries in ranked.items()}
+        self._start = (members, node_os)
+        self._ranked_of = ranked_of
+
+
+def rank(members: Iterable[Member], image: str, node_os: Mapping[str, str]) -> list[Entry]:
+    """`sorted(entry(m, image, node_os) for m in members)`, `entry` and `_on_image` written
+    out in one loop (9,000 members at a site's size, two calls each were most of it)."""
+    out = []
+    for m in members:
+        nodes = m.nodes
+        count = len(nodes)
+        if count == 1:
+            on = 1 if node_os[nodes[0]] == image else 0
+        else:
+            on = sum(1 for n in nodes if node_os[n] == image)
+        cand = Candidate(m.job_id, float(m.preempt_count), count, on, m.checkpoint_bytes)
+        out.append(((cand.priority, -(on / count) if count else 0.0, cand.checkpoint_bytes, cand.job_id), cand))
+    out.sort()
+    return out
+
+
+def entry(member: Member, image: str, node_os: Mapping[str, str]) -> Entry:
+    """A member's place in the list ranked for `image` (`victim_key`) and its Candidate."""
+    cand = Candidate(
+        member.job_id,
+        float(member.preempt_count),
+        len(member.nodes),
+        _on_image(member, image, node_os),
+        member.checkpoint_bytes,
+    )
+    return victim_key(cand), cand
 
 
 def _on_image(member: Member, image: str, node_os: Mapping[str, str]) -> int:
