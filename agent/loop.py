@@ -406,6 +406,9 @@ class Agent:
                         changed = [str(p) for p, a, b in zip(wakes, last_mtimes, mtimes, strict=True) if a != b]
                         last_mtimes = mtimes
                         self.log.info("woken before the next tick", files=changed)
+                        woken = getattr(self.adapter, "woken", None)  # optional: the next look reads at once
+                        if callable(woken):
+                            woken()
                         break
                     stop.wait(min(0.5, max(0.0, deadline - time.monotonic())))
                     self.notify.watchdog()

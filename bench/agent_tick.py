@@ -17,8 +17,9 @@ ticks (incremental observation; with `--recalc-every K` every K-th one follows a
 recalculation, every pending job's sprio line and %Q moved, and is reported on its own as
 `recalc_tick_*`, out of the steady medians), a full resync, and beside them the peers: the
 stand-in's own `squeue --json` printing every job, `json.loads` of that listing, and the adapter's former path
-(every job's JSON at every tick), each in its own process for its peak memory.
-Run it `nice -n 19`. Last line: one JSON object.
+(every job's JSON at every tick), each in its own process for its peak memory. The JSON reads
+are paced on REAL squeue's measured cost carried, not the stand-in's (bench/agent_tick_pace.py
+says how): `host_cpu_per_tick_s` adds it. Run it `nice -n 19`. Last line: one JSON object.
 Usage: PYTHONPATH=. nice -n 19 .venv/bin/python bench/agent_tick.py [--slurm 22.05|23.11] [--nodes 10000 ...]
 """
 
@@ -38,6 +39,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from agent_tick_pace import Carry, add_options
+from agent_tick_pace import summary as pace_summary
 
 from agent import act
 from agent.arbiter import Proposals, arbitrate
@@ -290,6 +294,7 @@ def agent_run(work: Path, slurm: str, args: argparse.Namespace) -> dict[str, Any
                 "bin_dir": str(cluster.standin.dir),
                 "conf": str(work / "etc" / "slurm.conf"),
                 "resync_every": args.resync_every,
+                **{k: getattr(args, k) for k in ("json_read_share", "json_read_share_woken")},
             },
         }
     )
@@ -298,6 +303,9 @@ def agent_run(work: Path, slurm: str, args: argparse.Namespace) -> dict[str, Any
         agent.adapter.tail_fetch.limit = -1  # every size past it: the pipe stream (json_tail.Fetch)
     agent.ports.lease.hold()
     cluster.standin.forget_calls()
+    carry = Carry(args.interval, args.squeue_json_wall_per_job, filtered=args.slurm != "22.05")
+    carry.wrap(agent.adapter.incremental, lambda: len(cluster.lines))  # the pace on real squeue's cost
+    carry.start_tick(woken=False)
     first = timed_tick(agent, cluster.standin)
     steady = []
     profile = cProfile.Profile(time.process_time) if args.profile else None  # CPU, as the figures
@@ -305,17 +313,23 @@ def agent_run(work: Path, slurm: str, args: argparse.Namespace) -> dict[str, Any
         recalc = args.recalc_every > 0 and n % args.recalc_every == 0
         if recalc:
             cluster.recalculate()
+        came = cluster.next_id
         cluster.move(args.churn)
+        carry.arrive([j for j in range(came, cluster.next_id) if cluster.interactive(j)], agent.adapter, args.wake)
         if profile is not None:
             profile.enable()
-        steady.append({**timed_tick(agent, cluster.standin), "recalc": recalc})
+        steady.append(
+            {**timed_tick(agent, cluster.standin), "recalc": recalc, **carry.paced(agent.adapter.incremental.last)}
+        )
         if profile is not None:
             profile.disable()
+        carry.seen(agent.adapter.incremental.jobs_by_id.keys())
     if profile is not None:
         profile.dump_stats(args.profile)
     cluster.move(args.churn)
     agent.adapter.incremental.since_full = args.resync_every  # the next read is the full one
     agent.heap.ticks = agent.heap.thaw_every - 1  # and the heap's thaw: the worst tick, measured
+    carry.start_tick(woken=False)
     full = timed_tick(agent, cluster.standin)
     listing = sum(len(line) + 1 for line in cluster.lines.values())
     base = (cluster.standin.dir / "jobs.base").stat().st_size
@@ -326,6 +340,7 @@ def agent_run(work: Path, slurm: str, args: argparse.Namespace) -> dict[str, Any
         "peak_rss_mib": round(_peak_mib()),
         "json_bytes": base,
         "listing_bytes": listing,
+        "carry": {"latency": carry.latency, "unseen": len(carry.arrived)},
     }
 
 
@@ -414,6 +429,7 @@ def summary(slurm: str, args: argparse.Namespace, parts: dict[str, Any], load: t
         "former_peak_rss_mib": parts.get("former", {}).get("peak_rss_mib"),
         "steady_over_squeue_json": round(med / parts["print"]["wall_s"], 3),
         "steady_over_former": round(med / parts["former"]["cpu_s"], 3) if "cpu_s" in parts.get("former", {}) else None,
+        **pace_summary(run["steady"], run["carry"], args),
         "load_avg": [round(load[0], 2), round(load[1], 2)],
     }
 
@@ -433,6 +449,7 @@ def main() -> None:
     parser.add_argument("--churn", type=int, default=20, help="jobs ending, starting and arriving per tick (each)")
     parser.add_argument("--ticks", type=int, default=5, help="steady ticks measured")
     parser.add_argument("--resync-every", type=int, default=30)
+    add_options(parser)
     parser.add_argument(
         "--recalc-every",
         type=int,

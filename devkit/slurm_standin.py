@@ -10,7 +10,8 @@ put in the adapter's `bin_dir`; they print what a directory holds, as Slurm woul
 - `jobs.delta`: {job id: its JSON text now, or null once it is gone}, the changes since the
   base, rewritten by whoever moves the cluster on;
 - `listing.txt` (`squeue -h -t all -o ...`), `sprio.txt`, `sinfo.json` (also for `scontrol
-  --json show node`, which data_parser Slurm is asked instead), `config.txt`
+  --json show node`, which data_parser Slurm is asked instead; `sinfo -O`'s node listing is
+  made from it, `sinfo-listing.txt`), `config.txt`
   (`scontrol show config`), `meta.json` (the recording's "meta"), `version` (`sinfo --version`).
 
 `squeue --json --jobs=...` honours the filter only when `version` is 23.02 or later, as Slurm
@@ -73,7 +74,12 @@ def jobs_json(only):
     out.write(b"\n  ]\n}\n")
 
 if name == "sinfo":
-    out.write(text("version") if "--version" in args else text("sinfo.json"))
+    if "--version" in args:
+        out.write(text("version"))
+    elif "-O" in args:  # the node listing (plugins.slurm.node_listing), made from sinfo.json
+        out.write(text("sinfo-listing.txt"))
+    else:
+        out.write(text("sinfo.json"))
 elif name == "sprio":
     out.write(text("sprio.txt"))
 elif name == "scontrol":
@@ -131,6 +137,27 @@ def listing_line(item: dict[str, object]) -> str:
     return "|".join(fields)
 
 
+def _words(value: object) -> list[str]:
+    return [value] if isinstance(value, str) and value else [str(v) for v in value] if isinstance(value, list) else []
+
+
+def node_listing_line(item: dict[str, object]) -> str:
+    """The line `sinfo -h -N -O NodeList:0|,CPUs:0|,Memory:0|,StateComplete:0|,features_act:0|,
+    Features:0|,Weight:0` prints for one node object of sinfo --json (either layout): the
+    state lower-case with its flags after "+", "(null)" for no features (as 22.05 prints them,
+    tests/data/fixtures/slurm/node-listing-22.05)."""
+
+    def features(key: str) -> str:
+        value = item.get(key, "")
+        text = ",".join(str(v) for v in value) if isinstance(value, list) else str(value or "")
+        return text or "(null)"
+
+    state = "+".join(w.lower() for w in _words(item.get("state")) + _words(item.get("state_flags")))
+    sizes = (_number(item, "cpus"), _number(item, "real_memory"))
+    tail = (features("active_features"), features("features"), _number(item, "weight"))
+    return "|".join(str(f) for f in (item.get("name", ""), *sizes, state, *tail))
+
+
 class SlurmStandIn:
     """A directory of stand-in Slurm commands and what they print."""
 
@@ -166,8 +193,11 @@ class SlurmStandIn:
         (self.dir / "jobs.delta").write_text(json.dumps(delta))
 
     def write(self, name: str, content: str) -> None:
-        """One of listing.txt, sprio.txt, sinfo.json, config.txt."""
+        """One of listing.txt, sprio.txt, sinfo.json (and from it sinfo -O's node listing), config.txt."""
         (self.dir / name).write_text(content)
+        if name == "sinfo.json":
+            nodes = json.loads(content).get("nodes", [])
+            (self.dir / "sinfo-listing.txt").write_text("".join(node_listing_line(n) + "\n" for n in nodes))
 
     def calls(self) -> list[list[str]]:
         path = self.dir / "calls.jsonl"
@@ -177,4 +207,4 @@ class SlurmStandIn:
         (self.dir / "calls.jsonl").unlink(missing_ok=True)
 
 
-__all__ = ["COMMANDS", "SlurmStandIn", "listing_line"]
+__all__ = ["COMMANDS", "SlurmStandIn", "listing_line", "node_listing_line"]

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from devkit.slurm_standin import listing_line
-from plugins.slurm.incremental import Inconsistent, Listing, listing
+from plugins.slurm.incremental import _DIGITS as DIGITS
+from plugins.slurm.incremental import Inconsistent, Listing, _priority_only, listing
 
 FIXTURES = Path(__file__).parent / "data" / "fixtures" / "slurm"
 JOBS = 3000
@@ -190,3 +191,44 @@ def test_any_mix_of_moves_reads_as_the_same_text_read_from_scratch() -> None:
         assert rows == expected
         assert kept.changed == {j for j, row in rows.items() if before.get(j) != row}
         before = rows
+
+
+def _former_priority_only(added: set[str], gone: set[str]) -> tuple[set[str], set[str]]:
+    """The pairing line by line (str.rstrip, len, endswith each), as it was before `_cut`: the
+    reference the arrays must agree with."""
+    ids = {line.split("|", 1)[0].strip() for line in gone}
+    keys = [line.rstrip(DIGITS) for line in added]
+    if len(set(keys)) != len(keys):
+        return set(added), ids
+    old = {line.rstrip(DIGITS): line for line in gone}
+    kept = set()
+    for line, key in zip(added, keys, strict=True):
+        was = old.get(key)
+        if was is None or not key.endswith("|") or not 1 <= len(line) - len(key) <= 20:
+            continue
+        if line.endswith("|0") == was.endswith("|0"):
+            kept.add(key)
+    if not kept:
+        return set(added), ids
+    return {line for line, key in zip(added, keys, strict=True) if key not in kept}, {
+        key.split("|", 1)[0].strip() for key in old if key not in kept
+    }
+
+
+def test_the_pairing_in_arrays_agrees_with_the_lines_read_one_by_one() -> None:
+    """Seeded: new and gone lines with priorities moved, held, released, padded, signed, too
+    long, empty, or a line of digits alone or without a `|`: `_priority_only` (in arrays) gives
+    the lines to read and the gone ids the former line-by-line pairing gave."""
+    rnd = random.Random(2037)
+    heads = [line.rsplit("|", 1)[0] + "|" for line in _lines(400).values()]
+    odd = ["", "0", "00", "-5", " 7", "7 ", "1" * 21, "1" * 20, "12a", "+3", "1.5"]
+    for _ in range(60):
+        chosen = rnd.sample(heads, 200)
+        gone = {h + rnd.choice(["0", str(rnd.randint(1, 10**9))]) for h in chosen}
+        added = set()
+        for h in chosen[: rnd.randint(0, 200)]:
+            added.add(h + (rnd.choice(odd) if rnd.random() < 0.1 else rnd.choice(["0", str(rnd.randint(1, 10**12))])))
+        for _ in range(rnd.randint(0, 3)):
+            added.add(rnd.choice(["123", "5|x", "9|PENDING", rnd.choice(heads) + "1|2", "|"]))
+        to_read, gone_ids = _priority_only(set(added), set(gone))
+        assert (set(to_read), gone_ids) == _former_priority_only(added, gone)

@@ -80,6 +80,13 @@ def test_observes_the_live_cluster_in_json_and_text(
         assert (job.cores, job.memory_mb) == (1, 1024)  # per node: 1 CPU x DefMemPerCPU
     assert by_json[running].submit_time == by_text[running].submit_time
     assert sorted(n.name for n in text.nodes()) == sorted(n.name for n in nodes)
+    # by change (plugins.slurm.node_listing): the JSON first, then sinfo's listing gives the same nodes
+    by_change = SlurmAdapter(SlurmCommands(conf=str(slurm_cluster.conf), timeout_s=20), resync_every=30)
+    assert by_change.node_listing is not None
+    whole = by_change.nodes()
+    listed = by_change.nodes()
+    assert by_change.node_listing.last.full is False and by_change.node_listing.last.listed == len(whole)
+    assert listed == whole == slurm_adapter.nodes()
 
 
 def test_site_factor_decides_the_order(

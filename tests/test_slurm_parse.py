@@ -43,8 +43,9 @@ def test_every_recorded_output_is_covered(fixtures: Path) -> None:
     read_elsewhere = ["sprio-22.05.txt"]
     files = sorted(p.name for p in fixtures.iterdir() if p.is_file())
     assert files == sorted([name for name, _, _ in FIXTURES] + read_elsewhere)
-    # recordings of several steps, each read by its own test: test_slurm_incremental_transitions.py
-    assert sorted(p.name for p in fixtures.iterdir() if p.is_dir()) == ["transitions-22.05"]
+    # recordings of several steps, each read by its own test: test_slurm_incremental_transitions.py,
+    # test_slurm_node_listing.py
+    assert sorted(p.name for p in fixtures.iterdir() if p.is_dir()) == ["node-listing-22.05", "transitions-22.05"]
 
 
 @pytest.mark.parametrize(("name", "kind", "count"), FIXTURES)

@@ -27,7 +27,10 @@ from plugins.slurm.commands import SlurmCommands, check_job_id
 from plugins.slurm.environment import ENVIRONMENT, wake_file
 from plugins.slurm.incremental import LISTING_ARGS, LISTING_ENV, IncrementalJobs
 from plugins.slurm.json_fields import NodeReuse, Reuse
+from plugins.slurm.json_pace import Pace
 from plugins.slurm.json_tail import Fetch as TailFetch
+from plugins.slurm.node_listing import LISTING_ARGS as NODE_LISTING_ARGS
+from plugins.slurm.node_listing import IncrementalNodes
 from plugins.slurm.proctrack import ProctrackReader
 from plugins.slurm.site_default import sync_partition_defaults
 from plugins.slurm.site_priority import SiteReader
@@ -71,21 +74,38 @@ class SlurmAdapter:
         on_nodes: Callable[[list[Node]], None] | None = None,
         order_share: float = 1.0,
         resync_every: int = 0,
+        json_read_share: float = 1.0,
+        json_read_share_woken: float = 1.0,
     ) -> None:
         self.cmd = commands or SlurmCommands()
         self.incremental = (
-            IncrementalJobs(self._list_jobs, self._fetch_jobs, self._read_all_jobs, resync_every=resync_every)
+            IncrementalJobs(
+                self._list_jobs,
+                self._fetch_jobs,
+                self._read_all_jobs,
+                resync_every=resync_every,
+                pace=Pace(json_read_share, woken_share=json_read_share_woken),
+            )
             if resync_every > 1
             else None
         )
         """Observation by change (plugins.slurm.incremental), `[slurm] resync_every` > 1; else
-        every job's JSON at every tick."""
+        every job's JSON at every tick. Its JSON reads paced to `[slurm] json_read_share`."""
         self.reuse = Reuse()
         self.node_reuse = NodeReuse()
         """The Jobs of the last streamed reads, given back as they were where unchanged
         (plugins.slurm.json_fields)."""
         self.tail_fetch = TailFetch()
         """A few jobs' JSON where squeue ignores the filter (_fetch_jobs; plugins.slurm.json_tail)."""
+        self.node_listing = (
+            IncrementalNodes(
+                self._list_nodes, self._read_all_nodes, resync_every=resync_every, resync_due=self._jobs_whole
+            )
+            if resync_every > 1
+            else None
+        )
+        """The nodes from a text listing, their JSON on the ticks the jobs' is read whole
+        (plugins.slurm.node_listing); with `resync_every` <= 1 the JSON at every tick."""
         self.node_os = node_os
         self.on_nodes = on_nodes
         """Told the nodes at every read (plugins.slurm.vm_sizes.Publisher: job_submit.lua's sizes)."""
@@ -187,6 +207,12 @@ class SlurmAdapter:
             return self.incremental.jobs()
         return [j for j in self.all_jobs() if not j.state.finished]
 
+    def woken(self) -> None:
+        """The agent was woken (job_submit.lua accepted an interactive job): the next look reads
+        the new jobs' JSON whatever its pace (plugins.slurm.json_pace)."""
+        if self.incremental is not None:
+            self.incremental.wake()
+
     def _list_jobs(self) -> str:
         """The listing (plugins.slurm.incremental), its times in POSIX seconds (LISTING_ENV)."""
         return self.cmd.run("squeue", list(LISTING_ARGS), env=dict(LISTING_ENV))
@@ -276,6 +302,18 @@ class SlurmAdapter:
         return with_node_os(nodes, self.node_os()) if self.node_os is not None else nodes
 
     def _nodes(self) -> list[Node]:
+        if self.node_listing is not None and self.uses_json:
+            return self.node_listing.nodes()
+        return self._read_all_nodes()
+
+    def _list_nodes(self) -> str:
+        return self.cmd.run("sinfo", list(NODE_LISTING_ARGS))
+
+    def _jobs_whole(self) -> bool:
+        """Whether this tick's jobs were read whole (observe reads the jobs, then the nodes)."""
+        return self.incremental is not None and self.incremental.last.full
+
+    def _read_all_nodes(self) -> list[Node]:
         if self.uses_json:  # streamed, by Slurm's layout (json_stream.nodes): 10,000 nodes are 13 MB
             flag = self._json_flag()
             if self.data_parser():  # data_parser sinfo groups nodes; scontrol lists each one
@@ -451,4 +489,6 @@ def make_adapter(config: Config) -> SlurmAdapter:
         on_nodes=sizes,
         order_share=config.slurm.order_share,
         resync_every=config.slurm.resync_every,
+        json_read_share=config.slurm.json_read_share,
+        json_read_share_woken=config.slurm.json_read_share_woken,
     )

@@ -33,6 +33,17 @@ class SlurmConfig(Section):
     """Ticks between two reads of every job's JSON. In between, the agent lists the jobs in
     numbers only (`squeue -o`) and reads the JSON of the new and changed ones
     (docs/slurm-agent.md, "At a site's size"); 0 or 1: every job's JSON at every tick."""
+    json_read_share: float = Field(0.2, gt=0.0, le=1.0, allow_inf_nan=False)
+    """The most of the time `squeue --json` may run for the agent: after a read of the jobs'
+    JSON that took T seconds, the next one waits T × (1/share − 1), new jobs held back and
+    changed ones kept as last read until then; an interactive job (job_submit.lua's wake) or
+    a state change the listing cannot apply reads at once. On Slurm 20.11-22.05 every read
+    prints every job (12.7 s of squeue's CPU at 120,000 jobs); 1: read at every tick
+    (docs/slurm-agent.md, "At a site's size")."""
+    json_read_share_woken: float = Field(0.5, gt=0.0, le=1.0, allow_inf_nan=False)
+    """The same share for the read a wake asks for (job_submit.lua accepted an interactive job):
+    at 0.5 it may follow the last read after as long as that one took, so interactive jobs
+    coming at every tick keep squeue busy half the time, not all of it; 1: read at once."""
     conf: str = ""
     """slurm.conf the commands use (passed as SLURM_CONF); empty means Slurm's own default."""
     image_list: str = ""

@@ -27,6 +27,14 @@ tick costs seconds of CPU and GiBs of memory for jobs that did not change. Each 
    last full read whose Row has not moved since is compared with its JSON
    (transitions.CHECKED): a difference is counted (`Look.drift`) and logged, and the JSON
    replaces it, so any drift heals.
+4. **Paced** (plugins.slurm.json_pace): each JSON read is timed, and the next fetch is due only
+   once squeue --json has been idle for (1/share − 1) times the last read's wall time. Until
+   then a new job is held back (not returned; `Look.deferred`) and a job changed beyond its
+   state keeps its last Job and its old Row key (`Look.stale`: looked at again at the next
+   read; a running vjob never vanishes from the view), while state changes the listing can
+   apply are applied and gone jobs removed as at every tick. A wake (an interactive job came)
+   and a state change the listing cannot apply by itself (a requeue moves the submit time)
+   make the read due at once; the resync and the first read are never held back.
 
 What the listing cannot see: a change to a job's comment, admin comment, account or deadline
 alone (user text, left out on purpose) is seen at the next resync. The priority's value is not
@@ -36,13 +44,15 @@ compared (it moves at every tick with age and vjob's own site factor): only held
 from __future__ import annotations
 
 import bisect
-import operator
 import re
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
-from itertools import compress, repeat
+from itertools import compress
+
+import numpy as np
 
 from plugins.slurm import transitions
+from plugins.slurm.json_pace import Pace
 from plugins.slurm.states import job_state
 from vjob import log
 from vjob.errors import InputError
@@ -91,9 +101,9 @@ class Listing:
     new ones are split. A new line that differs from its job's last one only in the priority
     (it moves with age) is not checked again either (its job's line matched before): at a
     recalculation that is every pending job's line, so those are found for all new lines at
-    once (`_priority_only`: a read of 120,000 lines of which 100,000 moved so cost 0.25-0.38 s
-    of CPU line by line, 0.19-0.23 s so, the heap frozen as the agent's is). Every other new
-    line must match the strict pattern. After an Inconsistent listing nothing is kept."""
+    once (`_priority_only`: 100,000 of 120,000 lines moved cost 0.25-0.38 s of CPU line by line,
+    0.2 s in sets, 0.12 s cut in arrays). Every other new line must match the strict pattern.
+    After an Inconsistent listing nothing is kept."""
 
     def __init__(self) -> None:
         self.rows: dict[str, Row] = {}
@@ -178,30 +188,22 @@ def _priority_only(added: set[str], gone: set[str]) -> tuple[Collection[str], se
     line only in the priority is neither (its job's Row stays), what a recalculation moves in
     100,000 lines at once.
 
-    Why in bulk: the lines are cut and compared by C loops over all of them (map, compress,
-    set operations), not one Python iteration each, and no per-line tuple is made (100,000
-    alive at once cost more in the cyclic collector's passes than the cut). A line's key is
-    the line without its trailing ASCII digits; a new line pairs with the gone line of the
-    same key when that key ends with `|` (so both lines are their job's head, all before the
-    last `|`, job id first, and a priority of ASCII digits only). The other checks are those
-    of a line read alone: 1 to 20 digits, "0" exactly when the gone one was (held), one new
-    line per job; a pair that fails one is read line by line, as any new line."""
+    Why in bulk: the lines are cut in arrays (`_cut`) and compared as sets, no per-line Python
+    step or tuple. A new line pairs with the gone line of the same key (the line without its
+    trailing ASCII digits) ending with `|` (their job's head), of 1 to 20 digits, "0" exactly
+    when the gone one was (held), one new line per job; any other is read line by line."""
     if not added or not gone:
         return added, {_job_id(line) for line in gone}
-    lines = list(added)
-    keys = list(map(str.rstrip, lines, repeat(_DIGITS)))
-    heads = set(keys)
-    if len(heads) != len(keys):  # a job twice: read line by line (Inconsistent)
+    lines, old_lines = list(added), list(gone)
+    new, old = _cut(lines), _cut(old_lines)
+    # not ASCII, or a job twice: no listing, read line by line (Inconsistent)
+    if new is None or old is None or len(heads := set(new[0])) != len(new[0]):
         return added, {_job_id(line) for line in gone}
-    old_lines = list(gone)
-    old_keys = set(map(str.rstrip, old_lines, repeat(_DIGITS)))
+    (keys, fits, held), (old_keys_list, old_fits, old_held) = new, old
+    old_keys = set(old_keys_list)
     kept = heads & old_keys
-    if ("\n".join(kept) + "\n").count("|\n") != len(kept):  # a key not ending with "|"
-        kept = {key for key in kept if key.endswith("|")}
-    kept -= _held(lines) ^ _held(old_lines)  # held or released: read
-    widths = list(map(operator.sub, map(len, lines), map(len, keys)))  # each priority's digits
-    if min(widths) < 1 or max(widths) > _PRIORITY_DIGITS:
-        kept -= set(compress(keys, map(_not_width, widths)))
+    kept.difference_update(_picked(keys, ~fits) + _picked(old_keys_list, ~old_fits))  # not a head, or a width
+    kept -= set(_picked(keys, held)) ^ set(_picked(old_keys_list, old_held))  # held or released
     if not kept:
         return added, {_job_id(line) for line in gone}
     read = heads - kept
@@ -209,17 +211,39 @@ def _priority_only(added: set[str], gone: set[str]) -> tuple[Collection[str], se
     return to_read, set(map(_job_id, old_keys - kept))
 
 
-def _held(lines: list[str]) -> set[str]:
-    """The keys of the lines whose priority is exactly 0 (held), looked for in one block first:
-    seldom any."""
-    if "|0\n" not in "\n".join(lines) + "\n":
-        return set()
-    return set(map(str.rstrip, compress(lines, map(str.endswith, lines, repeat("|0"))), repeat(_DIGITS)))
+def _cut(lines: list[str]) -> tuple[list[str], np.ndarray, np.ndarray] | None:
+    """Each line's key (`line.rstrip(_DIGITS)`), whether it fits (the key ends with `|`, 1 to 20
+    digits cut) and is held ("0" cut), in arrays of the lines' bytes; None when not ASCII."""
+    try:
+        raw = "\n".join(lines).encode("ascii")
+    except UnicodeEncodeError:
+        return None
+    text = np.frombuffer(raw, dtype=np.uint8)
+    ends = np.append(np.flatnonzero(text == ord("\n")), text.size)
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    widths, going = np.zeros(ends.size, dtype=np.int64), ends > starts  # each line's trailing digits
+    for back in range(1, _PRIORITY_DIGITS + 2):
+        going &= ends - back >= starts
+        going &= np.subtract(text[np.where(going, ends - back, 0)], ord("0"), dtype=np.uint8) < 10
+        if not going.any():
+            break
+        widths += going
+    for k in np.flatnonzero(widths > _PRIORITY_DIGITS).tolist():  # more than a priority: as rstrip
+        widths[k] = len(lines[k]) - len(lines[k].rstrip(_DIGITS))
+    last = ends - widths - 1  # each line's last byte not a digit (before its start: none)
+    drop = np.zeros(text.size + 1, dtype=np.int8)  # +1 where a line's digits start, -1 past them
+    drop[last[widths > 0] + 1] = 1
+    drop[ends[widths > 0]] = -1
+    np.cumsum(drop, out=drop)
+    drop ^= 1  # 1 where a byte is kept
+    keys = text[drop[:-1].view(np.bool_)].tobytes().decode("ascii").split("\n")
+    fits = (last >= starts) & (text[np.maximum(last, 0)] == ord("|")) & (widths >= 1) & (widths <= _PRIORITY_DIGITS)
+    held = fits & (widths == 1) & (text[np.minimum(last + 1, text.size - 1)] == ord("0"))
+    return keys, fits, held
 
 
-def _not_width(width: int) -> bool:
-    """Whether a priority of `width` digits is not one a paired line may take unread."""
-    return not 1 <= width <= _PRIORITY_DIGITS
+def _picked(keys: list[str], where: np.ndarray) -> list[str]:  # seldom any
+    return list(map(keys.__getitem__, np.flatnonzero(where).tolist()))
 
 
 def _job_id(line: str) -> str:
@@ -255,6 +279,14 @@ class Look:
     """Changed jobs whose state change was put in from the listing (no JSON read for them)."""
     drift: int = 0
     """At a full read: jobs applied from the listing that differ from their JSON (0 expected)."""
+    deferred: int = 0
+    """New jobs held back: their JSON read not due yet (json_pace)."""
+    stale: int = 0
+    """Jobs changed beyond their state kept as last read: their JSON read not due yet."""
+    urgent: int = 0
+    """Jobs whose state change the listing could not apply: the read made due at once."""
+    read: bool = False
+    """Whether this observation ran a JSON read (a fetch or a full read)."""
     rejected: list[str] = field(default_factory=list)
 
 
@@ -269,6 +301,8 @@ class IncrementalJobs:
     fetch: Callable[[set[str]], Iterable[Job]]
     read_all: Callable[[], Iterable[Job]]
     resync_every: int = 30
+    pace: Pace = field(default_factory=Pace)
+    """When the next fetch is due (plugins.slurm.json_pace; the default: at every tick)."""
     jobs_by_id: dict[str, Job] = field(default_factory=dict)
     keys: dict[str, Row] = field(default_factory=dict)
     """Job id → its Row when its JSON was read or its state change applied (a job whose Row
@@ -276,6 +310,8 @@ class IncrementalJobs:
     listed: Listing = field(default_factory=Listing)
     applied: set[str] = field(default_factory=set)
     """The jobs whose Job was last put together from the listing (checked at the next full read)."""
+    held: set[str] = field(default_factory=set)
+    """The jobs whose read was held back by the pace (looked at again until read)."""
     since_full: int = 0
     synced: bool = False
     last: Look = field(default_factory=Look)
@@ -298,10 +334,17 @@ class IncrementalJobs:
         # only a job whose line changed, or that has no Row of its read, can differ
         wanted = {j for j in self.listed.changed if j in rows and _changed(self.keys.get(j), rows[j])}
         wanted |= rows.keys() - self.keys.keys()
+        wanted |= {j for j in self.held if j in rows and _changed(self.keys.get(j), rows[j])}
         look.new = sum(1 for j in wanted if j not in self.jobs_by_id)
         look.changed = len(wanted) - look.new
         self._apply(wanted, rows, look)  # first: a state change costs no JSON, whatever their number
-        if len(wanted) > max(100, BIG_CHANGE * len(rows)):
+        look.urgent = sum(1 for j in wanted if j in self.jobs_by_id and _state_moved(self.keys.get(j), rows[j]))
+        if wanted and not look.urgent and not self.pace.due():
+            look.deferred = sum(1 for j in wanted if j not in self.jobs_by_id)
+            look.stale = len(wanted) - look.deferred
+            self.held, wanted = wanted, set()  # the new ones not returned, the changed ones kept as read
+            log.get("slurm").debug("jobs' JSON read held back by its pace", deferred=look.deferred, stale=look.stale)
+        elif len(wanted) > max(100, BIG_CHANGE * len(rows)):
             return self._full(look, f"{len(wanted)} of {len(rows)} jobs new or changed beyond their state", rows)
         gone = self.jobs_by_id.keys() - rows.keys()
         look.gone = len(gone)
@@ -311,7 +354,9 @@ class IncrementalJobs:
             self.keys.pop(job_id, None)
             self.applied.discard(job_id)
         if wanted:
-            found = self._checked(self.fetch(wanted), wanted, look)
+            self.held = set()
+            found = self._checked(self.pace.timed(lambda: list(self.fetch(wanted))), wanted, look)
+            look.read = True
             for job_id in wanted:
                 job = found.get(job_id)
                 self.applied.discard(job_id)
@@ -328,6 +373,10 @@ class IncrementalJobs:
         self.since_full += 1
         self.last = look
         return self._ordered(added, removed)
+
+    def wake(self) -> None:
+        """Something that must not wait may have come (an interactive job): the next fetch is due."""
+        self.pace.wake()
 
     def _apply(self, wanted: set[str], rows: dict[str, Row], look: Look) -> None:
         """Put the state change of each changed job that only changed state into its kept Job
@@ -371,9 +420,10 @@ class IncrementalJobs:
         (a job that changed in between differs at the next tick and is looked at again: what a
         state change moves then comes from its new Row, the rest was read after it); a job the
         JSON has and the listing had not gets no key, so it is read again next tick too."""
-        look.full, look.reason = True, reason
+        look.full, look.reason, look.read = True, reason, True
+        self.held = set()
         found: dict[str, Job] = {}
-        for job in self.read_all():
+        for job in self.pace.timed(lambda: list(self.read_all()), full=True):
             if job.id in found:
                 look.rejected.append(f"job {job.id}: twice in one listing")
                 continue
@@ -432,6 +482,13 @@ def _changed(before: Row | None, now: Row) -> bool:
     """Whether a job differs in what vjob reads (a pending job's expected start moves with
     every backfill pass: the Row leaves it out)."""
     return before is None or before != now
+
+
+def _state_moved(before: Row | None, now: Row) -> bool:
+    """Whether a kept job's state word or held mark moved in a way the listing could not put in
+    (a requeue, which also moves the submit time on 22.05): never held back, the view would
+    show the job in a state it has left."""
+    return before is not None and (before[0] != now[0] or before[-1] != now[-1])
 
 
 def _id_order(job_id: str) -> tuple[int, str]:
