@@ -221,3 +221,27 @@ def test_the_dev_clusters_sprio_read_by_change() -> None:
     fields = [line.split("|") for line in lines]  # a recalculation: every job a minute older
     aged = "".join(f"{f[0]}|{int(f[1]) + 60}|{'|'.join(f[2:7])}|60|{f[8]}\n" for f in fields)
     assert sprio.read(aged) == _own(aged) and sprio.new_lines == 5 and sprio.read(aged)["3"] == 11_060
+
+
+def test_plain_lines_of_every_width_read_in_arrays_as_the_whole_read() -> None:
+    """Seeded: at a recalculation every line is new and plain, read in arrays (int64) when the
+    priority and the site factor have at most 18 digits, by int() when one has 19 or 20; a
+    leading zero, a 0 and the widest values give what the whole read gives, by either way."""
+    rnd = random.Random(4137)
+
+    def number() -> str:
+        width = rnd.choice((1, 1, 2, 9, 17, 18, 18, 19, 20))
+        return rnd.choice("0123456789") + "".join(rnd.choice("0123456789") for _ in range(width - 1))
+
+    for wide in (False, True):
+        sprio = SprioLines()
+        for _ in range(4):
+            lines = []
+            for job in range(1000, 1300):
+                prio, site = number(), number()
+                if not wide:
+                    prio, site = prio[:18], site[:18]
+                lines.append("|".join([str(job), prio, site, "500", "0", "0", "0", number(), "7"]))
+            text = "\n".join(lines) + "\n"
+            assert sprio.read(text) == _own(text)
+            assert sprio.new_lines == len(lines)
