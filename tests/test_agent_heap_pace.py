@@ -4,7 +4,6 @@ garbage cycles frozen meanwhile collected at each thaw, none kept for good."""
 from __future__ import annotations
 
 import gc
-import json
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,11 +12,9 @@ import pytest
 
 from agent.heap_pace import HeapPace
 from agent.loop import Agent
-from devkit.slurm_standin import SlurmStandIn, listing_line
 from plugins import make_adapter
+from tests.standin_recorded import recorded_standin
 from vjob.config import parse
-
-FIXTURES = Path(__file__).parent / "data" / "fixtures" / "slurm"
 
 
 class Cyclic:
@@ -74,15 +71,7 @@ def test_a_pace_of_less_than_one_tick_is_refused() -> None:
 def test_each_tick_of_the_daemon_starts_a_tick_of_its_pace(tmp_path: Path) -> None:
     """Wired where the daemon starts each tick (Agent.run; the bench calls it the same way), not
     in a tick called alone (a test's), on the Slurm stand-in printing a recorded listing."""
-    doc = json.loads((FIXTURES / "debian-22.05-squeue.json").read_text())
-    standin = SlurmStandIn(tmp_path / "bin", version="22.05.8", meta=doc["meta"])
-    jobs = {str(j["job_id"]): j for j in doc["jobs"]}
-    standin.write_base((k, json.dumps(v, indent=2)) for k, v in jobs.items())
-    standin.write_delta({})
-    standin.write("listing.txt", "".join(listing_line(v) + "\n" for v in jobs.values()))
-    node = json.loads((FIXTURES / "rivos_sinfo_out.json").read_text())["nodes"][0]
-    standin.write("sinfo.json", json.dumps({"meta": doc["meta"], "errors": [], "nodes": [node]}))
-    (tmp_path / "etc").mkdir()
+    standin, _ = recorded_standin(tmp_path)
     cfg = parse(
         {
             "data_dir": str(tmp_path / "data"),

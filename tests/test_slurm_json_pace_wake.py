@@ -16,13 +16,13 @@ from pathlib import Path
 
 from agent.loop import Agent
 from agent.metrics import AgentMetrics
-from devkit.slurm_standin import SlurmStandIn, listing_line
+from devkit.slurm_standin import listing_line
 from plugins import make_adapter
 from plugins.slurm.environment import wake_file
 from tests.services import wait_for
+from tests.standin_recorded import recorded_standin
 from vjob.config import parse
 
-FIXTURES = Path(__file__).parent / "data" / "fixtures" / "slurm"
 BOUND_S = 60.0
 """A hang bound for the loop's woken tick (the interval is 600 s)."""
 
@@ -39,15 +39,7 @@ class Ticking:
 
 
 def test_a_wake_file_change_reads_the_held_back_job_at_the_woken_tick(tmp_path: Path) -> None:
-    doc = json.loads((FIXTURES / "debian-22.05-squeue.json").read_text())
-    standin = SlurmStandIn(tmp_path / "bin", version="22.05.8", meta=doc["meta"])
-    jobs = {str(j["job_id"]): j for j in doc["jobs"]}
-    standin.write_base((k, json.dumps(v, indent=2)) for k, v in jobs.items())
-    standin.write_delta({})
-    standin.write("listing.txt", "".join(listing_line(v) + "\n" for v in jobs.values()))
-    node = json.loads((FIXTURES / "rivos_sinfo_out.json").read_text())["nodes"][0]
-    standin.write("sinfo.json", json.dumps({"meta": doc["meta"], "errors": [], "nodes": [node]}))
-    (tmp_path / "etc").mkdir()
+    standin, jobs = recorded_standin(tmp_path)
     cfg = parse(
         {
             "data_dir": str(tmp_path / "data"),
