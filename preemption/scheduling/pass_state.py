@@ -30,7 +30,7 @@ from preemption.scheduling.guard import (
 from preemption.scheduling.nodes import pick_nodes, preemptor_nodes, swaps
 from preemption.scheduling.policies import Policy
 from preemption.scheduling.reserve import need_beside, recent_interactive, reserve_asked, reserve_nodes
-from preemption.scheduling.running_base import BASES
+from preemption.scheduling.running_base import BASES, estimate
 from preemption.scheduling.victim_pool import VictimPool, vm_bytes
 from preemption.scheduling.victims import Candidate, choose_victims, running_priorities
 from preemption.scheduling.waiting import WaitKind, WaitReason, cap_reason
@@ -40,9 +40,6 @@ from vjob.config import Config
 from vjob.model import ClusterView, Job, JobClass, JobState, Node
 
 _job_id = attrgetter("id")
-
-DEFAULT_ESTIMATE_S = 3600.0
-"""A job's run time estimate when it has no walltime (EASY needs one)."""
 
 
 @dataclass(frozen=True)
@@ -58,11 +55,6 @@ class Costs:
 
     def checkpoint_s(self, job: Job) -> float:
         return float(job.memory_mb) / self.bandwidth_mb_s
-
-
-def estimate(job: Job) -> float:
-    """The run time EASY counts on: the job's walltime, else DEFAULT_ESTIMATE_S."""
-    return job.walltime if job.walltime is not None and job.walltime > 0 else DEFAULT_ESTIMATE_S
 
 
 class PassState:

@@ -29,17 +29,18 @@ from dataclasses import dataclass, field
 from itertools import compress, filterfalse
 from operator import is_
 
-from preemption.scheduling.victim_pool import Entry, Member, entry, rank
-from preemption.scheduling.victims import MIB
-from vjob.model import Job, JobClass, Node
+from preemption.scheduling.victim_pool import Entry, Member, admitted, entry, rank
+from vjob.model import Job, Node
 
 Rule = tuple[frozenset[str] | None, int | None, dict[str, int]]
 """The pool's admission: checkpointable ids (None: all), max preemptions, the VMs' bytes by job."""
 DEFAULT_ESTIMATE_S = 3600.0
-"""pass_state.DEFAULT_ESTIMATE_S (repeated here: pass_state imports this module)."""
+"""A job's run time estimate when it has no walltime (EASY needs one)."""
 
 
-def _estimate(job: Job) -> float:
+def estimate(job: Job) -> float:
+    """The run time EASY counts on: the job's walltime, else DEFAULT_ESTIMATE_S (here, below
+    pass_state, which imports it: the holds of the kept start are EASY's too)."""
     return job.walltime if job.walltime is not None and job.walltime > 0 else DEFAULT_ESTIMATE_S
 
 
@@ -173,33 +174,17 @@ def _hold(base: Base, job: Job) -> list[str]:
 
 def now_or_end(job: Job, now: float) -> float:
     """The end of a running job's hold: its start plus its estimate (`now` without a start)."""
-    return now if job.start_time is None else job.start_time + _estimate(job)
+    return now if job.start_time is None else job.start_time + estimate(job)
 
 
 def _admit(base: Base, job: Job) -> None:
     """`job` into the pool when the rule admits it and it holds a node of its own
     (`VictimPool.fill`, for one job)."""
-    allowed, most, vms = base.rule
-    jid = job.id
-    if job.job_class is not JobClass.BATCH:
+    member = admitted(job, base.owner, *base.rule)
+    if member is None:
         return
-    if (allowed is not None and jid not in allowed) or (most is not None and job.preempt_count >= most):
-        return
-    owner = base.owner
-    alloc = job.allocated_nodes
-    if len(alloc) == 1:
-        if owner.get(alloc[0]) != jid:
-            return
-        nodes = alloc
-    else:
-        nodes = tuple(n for n in alloc if owner.get(n) == jid)
-        if not nodes:
-            return
-    held = vms.get(jid)
-    size = float(held) if held is not None else float(job.memory_mb) * MIB * len(alloc)
-    member = Member(jid, nodes, job.preempt_count, size)
-    base.members[jid] = member
-    base.member_nodes += len(nodes)
+    base.members[member.job_id] = member
+    base.member_nodes += len(member.nodes)
     for image, ranked in base.ranked.items():
         insort(ranked, entry(member, image, base.node_os))
 

@@ -39,7 +39,7 @@ import numpy as np
 
 from preemption.scheduling.easy import backfill, reservation
 from preemption.scheduling.lazy_map import LazyMap
-from preemption.scheduling.pass_state import Costs, PassState, estimate
+from preemption.scheduling.pass_state import Costs, PassState
 from preemption.scheduling.policies import (
     Order,
     Policy,
@@ -52,6 +52,7 @@ from preemption.scheduling.policies import (
     vjob_tiers,
 )
 from preemption.scheduling.reserve import need_beside
+from preemption.scheduling.running_base import estimate
 from preemption.scheduling.site_order import SiteOrder, band_values, ubis_fractions, walk_order, walk_positions
 from preemption.scheduling.waiting import WaitReason
 from ubis_priority import compute, integer_priority, job_columns
