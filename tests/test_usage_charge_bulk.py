@@ -1,7 +1,7 @@
 """ubis_priority.usage.charge writes its rows in one executemany: the stored figures must be
 exactly (==, not approx) those of the rule it replaced — every row decayed to the charge's
 instant by `decayed`, this charge's node-seconds added, new users inserted — on SQLite and
-PostgreSQL, through the driver's own paramstyle and through SQLAlchemy's statement alike."""
+PostgreSQL."""
 
 from __future__ import annotations
 
@@ -84,12 +84,6 @@ def test_the_stored_figures_are_exactly_the_rules(store):
         for (kind, name), (ns, at) in model.items()
         if kind == "user"
     }
-
-
-def test_a_driver_of_another_paramstyle_gets_the_same_figures(store, monkeypatch):
-    """A driver whose paramstyle has no positional mark here goes through SQLAlchemy's statement."""
-    monkeypatch.setattr(usage, "_MARK", {})
-    _run(store, seed=15)
 
 
 def test_a_user_without_new_usage_still_decays_and_moves_the_marker(store):

@@ -24,9 +24,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
-from sqlalchemy import Connection, bindparam, delete, insert, select, text, update
+from sqlalchemy import bindparam, delete, insert, select, text, update
 
-from ubis_priority.decay import decay_factor, decayed
+from ubis_priority.decay import decayed
 from ubis_priority.job_columns import STATE_CODE, columns
 from vjob.config import PriorityConfig
 from vjob.model import ClusterView, Job, JobState
@@ -82,51 +82,21 @@ def _charged(jobs: Sequence[Job]) -> Sequence[Job]:
 
 
 _USAGE = UsageRecord.__table__
-_MOVE = "UPDATE usage SET node_seconds = {p}, decayed_at = {p} WHERE entity_kind = {p} AND name = {p}"
-"""One row's decayed-and-charged value, by primary key, given straight to the driver's
-executemany: SQLAlchemy's building of each row's parameters cost more than the database's work."""
-_MARK = {"qmark": "?", "format": "%s", "pyformat": "%s"}
-"""The positional parameter mark of a DB-API paramstyle (sqlite3: qmark; psycopg: pyformat)."""
-_MOVE_ANY = (
+_MOVE = (
     update(_USAGE)
     .where(_USAGE.c.entity_kind == bindparam("b_kind"), _USAGE.c.name == bindparam("b_name"))
     .values(node_seconds=bindparam("b_ns"), decayed_at=bindparam("b_at"))
 )
-"""The same through SQLAlchemy, for a driver of another paramstyle."""
-
-
-def _move(conn: Connection, moved: list[tuple[float, float, str, str]]) -> None:
-    """Write every (node_seconds, decayed_at, kind, name) in one executemany."""
-    mark = _MARK.get(getattr(conn.dialect.dbapi, "paramstyle", ""))
-    if mark is not None:
-        conn.exec_driver_sql(_MOVE.format(p=mark), moved)
-    else:
-        conn.execute(_MOVE_ANY, [{"b_ns": ns, "b_at": at, "b_kind": k, "b_name": n} for ns, at, k, n in moved])
-
-
-class _Factors:
-    """decay_factor by elapsed time, computed once per distinct value: after the first charge
-    every row shares one `decayed_at`, so one pow serves them all. `ns * factor` is exactly
-    `decayed(ns, ...)` (the same product), so the stored figures do not move by a bit."""
-
-    def __init__(self, half_life_s: float) -> None:
-        self.half_life_s = half_life_s
-        self.known: dict[float, float] = {}
-
-    def at(self, elapsed_s: float) -> float:
-        found = self.known.get(elapsed_s)
-        if found is None:
-            found = self.known[elapsed_s] = decay_factor(elapsed_s, self.half_life_s)
-        return found
+"""One row's decayed-and-charged value by its key, run for every row in one executemany."""
 
 
 def charge(store: Store, view: ClusterView, cfg: PriorityConfig) -> dict[tuple[str, str], float]:
     """Add the usage of the view's running and finished jobs; returns what was charged.
 
     Plain rows and one executemany UPDATE, not ORM objects: every row moves at every charge
-    (its decay and the common marker), and the ORM's per-object flush of ~800 rows cost 4x
-    what this does. The figures stay those the ORM path wrote, bit for bit: the same
-    `ns * decay_factor(...) + amount` in Python, stored as is (tests/test_usage_charge_bulk.py)."""
+    (its decay and the common marker), and the ORM's per-object flush of ~800 rows cost
+    several times what this does. The figures stay those the ORM path wrote, bit for bit: the
+    same `decayed(...) + amount` in Python, stored as is (tests/test_usage_charge_bulk.py)."""
     with store.session() as s:
         if store.dialect == "postgresql":
             # Two agents charging at once would both read the old marker and charge twice;
@@ -138,13 +108,18 @@ def charge(store: Store, view: ClusterView, cfg: PriorityConfig) -> dict[tuple[s
             return {}
         amounts = _consumed(view, last)
         charged = dict(amounts)
-        now, factors = view.now, _Factors(cfg.usage_half_life_s)
+        now, half_life = view.now, cfg.usage_half_life_s
         moved = [
-            (ns * factors.at(now - when) + amounts.pop((kind, name), 0.0), now, kind, name)
+            {
+                "b_ns": decayed(ns, now - when, half_life) + amounts.pop((kind, name), 0.0),
+                "b_at": now,
+                "b_kind": kind,
+                "b_name": name,
+            }
             for kind, name, ns, when in rows
         ]
         if moved:
-            _move(s.connection(), moved)
+            s.execute(_MOVE, moved)
         if amounts:
             s.execute(
                 insert(_USAGE),
