@@ -406,7 +406,7 @@ class Agent:
                         changed = [str(p) for p, a, b in zip(wakes, last_mtimes, mtimes, strict=True) if a != b]
                         last_mtimes = mtimes
                         self.log.info("woken before the next tick", files=changed)
-                        woken = getattr(self.adapter, "woken", None)  # optional: the next look reads at once
+                        woken = getattr(self.adapter, "woken", None)  # optional: the next look reads sooner (json_pace)
                         if callable(woken):
                             woken()
                         break

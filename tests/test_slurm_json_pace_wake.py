@@ -1,4 +1,4 @@
-"""A wake makes the agent's next look read the new jobs' JSON whatever its pace (issue 37 item 1).
+"""A wake makes the agent's next look read the new jobs' JSON at the woken pace (issue 37 item 1).
 
 job_submit.lua rewrites `vjob-agent.wake` beside slurm.conf when it accepts an interactive job;
 the agent's loop (Agent.run) ticks at once and tells the adapter (`SlurmAdapter.woken`), so the

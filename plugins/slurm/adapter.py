@@ -209,7 +209,7 @@ class SlurmAdapter:
 
     def woken(self) -> None:
         """The agent was woken (job_submit.lua accepted an interactive job): the next look reads
-        the new jobs' JSON whatever its pace (plugins.slurm.json_pace)."""
+        the new jobs' JSON at `[slurm] json_read_share_woken`'s pace (plugins.slurm.json_pace)."""
         if self.incremental is not None:
             self.incremental.wake()
 

@@ -28,13 +28,15 @@ tick costs seconds of CPU and GiBs of memory for jobs that did not change. Each 
    (transitions.CHECKED): a difference is counted (`Look.drift`) and logged, and the JSON
    replaces it, so any drift heals.
 4. **Paced** (plugins.slurm.json_pace): each JSON read is timed, and the next fetch is due only
-   once squeue --json has been idle for (1/share − 1) times the last read's wall time. Until
+   once squeue --json has been idle for (1/share − 1) times the next fetch's expected wall time
+   (json_pace: the last fetch's). Until
    then a new job is held back (not returned; `Look.deferred`) and a job changed beyond its
    state keeps its last Job and its old Row key (`Look.stale`: looked at again at the next
    read; a running vjob never vanishes from the view), while state changes the listing can
-   apply are applied and gone jobs removed as at every tick. A wake (an interactive job came)
-   and a state change the listing cannot apply by itself (a requeue moves the submit time)
-   make the read due at once; the resync and the first read are never held back.
+   apply are applied and gone jobs removed as at every tick. A state change the listing cannot
+   apply by itself (a requeue moves the submit time) makes the read due at once, a wake (an
+   interactive job came) paces it to the looser woken share; the resync and the first read
+   are never held back.
 
 What the listing cannot see: a change to a job's comment, admin comment, account or deadline
 alone (user text, left out on purpose) is seen at the next resync. The priority's value is not
@@ -375,7 +377,8 @@ class IncrementalJobs:
         return self._ordered(added, removed)
 
     def wake(self) -> None:
-        """Something that must not wait may have come (an interactive job): the next fetch is due."""
+        """Something that must not wait may have come (an interactive job): the next fetch is
+        paced to the woken share (json_pace.Pace.wake)."""
         self.pace.wake()
 
     def _apply(self, wanted: set[str], rows: dict[str, Row], look: Look) -> None:
